@@ -1,0 +1,341 @@
+use std::collections::BTreeSet;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+
+use super::{Cli, Command, SpecArgs};
+use crate::dag::{self, Dag};
+use crate::exec::plan::{self, PlanEntry, PlanState};
+use crate::exec::report::{JsonReporter, PlainReporter, ProgressReporter, Reporter};
+use crate::exec::{self, RunOptions};
+use crate::ops::Registry;
+use crate::runtime;
+use crate::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
+use crate::store::{hash_file, Workspace};
+
+const GATE_FAILED: u8 = 1;
+
+pub fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let registry = Registry::builtin();
+    match cli.command {
+        Command::Run {
+            spec,
+            jobs,
+            force,
+            dry_run,
+            json,
+            quiet,
+        } => {
+            let (spec, dag) = load(&spec, &registry)?;
+            let force = check_nodes(&dag, force)?;
+            if dry_run {
+                let ws = Workspace::open_read_only(&cli.workspace)?;
+                let entries =
+                    plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
+                print_plan(&entries, json);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let ws = Workspace::open(&cli.workspace)?;
+            let mut reporter: Box<dyn Reporter> = if json {
+                Box::new(JsonReporter)
+            } else if !quiet && std::io::stdout().is_terminal() {
+                Box::new(ProgressReporter::new())
+            } else {
+                Box::new(PlainReporter { quiet })
+            };
+            let opts = RunOptions {
+                jobs,
+                force,
+                env: runtime::env_provider(),
+                argv: std::env::args().collect::<Vec<_>>().join(" "),
+            };
+            let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
+            Ok(if result.stats.success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(GATE_FAILED)
+            })
+        }
+        Command::Plan { spec, force, json } => {
+            let (spec, dag) = load(&spec, &registry)?;
+            let force = check_nodes(&dag, force)?;
+            let ws = Workspace::open_read_only(&cli.workspace)?;
+            let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
+            print_plan(&entries, json);
+            let broken = entries
+                .iter()
+                .any(|e| matches!(e.state, PlanState::Error { .. }));
+            Ok(if broken {
+                ExitCode::from(GATE_FAILED)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Explain { spec, node, json } => {
+            let (spec, dag) = load(&spec, &registry)?;
+            check_nodes(&dag, vec![node.clone()])?;
+            let ws = Workspace::open_read_only(&cli.workspace)?;
+            let e = plan::explain(ws.as_ref(), &spec, &dag, &node, &runtime::env_provider())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&e)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("node     {}", e.node);
+            println!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
+            println!(
+                "cached   {}",
+                e.cached_key.as_deref().unwrap_or("(never completed)")
+            );
+            if let Some(at) = &e.cached_at {
+                println!("         at {at}");
+            }
+            if e.cached_key.is_some() && e.key.is_some() {
+                if e.changes.is_empty() {
+                    println!("no hash input changed");
+                } else {
+                    println!("changed hash inputs:");
+                    for c in &e.changes {
+                        println!("  {c}");
+                    }
+                }
+            }
+            for n in &e.notes {
+                println!("note: {n}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Validate { spec } => {
+            let (spec, dag) = load(&spec, &registry)?;
+            println!(
+                "{}: ok ({} nodes, {} edges)",
+                spec.path.display(),
+                dag.nodes.len(),
+                dag.graph.edge_count()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Schema { out } => {
+            let text = schema::render(&registry);
+            match out {
+                None => print!("{text}"),
+                Some(dir) => {
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    let path = dir.join(schema::SCHEMA_FILE);
+                    let tmp = path.with_extension("json.tmp");
+                    std::fs::write(&tmp, text)
+                        .with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, &path)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    println!("wrote {}", path.display());
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { run, limit, json } => status(&cli.workspace, run, limit, json),
+        Command::Ops => {
+            for op in registry.iter() {
+                let numerical = if op.numerical() { " [numerical]" } else { "" };
+                println!(
+                    "{:<24} v{}  {}{numerical}",
+                    op.name(),
+                    op.version(),
+                    op.summary()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify => verify(&cli.workspace),
+        Command::Env => {
+            let env = (runtime::env_provider())().map_err(anyhow::Error::msg)?;
+            println!("libtorch {}", env.libtorch);
+            println!("device   {}", env.device);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
+    let overrides = args
+        .set
+        .iter()
+        .map(|s| Override::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let opts = LoadOptions {
+        profile: args.profile.clone(),
+        overrides,
+    };
+    let spec = spec::load(&args.spec, &opts)?;
+    let dag = dag::compile(&spec, registry)?;
+    Ok((spec, dag))
+}
+
+fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
+    for id in &ids {
+        if dag.get(id).is_none() {
+            let ids = dag.ids();
+            bail!(
+                "no node '{id}' in this spec{}; nodes: {}",
+                did_you_mean(id, ids.iter().copied()),
+                ids.join(", ")
+            );
+        }
+    }
+    Ok(ids.into_iter().collect())
+}
+
+fn print_plan(entries: &[PlanEntry], json: bool) {
+    if json {
+        for e in entries {
+            println!(
+                "{}",
+                serde_json::to_string(e).expect("plan entries serialize")
+            );
+        }
+        return;
+    }
+    let width = entries.iter().map(|e| e.node.len()).max().unwrap_or(4);
+    let (mut cached, mut run, mut pending) = (0, 0, 0);
+    for e in entries {
+        let short = |k: &Option<String>| {
+            k.as_deref()
+                .map(|k| k[..8].to_string())
+                .unwrap_or_else(|| "--------".into())
+        };
+        match &e.state {
+            PlanState::Cached { key } => {
+                cached += 1;
+                println!("{:<width$}  cached   {}", e.node, &key[..8]);
+            }
+            PlanState::Run { key, reason } => {
+                run += 1;
+                println!("{:<width$}  run      {}  {reason}", e.node, short(key));
+            }
+            PlanState::Pending { after } => {
+                pending += 1;
+                println!(
+                    "{:<width$}  pending  --------  runs only if {} produce{} different outputs",
+                    e.node,
+                    after.join(", "),
+                    if after.len() == 1 { "s" } else { "" }
+                );
+            }
+            PlanState::Error { error } => {
+                println!("{:<width$}  error    --------  {error}", e.node)
+            }
+        }
+    }
+    println!("{cached} cached, {run} to run, {pending} pending on upstream");
+}
+
+fn status(
+    root: &std::path::Path,
+    run: Option<String>,
+    limit: usize,
+    json: bool,
+) -> Result<ExitCode> {
+    let Some(ws) = Workspace::open_read_only(root)? else {
+        println!("no runs yet (no workspace at {})", root.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    let index = ws.index()?;
+    let runs = index.recent_runs(limit)?;
+    let shown = match run {
+        Some(r) => {
+            if !runs.iter().any(|x| x.run_id == r)
+                && index
+                    .recent_runs(usize::MAX >> 1)?
+                    .iter()
+                    .all(|x| x.run_id != r)
+            {
+                bail!("no run '{r}' in {}", root.display());
+            }
+            Some(r)
+        }
+        None => runs.first().map(|r| r.run_id.clone()),
+    };
+    let nodes = match &shown {
+        Some(r) => index.run_nodes(r)?,
+        None => Vec::new(),
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"runs": runs, "run": shown, "nodes": nodes})
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in &runs {
+        let finished = r.finished_at.as_deref().unwrap_or("-");
+        let status = if r.finished_at.is_none() {
+            "interrupted or running"
+        } else {
+            r.status.as_str()
+        };
+        let profile = r
+            .profile
+            .as_deref()
+            .map(|p| format!(" --profile {p}"))
+            .unwrap_or_default();
+        println!(
+            "{}  {}{profile}  {status}  {}  (started {}, finished {finished})",
+            r.run_id,
+            r.spec,
+            r.summary.as_deref().unwrap_or(""),
+            r.started_at
+        );
+    }
+    if let Some(r) = shown {
+        println!("\nnodes of {r}:");
+        for n in nodes {
+            let key = n.key.as_deref().map(|k| &k[..8]).unwrap_or("--------");
+            let secs = n.seconds.map(|s| format!("{s:.2}s")).unwrap_or_default();
+            let detail = n.detail.map(|d| format!("  {d}")).unwrap_or_default();
+            println!("  {:<8} {key}  {:<28} {secs}{detail}", n.outcome, n.node_id);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(root: &std::path::Path) -> Result<ExitCode> {
+    let Some(ws) = Workspace::open_read_only(root)? else {
+        println!("no workspace at {}", root.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    let index = ws.index()?;
+    let mut problems = 0;
+    let mut checked = 0;
+    for node in index.all_nodes()? {
+        for out in &node.outputs {
+            checked += 1;
+            let path = ws.object_path(&out.object.hash);
+            let actual = match out.object.kind {
+                crate::ops::OutputKind::File => hash_file(&path).map(|(h, _)| h),
+                crate::ops::OutputKind::Dir => {
+                    crate::store::objects::hash_dir(&path).map(|i| i.hash)
+                }
+            };
+            match actual {
+                Ok(h) if h == out.object.hash => {}
+                Ok(h) => {
+                    problems += 1;
+                    println!(
+                        "CORRUPT  {} output '{}': object {} hashes to {h}",
+                        node.node_id, out.name, out.object.hash
+                    );
+                }
+                Err(e) => {
+                    problems += 1;
+                    println!("MISSING  {} output '{}': {e}", node.node_id, out.name);
+                }
+            }
+        }
+    }
+    println!("{checked} outputs checked, {problems} problems");
+    Ok(if problems == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(GATE_FAILED)
+    })
+}

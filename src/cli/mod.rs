@@ -1,0 +1,127 @@
+//! The command line: clap types and dispatch only. Exit codes: 0 ok, 1 a node,
+//! gate or check failed, 2 usage or input error.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Reproducible, auditable GRPO experiments: YAML specs compiled into a content-hashed DAG.
+#[derive(Debug, Parser)]
+#[command(name = "orchestrate", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The workspace folder (object store, cache index, logs).
+    #[arg(
+        long,
+        global = true,
+        default_value = ".orchestrate",
+        value_name = "DIR"
+    )]
+    pub workspace: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How a spec is read: the profile and overrides.
+#[derive(Debug, Clone, Args)]
+pub struct SpecArgs {
+    /// The experiment spec (YAML).
+    pub spec: PathBuf,
+    /// A named profile from the spec's `profiles:`.
+    #[arg(long, value_name = "P")]
+    pub profile: Option<String>,
+    /// Override a value: `--set nodes.grpo.params.lr=1e-6` (the value is YAML).
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a spec: every node not already cached, in dependency order.
+    Run {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Run at most N nodes at once.
+        #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
+        jobs: usize,
+        /// Run this node even if it is cached (repeatable).
+        #[arg(long, value_name = "NODE")]
+        force: Vec<String>,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// One JSON event per line instead of progress.
+        #[arg(long)]
+        json: bool,
+        /// Only failures and the summary.
+        #[arg(long, short = 'q')]
+        quiet: bool,
+    },
+    /// Each node: cached, or will run and why.
+    Plan {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Plan as if these nodes were forced.
+        #[arg(long, value_name = "NODE")]
+        force: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The hash-input diff of a node between its cached record and now.
+    Explain {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The node id (matrix nodes: `ID@axis=value`).
+        node: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a spec without running it.
+    Validate {
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Print the spec JSON Schema, or write it into a folder.
+    Schema {
+        /// Write `experiment.schema.json` into this folder.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
+    /// Recent runs and their nodes.
+    Status {
+        /// Show this run's nodes (default: the latest run).
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
+        /// How many runs to list.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The ops a spec can use.
+    Ops,
+    /// Check the store: every cached output present with its recorded hash.
+    Verify,
+    /// The numerical environment (libtorch version, device) numerical ops are keyed on.
+    Env,
+}
+
+fn default_jobs() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Parses arguments and runs the command.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Node keys: the one place that decides what a node's result depends on.
+//!
+//! A key is blake3 over the canonical encoding of a [`HashInputs`] record:
+//!
+//! | field        | what goes in                                                        |
+//! |--------------|---------------------------------------------------------------------|
+//! | `op`         | the op's name                                                       |
+//! | `op_version` | the op's version (bumped when the same inputs give other results)   |
+//! | `params`     | the node's params, keys sorted at every level, numbers normalized   |
+//! | `inputs`     | for each input name, the *content hash* of each referenced output   |
+//! | `files`      | for each declared file dep (relative path), the blake3 of its bytes |
+//! | `env`        | numerical ops only: device kind and libtorch version                |
+//!
+//! Inputs enter by content, not by the upstream key, so an upstream re-run that
+//! reproduces identical bytes leaves everything downstream cached. Never in a
+//! key: a time, an absolute or temporary path, a map in iteration order, the
+//! node's id (renaming a node keeps its cache).
+//!
+//! The record is stored beside the key so `plan` and `explain` can say which
+//! field changed and how.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The numerical environment a result depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvPart {
+    /// `cpu` or `cuda:<device name>`.
+    pub device: String,
+    pub libtorch: String,
+}
+
+/// Everything a node key is computed from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HashInputs {
+    pub op: String,
+    pub op_version: u32,
+    pub params: Value,
+    pub inputs: BTreeMap<String, Vec<String>>,
+    pub files: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<EnvPart>,
+}
+
+const DOMAIN: &str = "orchestrate.node-key.v1\n";
+
+impl HashInputs {
+    /// The node key: 64 hex digits.
+    pub fn key(&self) -> String {
+        let record = serde_json::to_value(self).expect("HashInputs serializes to JSON");
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(DOMAIN.as_bytes());
+        hasher.update(canonical_json(&record).as_bytes());
+        hasher.finalize().to_hex().to_string()
+    }
+}
+
+/// JSON with object keys sorted at every level and no whitespace. Independent
+/// of how the map type orders its keys, so the encoding cannot drift with a
+/// dependency's feature flags.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                write_canonical(&map[*k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::Number(n) => {
+            // 1.0 and 1 are the same param value; integers print as integers.
+            match n.as_f64() {
+                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                    let _ = write!(out, "{}", f as i64);
+                }
+                _ => out.push_str(&n.to_string()),
+            }
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// One field that differs between two records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    /// Dotted path: `params.lr`, `inputs.data`, `files.data/raw.csv`, `env.device`.
+    pub field: String,
+    pub old: Option<String>,
+    pub new: Option<String>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".to_string());
+        write!(
+            f,
+            "{}: {} → {}",
+            self.field,
+            show(&self.old),
+            show(&self.new)
+        )
+    }
+}
+
+/// The field-level differences between an old and a new record, sorted by field.
+pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
+    let mut a = BTreeMap::new();
+    let mut b = BTreeMap::new();
+    flatten(
+        "",
+        &serde_json::to_value(old).unwrap_or(Value::Null),
+        &mut a,
+    );
+    flatten(
+        "",
+        &serde_json::to_value(new).unwrap_or(Value::Null),
+        &mut b,
+    );
+    let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
+    fields.sort();
+    fields.dedup();
+    fields
+        .into_iter()
+        .filter(|f| a.get(*f) != b.get(*f))
+        .map(|f| Change {
+            field: f.clone(),
+            old: a.get(f).cloned(),
+            new: b.get(f).cloned(),
+        })
+        .collect()
+}
+
+fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, child) in map {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&p, child, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), canonical_json(other));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn record(params: Value) -> HashInputs {
+        HashInputs {
+            op: "shell".into(),
+            op_version: 1,
+            params,
+            inputs: BTreeMap::new(),
+            files: BTreeMap::new(),
+            env: None,
+        }
+    }
+
+    #[test]
+    fn numerically_equal_params_give_the_same_key() {
+        assert_eq!(
+            record(json!({"lr": 1.0})).key(),
+            record(json!({"lr": 1})).key()
+        );
+        assert_ne!(
+            record(json!({"lr": 1.5})).key(),
+            record(json!({"lr": 1})).key()
+        );
+    }
+
+    #[test]
+    fn diff_names_the_changed_param_with_old_and_new_values() {
+        let changes = diff(
+            &record(json!({"lr": 0.001, "g": 4})),
+            &record(json!({"lr": 0.002, "g": 4})),
+        );
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].to_string(), "params.lr: 0.001 → 0.002");
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            any::<i64>().prop_map(Value::from),
+            "[a-z]{0,6}".prop_map(Value::from),
+            any::<bool>().prop_map(Value::from)
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::vec(("[a-z]{1,4}", inner), 0..4)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn reverse_keys(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut entries: Vec<(String, Value)> = m
+                    .iter()
+                    .map(|(k, v)| (k.clone(), reverse_keys(v)))
+                    .collect();
+                entries.reverse();
+                let mut out = serde_json::Map::new();
+                for (k, v) in entries {
+                    out.insert(k, v);
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(reverse_keys).collect()),
+            o => o.clone(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn keys_are_stable_under_key_order(params in arb_json()) {
+            prop_assert_eq!(record(params.clone()).key(), record(reverse_keys(&params)).key());
+        }
+
+        #[test]
+        fn canonical_json_round_trips_to_the_same_value(v in arb_json()) {
+            let back: Value = serde_json::from_str(&canonical_json(&v)).unwrap();
+            prop_assert_eq!(back, v);
+        }
+    }
+}

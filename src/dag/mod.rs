@@ -1,0 +1,404 @@
+//! Compiling a [`Spec`] into a graph of nodes, with every wiring mistake
+//! reported against the spec's source: unknown ops, bad params, references to
+//! missing nodes or outputs, two nodes writing one file, and cycles (named).
+
+pub mod key;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use petgraph::algo::{tarjan_scc, toposort};
+use petgraph::graph::{DiGraph, NodeIndex};
+use serde_json::Value;
+
+use crate::ops::{Op, OutputDecl, Registry};
+use crate::spec::{did_you_mean, schema, NodeDef, OutputRef, Spec, SpecError, SpecErrorKind};
+
+/// Name of the input that a file dep produced by another node becomes.
+pub const FILE_DEP_PREFIX: &str = "dep:";
+
+/// A node ready to schedule.
+#[derive(Clone)]
+pub struct DagNode {
+    pub def: NodeDef,
+    pub op: Arc<dyn Op>,
+    pub params: Value,
+    pub outputs: Vec<OutputDecl>,
+    /// Explicit inputs, plus one `dep:PATH` input per file dep another node writes.
+    pub inputs: BTreeMap<String, Vec<OutputRef>>,
+    /// File deps no node writes: hashed from disk into the key.
+    pub files: Vec<String>,
+}
+
+impl DagNode {
+    pub fn id(&self) -> &str {
+        &self.def.id
+    }
+}
+
+/// The compiled pipeline.
+pub struct Dag {
+    pub graph: DiGraph<usize, ()>,
+    pub nodes: Vec<DagNode>,
+    index: HashMap<String, NodeIndex>,
+    /// Node positions in a topological order (ties broken by id).
+    pub order: Vec<usize>,
+}
+
+impl Dag {
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).map(|ix| self.graph[*ix])
+    }
+
+    pub fn get(&self, id: &str) -> Option<&DagNode> {
+        self.position(id).map(|i| &self.nodes[i])
+    }
+
+    /// Positions of the nodes this one reads from.
+    pub fn parents(&self, pos: usize) -> Vec<usize> {
+        let ix = self.index[self.nodes[pos].id()];
+        self.graph
+            .neighbors_directed(ix, petgraph::Direction::Incoming)
+            .map(|p| self.graph[p])
+            .collect()
+    }
+
+    /// Positions of the nodes that read from this one.
+    pub fn children(&self, pos: usize) -> Vec<usize> {
+        let ix = self.index[self.nodes[pos].id()];
+        self.graph
+            .neighbors_directed(ix, petgraph::Direction::Outgoing)
+            .map(|p| self.graph[p])
+            .collect()
+    }
+
+    /// Every node downstream of `pos`, not including it.
+    pub fn descendants(&self, pos: usize) -> Vec<usize> {
+        let mut seen = vec![false; self.nodes.len()];
+        let mut stack = self.children(pos);
+        let mut out = Vec::new();
+        while let Some(n) = stack.pop() {
+            if !std::mem::replace(&mut seen[n], true) {
+                out.push(n);
+                stack.extend(self.children(n));
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Ids of all nodes, for error messages.
+    pub fn ids(&self) -> Vec<&str> {
+        self.nodes.iter().map(DagNode::id).collect()
+    }
+}
+
+fn node_path(def: &NodeDef, rest: &[&str]) -> Vec<String> {
+    ["nodes", def.base_id.as_str()]
+        .iter()
+        .chain(rest)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Compiles a spec against the op registry.
+pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
+    let mut nodes: Vec<DagNode> = Vec::with_capacity(spec.nodes.len());
+    for def in &spec.nodes {
+        let Some(op) = registry.get(&def.op) else {
+            let known: Vec<&str> = registry.names().collect();
+            return Err(SpecError::new(
+                SpecErrorKind::UnknownOp,
+                spec.sources.locate_value(&node_path(def, &["op"])),
+                format!(
+                    "unknown op '{}' in node '{}'{}; known ops: {}",
+                    def.op,
+                    def.base_id,
+                    did_you_mean(&def.op, known.iter().copied()),
+                    known.join(", ")
+                ),
+            ));
+        };
+        let params = Value::Object(def.params.clone());
+        if let Err(e) = op.check_params(&params) {
+            // A value that came from the matrix is reported where the matrix wrote it.
+            let dotted = e.path.join(".");
+            let axis = def
+                .binding
+                .keys()
+                .find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
+            let path = match axis {
+                Some(axis) => node_path(def, &["matrix", axis]),
+                None => {
+                    let mut p = node_path(def, &["params"]);
+                    p.extend(e.path.iter().cloned());
+                    p
+                }
+            };
+            let kind = if e.unknown_key {
+                SpecErrorKind::UnknownKey
+            } else {
+                SpecErrorKind::WrongType
+            };
+            let at = if e.unknown_key {
+                spec.sources.locate(&path)
+            } else {
+                spec.sources.locate_value(&path)
+            };
+            return Err(SpecError::new(
+                kind,
+                at,
+                format!("node '{}' ({}): {}", def.id, def.op, e.message),
+            ));
+        }
+        let outputs = op.outputs(&params);
+        nodes.push(DagNode {
+            def: def.clone(),
+            op: op.clone(),
+            params,
+            outputs,
+            inputs: BTreeMap::new(),
+            files: Vec::new(),
+        });
+    }
+
+    // After the typed checks, so their clearer messages come first.
+    schema::check_constraints(spec, registry)?;
+
+    let by_id: HashMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.def.id.clone(), i))
+        .collect();
+    let mut expansions: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        if !n.def.binding.is_empty() {
+            expansions.entry(n.def.base_id.clone()).or_default().push(i);
+        }
+    }
+    let mut writers: HashMap<String, (usize, String)> = HashMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for out in &n.outputs {
+            if let Some(path) = &out.workspace_path {
+                if let Some((other, _)) = writers.insert(path.clone(), (i, out.name.clone())) {
+                    return Err(SpecError::new(
+                        SpecErrorKind::DuplicateId,
+                        spec.sources.locate(&node_path(&n.def, &["params", "outs"])),
+                        format!(
+                            "'{path}' is written by both '{}' and '{}'; each file must have one writer",
+                            nodes[other].def.id, n.def.id
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    for i in 0..nodes.len() {
+        let def = nodes[i].def.clone();
+        let mut inputs = BTreeMap::new();
+        for (name, refs) in &def.inputs {
+            let mut resolved = Vec::new();
+            for (j, r) in refs.iter().enumerate() {
+                let at = || {
+                    let mut p = node_path(&def, &["inputs", name]);
+                    if refs.len() > 1 {
+                        p.push(j.to_string());
+                    }
+                    spec.sources.locate_value(&p)
+                };
+                let target = resolve_node(&def, r, &by_id, &expansions, &nodes).map_err(|m| {
+                    SpecError::new(
+                        SpecErrorKind::MissingReference,
+                        at(),
+                        format!("input '{name}' of node '{}': {m}", def.id),
+                    )
+                })?;
+                let outputs = &nodes[target].outputs;
+                if !outputs.iter().any(|o| o.name == r.output) {
+                    let names: Vec<&str> = outputs.iter().map(|o| o.name.as_str()).collect();
+                    return Err(SpecError::new(
+                        SpecErrorKind::MissingReference,
+                        at(),
+                        format!(
+                            "input '{name}' of node '{}': node '{}' has no output '{}'{}; its outputs: {}",
+                            def.id,
+                            nodes[target].def.id,
+                            r.output,
+                            did_you_mean(&r.output, names.iter().copied()),
+                            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                        ),
+                    ));
+                }
+                if target == i {
+                    return Err(SpecError::new(
+                        SpecErrorKind::Cycle,
+                        at(),
+                        format!(
+                            "cycle: node '{}' reads its own output '{}'",
+                            def.id, r.output
+                        ),
+                    ));
+                }
+                resolved.push(OutputRef {
+                    node: nodes[target].def.id.clone(),
+                    output: r.output.clone(),
+                });
+            }
+            inputs.insert(name.clone(), resolved);
+        }
+        let mut files = Vec::new();
+        for dep in nodes[i].op.file_deps(&nodes[i].params) {
+            match writers.get(&dep) {
+                Some((w, out)) if *w != i => {
+                    inputs.insert(
+                        format!("{FILE_DEP_PREFIX}{dep}"),
+                        vec![OutputRef {
+                            node: nodes[*w].def.id.clone(),
+                            output: out.clone(),
+                        }],
+                    );
+                }
+                Some(_) => {
+                    return Err(SpecError::new(
+                        SpecErrorKind::Cycle,
+                        spec.sources.locate(&node_path(&def, &["params", "deps"])),
+                        format!(
+                            "cycle: node '{}' lists '{dep}' both as a dep and as an out",
+                            def.id
+                        ),
+                    ))
+                }
+                None => files.push(dep),
+            }
+        }
+        nodes[i].inputs = inputs;
+        nodes[i].files = files;
+    }
+
+    let mut graph: DiGraph<usize, ()> = DiGraph::with_capacity(nodes.len(), nodes.len());
+    let mut index = HashMap::with_capacity(nodes.len());
+    for (i, n) in nodes.iter().enumerate() {
+        index.insert(n.def.id.clone(), graph.add_node(i));
+    }
+    for n in &nodes {
+        let to = index[&n.def.id];
+        let mut parents: Vec<&str> = n
+            .inputs
+            .values()
+            .flatten()
+            .map(|r| r.node.as_str())
+            .collect();
+        parents.sort_unstable();
+        parents.dedup();
+        for p in parents {
+            graph.add_edge(index[p], to, ());
+        }
+    }
+    let order = match toposort(&graph, None) {
+        Ok(order) => order.into_iter().map(|ix| graph[ix]).collect(),
+        Err(_) => return Err(cycle_error(spec, &graph, &nodes)),
+    };
+    Ok(Dag {
+        graph,
+        nodes,
+        index,
+        order,
+    })
+}
+
+fn resolve_node(
+    consumer: &NodeDef,
+    r: &OutputRef,
+    by_id: &HashMap<String, usize>,
+    expansions: &HashMap<String, Vec<usize>>,
+    nodes: &[DagNode],
+) -> Result<usize, String> {
+    if let Some(&i) = by_id.get(&r.node) {
+        return Ok(i);
+    }
+    if let Some(exp) = expansions.get(r.node.as_str()) {
+        // A matrix node is matched by the consumer's own matrix values.
+        let matching: Vec<usize> = exp
+            .iter()
+            .copied()
+            .filter(|&e| {
+                nodes[e]
+                    .def
+                    .binding
+                    .iter()
+                    .all(|(axis, v)| consumer.binding.get(axis) == Some(v))
+            })
+            .collect();
+        if let [one] = matching.as_slice() {
+            return Ok(*one);
+        }
+        let ids: Vec<&str> = exp.iter().map(|&e| nodes[e].def.id.as_str()).collect();
+        return Err(format!(
+            "'{}' is a matrix node expanded into {}; name one of them, or give '{}' the same matrix axes",
+            r.node,
+            ids.join(", "),
+            consumer.base_id
+        ));
+    }
+    let mut names: Vec<&str> = by_id.keys().map(String::as_str).collect();
+    names.extend(expansions.keys().map(String::as_str));
+    names.sort_unstable();
+    names.dedup();
+    Err(format!(
+        "no node '{}'{}",
+        r.node,
+        did_you_mean(&r.node, names.iter().copied())
+    ))
+}
+
+fn cycle_error(spec: &Spec, graph: &DiGraph<usize, ()>, nodes: &[DagNode]) -> SpecError {
+    // Take the strongly connected component that holds a cycle and walk it.
+    let mut sccs = tarjan_scc(graph);
+    sccs.retain(|c| c.len() > 1);
+    sccs.sort_by_key(|c| c.iter().map(|ix| nodes[graph[*ix]].def.id.clone()).min());
+    let Some(component) = sccs.first() else {
+        return SpecError::new(
+            SpecErrorKind::Cycle,
+            spec.sources.locate(&["nodes".into()]),
+            "the nodes form a cycle",
+        );
+    };
+    let members: std::collections::HashSet<NodeIndex> = component.iter().copied().collect();
+    let start = *component
+        .iter()
+        .min_by_key(|ix| nodes[graph[**ix]].def.id.clone())
+        .expect("non-empty");
+    let mut path = vec![start];
+    let mut cur = start;
+    loop {
+        let mut next: Vec<NodeIndex> = graph
+            .neighbors(cur)
+            .filter(|n| members.contains(n))
+            .collect();
+        next.sort_by_key(|ix| nodes[graph[*ix]].def.id.clone());
+        let Some(&n) = next
+            .iter()
+            .find(|n| !path.contains(n) || **n == start)
+            .or(next.first())
+        else {
+            break;
+        };
+        if n == start || path.contains(&n) {
+            path.push(n);
+            break;
+        }
+        path.push(n);
+        cur = n;
+    }
+    let names: Vec<&str> = path
+        .iter()
+        .map(|ix| nodes[graph[*ix]].def.id.as_str())
+        .collect();
+    let first = &nodes[graph[start]].def;
+    SpecError::new(
+        SpecErrorKind::Cycle,
+        spec.sources.locate(&node_path(first, &["inputs"])),
+        format!("cycle: {}", names.join(" → ")),
+    )
+}

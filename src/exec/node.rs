@@ -1,0 +1,296 @@
+//! Resolving one node: compute its key, take the cache hit, or run it and
+//! publish. Needs only the workspace, the compiled node and its upstream
+//! outputs, never the scheduler, so another executor (a Slurm job running
+//! `orchestrate exec-node`) can call it in another process.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use crate::dag::key::{diff, EnvPart, HashInputs};
+use crate::dag::DagNode;
+use crate::ops::{InputArtifact, OutputKind, RunContext};
+use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, StoreError, Workspace};
+
+/// The result of resolving one node.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Cached {
+        key: String,
+        outputs: Vec<OutputRecord>,
+    },
+    Ran {
+        key: String,
+        outputs: Vec<OutputRecord>,
+        seconds: f64,
+    },
+    Failed {
+        key: Option<String>,
+        error: String,
+        seconds: f64,
+    },
+}
+
+/// Everything one node resolution needs.
+pub struct NodeJob<'a> {
+    pub ws: &'a Workspace,
+    pub index: &'a Index,
+    pub node: &'a DagNode,
+    pub spec_name: &'a str,
+    pub spec_dir: &'a Path,
+    pub run_id: &'a str,
+    /// Outputs of the nodes this one reads, by node id.
+    pub upstream: &'a BTreeMap<String, Vec<OutputRecord>>,
+    pub env: Option<EnvPart>,
+    pub force: bool,
+    pub cancel: &'a AtomicBool,
+}
+
+/// Builds the hash-input record of a node from its upstream outputs and files.
+pub fn hash_inputs(
+    ws: &Workspace,
+    index: &Index,
+    node: &DagNode,
+    spec_dir: &Path,
+    upstream: &BTreeMap<String, Vec<OutputRecord>>,
+    env: Option<EnvPart>,
+) -> Result<HashInputs, String> {
+    let mut inputs = BTreeMap::new();
+    for (name, refs) in &node.inputs {
+        let mut hashes = Vec::with_capacity(refs.len());
+        for r in refs {
+            let out = upstream
+                .get(&r.node)
+                .and_then(|outs| outs.iter().find(|o| o.name == r.output))
+                .ok_or_else(|| format!("input '{name}': output {r} is not available"))?;
+            hashes.push(out.object.hash.clone());
+        }
+        inputs.insert(name.clone(), hashes);
+    }
+    let mut files = BTreeMap::new();
+    for f in &node.files {
+        let path = spec_dir.join(f);
+        if !path.is_file() {
+            return Err(format!(
+                "dep '{f}' does not exist ({}) and no node writes it",
+                path.display()
+            ));
+        }
+        let h = ws.hash_user_file(index, &path).map_err(|e| e.to_string())?;
+        files.insert(f.clone(), h);
+    }
+    Ok(HashInputs {
+        op: node.op.name().to_string(),
+        op_version: node.op.version(),
+        params: node.params.clone(),
+        inputs,
+        files,
+        env: if node.op.numerical() { env } else { None },
+    })
+}
+
+/// Says why a node with this record is not a cache hit, from its last record.
+pub fn why_run(index: &Index, node_id: &str, record: &HashInputs) -> Result<String, StoreError> {
+    let Some(last) = index.latest_for_node(node_id)? else {
+        return Ok("new node".to_string());
+    };
+    let changes = diff(&last.record, record);
+    if changes.is_empty() {
+        return Ok("outputs missing or modified".to_string());
+    }
+    let parts: Vec<String> = changes
+        .iter()
+        .map(|c| match c.field.split_once('.') {
+            Some(("inputs", name)) => format!("input '{name}' changed"),
+            Some(("files", name)) => format!("dep '{name}' changed"),
+            _ => c.to_string(),
+        })
+        .collect();
+    Ok(parts.join("; "))
+}
+
+/// What the caller hears about while a node resolves.
+pub trait NodeObserver {
+    fn started(&mut self, key: &str, reason: &str);
+    fn waiting(&mut self, key: &str, reason: &str);
+}
+
+/// Resolves one node: cache hit, or lock, run, publish, commit.
+pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
+    let start = Instant::now();
+    let failed = |key: Option<String>, error: String| Outcome::Failed {
+        key,
+        error,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    let record = match hash_inputs(
+        job.ws,
+        job.index,
+        job.node,
+        job.spec_dir,
+        job.upstream,
+        job.env.clone(),
+    ) {
+        Ok(r) => r,
+        Err(e) => return failed(None, e),
+    };
+    let key = record.key();
+    let mut stale_reason = None;
+    if !job.force {
+        match cached_valid(job, &key) {
+            Ok(Ok(outputs)) => return Outcome::Cached { key, outputs },
+            Ok(Err(reason)) => stale_reason = reason,
+            Err(e) => return failed(Some(key), e.to_string()),
+        }
+    }
+    let lock = job.ws.lock_node(&key, || {
+        observer.waiting(
+            &key,
+            &format!(
+                "another orchestrate process is running node '{}' (key {})",
+                job.node.id(),
+                &key[..12]
+            ),
+        )
+    });
+    let _lock = match lock {
+        Ok(l) => l,
+        Err(e) => return failed(Some(key), e.to_string()),
+    };
+    if !job.force {
+        // The process we waited for may have completed it.
+        if let Ok(Ok(outputs)) = cached_valid(job, &key) {
+            return Outcome::Cached { key, outputs };
+        }
+    }
+    let reason = if job.force {
+        "forced".to_string()
+    } else if let Some(r) = stale_reason {
+        r
+    } else {
+        match why_run(job.index, job.node.id(), &record) {
+            Ok(r) => r,
+            Err(e) => return failed(Some(key), e.to_string()),
+        }
+    };
+    observer.started(&key, &reason);
+    match execute(job, &record, &key) {
+        Ok(outputs) => Outcome::Ran {
+            key,
+            outputs,
+            seconds: start.elapsed().as_secs_f64(),
+        },
+        Err(e) => failed(Some(key), e),
+    }
+}
+
+/// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(why)))` if cached but stale, `Ok(Err(None))` if absent.
+fn cached_valid(
+    job: &NodeJob<'_>,
+    key: &str,
+) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
+    let Some(cached) = job.index.lookup(key)? else {
+        return Ok(Err(None));
+    };
+    match job.ws.check_outputs(job.index, &cached, job.spec_dir)? {
+        None => Ok(Ok(job
+            .index
+            .lookup(key)?
+            .map(|c| c.outputs)
+            .unwrap_or(cached.outputs))),
+        Some(why) => Ok(Err(Some(why))),
+    }
+}
+
+fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<OutputRecord>, String> {
+    let started = Instant::now();
+    let staging = job.ws.staging().map_err(|e| e.to_string())?;
+    let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
+    for (name, refs) in &job.node.inputs {
+        let hashes = &record.inputs[name];
+        let artifacts = refs
+            .iter()
+            .zip(hashes)
+            .map(|(_, h)| InputArtifact {
+                path: job.ws.object_path(h),
+                hash: h.clone(),
+            })
+            .collect();
+        inputs.insert(name.clone(), artifacts);
+    }
+    let log_path = job.ws.log_path(key);
+    let ctx = RunContext {
+        node_id: job.node.id(),
+        params: &job.node.params,
+        spec_dir: job.spec_dir,
+        inputs: &inputs,
+        staging: staging.path(),
+        log_path: &log_path,
+        cancel: job.cancel,
+    };
+    job.node.op.run(&ctx).map_err(|e| e.to_string())?;
+
+    let mut outputs = Vec::with_capacity(job.node.outputs.len());
+    for decl in &job.node.outputs {
+        let published = match &decl.workspace_path {
+            Some(rel) => {
+                let path = job.spec_dir.join(rel);
+                let before = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
+                let object = job
+                    .ws
+                    .publish_copy(&path, &staging)
+                    .map_err(|e| e.to_string())?;
+                let after = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
+                if before != after {
+                    return Err(format!("output '{rel}' changed while it was being stored; is something else writing it?"));
+                }
+                OutputRecord {
+                    name: decl.name.clone(),
+                    object,
+                    workspace_path: Some(rel.clone()),
+                    stat: Some(after),
+                }
+            }
+            None => {
+                let staged = staging.path().join(&decl.name);
+                if !staged.exists() {
+                    return Err(format!(
+                        "op '{}' did not write its output '{}'",
+                        job.node.op.name(),
+                        decl.name
+                    ));
+                }
+                let object = job
+                    .ws
+                    .publish_move(&staged, decl.kind)
+                    .map_err(|e| e.to_string())?;
+                if decl.kind == OutputKind::File && object.kind != OutputKind::File {
+                    return Err(format!("output '{}' should be a file", decl.name));
+                }
+                OutputRecord {
+                    name: decl.name.clone(),
+                    object,
+                    workspace_path: None,
+                    stat: None,
+                }
+            }
+        };
+        outputs.push(published);
+    }
+    // The cache row commits last: a crash before this line leaves no trace of
+    // the node but unreferenced objects.
+    job.index
+        .insert_node(&CachedNode {
+            key: key.to_string(),
+            node_id: job.node.id().to_string(),
+            spec: job.spec_name.to_string(),
+            record: record.clone(),
+            outputs: outputs.clone(),
+            seconds: started.elapsed().as_secs_f64(),
+            finished_at: now_rfc3339(),
+            run_id: job.run_id.to_string(),
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(outputs)
+}

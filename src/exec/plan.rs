@@ -1,0 +1,325 @@
+//! `plan` and `explain`: what a run would do and why, without changing anything.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::node::{hash_inputs, why_run};
+use super::EnvProvider;
+use crate::dag::key::{diff, Change, HashInputs};
+use crate::dag::Dag;
+use crate::spec::Spec;
+use crate::store::{Index, OutputRecord, StoreError, Workspace};
+
+/// What a run would do with one node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PlanState {
+    Cached {
+        key: String,
+    },
+    /// Will run; `key` is known when every input is.
+    Run {
+        key: Option<String>,
+        reason: String,
+    },
+    /// Runs only if the listed upstream nodes, which will run, produce different bytes.
+    Pending {
+        after: Vec<String>,
+    },
+    /// Cannot be resolved as things stand (e.g. a missing dep file).
+    Error {
+        error: String,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanEntry {
+    pub node: String,
+    #[serde(flatten)]
+    pub state: PlanState,
+}
+
+struct Ctx<'a> {
+    ws: Option<&'a Workspace>,
+    index: Option<Index>,
+    env: Option<Result<crate::dag::key::EnvPart, String>>,
+    provider: &'a EnvProvider,
+}
+
+impl Ctx<'_> {
+    fn env(&mut self) -> Result<crate::dag::key::EnvPart, String> {
+        let provider = self.provider;
+        self.env.get_or_insert_with(|| provider()).clone()
+    }
+}
+
+/// The plan of a run: one entry per node, in a topological order.
+pub fn plan(
+    ws: Option<&Workspace>,
+    spec: &Spec,
+    dag: &Dag,
+    force: &BTreeSet<String>,
+    env: &EnvProvider,
+) -> Result<Vec<PlanEntry>, StoreError> {
+    let index = ws.map(Workspace::index).transpose()?;
+    let mut ctx = Ctx {
+        ws,
+        index,
+        env: None,
+        provider: env,
+    };
+    let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
+    let mut runs: BTreeSet<String> = BTreeSet::new();
+    let mut entries = Vec::with_capacity(dag.nodes.len());
+    for &pos in &dag.order {
+        let node = &dag.nodes[pos];
+        let id = node.id().to_string();
+        let parents: Vec<String> = dag
+            .parents(pos)
+            .iter()
+            .map(|&p| dag.nodes[p].id().to_string())
+            .collect();
+        let state = if parents
+            .iter()
+            .any(|p| !known.contains_key(p) && !runs.contains(p))
+        {
+            PlanState::Error {
+                error: "an upstream node cannot be resolved".into(),
+            }
+        } else {
+            let unknown: Vec<String> = parents
+                .iter()
+                .filter(|p| runs.contains(*p))
+                .cloned()
+                .collect();
+            state_of(
+                &mut ctx,
+                spec,
+                dag,
+                pos,
+                &known,
+                &unknown,
+                force.contains(&id),
+            )?
+        };
+        match &state {
+            PlanState::Cached { key } => {
+                let outs = ctx
+                    .index
+                    .as_ref()
+                    .and_then(|i| i.lookup(key).ok().flatten())
+                    .map(|c| c.outputs)
+                    .unwrap_or_default();
+                known.insert(id.clone(), outs);
+            }
+            PlanState::Run { .. } | PlanState::Pending { .. } => {
+                runs.insert(id.clone());
+            }
+            PlanState::Error { .. } => {}
+        }
+        entries.push(PlanEntry { node: id, state });
+    }
+    Ok(entries)
+}
+
+fn state_of(
+    ctx: &mut Ctx<'_>,
+    spec: &Spec,
+    dag: &Dag,
+    pos: usize,
+    known: &BTreeMap<String, Vec<OutputRecord>>,
+    unknown_parents: &[String],
+    forced: bool,
+) -> Result<PlanState, StoreError> {
+    let node = &dag.nodes[pos];
+    if ctx.ws.is_none() {
+        return Ok(PlanState::Run {
+            key: None,
+            reason: if forced {
+                "forced".into()
+            } else {
+                "new node (no workspace yet)".into()
+            },
+        });
+    }
+    let env = if node.op.numerical() {
+        match ctx.env() {
+            Ok(e) => Some(e),
+            Err(e) => {
+                return Ok(PlanState::Error {
+                    error: format!("cannot determine the numerical environment: {e}"),
+                })
+            }
+        }
+    } else {
+        None
+    };
+    let (Some(ws), Some(index)) = (ctx.ws, ctx.index.as_ref()) else {
+        return Ok(PlanState::Error {
+            error: "the workspace index is not open".into(),
+        });
+    };
+    if !unknown_parents.is_empty() {
+        // Inputs are not known yet; the node's own fields may already force a run.
+        let Some(last) = index.latest_for_node(node.id())? else {
+            return Ok(PlanState::Run {
+                key: None,
+                reason: "new node".into(),
+            });
+        };
+        let mut upstream = known.clone();
+        for p in unknown_parents {
+            upstream.insert(p.clone(), Vec::new());
+        }
+        let mut partial = last.record.clone();
+        if let Ok(own) = own_fields(ws, index, node, spec, env) {
+            partial.op = own.op;
+            partial.op_version = own.op_version;
+            partial.params = own.params;
+            partial.files = own.files;
+            partial.env = own.env;
+        }
+        let changes = diff(&last.record, &partial);
+        if forced {
+            return Ok(PlanState::Run {
+                key: None,
+                reason: "forced".into(),
+            });
+        }
+        if !changes.is_empty() {
+            let reason = changes
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Ok(PlanState::Run { key: None, reason });
+        }
+        return Ok(PlanState::Pending {
+            after: unknown_parents.to_vec(),
+        });
+    }
+    let record = match hash_inputs(ws, index, node, &spec.base_dir, known, env) {
+        Ok(r) => r,
+        Err(e) => return Ok(PlanState::Error { error: e }),
+    };
+    let key = record.key();
+    if forced {
+        return Ok(PlanState::Run {
+            key: Some(key),
+            reason: "forced".into(),
+        });
+    }
+    if let Some(cached) = index.lookup(&key)? {
+        return Ok(match ws.check_outputs(index, &cached, &spec.base_dir)? {
+            None => PlanState::Cached { key },
+            Some(why) => PlanState::Run {
+                key: Some(key),
+                reason: why,
+            },
+        });
+    }
+    let reason = why_run(index, node.id(), &record)?;
+    Ok(PlanState::Run {
+        key: Some(key),
+        reason,
+    })
+}
+
+/// The node's record with inputs left empty: what it depends on besides upstream bytes.
+fn own_fields(
+    ws: &Workspace,
+    index: &Index,
+    node: &crate::dag::DagNode,
+    spec: &Spec,
+    env: Option<crate::dag::key::EnvPart>,
+) -> Result<HashInputs, String> {
+    let mut bare = node.clone();
+    bare.inputs.clear();
+    hash_inputs(ws, index, &bare, &spec.base_dir, &BTreeMap::new(), env)
+}
+
+/// The hash-input diff of one node between its last cached record and now.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    pub node: String,
+    /// The key it would have now, when all its inputs are known.
+    pub key: Option<String>,
+    pub cached_key: Option<String>,
+    pub cached_at: Option<String>,
+    pub changes: Vec<Change>,
+    /// The current record (the last known outputs stand in for upstream nodes that would re-run).
+    pub record: Option<HashInputs>,
+    pub notes: Vec<String>,
+}
+
+/// Explains one node: its current hash inputs against the last cached ones.
+pub fn explain(
+    ws: Option<&Workspace>,
+    spec: &Spec,
+    dag: &Dag,
+    node_id: &str,
+    env: &EnvProvider,
+) -> Result<Explanation, StoreError> {
+    let pos = dag
+        .position(node_id)
+        .expect("caller checked the node exists");
+    let node = &dag.nodes[pos];
+    let mut out = Explanation {
+        node: node_id.to_string(),
+        key: None,
+        cached_key: None,
+        cached_at: None,
+        changes: Vec::new(),
+        record: None,
+        notes: Vec::new(),
+    };
+    let Some(ws) = ws else {
+        out.notes
+            .push("no workspace yet: nothing has been cached".into());
+        return Ok(out);
+    };
+    let index = ws.index()?;
+    let mut upstream = BTreeMap::new();
+    let mut stand_in = false;
+    for p in dag.parents(pos) {
+        let pid = dag.nodes[p].id();
+        match index.latest_for_node(pid)? {
+            Some(c) => {
+                upstream.insert(pid.to_string(), c.outputs);
+            }
+            None => {
+                out.notes.push(format!(
+                    "upstream '{pid}' has never completed, so this node's inputs are unknown"
+                ));
+                stand_in = true;
+            }
+        }
+    }
+    let env = if node.op.numerical() {
+        Some(env().map_err(StoreError::Invalid)?)
+    } else {
+        None
+    };
+    let last = index.latest_for_node(node_id)?;
+    if let Some(l) = &last {
+        out.cached_key = Some(l.key.clone());
+        out.cached_at = Some(l.finished_at.clone());
+    } else {
+        out.notes.push("this node has never completed".into());
+    }
+    if stand_in {
+        return Ok(out);
+    }
+    match hash_inputs(ws, &index, node, &spec.base_dir, &upstream, env) {
+        Ok(record) => {
+            out.key = Some(record.key());
+            if let Some(l) = &last {
+                out.changes = diff(&l.record, &record);
+            }
+            out.record = Some(record);
+        }
+        Err(e) => out.notes.push(e),
+    }
+    Ok(out)
+}

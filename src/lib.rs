@@ -1,0 +1,13 @@
+//! orchestrate: reproducible, auditable GRPO post-training experiments.
+//!
+//! A YAML spec ([`spec`]) compiles into a content-hashed DAG ([`dag`]); the
+//! scheduler ([`exec`]) runs each node's op ([`ops`]) and publishes its outputs
+//! into a content-addressed store ([`store`]). See `docs/` for the design.
+
+pub mod cli;
+pub mod dag;
+pub mod exec;
+pub mod ops;
+pub mod runtime;
+pub mod spec;
+pub mod store;

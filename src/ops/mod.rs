@@ -1,0 +1,201 @@
+//! The op registry. An op is the code behind a node: it declares its name and
+//! version (both in the node key), its params type (in the spec's JSON Schema),
+//! the files it depends on, the outputs it writes, and whether its results depend
+//! on the numerical environment. The scheduler knows ops only through [`Op`].
+
+mod shell;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use shell::{ShellOp, ShellParams};
+
+/// Whether an output is one file or a folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    File,
+    Dir,
+}
+
+/// An output an op promises to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputDecl {
+    pub name: String,
+    pub kind: OutputKind,
+    /// For outputs that live in the user's tree (like DVC `outs`): the path,
+    /// relative to the spec's folder. Others exist only in the object store.
+    pub workspace_path: Option<String>,
+}
+
+/// A resolved input as an op sees it: a read-only path and its content hash.
+#[derive(Debug, Clone)]
+pub struct InputArtifact {
+    pub path: PathBuf,
+    pub hash: String,
+}
+
+/// Everything an op may touch while running one node.
+pub struct RunContext<'a> {
+    pub node_id: &'a str,
+    pub params: &'a Value,
+    /// The spec's folder: relative paths in params are relative to it.
+    pub spec_dir: &'a Path,
+    pub inputs: &'a BTreeMap<String, Vec<InputArtifact>>,
+    /// A fresh, empty folder; store-only outputs are written here under their names.
+    pub staging: &'a Path,
+    /// Where the op writes its log (stdout/stderr of commands, progress).
+    pub log_path: &'a Path,
+    /// Set when the run is cancelled; long ops poll it.
+    pub cancel: &'a AtomicBool,
+}
+
+impl RunContext<'_> {
+    /// The path a store-only output must be written to.
+    pub fn output_path(&self, name: &str) -> PathBuf {
+        self.staging.join(name)
+    }
+}
+
+/// A params problem at a path inside the node's `params`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ParamError {
+    pub path: Vec<String>,
+    pub message: String,
+    pub unknown_key: bool,
+}
+
+/// An op's failure while running.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error("{0}")]
+    Failed(String),
+    #[error("cancelled")]
+    Cancelled,
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl OpError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        OpError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The code behind a node.
+pub trait Op: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Bump when the op's results change for the same inputs: it is in every key.
+    fn version(&self) -> u32;
+    /// One line for `orchestrate ops`.
+    fn summary(&self) -> &'static str;
+    /// The JSON Schema of the params, added to the spec schema.
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema;
+    /// Checks params beyond what the schema says; errors name a path inside params.
+    fn check_params(&self, params: &Value) -> Result<(), ParamError>;
+    /// The outputs this node will write.
+    fn outputs(&self, params: &Value) -> Vec<OutputDecl>;
+    /// Files (relative to the spec's folder) whose content the result depends on.
+    /// A file that another node writes becomes an edge to that node.
+    fn file_deps(&self, _params: &Value) -> Vec<String> {
+        Vec::new()
+    }
+    /// Whether the key includes the device kind and libtorch version.
+    fn numerical(&self) -> bool {
+        false
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError>;
+}
+
+/// Reads params into an op's typed params, with the path of the first problem.
+pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError> {
+    serde_path_to_error::deserialize(params).map_err(|e| {
+        let mut path: Vec<String> = e
+            .path()
+            .iter()
+            .filter_map(|seg| match seg {
+                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        let inner = e.inner().to_string();
+        let unknown_key = inner.starts_with("unknown field `");
+        let message = if let Some(rest) = inner.strip_prefix("unknown field `") {
+            let name = rest.split('`').next().unwrap_or_default().to_string();
+            let expected: Vec<&str> = rest.split('`').skip(2).step_by(2).collect();
+            if path.last() != Some(&name) {
+                path.push(name.clone());
+            }
+            format!(
+                "unknown param '{name}'{}; expected one of: {}",
+                crate::spec::did_you_mean(&name, expected.iter().copied()),
+                expected.join(", ")
+            )
+        } else if let Some(rest) = inner.strip_prefix("missing field `") {
+            format!(
+                "missing required param '{}'",
+                rest.split('`').next().unwrap_or_default()
+            )
+        } else {
+            inner
+        };
+        ParamError {
+            path,
+            message,
+            unknown_key,
+        }
+    })
+}
+
+/// The schema of a params type, registered in the generator's definitions.
+pub fn schema_of<P: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    generator.subschema_for::<P>()
+}
+
+/// The ops a spec may name.
+#[derive(Clone)]
+pub struct Registry {
+    ops: BTreeMap<&'static str, Arc<dyn Op>>,
+}
+
+impl Registry {
+    /// Every op built into this binary.
+    pub fn builtin() -> Self {
+        let mut r = Registry {
+            ops: BTreeMap::new(),
+        };
+        r.register(Arc::new(ShellOp));
+        r
+    }
+
+    pub fn register(&mut self, op: Arc<dyn Op>) {
+        self.ops.insert(op.name(), op);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Op>> {
+        self.ops.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.ops.keys().copied()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Op>> {
+        self.ops.values()
+    }
+}

@@ -1,0 +1,295 @@
+//! `shell`: a command with declared file deps and outs, like a DVC stage.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{parse_params, schema_of, Op, OpError, OutputDecl, OutputKind, ParamError, RunContext};
+
+/// Params of the `shell` op.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShellParams {
+    /// Run with `sh -c` in the spec's folder. Inputs are in the environment as
+    /// `ORCHESTRATE_INPUT_<NAME>` (paths, space-separated for lists).
+    pub cmd: String,
+    /// Files the command reads, relative to the spec's folder. Their content is
+    /// in the node key; a dep that another node writes makes an edge to it.
+    #[serde(default)]
+    pub deps: Vec<String>,
+    /// Files the command writes, relative to the spec's folder. Each must exist
+    /// when the command ends; other nodes refer to one as `NODE:PATH`.
+    #[serde(default)]
+    pub outs: Vec<String>,
+    /// Extra environment variables for the command (strings, numbers or booleans).
+    #[serde(default)]
+    pub env: BTreeMap<String, EnvValue>,
+}
+
+/// An environment value as written in YAML.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum EnvValue {
+    String(String),
+    Integer(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl std::fmt::Display for EnvValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnvValue::String(s) => write!(f, "{s}"),
+            EnvValue::Integer(i) => write!(f, "{i}"),
+            EnvValue::Float(x) => write!(f, "{x}"),
+            EnvValue::Bool(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+pub struct ShellOp;
+
+/// Lexically normalizes a relative path (`./a/../b` → `b`) so deps and outs
+/// written differently still match; `None` if it escapes upward or is absolute.
+pub fn normalize_rel(path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    if path.starts_with('/') {
+        return None;
+    }
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            s => parts.push(s),
+        }
+    }
+    if parts.is_empty() {
+        None
+    } else {
+        Some(parts.join("/"))
+    }
+}
+
+impl Op for ShellOp {
+    fn name(&self) -> &'static str {
+        "shell"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "run a command with declared deps and outs (like a DVC stage)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<ShellParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        let p: ShellParams = parse_params(params)?;
+        for (field, list) in [("deps", &p.deps), ("outs", &p.outs)] {
+            for (i, path) in list.iter().enumerate() {
+                if normalize_rel(path).is_none() {
+                    return Err(ParamError {
+                        path: vec![field.to_string(), i.to_string()],
+                        message: format!(
+                            "'{path}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
+                        ),
+                        unknown_key: false,
+                    });
+                }
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, out) in p.outs.iter().enumerate() {
+            if !seen.insert(normalize_rel(out)) {
+                return Err(ParamError {
+                    path: vec!["outs".into(), i.to_string()],
+                    message: format!("out '{out}' is declared twice"),
+                    unknown_key: false,
+                });
+            }
+        }
+        Ok(())
+    }
+    fn outputs(&self, params: &Value) -> Vec<OutputDecl> {
+        let Ok(p) = parse_params::<ShellParams>(params) else {
+            return Vec::new();
+        };
+        p.outs
+            .iter()
+            .filter_map(|o| normalize_rel(o))
+            .map(|o| OutputDecl {
+                name: o.clone(),
+                kind: OutputKind::File,
+                workspace_path: Some(o),
+            })
+            .collect()
+    }
+    fn file_deps(&self, params: &Value) -> Vec<String> {
+        parse_params::<ShellParams>(params)
+            .map(|p| p.deps.iter().filter_map(|d| normalize_rel(d)).collect())
+            .unwrap_or_default()
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p: ShellParams =
+            parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+        // Stale outs from an earlier run must not pass for fresh ones (DVC does the same).
+        for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
+            let path = ctx.spec_dir.join(&out);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(OpError::io(
+                        format!("removing stale out {}", path.display()),
+                        e,
+                    ))
+                }
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| OpError::io(format!("creating {}", parent.display()), e))?;
+            }
+        }
+        let log = std::fs::File::create(ctx.log_path)
+            .map_err(|e| OpError::io(format!("creating log {}", ctx.log_path.display()), e))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| OpError::io("duplicating log handle", e))?;
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&p.cmd)
+            .current_dir(ctx.spec_dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        cmd.env("ORCHESTRATE_NODE", ctx.node_id);
+        for (name, artifacts) in ctx.inputs {
+            let paths: Vec<String> = artifacts
+                .iter()
+                .map(|a| a.path.display().to_string())
+                .collect();
+            cmd.env(
+                format!("ORCHESTRATE_INPUT_{}", env_name(name)),
+                paths.join(" "),
+            );
+        }
+        cmd.envs(p.env.iter().map(|(k, v)| (k, v.to_string())));
+        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the
+        // command if this thread dies (e.g. orchestrate is SIGKILLed), so no
+        // orphan keeps writing outs that the next run is about to produce.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| OpError::io("starting sh", e))?;
+        let status = loop {
+            if let Some(status) = child
+                .try_wait()
+                .map_err(|e| OpError::io("waiting for command", e))?
+            {
+                break status;
+            }
+            if ctx.cancel.load(Ordering::Relaxed) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(OpError::Cancelled);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        if !status.success() {
+            let code = status
+                .code()
+                .map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
+            return Err(OpError::Failed(format!(
+                "command failed with {code}{}",
+                log_tail(ctx.log_path)
+            )));
+        }
+        for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
+            if !ctx.spec_dir.join(&out).is_file() {
+                return Err(OpError::Failed(format!(
+                    "the command succeeded but did not write declared out '{out}'"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn env_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The last lines of a log, for an error message.
+pub fn log_tail(path: &std::path::Path) -> String {
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(2000);
+    if f.seek(SeekFrom::Start(start)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(10)..];
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; last lines of {}:\n  {}",
+            path.display(),
+            tail.join("\n  ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_rel_folds_dots_and_refuses_escapes() {
+        assert_eq!(normalize_rel("./a/../b/c.txt").as_deref(), Some("b/c.txt"));
+        assert_eq!(normalize_rel("a//b").as_deref(), Some("a/b"));
+        assert_eq!(normalize_rel("../x"), None);
+        assert_eq!(normalize_rel("/etc/passwd"), None);
+        assert_eq!(normalize_rel("."), None);
+    }
+
+    #[test]
+    fn unknown_param_names_the_nearest_valid_one() {
+        let err = ShellOp
+            .check_params(&serde_json::json!({"cmd": "true", "out": ["x"]}))
+            .unwrap_err();
+        assert_eq!(err.path, vec!["out".to_string()]);
+        assert!(
+            err.message.contains("did you mean 'outs'"),
+            "{}",
+            err.message
+        );
+    }
+}

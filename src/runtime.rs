@@ -1,0 +1,63 @@
+//! Where numerical work runs. The `orchestrate` binary does not link libtorch:
+//! loading it costs ~200 ms of relocations at every start (measured with
+//! LD_DEBUG=statistics), which would dominate cache-hit runs and `plan`. Nodes
+//! and commands that need libtorch run in the sibling `orchestrate-torch`
+//! binary, as a separate process, the same seam a cluster executor uses.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::dag::key::EnvPart;
+use crate::exec::EnvProvider;
+
+/// Name of the libtorch-linked worker binary, installed next to `orchestrate`.
+pub const WORKER: &str = "orchestrate-torch";
+
+/// The worker binary next to the running executable, if it was built.
+pub fn worker_binary() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("ORCHESTRATE_WORKER") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    // Test binaries live in target/<profile>/deps; the worker one level up.
+    [dir.join(WORKER), dir.parent()?.join(WORKER)]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// Asks the worker for the numerical environment (once per run).
+pub fn env_provider() -> EnvProvider {
+    Box::new(|| {
+        let worker = worker_binary().ok_or_else(|| {
+            format!("{WORKER} was not found next to orchestrate: build with the default `torch` feature (scripts/setup.sh, then cargo build)")
+        })?;
+        let out = Command::new(&worker)
+            .args(["env", "--json"])
+            .output()
+            .map_err(|e| format!("starting {}: {e}", worker.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} env failed: {}",
+                worker.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
+    })
+}
+
+/// The environment of this process's libtorch (only in the worker).
+#[cfg(feature = "torch")]
+pub fn torch_env() -> EnvPart {
+    let device = if tch::Cuda::is_available() {
+        "cuda".to_string()
+    } else {
+        "cpu".to_string()
+    };
+    EnvPart {
+        device,
+        libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string(),
+    }
+}

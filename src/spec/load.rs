@@ -1,0 +1,626 @@
+//! Reading spec files: `extends:`, profiles, `--set`, typed checking, matrix expansion.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::error::{did_you_mean, Location, SpecError, SpecErrorKind};
+use super::locate::Locator;
+use super::{matrix_value_label, NodeDef, OutputRef, Spec, SpecDoc};
+
+/// Choices made on the command line.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub profile: Option<String>,
+    pub overrides: Vec<Override>,
+}
+
+/// One `--set path.to.key=value` (the value is read as YAML: `1e-3`, `[2, 4]`, `true`).
+#[derive(Debug, Clone)]
+pub struct Override {
+    pub path: Vec<String>,
+    pub raw: String,
+    pub value: Value,
+}
+
+impl Override {
+    pub fn parse(arg: &str) -> Result<Self, SpecError> {
+        let at = Location::file(format!("--set {arg}"), None);
+        let Some((path, value)) = arg.split_once('=') else {
+            return Err(SpecError::new(
+                SpecErrorKind::Override,
+                at,
+                "expected PATH=VALUE, e.g. nodes.grpo.params.lr=1e-6",
+            ));
+        };
+        let segments: Vec<String> = path.split('.').map(str::to_string).collect();
+        if segments.iter().any(String::is_empty) {
+            return Err(SpecError::new(
+                SpecErrorKind::Override,
+                at,
+                format!("'{path}' has an empty segment; expected dot-separated keys"),
+            ));
+        }
+        let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(value).map_err(|e| {
+            SpecError::new(
+                SpecErrorKind::Override,
+                at.clone(),
+                format!("value '{value}' is not valid YAML: {e}"),
+            )
+        })?;
+        let value = serde_json::to_value(yaml).map_err(|e| {
+            SpecError::new(SpecErrorKind::Override, at, format!("value '{value}': {e}"))
+        })?;
+        Ok(Override {
+            path: segments,
+            raw: arg.to_string(),
+            value,
+        })
+    }
+}
+
+struct Layer {
+    file: String,
+    locator: Locator,
+    prefix: Vec<String>,
+}
+
+/// Where each part of a merged spec came from, in order of precedence, so an
+/// error found after merging still names the file, line and column that wrote it.
+#[derive(Default)]
+pub struct Sources {
+    layers: Vec<Layer>,
+    overrides: Vec<Override>,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.layers.iter().map(|l| (&l.file, &l.prefix)))
+            .finish()
+    }
+}
+
+impl Clone for Sources {
+    fn clone(&self) -> Self {
+        Sources {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    file: l.file.clone(),
+                    locator: l.locator.clone(),
+                    prefix: l.prefix.clone(),
+                })
+                .collect(),
+            overrides: self.overrides.clone(),
+        }
+    }
+}
+
+impl Sources {
+    /// Locates a path of the merged document, pointing at its key.
+    pub fn locate(&self, path: &[String]) -> Location {
+        self.find(path, false)
+    }
+
+    /// Locates a path of the merged document, pointing at its value.
+    pub fn locate_value(&self, path: &[String]) -> Location {
+        self.find(path, true)
+    }
+
+    fn find(&self, path: &[String], value: bool) -> Location {
+        for o in &self.overrides {
+            if path.starts_with(&o.path) {
+                return Location::file(format!("--set {}", o.raw), None);
+            }
+        }
+        // The deepest written ancestor wins, so a missing key points at its parent.
+        for depth in (0..=path.len()).rev() {
+            let sub = &path[..depth];
+            for layer in &self.layers {
+                let full: Vec<String> = layer.prefix.iter().chain(sub).cloned().collect();
+                if layer.locator.has(&full) {
+                    let pos = if value {
+                        layer.locator.value(&full)
+                    } else {
+                        layer.locator.key(&full)
+                    };
+                    return Location::file(layer.file.clone(), pos);
+                }
+            }
+        }
+        Location::file(
+            self.layers
+                .last()
+                .map(|l| l.file.clone())
+                .unwrap_or_default(),
+            None,
+        )
+    }
+}
+
+struct FileDoc {
+    display: String,
+    locator: Locator,
+}
+
+/// Loads a spec file with the given profile and overrides.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
+    let mut files = Vec::new();
+    let mut chain = Vec::new();
+    let mut merged = read_with_extends(path, &mut files, &mut chain)?;
+
+    let mut sources = Sources::default();
+    if let Some(profile) = &opts.profile {
+        let prefix = vec!["profiles".to_string(), profile.clone()];
+        let overlay = merged.get("profiles").and_then(|p| p.get(profile)).cloned();
+        let Some(overlay) = overlay else {
+            let known: Vec<String> = merged
+                .get("profiles")
+                .and_then(Value::as_object)
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            let listed = if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            };
+            return Err(SpecError::new(
+                SpecErrorKind::Profile,
+                Location::file(files[0].display.clone(), None),
+                format!(
+                    "no profile '{profile}'{}; profiles in this spec: {listed}",
+                    did_you_mean(profile, known.iter().map(String::as_str))
+                ),
+            ));
+        };
+        if let Some(obj) = overlay.as_object() {
+            for forbidden in ["profiles", "extends"] {
+                if obj.contains_key(forbidden) {
+                    let mut p = prefix.clone();
+                    p.push(forbidden.to_string());
+                    let at = files.iter().find(|f| f.locator.has(&p)).map_or_else(
+                        || Location::file(files[0].display.clone(), None),
+                        |f| Location::file(f.display.clone(), f.locator.key(&p)),
+                    );
+                    return Err(SpecError::new(
+                        SpecErrorKind::Profile,
+                        at,
+                        format!("a profile cannot set '{forbidden}'"),
+                    ));
+                }
+            }
+        }
+        deep_merge(&mut merged, overlay);
+        for f in &files {
+            sources.layers.push(Layer {
+                file: f.display.clone(),
+                locator: f.locator.clone(),
+                prefix: prefix.clone(),
+            });
+        }
+    }
+    for f in files {
+        sources.layers.push(Layer {
+            file: f.display,
+            locator: f.locator,
+            prefix: Vec::new(),
+        });
+    }
+
+    for o in &opts.overrides {
+        apply_override(&mut merged, o)?;
+    }
+    sources.overrides = opts.overrides.clone();
+
+    let doc: SpecDoc =
+        serde_path_to_error::deserialize(&merged).map_err(|e| typed_error(e, &sources))?;
+    let nodes = expand(&doc, &sources)?;
+    let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok(Spec {
+        name: doc.name,
+        path: path.to_path_buf(),
+        base_dir: if base_dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base_dir
+        },
+        profile: opts.profile.clone(),
+        resolved: merged,
+        nodes,
+        sources,
+    })
+}
+
+fn read_with_extends(
+    path: &Path,
+    files: &mut Vec<FileDoc>,
+    chain: &mut Vec<PathBuf>,
+) -> Result<Value, SpecError> {
+    let display = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        SpecError::new(
+            SpecErrorKind::Io,
+            Location::file(display.clone(), None),
+            format!("cannot read: {e}"),
+        )
+    })?;
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    if chain.contains(&canonical) {
+        let names: Vec<String> = chain
+            .iter()
+            .chain([&canonical])
+            .map(|p| p.display().to_string())
+            .collect();
+        return Err(SpecError::new(
+            SpecErrorKind::Extends,
+            Location::file(display, None),
+            format!("extends cycle: {}", names.join(" → ")),
+        ));
+    }
+    chain.push(canonical);
+
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| {
+        let pos = e.location().map(|l| super::locate::Pos {
+            line: l.line(),
+            col: l.column(),
+        });
+        let message = e.to_string();
+        // A repeated key in `nodes:` is the usual way to write a duplicate node id.
+        let kind = if message.contains("duplicate entry") {
+            SpecErrorKind::DuplicateId
+        } else {
+            SpecErrorKind::Syntax
+        };
+        SpecError::new(
+            kind,
+            Location::file(display.clone(), pos),
+            format!("invalid YAML: {message}"),
+        )
+    })?;
+    let doc = serde_json::to_value(&yaml).map_err(|e| {
+        SpecError::new(
+            SpecErrorKind::Syntax,
+            Location::file(display.clone(), None),
+            format!("unsupported YAML: {e}"),
+        )
+    })?;
+    let locator = Locator::new(&text);
+    if !doc.is_object() {
+        return Err(SpecError::new(
+            SpecErrorKind::WrongType,
+            Location::file(display, Some(super::locate::Pos { line: 1, col: 1 })),
+            "expected a mapping with at least `name` and `nodes`",
+        ));
+    }
+    let extends = doc.get("extends").cloned();
+    let at_extends = Location::file(display.clone(), locator.value(&["extends".to_string()]));
+    files.push(FileDoc { display, locator });
+
+    match extends {
+        None | Some(Value::Null) => Ok(doc),
+        Some(Value::String(parent)) => {
+            let parent_path = path.parent().unwrap_or(Path::new(".")).join(&parent);
+            if !parent_path.is_file() {
+                return Err(SpecError::new(
+                    SpecErrorKind::Extends,
+                    at_extends,
+                    format!("extends '{parent}': no such file {}", parent_path.display()),
+                ));
+            }
+            let mut base = read_with_extends(&parent_path, files, chain)?;
+            deep_merge(&mut base, doc);
+            Ok(base)
+        }
+        Some(_) => Err(SpecError::new(
+            SpecErrorKind::WrongType,
+            at_extends,
+            "extends: expected a file path",
+        )),
+    }
+}
+
+/// Merges `overlay` into `base`: mappings recursively, anything else replaced;
+/// a `null` in the overlay removes the key.
+pub fn deep_merge(base: &mut Value, overlay: Value) {
+    match (base, overlay) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                if v.is_null() {
+                    b.remove(&k);
+                } else if let Some(existing) = b.get_mut(&k) {
+                    deep_merge(existing, v);
+                } else {
+                    b.insert(k, v);
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+fn apply_override(doc: &mut Value, o: &Override) -> Result<(), SpecError> {
+    let at = || Location::file(format!("--set {}", o.raw), None);
+    let (last, parents) = o.path.split_last().expect("parse rejects an empty path");
+    let mut cur = doc;
+    let mut walked = Vec::new();
+    for seg in parents {
+        let Value::Object(map) = cur else {
+            return Err(SpecError::new(
+                SpecErrorKind::Override,
+                at(),
+                format!(
+                    "'{}' is not a mapping, so it has no key '{seg}'",
+                    walked.join(".")
+                ),
+            ));
+        };
+        let keys: Vec<String> = map.keys().cloned().collect();
+        match map.get_mut(seg) {
+            Some(next) => cur = next,
+            None => {
+                let place = if walked.is_empty() {
+                    "the top level".to_string()
+                } else {
+                    format!("'{}'", walked.join("."))
+                };
+                return Err(SpecError::new(
+                    SpecErrorKind::Override,
+                    at(),
+                    format!(
+                        "no key '{seg}' under {place}{}; keys there: {}",
+                        did_you_mean(seg, keys.iter().map(String::as_str)),
+                        keys.join(", ")
+                    ),
+                ));
+            }
+        }
+        walked.push(seg.clone());
+    }
+    match cur {
+        Value::Object(map) => {
+            map.insert(last.clone(), o.value.clone());
+            Ok(())
+        }
+        _ => Err(SpecError::new(
+            SpecErrorKind::Override,
+            at(),
+            format!(
+                "'{}' is not a mapping, so it has no key '{last}'",
+                walked.join(".")
+            ),
+        )),
+    }
+}
+
+fn typed_error(e: serde_path_to_error::Error<serde_json::Error>, sources: &Sources) -> SpecError {
+    let mut path: Vec<String> = Vec::new();
+    for seg in e.path().iter() {
+        match seg {
+            serde_path_to_error::Segment::Seq { index } => path.push(index.to_string()),
+            serde_path_to_error::Segment::Map { key } => path.push(key.clone()),
+            serde_path_to_error::Segment::Enum { .. } | serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    let inner = e.inner().to_string();
+    let place = describe(&path);
+    if let Some(rest) = inner.strip_prefix("unknown field `") {
+        let name = rest.split('`').next().unwrap_or_default().to_string();
+        let expected: Vec<&str> = rest.split('`').skip(2).step_by(2).collect();
+        if path.last() != Some(&name) {
+            path.push(name.clone());
+        }
+        return SpecError::new(
+            SpecErrorKind::UnknownKey,
+            sources.locate(&path),
+            format!(
+                "unknown key '{name}'{}{}; expected one of: {}",
+                place,
+                did_you_mean(&name, expected.iter().copied()),
+                expected.join(", ")
+            ),
+        );
+    }
+    if let Some(rest) = inner.strip_prefix("missing field `") {
+        let name = rest.split('`').next().unwrap_or_default();
+        return SpecError::new(
+            SpecErrorKind::MissingField,
+            sources.locate(&path),
+            format!("missing required key '{name}'{place}"),
+        );
+    }
+    let message = if inner.contains("untagged enum InputRefs") {
+        "expected NODE:OUTPUT or a list of them".to_string()
+    } else {
+        inner
+    };
+    SpecError::new(
+        SpecErrorKind::WrongType,
+        sources.locate_value(&path),
+        format!("{}: {message}", path.join(".")),
+    )
+}
+
+fn describe(path: &[String]) -> String {
+    match path {
+        [n, id, ..] if n == "nodes" => format!(" in node '{id}'"),
+        [] => " at the top level".to_string(),
+        _ => format!(" in '{}'", path.join(".")),
+    }
+}
+
+fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
+    let mut out: BTreeMap<String, NodeDef> = BTreeMap::new();
+    for (base_id, node) in &doc.nodes {
+        let node_path = |rest: &[&str]| -> Vec<String> {
+            ["nodes", base_id.as_str()]
+                .iter()
+                .chain(rest)
+                .map(|s| s.to_string())
+                .collect()
+        };
+        if base_id.is_empty() || base_id.contains([':', '@', ' ', '/']) {
+            return Err(SpecError::new(
+                SpecErrorKind::WrongType,
+                sources.locate(&node_path(&[])),
+                format!(
+                    "node id '{base_id}': ids may not be empty or contain ':', '@', '/' or spaces"
+                ),
+            ));
+        }
+        let mut inputs = BTreeMap::new();
+        for (name, refs) in &node.inputs {
+            let mut parsed = Vec::new();
+            for (i, r) in refs.as_slice().iter().enumerate() {
+                let Some((n, o)) = r.split_once(':') else {
+                    let mut p = node_path(&["inputs", name]);
+                    if matches!(refs, super::InputRefs::Many(_)) {
+                        p.push(i.to_string());
+                    }
+                    return Err(SpecError::new(
+                        SpecErrorKind::WrongType,
+                        sources.locate_value(&p),
+                        format!("input '{name}' of node '{base_id}': '{r}' is not NODE:OUTPUT"),
+                    ));
+                };
+                parsed.push(OutputRef {
+                    node: n.to_string(),
+                    output: o.to_string(),
+                });
+            }
+            inputs.insert(name.clone(), parsed);
+        }
+        for axis in node.matrix.keys() {
+            if get_dotted(&Value::Object(node.params.clone()), axis).is_some() {
+                return Err(SpecError::new(
+                    SpecErrorKind::DuplicateId,
+                    sources.locate(&node_path(&["matrix", axis])),
+                    format!("matrix axis '{axis}' of node '{base_id}' is also set in its params; set it in one place"),
+                ));
+            }
+        }
+        for (axis, values) in &node.matrix {
+            if values.is_empty() {
+                return Err(SpecError::new(
+                    SpecErrorKind::Constraint,
+                    sources.locate(&node_path(&["matrix", axis])),
+                    format!("matrix axis '{axis}' of node '{base_id}' has no values"),
+                ));
+            }
+        }
+        for binding in cartesian(&node.matrix) {
+            let id = if binding.is_empty() {
+                base_id.clone()
+            } else {
+                let parts: Vec<String> = binding
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", matrix_value_label(v)))
+                    .collect();
+                format!("{base_id}@{}", parts.join(","))
+            };
+            let mut params = Value::Object(node.params.clone());
+            for (axis, v) in &binding {
+                set_dotted(&mut params, axis, v.clone());
+            }
+            if !binding.is_empty() {
+                interpolate(&mut params, &binding).map_err(|unknown| {
+                    SpecError::new(
+                        SpecErrorKind::MissingReference,
+                        sources.locate(&node_path(&["params"])),
+                        format!(
+                            "node '{base_id}' uses ${{matrix.{unknown}}} but its matrix axes are: {}",
+                            binding.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                })?;
+            }
+            let Value::Object(params) = params else {
+                unreachable!("params stay an object")
+            };
+            let def = NodeDef {
+                id: id.clone(),
+                base_id: base_id.clone(),
+                op: node.op.clone(),
+                params,
+                inputs: inputs.clone(),
+                binding,
+            };
+            if out.insert(id.clone(), def).is_some() {
+                return Err(SpecError::new(
+                    SpecErrorKind::DuplicateId,
+                    sources.locate(&node_path(&["matrix"])),
+                    format!("node id '{id}' is produced twice (a repeated matrix value, or a node already named so)"),
+                ));
+            }
+        }
+    }
+    Ok(out.into_values().collect())
+}
+
+/// Sets `a.b.c` inside an object, creating intermediate objects.
+fn set_dotted(root: &mut Value, dotted: &str, value: Value) {
+    let mut cur = root;
+    let parts: Vec<&str> = dotted.split('.').collect();
+    for (i, part) in parts.iter().enumerate() {
+        let Value::Object(map) = cur else { return };
+        if i + 1 == parts.len() {
+            map.insert(part.to_string(), value);
+            return;
+        }
+        cur = map
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(Default::default()));
+    }
+}
+
+fn get_dotted<'a>(root: &'a Value, dotted: &str) -> Option<&'a Value> {
+    dotted.split('.').try_fold(root, |cur, part| cur.get(part))
+}
+
+/// Replaces `${matrix.AXIS}` in every string with the axis value; `Err(axis)`
+/// names an axis the node does not have.
+fn interpolate(v: &mut Value, binding: &BTreeMap<String, Value>) -> Result<(), String> {
+    match v {
+        Value::String(s) => {
+            let mut out = String::with_capacity(s.len());
+            let mut rest = s.as_str();
+            while let Some(start) = rest.find("${matrix.") {
+                out.push_str(&rest[..start]);
+                let after = &rest[start + "${matrix.".len()..];
+                let Some(end) = after.find('}') else {
+                    out.push_str(&rest[start..]);
+                    rest = "";
+                    break;
+                };
+                let axis = &after[..end];
+                let value = binding.get(axis).ok_or_else(|| axis.to_string())?;
+                out.push_str(&matrix_value_label(value));
+                rest = &after[end + 1..];
+            }
+            out.push_str(rest);
+            *s = out;
+        }
+        Value::Array(items) => items.iter_mut().try_for_each(|i| interpolate(i, binding))?,
+        Value::Object(map) => map.values_mut().try_for_each(|i| interpolate(i, binding))?,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn cartesian(matrix: &BTreeMap<String, Vec<Value>>) -> Vec<BTreeMap<String, Value>> {
+    let mut combos = vec![BTreeMap::new()];
+    for (axis, values) in matrix {
+        let mut next = Vec::with_capacity(combos.len() * values.len());
+        for combo in &combos {
+            for v in values {
+                let mut c: BTreeMap<String, Value> = combo.clone();
+                c.insert(axis.clone(), v.clone());
+                next.push(c);
+            }
+        }
+        combos = next;
+    }
+    combos
+}

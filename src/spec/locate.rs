@@ -1,0 +1,176 @@
+//! Maps a path inside a YAML document (`nodes.train.params.lr`) to the line and
+//! column where it was written, so every spec error can point at the source.
+//!
+//! serde's YAML deserializer keeps no positions once a value is built, so the
+//! document is read a second time with yaml-rust2's event parser, which does.
+
+use std::collections::HashMap;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::Marker;
+
+/// A position in a source file: 1-based line and column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pos {
+    pub line: usize,
+    pub col: usize,
+}
+
+impl From<Marker> for Pos {
+    fn from(m: Marker) -> Self {
+        // yaml-rust2 lines are 1-based, columns 0-based.
+        Pos {
+            line: m.line(),
+            col: m.col() + 1,
+        }
+    }
+}
+
+/// Where each path of a document was written: the key's position (for mapping
+/// entries) and the value's position.
+#[derive(Debug, Default, Clone)]
+pub struct Locator {
+    keys: HashMap<Vec<String>, Pos>,
+    values: HashMap<Vec<String>, Pos>,
+}
+
+#[derive(Default)]
+struct Collect(Vec<(Event, Marker)>);
+
+impl MarkedEventReceiver for Collect {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        self.0.push((ev, mark));
+    }
+}
+
+impl Locator {
+    /// Builds the locator; a document the parser rejects yields an empty one
+    /// (serde reports the syntax error itself, with its own position).
+    pub fn new(source: &str) -> Self {
+        let mut events = Collect::default();
+        let mut parser = Parser::new_from_str(source);
+        if parser.load(&mut events, false).is_err() {
+            return Locator::default();
+        }
+        let mut loc = Locator::default();
+        let mut i = 0;
+        let evs = &events.0;
+        // Skip to the first document's root node.
+        while i < evs.len()
+            && !matches!(
+                evs[i].0,
+                Event::MappingStart(..) | Event::SequenceStart(..) | Event::Scalar(..)
+            )
+        {
+            i += 1;
+        }
+        if i < evs.len() {
+            loc.walk(evs, &mut i, &mut Vec::new());
+        }
+        loc
+    }
+
+    fn walk(&mut self, evs: &[(Event, Marker)], i: &mut usize, path: &mut Vec<String>) {
+        let Some((ev, mark)) = evs.get(*i) else {
+            return;
+        };
+        self.values
+            .entry(path.clone())
+            .or_insert_with(|| (*mark).into());
+        *i += 1;
+        match ev {
+            Event::MappingStart(..) => loop {
+                match evs.get(*i) {
+                    None => return,
+                    Some((Event::MappingEnd, _)) => {
+                        *i += 1;
+                        return;
+                    }
+                    Some((Event::Scalar(key, ..), kmark)) => {
+                        path.push(key.clone());
+                        self.keys
+                            .entry(path.clone())
+                            .or_insert_with(|| (*kmark).into());
+                        *i += 1;
+                        self.walk(evs, i, path);
+                        path.pop();
+                    }
+                    Some(_) => {
+                        // A complex key: skip it and its value without recording.
+                        let mut scratch = Vec::new();
+                        self.walk(evs, i, &mut scratch);
+                        self.walk(evs, i, &mut scratch);
+                    }
+                }
+            },
+            Event::SequenceStart(..) => {
+                let mut index = 0usize;
+                loop {
+                    match evs.get(*i) {
+                        None => return,
+                        Some((Event::SequenceEnd, _)) => {
+                            *i += 1;
+                            return;
+                        }
+                        Some(_) => {
+                            path.push(index.to_string());
+                            self.walk(evs, i, path);
+                            path.pop();
+                            index += 1;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The key's position if the path ends in a mapping key, else the value's.
+    pub fn key(&self, path: &[String]) -> Option<Pos> {
+        self.keys
+            .get(path)
+            .or_else(|| self.values.get(path))
+            .copied()
+    }
+
+    /// The value's position.
+    pub fn value(&self, path: &[String]) -> Option<Pos> {
+        self.values
+            .get(path)
+            .or_else(|| self.keys.get(path))
+            .copied()
+    }
+
+    /// Whether the document wrote this exact path.
+    pub fn has(&self, path: &[String]) -> bool {
+        self.values.contains_key(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Vec<String> {
+        s.split('.').map(str::to_string).collect()
+    }
+
+    #[test]
+    fn keys_and_values_point_at_where_they_were_written() {
+        let src = "name: x\nnodes:\n  a:\n    op: shell\n    params:\n      outs: [o1, o2]\n";
+        let loc = Locator::new(src);
+        assert_eq!(loc.key(&p("nodes.a.op")), Some(Pos { line: 4, col: 5 }));
+        assert_eq!(loc.value(&p("nodes.a.op")), Some(Pos { line: 4, col: 9 }));
+        assert_eq!(
+            loc.value(&p("nodes.a.params.outs.1")),
+            Some(Pos { line: 6, col: 18 })
+        );
+        assert!(!loc.has(&p("nodes.b")));
+    }
+
+    #[test]
+    fn a_broken_document_gives_an_empty_locator_not_a_panic() {
+        let loc = Locator::new("a: [1, 2\nb: {");
+        assert!(!loc.has(&p("a")));
+    }
+}

@@ -1,0 +1,309 @@
+//! Content-addressed, write-once objects with atomic publish.
+//!
+//! An object is a file or a folder stored at `objects/<h[..2]>/<h>`, where `h` is
+//! the blake3 of a file's bytes, or of a folder's sorted listing
+//! (`relative path \0 file hash \0 size \n` per file). Publishing writes to a
+//! temporary name on the same file system, fsyncs, then renames, so a reader
+//! sees a complete object or none. Objects are made read-only.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+use crate::ops::OutputKind;
+
+/// What publishing an output recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectInfo {
+    pub hash: String,
+    pub kind: OutputKind,
+    /// Bytes of the file, or of all files of a folder.
+    pub size: u64,
+    /// Number of files (1 for a file).
+    pub files: u64,
+}
+
+pub(crate) fn object_rel(hash: &str) -> PathBuf {
+    PathBuf::from(&hash[..2]).join(hash)
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+/// Hashes a file's bytes with blake3.
+pub fn hash_file(path: &Path) -> Result<(String, u64), StoreError> {
+    let mut f = File::open(path).map_err(io(format!("opening {}", path.display())))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(io(format!("reading {}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    Ok((hasher.finalize().to_hex().to_string(), size))
+}
+
+/// Files under a folder, relative, sorted; symlinks are refused (they would
+/// make the object depend on something outside it).
+fn list_files(root: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        for entry in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
+            let entry = entry.map_err(io(format!("listing {}", dir.display())))?;
+            let ty = entry
+                .file_type()
+                .map_err(io(format!("reading {}", entry.path().display())))?;
+            let child = rel.join(entry.file_name());
+            if ty.is_dir() {
+                stack.push(child);
+            } else if ty.is_file() {
+                out.push(child);
+            } else {
+                return Err(StoreError::Invalid(format!(
+                    "{} is neither a file nor a folder (symlinks are not stored)",
+                    root.join(&child).display()
+                )));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Hashes a folder: blake3 over its sorted listing of file hashes.
+pub fn hash_dir(root: &Path) -> Result<ObjectInfo, StoreError> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"orchestrate.dir.v1\n");
+    let mut size = 0;
+    let files = list_files(root)?;
+    for rel in &files {
+        let (h, n) = hash_file(&root.join(rel))?;
+        size += n;
+        hasher.update(rel.to_string_lossy().as_bytes());
+        hasher.update(b"\0");
+        hasher.update(h.as_bytes());
+        hasher.update(format!("\0{n}\n").as_bytes());
+    }
+    Ok(ObjectInfo {
+        hash: hasher.finalize().to_hex().to_string(),
+        kind: OutputKind::Dir,
+        size,
+        files: files.len() as u64,
+    })
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("syncing {}", dir.display())))
+}
+
+fn make_read_only(path: &Path) -> Result<(), StoreError> {
+    let meta = fs::symlink_metadata(path).map_err(io(format!("reading {}", path.display())))?;
+    if meta.is_dir() {
+        for entry in fs::read_dir(path).map_err(io(format!("listing {}", path.display())))? {
+            let entry = entry.map_err(io(format!("listing {}", path.display())))?;
+            make_read_only(&entry.path())?;
+        }
+        fs::set_permissions(path, fs::Permissions::from_mode(0o555))
+    } else {
+        fs::set_permissions(path, fs::Permissions::from_mode(0o444))
+    }
+    .map_err(io(format!("making {} read-only", path.display())))
+}
+
+/// Copies a file into the store while hashing it (the source stays where it is).
+pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo, StoreError> {
+    let mut input = File::open(src).map_err(io(format!("opening {}", src.display())))?;
+    let staged = tmp.join(format!("copy-{}", unique_suffix()));
+    let mut out = File::create(&staged).map_err(io(format!("creating {}", staged.display())))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = input
+            .read(&mut buf)
+            .map_err(io(format!("reading {}", src.display())))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n])
+            .map_err(io(format!("writing {}", staged.display())))?;
+        size += n as u64;
+    }
+    out.sync_all()
+        .map_err(io(format!("syncing {}", staged.display())))?;
+    drop(out);
+    let info = ObjectInfo {
+        hash: hasher.finalize().to_hex().to_string(),
+        kind: OutputKind::File,
+        size,
+        files: 1,
+    };
+    install(objects, &staged, &info)?;
+    Ok(info)
+}
+
+/// Moves a staged file or folder (already under the store's tmp/) into the store.
+pub fn publish_move(
+    objects: &Path,
+    staged: &Path,
+    kind: OutputKind,
+) -> Result<ObjectInfo, StoreError> {
+    let info = match kind {
+        OutputKind::File => {
+            let meta = fs::metadata(staged).map_err(io(format!("reading {}", staged.display())))?;
+            if !meta.is_file() {
+                return Err(StoreError::Invalid(format!(
+                    "{} should be a file",
+                    staged.display()
+                )));
+            }
+            File::open(staged)
+                .and_then(|f| f.sync_all())
+                .map_err(io(format!("syncing {}", staged.display())))?;
+            let (hash, size) = hash_file(staged)?;
+            ObjectInfo {
+                hash,
+                kind,
+                size,
+                files: 1,
+            }
+        }
+        OutputKind::Dir => {
+            if !staged.is_dir() {
+                return Err(StoreError::Invalid(format!(
+                    "{} should be a folder",
+                    staged.display()
+                )));
+            }
+            for rel in list_files(staged)? {
+                let p = staged.join(rel);
+                File::open(&p)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io(format!("syncing {}", p.display())))?;
+            }
+            hash_dir(staged)?
+        }
+    };
+    install(objects, staged, &info)?;
+    Ok(info)
+}
+
+/// Renames a complete, synced staged object to its content address, unless an
+/// identical object is already there (write-once: the staged copy is dropped).
+fn install(objects: &Path, staged: &Path, info: &ObjectInfo) -> Result<(), StoreError> {
+    let dest = objects.join(object_rel(&info.hash));
+    let shard = dest.parent().expect("object paths have a shard folder");
+    if dest.exists() {
+        remove_any(staged)?;
+        return Ok(());
+    }
+    fs::create_dir_all(shard).map_err(io(format!("creating {}", shard.display())))?;
+    make_read_only(staged)?;
+    match fs::rename(staged, &dest) {
+        Ok(()) => {}
+        // Another process installed the same content first: equally good.
+        Err(_) if dest.exists() => {
+            remove_any(staged)?;
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(StoreError::Io {
+                context: format!("publishing {}", dest.display()),
+                source: e,
+            })
+        }
+    }
+    fsync_dir(shard)
+}
+
+/// Removes a file or folder, read-only ones included.
+pub fn remove_any(path: &Path) -> Result<(), StoreError> {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        // Folders were made read-only: restore write permission to delete their entries.
+        let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o755));
+        for entry in fs::read_dir(path).map_err(io(format!("listing {}", path.display())))? {
+            let entry = entry.map_err(io(format!("listing {}", path.display())))?;
+            remove_any(&entry.path())?;
+        }
+        fs::remove_dir(path).map_err(io(format!("removing {}", path.display())))
+    } else {
+        fs::remove_file(path).map_err(io(format!("removing {}", path.display())))
+    }
+}
+
+/// A name no other process or thread will pick.
+pub fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_hash_depends_on_names_and_contents_not_on_creation_order() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        fs::create_dir_all(a.join("sub")).unwrap();
+        fs::create_dir_all(b.join("sub")).unwrap();
+        fs::write(a.join("x"), "1").unwrap();
+        fs::write(a.join("sub/y"), "2").unwrap();
+        fs::write(b.join("sub/y"), "2").unwrap();
+        fs::write(b.join("x"), "1").unwrap();
+        assert_eq!(hash_dir(&a).unwrap(), hash_dir(&b).unwrap());
+        fs::write(b.join("x"), "3").unwrap();
+        assert_ne!(hash_dir(&a).unwrap().hash, hash_dir(&b).unwrap().hash);
+    }
+
+    #[test]
+    fn publishing_the_same_bytes_twice_keeps_one_read_only_object() {
+        let t = tempfile::tempdir().unwrap();
+        let (objects, tmp) = (t.path().join("objects"), t.path().join("tmp"));
+        fs::create_dir_all(&objects).unwrap();
+        fs::create_dir_all(&tmp).unwrap();
+        let src = t.path().join("src.txt");
+        fs::write(&src, "hello").unwrap();
+        let one = publish_copy(&objects, &tmp, &src).unwrap();
+        let two = publish_copy(&objects, &tmp, &src).unwrap();
+        assert_eq!(one, two);
+        let dest = objects.join(object_rel(&one.hash));
+        assert_eq!(fs::read_to_string(&dest).unwrap(), "hello");
+        assert!(fs::metadata(&dest).unwrap().permissions().readonly());
+        assert_eq!(
+            fs::read_dir(&tmp).unwrap().count(),
+            0,
+            "staged copies are cleaned up"
+        );
+    }
+}
