@@ -16,10 +16,7 @@ fn main() {
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg-bin=orchestrate-torch=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
-    println!(
-        "cargo:rustc-env=ORCHESTRATE_LIBTORCH_VERSION={}",
-        libtorch_version(lib)
-    );
+    println!("cargo:rustc-env=ORCHESTRATE_LIBTORCH_VERSION={}", libtorch_version(lib));
 }
 
 /// From the pip wheel's torch/version.py, or a libtorch zip's build-version.

@@ -21,9 +21,7 @@ pub fn worker_binary() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
     // Test binaries live in target/<profile>/deps; the worker one level up.
-    [dir.join(WORKER), dir.parent()?.join(WORKER)]
-        .into_iter()
-        .find(|p| p.is_file())
+    [dir.join(WORKER), dir.parent()?.join(WORKER)].into_iter().find(|p| p.is_file())
 }
 
 /// Asks the worker for the numerical environment (once per run).
@@ -37,11 +35,7 @@ pub fn env_provider() -> EnvProvider {
             .output()
             .map_err(|e| format!("starting {}: {e}", worker.display()))?;
         if !out.status.success() {
-            return Err(format!(
-                "{} env failed: {}",
-                worker.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(format!("{} env failed: {}", worker.display(), String::from_utf8_lossy(&out.stderr).trim()));
         }
         serde_json::from_slice(&out.stdout)
             .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
@@ -51,13 +45,6 @@ pub fn env_provider() -> EnvProvider {
 /// The environment of this process's libtorch (only in the worker).
 #[cfg(feature = "torch")]
 pub fn torch_env() -> EnvPart {
-    let device = if tch::Cuda::is_available() {
-        "cuda".to_string()
-    } else {
-        "cpu".to_string()
-    };
-    EnvPart {
-        device,
-        libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string(),
-    }
+    let device = if tch::Cuda::is_available() { "cuda".to_string() } else { "cpu".to_string() };
+    EnvPart { device, libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string() }
 }

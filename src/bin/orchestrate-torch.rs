@@ -5,12 +5,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["env", rest @ ..] => {
             let env = orchestrate::runtime::torch_env();
             if rest.contains(&"--json") {
@@ -25,7 +20,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         _ => {
-            eprintln!("usage: orchestrate-torch env [--json]\n(this worker is started by `orchestrate`; run that instead)");
+            eprintln!(
+                "usage: orchestrate-torch env [--json]\n(this worker is started by `orchestrate`; run that instead)"
+            );
             ExitCode::from(2)
         }
     }

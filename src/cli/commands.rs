@@ -19,20 +19,12 @@ const GATE_FAILED: u8 = 1;
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     let registry = Registry::builtin();
     match cli.command {
-        Command::Run {
-            spec,
-            jobs,
-            force,
-            dry_run,
-            json,
-            quiet,
-        } => {
+        Command::Run { spec, jobs, force, dry_run, json, quiet } => {
             let (spec, dag) = load(&spec, &registry)?;
             let force = check_nodes(&dag, force)?;
             if dry_run {
                 let ws = Workspace::open_read_only(&cli.workspace)?;
-                let entries =
-                    plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
+                let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
                 print_plan(&entries, json);
                 return Ok(ExitCode::SUCCESS);
             }
@@ -51,11 +43,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 argv: std::env::args().collect::<Vec<_>>().join(" "),
             };
             let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
-            Ok(if result.stats.success() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(GATE_FAILED)
-            })
+            Ok(if result.stats.success() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Plan { spec, force, json } => {
             let (spec, dag) = load(&spec, &registry)?;
@@ -63,14 +51,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let ws = Workspace::open_read_only(&cli.workspace)?;
             let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
             print_plan(&entries, json);
-            let broken = entries
-                .iter()
-                .any(|e| matches!(e.state, PlanState::Error { .. }));
-            Ok(if broken {
-                ExitCode::from(GATE_FAILED)
-            } else {
-                ExitCode::SUCCESS
-            })
+            let broken = entries.iter().any(|e| matches!(e.state, PlanState::Error { .. }));
+            Ok(if broken { ExitCode::from(GATE_FAILED) } else { ExitCode::SUCCESS })
         }
         Command::Explain { spec, node, json } => {
             let (spec, dag) = load(&spec, &registry)?;
@@ -83,10 +65,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             println!("node     {}", e.node);
             println!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
-            println!(
-                "cached   {}",
-                e.cached_key.as_deref().unwrap_or("(never completed)")
-            );
+            println!("cached   {}", e.cached_key.as_deref().unwrap_or("(never completed)"));
             if let Some(at) = &e.cached_at {
                 println!("         at {at}");
             }
@@ -107,12 +86,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Validate { spec } => {
             let (spec, dag) = load(&spec, &registry)?;
-            println!(
-                "{}: ok ({} nodes, {} edges)",
-                spec.path.display(),
-                dag.nodes.len(),
-                dag.graph.edge_count()
-            );
+            println!("{}: ok ({} nodes, {} edges)", spec.path.display(), dag.nodes.len(), dag.graph.edge_count());
             Ok(ExitCode::SUCCESS)
         }
         Command::Schema { out } => {
@@ -120,14 +94,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             match out {
                 None => print!("{text}"),
                 Some(dir) => {
-                    std::fs::create_dir_all(&dir)
-                        .with_context(|| format!("creating {}", dir.display()))?;
+                    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
                     let path = dir.join(schema::SCHEMA_FILE);
                     let tmp = path.with_extension("json.tmp");
-                    std::fs::write(&tmp, text)
-                        .with_context(|| format!("writing {}", tmp.display()))?;
-                    std::fs::rename(&tmp, &path)
-                        .with_context(|| format!("writing {}", path.display()))?;
+                    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+                    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
                     println!("wrote {}", path.display());
                 }
             }
@@ -137,12 +108,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };
-                println!(
-                    "{:<24} v{}  {}{numerical}",
-                    op.name(),
-                    op.version(),
-                    op.summary()
-                );
+                println!("{:<24} v{}  {}{numerical}", op.name(), op.version(), op.summary());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -157,15 +123,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
 }
 
 fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
-    let overrides = args
-        .set
-        .iter()
-        .map(|s| Override::parse(s))
-        .collect::<Result<Vec<_>, _>>()?;
-    let opts = LoadOptions {
-        profile: args.profile.clone(),
-        overrides,
-    };
+    let overrides = args.set.iter().map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
+    let opts = LoadOptions { profile: args.profile.clone(), overrides };
     let spec = spec::load(&args.spec, &opts)?;
     let dag = dag::compile(&spec, registry)?;
     Ok((spec, dag))
@@ -175,11 +134,7 @@ fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
     for id in &ids {
         if dag.get(id).is_none() {
             let ids = dag.ids();
-            bail!(
-                "no node '{id}' in this spec{}; nodes: {}",
-                did_you_mean(id, ids.iter().copied()),
-                ids.join(", ")
-            );
+            bail!("no node '{id}' in this spec{}; nodes: {}", did_you_mean(id, ids.iter().copied()), ids.join(", "));
         }
     }
     Ok(ids.into_iter().collect())
@@ -188,21 +143,14 @@ fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
 fn print_plan(entries: &[PlanEntry], json: bool) {
     if json {
         for e in entries {
-            println!(
-                "{}",
-                serde_json::to_string(e).expect("plan entries serialize")
-            );
+            println!("{}", serde_json::to_string(e).expect("plan entries serialize"));
         }
         return;
     }
     let width = entries.iter().map(|e| e.node.len()).max().unwrap_or(4);
     let (mut cached, mut run, mut pending) = (0, 0, 0);
     for e in entries {
-        let short = |k: &Option<String>| {
-            k.as_deref()
-                .map(|k| k[..8].to_string())
-                .unwrap_or_else(|| "--------".into())
-        };
+        let short = |k: &Option<String>| k.as_deref().map(|k| k[..8].to_string()).unwrap_or_else(|| "--------".into());
         match &e.state {
             PlanState::Cached { key } => {
                 cached += 1;
@@ -229,12 +177,7 @@ fn print_plan(entries: &[PlanEntry], json: bool) {
     println!("{cached} cached, {run} to run, {pending} pending on upstream");
 }
 
-fn status(
-    root: &std::path::Path,
-    run: Option<String>,
-    limit: usize,
-    json: bool,
-) -> Result<ExitCode> {
+fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool) -> Result<ExitCode> {
     let Some(ws) = Workspace::open_read_only(root)? else {
         println!("no runs yet (no workspace at {})", root.display());
         return Ok(ExitCode::SUCCESS);
@@ -243,11 +186,7 @@ fn status(
     let runs = index.recent_runs(limit)?;
     let shown = match run {
         Some(r) => {
-            if !runs.iter().any(|x| x.run_id == r)
-                && index
-                    .recent_runs(usize::MAX >> 1)?
-                    .iter()
-                    .all(|x| x.run_id != r)
+            if !runs.iter().any(|x| x.run_id == r) && index.recent_runs(usize::MAX >> 1)?.iter().all(|x| x.run_id != r)
             {
                 bail!("no run '{r}' in {}", root.display());
             }
@@ -260,24 +199,13 @@ fn status(
         None => Vec::new(),
     };
     if json {
-        println!(
-            "{}",
-            serde_json::json!({"runs": runs, "run": shown, "nodes": nodes})
-        );
+        println!("{}", serde_json::json!({"runs": runs, "run": shown, "nodes": nodes}));
         return Ok(ExitCode::SUCCESS);
     }
     for r in &runs {
         let finished = r.finished_at.as_deref().unwrap_or("-");
-        let status = if r.finished_at.is_none() {
-            "interrupted or running"
-        } else {
-            r.status.as_str()
-        };
-        let profile = r
-            .profile
-            .as_deref()
-            .map(|p| format!(" --profile {p}"))
-            .unwrap_or_default();
+        let status = if r.finished_at.is_none() { "interrupted or running" } else { r.status.as_str() };
+        let profile = r.profile.as_deref().map(|p| format!(" --profile {p}")).unwrap_or_default();
         println!(
             "{}  {}{profile}  {status}  {}  (started {}, finished {finished})",
             r.run_id,
@@ -312,9 +240,7 @@ fn verify(root: &std::path::Path) -> Result<ExitCode> {
             let path = ws.object_path(&out.object.hash);
             let actual = match out.object.kind {
                 crate::ops::OutputKind::File => hash_file(&path).map(|(h, _)| h),
-                crate::ops::OutputKind::Dir => {
-                    crate::store::objects::hash_dir(&path).map(|i| i.hash)
-                }
+                crate::ops::OutputKind::Dir => crate::store::objects::hash_dir(&path).map(|i| i.hash),
             };
             match actual {
                 Ok(h) if h == out.object.hash => {}
@@ -333,9 +259,5 @@ fn verify(root: &std::path::Path) -> Result<ExitCode> {
         }
     }
     println!("{checked} outputs checked, {problems} problems");
-    Ok(if problems == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(GATE_FAILED)
-    })
+    Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
 }

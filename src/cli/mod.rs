@@ -13,12 +13,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "orchestrate", version, about, propagate_version = true)]
 pub struct Cli {
     /// The workspace folder (object store, cache index, logs).
-    #[arg(
-        long,
-        global = true,
-        default_value = ".orchestrate",
-        value_name = "DIR"
-    )]
+    #[arg(long, global = true, default_value = ".orchestrate", value_name = "DIR")]
     pub workspace: PathBuf,
     #[command(subcommand)]
     pub command: Command,
@@ -109,9 +104,7 @@ pub enum Command {
 }
 
 fn default_jobs() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
 /// Parses arguments and runs the command.

@@ -118,13 +118,7 @@ pub struct Change {
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".to_string());
-        write!(
-            f,
-            "{}: {} → {}",
-            self.field,
-            show(&self.old),
-            show(&self.new)
-        )
+        write!(f, "{}: {} → {}", self.field, show(&self.old), show(&self.new))
     }
 }
 
@@ -132,27 +126,15 @@ impl std::fmt::Display for Change {
 pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
     let mut a = BTreeMap::new();
     let mut b = BTreeMap::new();
-    flatten(
-        "",
-        &serde_json::to_value(old).unwrap_or(Value::Null),
-        &mut a,
-    );
-    flatten(
-        "",
-        &serde_json::to_value(new).unwrap_or(Value::Null),
-        &mut b,
-    );
+    flatten("", &serde_json::to_value(old).unwrap_or(Value::Null), &mut a);
+    flatten("", &serde_json::to_value(new).unwrap_or(Value::Null), &mut b);
     let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
     fields.sort();
     fields.dedup();
     fields
         .into_iter()
         .filter(|f| a.get(*f) != b.get(*f))
-        .map(|f| Change {
-            field: f.clone(),
-            old: a.get(f).cloned(),
-            new: b.get(f).cloned(),
-        })
+        .map(|f| Change { field: f.clone(), old: a.get(f).cloned(), new: b.get(f).cloned() })
         .collect()
 }
 
@@ -160,11 +142,7 @@ fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
     match v {
         Value::Object(map) if !map.is_empty() => {
             for (k, child) in map {
-                let p = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
+                let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
                 flatten(&p, child, out);
             }
         }
@@ -193,22 +171,13 @@ mod tests {
 
     #[test]
     fn numerically_equal_params_give_the_same_key() {
-        assert_eq!(
-            record(json!({"lr": 1.0})).key(),
-            record(json!({"lr": 1})).key()
-        );
-        assert_ne!(
-            record(json!({"lr": 1.5})).key(),
-            record(json!({"lr": 1})).key()
-        );
+        assert_eq!(record(json!({"lr": 1.0})).key(), record(json!({"lr": 1})).key());
+        assert_ne!(record(json!({"lr": 1.5})).key(), record(json!({"lr": 1})).key());
     }
 
     #[test]
     fn diff_names_the_changed_param_with_old_and_new_values() {
-        let changes = diff(
-            &record(json!({"lr": 0.001, "g": 4})),
-            &record(json!({"lr": 0.002, "g": 4})),
-        );
+        let changes = diff(&record(json!({"lr": 0.001, "g": 4})), &record(json!({"lr": 0.002, "g": 4})));
         assert_eq!(changes.len(), 1);
         assert_eq!(changes[0].to_string(), "params.lr: 0.001 → 0.002");
     }
@@ -231,10 +200,7 @@ mod tests {
     fn reverse_keys(v: &Value) -> Value {
         match v {
             Value::Object(m) => {
-                let mut entries: Vec<(String, Value)> = m
-                    .iter()
-                    .map(|(k, v)| (k.clone(), reverse_keys(v)))
-                    .collect();
+                let mut entries: Vec<(String, Value)> = m.iter().map(|(k, v)| (k.clone(), reverse_keys(v))).collect();
                 entries.reverse();
                 let mut out = serde_json::Map::new();
                 for (k, v) in entries {

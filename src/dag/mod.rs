@@ -57,19 +57,13 @@ impl Dag {
     /// Positions of the nodes this one reads from.
     pub fn parents(&self, pos: usize) -> Vec<usize> {
         let ix = self.index[self.nodes[pos].id()];
-        self.graph
-            .neighbors_directed(ix, petgraph::Direction::Incoming)
-            .map(|p| self.graph[p])
-            .collect()
+        self.graph.neighbors_directed(ix, petgraph::Direction::Incoming).map(|p| self.graph[p]).collect()
     }
 
     /// Positions of the nodes that read from this one.
     pub fn children(&self, pos: usize) -> Vec<usize> {
         let ix = self.index[self.nodes[pos].id()];
-        self.graph
-            .neighbors_directed(ix, petgraph::Direction::Outgoing)
-            .map(|p| self.graph[p])
-            .collect()
+        self.graph.neighbors_directed(ix, petgraph::Direction::Outgoing).map(|p| self.graph[p]).collect()
     }
 
     /// Every node downstream of `pos`, not including it.
@@ -94,11 +88,7 @@ impl Dag {
 }
 
 fn node_path(def: &NodeDef, rest: &[&str]) -> Vec<String> {
-    ["nodes", def.base_id.as_str()]
-        .iter()
-        .chain(rest)
-        .map(|s| s.to_string())
-        .collect()
+    ["nodes", def.base_id.as_str()].iter().chain(rest).map(|s| s.to_string()).collect()
 }
 
 /// Compiles a spec against the op registry.
@@ -123,10 +113,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
         if let Err(e) = op.check_params(&params) {
             // A value that came from the matrix is reported where the matrix wrote it.
             let dotted = e.path.join(".");
-            let axis = def
-                .binding
-                .keys()
-                .find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
+            let axis = def.binding.keys().find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
             let path = match axis {
                 Some(axis) => node_path(def, &["matrix", axis]),
                 None => {
@@ -135,21 +122,9 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                     p
                 }
             };
-            let kind = if e.unknown_key {
-                SpecErrorKind::UnknownKey
-            } else {
-                SpecErrorKind::WrongType
-            };
-            let at = if e.unknown_key {
-                spec.sources.locate(&path)
-            } else {
-                spec.sources.locate_value(&path)
-            };
-            return Err(SpecError::new(
-                kind,
-                at,
-                format!("node '{}' ({}): {}", def.id, def.op, e.message),
-            ));
+            let kind = if e.unknown_key { SpecErrorKind::UnknownKey } else { SpecErrorKind::WrongType };
+            let at = if e.unknown_key { spec.sources.locate(&path) } else { spec.sources.locate_value(&path) };
+            return Err(SpecError::new(kind, at, format!("node '{}' ({}): {}", def.id, def.op, e.message)));
         }
         let outputs = op.outputs(&params);
         nodes.push(DagNode {
@@ -165,11 +140,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
     // After the typed checks, so their clearer messages come first.
     schema::check_constraints(spec, registry)?;
 
-    let by_id: HashMap<String, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.def.id.clone(), i))
-        .collect();
+    let by_id: HashMap<String, usize> = nodes.iter().enumerate().map(|(i, n)| (n.def.id.clone(), i)).collect();
     let mut expansions: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, n) in nodes.iter().enumerate() {
         if !n.def.binding.is_empty() {
@@ -234,16 +205,10 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                     return Err(SpecError::new(
                         SpecErrorKind::Cycle,
                         at(),
-                        format!(
-                            "cycle: node '{}' reads its own output '{}'",
-                            def.id, r.output
-                        ),
+                        format!("cycle: node '{}' reads its own output '{}'", def.id, r.output),
                     ));
                 }
-                resolved.push(OutputRef {
-                    node: nodes[target].def.id.clone(),
-                    output: r.output.clone(),
-                });
+                resolved.push(OutputRef { node: nodes[target].def.id.clone(), output: r.output.clone() });
             }
             inputs.insert(name.clone(), resolved);
         }
@@ -253,20 +218,14 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                 Some((w, out)) if *w != i => {
                     inputs.insert(
                         format!("{FILE_DEP_PREFIX}{dep}"),
-                        vec![OutputRef {
-                            node: nodes[*w].def.id.clone(),
-                            output: out.clone(),
-                        }],
+                        vec![OutputRef { node: nodes[*w].def.id.clone(), output: out.clone() }],
                     );
                 }
                 Some(_) => {
                     return Err(SpecError::new(
                         SpecErrorKind::Cycle,
                         spec.sources.locate(&node_path(&def, &["params", "deps"])),
-                        format!(
-                            "cycle: node '{}' lists '{dep}' both as a dep and as an out",
-                            def.id
-                        ),
+                        format!("cycle: node '{}' lists '{dep}' both as a dep and as an out", def.id),
                     ))
                 }
                 None => files.push(dep),
@@ -283,12 +242,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
     }
     for n in &nodes {
         let to = index[&n.def.id];
-        let mut parents: Vec<&str> = n
-            .inputs
-            .values()
-            .flatten()
-            .map(|r| r.node.as_str())
-            .collect();
+        let mut parents: Vec<&str> = n.inputs.values().flatten().map(|r| r.node.as_str()).collect();
         parents.sort_unstable();
         parents.dedup();
         for p in parents {
@@ -299,12 +253,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
         Ok(order) => order.into_iter().map(|ix| graph[ix]).collect(),
         Err(_) => return Err(cycle_error(spec, &graph, &nodes)),
     };
-    Ok(Dag {
-        graph,
-        nodes,
-        index,
-        order,
-    })
+    Ok(Dag { graph, nodes, index, order })
 }
 
 fn resolve_node(
@@ -322,13 +271,7 @@ fn resolve_node(
         let matching: Vec<usize> = exp
             .iter()
             .copied()
-            .filter(|&e| {
-                nodes[e]
-                    .def
-                    .binding
-                    .iter()
-                    .all(|(axis, v)| consumer.binding.get(axis) == Some(v))
-            })
+            .filter(|&e| nodes[e].def.binding.iter().all(|(axis, v)| consumer.binding.get(axis) == Some(v)))
             .collect();
         if let [one] = matching.as_slice() {
             return Ok(*one);
@@ -345,11 +288,7 @@ fn resolve_node(
     names.extend(expansions.keys().map(String::as_str));
     names.sort_unstable();
     names.dedup();
-    Err(format!(
-        "no node '{}'{}",
-        r.node,
-        did_you_mean(&r.node, names.iter().copied())
-    ))
+    Err(format!("no node '{}'{}", r.node, did_you_mean(&r.node, names.iter().copied())))
 }
 
 fn cycle_error(spec: &Spec, graph: &DiGraph<usize, ()>, nodes: &[DagNode]) -> SpecError {
@@ -358,30 +297,16 @@ fn cycle_error(spec: &Spec, graph: &DiGraph<usize, ()>, nodes: &[DagNode]) -> Sp
     sccs.retain(|c| c.len() > 1);
     sccs.sort_by_key(|c| c.iter().map(|ix| nodes[graph[*ix]].def.id.clone()).min());
     let Some(component) = sccs.first() else {
-        return SpecError::new(
-            SpecErrorKind::Cycle,
-            spec.sources.locate(&["nodes".into()]),
-            "the nodes form a cycle",
-        );
+        return SpecError::new(SpecErrorKind::Cycle, spec.sources.locate(&["nodes".into()]), "the nodes form a cycle");
     };
     let members: std::collections::HashSet<NodeIndex> = component.iter().copied().collect();
-    let start = *component
-        .iter()
-        .min_by_key(|ix| nodes[graph[**ix]].def.id.clone())
-        .expect("non-empty");
+    let start = *component.iter().min_by_key(|ix| nodes[graph[**ix]].def.id.clone()).expect("non-empty");
     let mut path = vec![start];
     let mut cur = start;
     loop {
-        let mut next: Vec<NodeIndex> = graph
-            .neighbors(cur)
-            .filter(|n| members.contains(n))
-            .collect();
+        let mut next: Vec<NodeIndex> = graph.neighbors(cur).filter(|n| members.contains(n)).collect();
         next.sort_by_key(|ix| nodes[graph[*ix]].def.id.clone());
-        let Some(&n) = next
-            .iter()
-            .find(|n| !path.contains(n) || **n == start)
-            .or(next.first())
-        else {
+        let Some(&n) = next.iter().find(|n| !path.contains(n) || **n == start).or(next.first()) else {
             break;
         };
         if n == start || path.contains(&n) {
@@ -391,10 +316,7 @@ fn cycle_error(spec: &Spec, graph: &DiGraph<usize, ()>, nodes: &[DagNode]) -> Sp
         path.push(n);
         cur = n;
     }
-    let names: Vec<&str> = path
-        .iter()
-        .map(|ix| nodes[graph[*ix]].def.id.as_str())
-        .collect();
+    let names: Vec<&str> = path.iter().map(|ix| nodes[graph[*ix]].def.id.as_str()).collect();
     let first = &nodes[graph[start]].def;
     SpecError::new(
         SpecErrorKind::Cycle,

@@ -77,11 +77,7 @@ impl node::NodeObserver for Observer<'_> {
 /// A fresh run id: UTC time and process id, readable and unique on a machine.
 pub fn new_run_id() -> String {
     let t = now_rfc3339().replace(['-', ':'], "");
-    format!(
-        "{}-{}",
-        t.trim_end_matches('Z').replace('.', ""),
-        std::process::id()
-    )
+    format!("{}-{}", t.trim_end_matches('Z').replace('.', ""), std::process::id())
 }
 
 /// Runs every node of the DAG.
@@ -114,12 +110,7 @@ pub fn run(
     };
     let jobs = opts.jobs.max(1);
     emit(
-        Event::RunStarted {
-            run_id: run_id.clone(),
-            spec: spec.name.clone(),
-            nodes: dag.nodes.len(),
-            jobs,
-        },
+        Event::RunStarted { run_id: run_id.clone(), spec: spec.name.clone(), nodes: dag.nodes.len(), jobs },
         reporter,
         &mut log,
     );
@@ -152,11 +143,7 @@ pub fn run(
                         } {
                             let _ = msg_tx.send(Msg::Done(
                                 pos,
-                                Outcome::Failed {
-                                    key: None,
-                                    error: e.to_string(),
-                                    seconds: 0.0,
-                                },
+                                Outcome::Failed { key: None, error: e.to_string(), seconds: 0.0 },
                             ));
                         }
                         return;
@@ -171,16 +158,8 @@ pub fn run(
                         match cached.get_or_insert_with(|| (opts.env)()) {
                             Ok(e) => Some(e.clone()),
                             Err(e) => {
-                                let error =
-                                    format!("cannot determine the numerical environment: {e}");
-                                let _ = msg_tx.send(Msg::Done(
-                                    pos,
-                                    Outcome::Failed {
-                                        key: None,
-                                        error,
-                                        seconds: 0.0,
-                                    },
-                                ));
+                                let error = format!("cannot determine the numerical environment: {e}");
+                                let _ = msg_tx.send(Msg::Done(pos, Outcome::Failed { key: None, error, seconds: 0.0 }));
                                 continue;
                             }
                         }
@@ -199,10 +178,7 @@ pub fn run(
                         force: opts.force.contains(node.id()),
                         cancel,
                     };
-                    let mut observer = Observer {
-                        tx: &msg_tx,
-                        node: node.id().to_string(),
-                    };
+                    let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
                     let outcome = node::resolve(&job, &mut observer);
                     let _ = msg_tx.send(Msg::Done(pos, outcome));
                 }
@@ -239,37 +215,18 @@ pub fn run(
                 Outcome::Cached { key, outputs: outs } => {
                     stats.cached += 1;
                     outputs.insert(id.clone(), outs.clone());
-                    emit(
-                        Event::CacheHit {
-                            node: id.clone(),
-                            key: key.clone(),
-                        },
-                        reporter,
-                        &mut log,
-                    );
+                    emit(Event::CacheHit { node: id.clone(), key: key.clone() }, reporter, &mut log);
                 }
-                Outcome::Ran {
-                    key,
-                    outputs: outs,
-                    seconds,
-                } => {
+                Outcome::Ran { key, outputs: outs, seconds } => {
                     stats.ran += 1;
                     outputs.insert(id.clone(), outs.clone());
                     emit(
-                        Event::NodeFinished {
-                            node: id.clone(),
-                            key: key.clone(),
-                            seconds: *seconds,
-                        },
+                        Event::NodeFinished { node: id.clone(), key: key.clone(), seconds: *seconds },
                         reporter,
                         &mut log,
                     );
                 }
-                Outcome::Failed {
-                    key,
-                    error,
-                    seconds,
-                } => {
+                Outcome::Failed { key, error, seconds } => {
                     stats.failed += 1;
                     emit(
                         Event::NodeFailed {
@@ -303,16 +260,9 @@ pub fn run(
                             pending -= 1;
                             stats.skipped += 1;
                             let because = format!("'{root}' failed");
-                            outcomes[c] = Some(Outcome::Failed {
-                                key: None,
-                                error: because.clone(),
-                                seconds: 0.0,
-                            });
+                            outcomes[c] = Some(Outcome::Failed { key: None, error: because.clone(), seconds: 0.0 });
                             emit(
-                                Event::NodeSkipped {
-                                    node: dag.nodes[c].id().to_string(),
-                                    because,
-                                },
+                                Event::NodeSkipped { node: dag.nodes[c].id().to_string(), because },
                                 reporter,
                                 &mut log,
                             );
@@ -369,18 +319,10 @@ pub fn run(
                 seconds: Some(*seconds),
                 detail: None,
             },
-            Outcome::Failed {
-                key,
-                error,
-                seconds,
-            } => RunNodeRow {
+            Outcome::Failed { key, error, seconds } => RunNodeRow {
                 node_id: node_id.clone(),
                 key: key.clone(),
-                outcome: if blocked_by[pos].is_some() {
-                    "skipped".into()
-                } else {
-                    "failed".into()
-                },
+                outcome: if blocked_by[pos].is_some() { "skipped".into() } else { "failed".into() },
                 seconds: Some(*seconds),
                 detail: Some(error.clone()),
             },
@@ -389,14 +331,8 @@ pub fn run(
         result.insert(node_id, outcome);
     }
     let status = if stats.success() { "ok" } else { "failed" };
-    let summary = format!(
-        "{} ran, {} cached, {} failed, {} skipped",
-        stats.ran, stats.cached, stats.failed, stats.skipped
-    );
+    let summary =
+        format!("{} ran, {} cached, {} failed, {} skipped", stats.ran, stats.cached, stats.failed, stats.skipped);
     index.finish_run(&run_id, status, &summary, &rows, &log)?;
-    Ok(RunResult {
-        run_id,
-        stats,
-        outcomes: result,
-    })
+    Ok(RunResult { run_id, stats, outcomes: result })
 }

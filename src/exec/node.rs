@@ -16,20 +16,9 @@ use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, Store
 /// The result of resolving one node.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Cached {
-        key: String,
-        outputs: Vec<OutputRecord>,
-    },
-    Ran {
-        key: String,
-        outputs: Vec<OutputRecord>,
-        seconds: f64,
-    },
-    Failed {
-        key: Option<String>,
-        error: String,
-        seconds: f64,
-    },
+    Cached { key: String, outputs: Vec<OutputRecord> },
+    Ran { key: String, outputs: Vec<OutputRecord>, seconds: f64 },
+    Failed { key: Option<String>, error: String, seconds: f64 },
 }
 
 /// Everything one node resolution needs.
@@ -72,10 +61,7 @@ pub fn hash_inputs(
     for f in &node.files {
         let path = spec_dir.join(f);
         if !path.is_file() {
-            return Err(format!(
-                "dep '{f}' does not exist ({}) and no node writes it",
-                path.display()
-            ));
+            return Err(format!("dep '{f}' does not exist ({}) and no node writes it", path.display()));
         }
         let h = ws.hash_user_file(index, &path).map_err(|e| e.to_string())?;
         files.insert(f.clone(), h);
@@ -119,19 +105,9 @@ pub trait NodeObserver {
 /// Resolves one node: cache hit, or lock, run, publish, commit.
 pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     let start = Instant::now();
-    let failed = |key: Option<String>, error: String| Outcome::Failed {
-        key,
-        error,
-        seconds: start.elapsed().as_secs_f64(),
-    };
-    let record = match hash_inputs(
-        job.ws,
-        job.index,
-        job.node,
-        job.spec_dir,
-        job.upstream,
-        job.env.clone(),
-    ) {
+    let failed =
+        |key: Option<String>, error: String| Outcome::Failed { key, error, seconds: start.elapsed().as_secs_f64() };
+    let record = match hash_inputs(job.ws, job.index, job.node, job.spec_dir, job.upstream, job.env.clone()) {
         Ok(r) => r,
         Err(e) => return failed(None, e),
     };
@@ -147,11 +123,7 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     let lock = job.ws.lock_node(&key, || {
         observer.waiting(
             &key,
-            &format!(
-                "another orchestrate process is running node '{}' (key {})",
-                job.node.id(),
-                &key[..12]
-            ),
+            &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), &key[..12]),
         )
     });
     let _lock = match lock {
@@ -176,29 +148,18 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     };
     observer.started(&key, &reason);
     match execute(job, &record, &key) {
-        Ok(outputs) => Outcome::Ran {
-            key,
-            outputs,
-            seconds: start.elapsed().as_secs_f64(),
-        },
+        Ok(outputs) => Outcome::Ran { key, outputs, seconds: start.elapsed().as_secs_f64() },
         Err(e) => failed(Some(key), e),
     }
 }
 
 /// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(why)))` if cached but stale, `Ok(Err(None))` if absent.
-fn cached_valid(
-    job: &NodeJob<'_>,
-    key: &str,
-) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
+fn cached_valid(job: &NodeJob<'_>, key: &str) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
     let Some(cached) = job.index.lookup(key)? else {
         return Ok(Err(None));
     };
     match job.ws.check_outputs(job.index, &cached, job.spec_dir)? {
-        None => Ok(Ok(job
-            .index
-            .lookup(key)?
-            .map(|c| c.outputs)
-            .unwrap_or(cached.outputs))),
+        None => Ok(Ok(job.index.lookup(key)?.map(|c| c.outputs).unwrap_or(cached.outputs))),
         Some(why) => Ok(Err(Some(why))),
     }
 }
@@ -212,10 +173,7 @@ fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<Outp
         let artifacts = refs
             .iter()
             .zip(hashes)
-            .map(|(_, h)| InputArtifact {
-                path: job.ws.object_path(h),
-                hash: h.clone(),
-            })
+            .map(|(_, h)| InputArtifact { path: job.ws.object_path(h), hash: h.clone() })
             .collect();
         inputs.insert(name.clone(), artifacts);
     }
@@ -237,43 +195,25 @@ fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<Outp
             Some(rel) => {
                 let path = job.spec_dir.join(rel);
                 let before = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
-                let object = job
-                    .ws
-                    .publish_copy(&path, &staging)
-                    .map_err(|e| e.to_string())?;
+                let object = job.ws.publish_copy(&path, &staging).map_err(|e| e.to_string())?;
                 let after = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
                 if before != after {
-                    return Err(format!("output '{rel}' changed while it was being stored; is something else writing it?"));
+                    return Err(format!(
+                        "output '{rel}' changed while it was being stored; is something else writing it?"
+                    ));
                 }
-                OutputRecord {
-                    name: decl.name.clone(),
-                    object,
-                    workspace_path: Some(rel.clone()),
-                    stat: Some(after),
-                }
+                OutputRecord { name: decl.name.clone(), object, workspace_path: Some(rel.clone()), stat: Some(after) }
             }
             None => {
                 let staged = staging.path().join(&decl.name);
                 if !staged.exists() {
-                    return Err(format!(
-                        "op '{}' did not write its output '{}'",
-                        job.node.op.name(),
-                        decl.name
-                    ));
+                    return Err(format!("op '{}' did not write its output '{}'", job.node.op.name(), decl.name));
                 }
-                let object = job
-                    .ws
-                    .publish_move(&staged, decl.kind)
-                    .map_err(|e| e.to_string())?;
+                let object = job.ws.publish_move(&staged, decl.kind).map_err(|e| e.to_string())?;
                 if decl.kind == OutputKind::File && object.kind != OutputKind::File {
                     return Err(format!("output '{}' should be a file", decl.name));
                 }
-                OutputRecord {
-                    name: decl.name.clone(),
-                    object,
-                    workspace_path: None,
-                    stat: None,
-                }
+                OutputRecord { name: decl.name.clone(), object, workspace_path: None, stat: None }
             }
         };
         outputs.push(published);

@@ -63,45 +63,19 @@ pub fn plan(
     env: &EnvProvider,
 ) -> Result<Vec<PlanEntry>, StoreError> {
     let index = ws.map(Workspace::index).transpose()?;
-    let mut ctx = Ctx {
-        ws,
-        index,
-        env: None,
-        provider: env,
-    };
+    let mut ctx = Ctx { ws, index, env: None, provider: env };
     let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
     let mut runs: BTreeSet<String> = BTreeSet::new();
     let mut entries = Vec::with_capacity(dag.nodes.len());
     for &pos in &dag.order {
         let node = &dag.nodes[pos];
         let id = node.id().to_string();
-        let parents: Vec<String> = dag
-            .parents(pos)
-            .iter()
-            .map(|&p| dag.nodes[p].id().to_string())
-            .collect();
-        let state = if parents
-            .iter()
-            .any(|p| !known.contains_key(p) && !runs.contains(p))
-        {
-            PlanState::Error {
-                error: "an upstream node cannot be resolved".into(),
-            }
+        let parents: Vec<String> = dag.parents(pos).iter().map(|&p| dag.nodes[p].id().to_string()).collect();
+        let state = if parents.iter().any(|p| !known.contains_key(p) && !runs.contains(p)) {
+            PlanState::Error { error: "an upstream node cannot be resolved".into() }
         } else {
-            let unknown: Vec<String> = parents
-                .iter()
-                .filter(|p| runs.contains(*p))
-                .cloned()
-                .collect();
-            state_of(
-                &mut ctx,
-                spec,
-                dag,
-                pos,
-                &known,
-                &unknown,
-                force.contains(&id),
-            )?
+            let unknown: Vec<String> = parents.iter().filter(|p| runs.contains(*p)).cloned().collect();
+            state_of(&mut ctx, spec, dag, pos, &known, &unknown, force.contains(&id))?
         };
         match &state {
             PlanState::Cached { key } => {
@@ -136,37 +110,26 @@ fn state_of(
     if ctx.ws.is_none() {
         return Ok(PlanState::Run {
             key: None,
-            reason: if forced {
-                "forced".into()
-            } else {
-                "new node (no workspace yet)".into()
-            },
+            reason: if forced { "forced".into() } else { "new node (no workspace yet)".into() },
         });
     }
     let env = if node.op.numerical() {
         match ctx.env() {
             Ok(e) => Some(e),
             Err(e) => {
-                return Ok(PlanState::Error {
-                    error: format!("cannot determine the numerical environment: {e}"),
-                })
+                return Ok(PlanState::Error { error: format!("cannot determine the numerical environment: {e}") })
             }
         }
     } else {
         None
     };
     let (Some(ws), Some(index)) = (ctx.ws, ctx.index.as_ref()) else {
-        return Ok(PlanState::Error {
-            error: "the workspace index is not open".into(),
-        });
+        return Ok(PlanState::Error { error: "the workspace index is not open".into() });
     };
     if !unknown_parents.is_empty() {
         // Inputs are not known yet; the node's own fields may already force a run.
         let Some(last) = index.latest_for_node(node.id())? else {
-            return Ok(PlanState::Run {
-                key: None,
-                reason: "new node".into(),
-            });
+            return Ok(PlanState::Run { key: None, reason: "new node".into() });
         };
         let mut upstream = known.clone();
         for p in unknown_parents {
@@ -182,22 +145,13 @@ fn state_of(
         }
         let changes = diff(&last.record, &partial);
         if forced {
-            return Ok(PlanState::Run {
-                key: None,
-                reason: "forced".into(),
-            });
+            return Ok(PlanState::Run { key: None, reason: "forced".into() });
         }
         if !changes.is_empty() {
-            let reason = changes
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ");
+            let reason = changes.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
             return Ok(PlanState::Run { key: None, reason });
         }
-        return Ok(PlanState::Pending {
-            after: unknown_parents.to_vec(),
-        });
+        return Ok(PlanState::Pending { after: unknown_parents.to_vec() });
     }
     let record = match hash_inputs(ws, index, node, &spec.base_dir, known, env) {
         Ok(r) => r,
@@ -205,25 +159,16 @@ fn state_of(
     };
     let key = record.key();
     if forced {
-        return Ok(PlanState::Run {
-            key: Some(key),
-            reason: "forced".into(),
-        });
+        return Ok(PlanState::Run { key: Some(key), reason: "forced".into() });
     }
     if let Some(cached) = index.lookup(&key)? {
         return Ok(match ws.check_outputs(index, &cached, &spec.base_dir)? {
             None => PlanState::Cached { key },
-            Some(why) => PlanState::Run {
-                key: Some(key),
-                reason: why,
-            },
+            Some(why) => PlanState::Run { key: Some(key), reason: why },
         });
     }
     let reason = why_run(index, node.id(), &record)?;
-    Ok(PlanState::Run {
-        key: Some(key),
-        reason,
-    })
+    Ok(PlanState::Run { key: Some(key), reason })
 }
 
 /// The node's record with inputs left empty: what it depends on besides upstream bytes.
@@ -261,9 +206,7 @@ pub fn explain(
     node_id: &str,
     env: &EnvProvider,
 ) -> Result<Explanation, StoreError> {
-    let pos = dag
-        .position(node_id)
-        .expect("caller checked the node exists");
+    let pos = dag.position(node_id).expect("caller checked the node exists");
     let node = &dag.nodes[pos];
     let mut out = Explanation {
         node: node_id.to_string(),
@@ -275,8 +218,7 @@ pub fn explain(
         notes: Vec::new(),
     };
     let Some(ws) = ws else {
-        out.notes
-            .push("no workspace yet: nothing has been cached".into());
+        out.notes.push("no workspace yet: nothing has been cached".into());
         return Ok(out);
     };
     let index = ws.index()?;
@@ -289,18 +231,12 @@ pub fn explain(
                 upstream.insert(pid.to_string(), c.outputs);
             }
             None => {
-                out.notes.push(format!(
-                    "upstream '{pid}' has never completed, so this node's inputs are unknown"
-                ));
+                out.notes.push(format!("upstream '{pid}' has never completed, so this node's inputs are unknown"));
                 stand_in = true;
             }
         }
     }
-    let env = if node.op.numerical() {
-        Some(env().map_err(StoreError::Invalid)?)
-    } else {
-        None
-    };
+    let env = if node.op.numerical() { Some(env().map_err(StoreError::Invalid)?) } else { None };
     let last = index.latest_for_node(node_id)?;
     if let Some(l) = &last {
         out.cached_key = Some(l.key.clone());

@@ -36,12 +36,7 @@ pub struct PlainReporter {
 /// The one-line rendering of an event shared by the plain and progress reporters.
 pub fn describe(event: &Event) -> Option<String> {
     Some(match event {
-        Event::RunStarted {
-            run_id,
-            spec,
-            nodes,
-            jobs,
-        } => format!("run {run_id}: {spec}, {nodes} nodes, {jobs} jobs"),
+        Event::RunStarted { run_id, spec, nodes, jobs } => format!("run {run_id}: {spec}, {nodes} nodes, {jobs} jobs"),
         Event::NodeStarted { node, key, reason } => {
             format!("running  {node} {} ({reason})", short(key))
         }
@@ -50,36 +45,20 @@ pub fn describe(event: &Event) -> Option<String> {
         Event::NodeFinished { node, key, seconds } => {
             format!("done     {node} {} in {seconds:.2}s", short(key))
         }
-        Event::NodeFailed {
-            node, key, error, ..
-        } => {
-            format!(
-                "FAILED   {node} {}: {error}",
-                key.as_deref().map(short).unwrap_or("-")
-            )
+        Event::NodeFailed { node, key, error, .. } => {
+            format!("FAILED   {node} {}: {error}", key.as_deref().map(short).unwrap_or("-"))
         }
         Event::NodeSkipped { node, because } => format!("skipped  {node}: {because}"),
-        Event::RunFinished {
-            ran,
-            cached,
-            failed,
-            skipped,
-            seconds,
-            ..
-        } => {
-            format!(
-                "{ran} ran, {cached} cached, {failed} failed, {skipped} skipped in {seconds:.2}s"
-            )
+        Event::RunFinished { ran, cached, failed, skipped, seconds, .. } => {
+            format!("{ran} ran, {cached} cached, {failed} failed, {skipped} skipped in {seconds:.2}s")
         }
     })
 }
 
 impl Reporter for PlainReporter {
     fn on_event(&mut self, event: &Event) {
-        let important = matches!(
-            event,
-            Event::NodeFailed { .. } | Event::NodeSkipped { .. } | Event::RunFinished { .. }
-        );
+        let important =
+            matches!(event, Event::NodeFailed { .. } | Event::NodeSkipped { .. } | Event::RunFinished { .. });
         if self.quiet && !important {
             return;
         }
@@ -110,11 +89,7 @@ impl ProgressReporter {
                 .expect("valid template")
                 .progress_chars("=> "),
         );
-        ProgressReporter {
-            multi,
-            overall,
-            running: HashMap::new(),
-        }
+        ProgressReporter { multi, overall, running: HashMap::new() }
     }
 
     fn resolved(&mut self, node: &str) {
@@ -138,10 +113,7 @@ impl Reporter for ProgressReporter {
             Event::RunStarted { nodes, .. } => self.overall.set_length(*nodes as u64),
             Event::NodeStarted { node, key, reason } => {
                 let bar = self.multi.add(ProgressBar::new_spinner());
-                bar.set_style(
-                    ProgressStyle::with_template("  {spinner} {msg} {elapsed}")
-                        .expect("valid template"),
-                );
+                bar.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("valid template"));
                 bar.set_message(format!("{node} {} ({reason})", short(key)));
                 bar.enable_steady_tick(Duration::from_millis(120));
                 self.running.insert(node.clone(), bar);

@@ -89,10 +89,7 @@ pub enum OpError {
 
 impl OpError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        OpError::Io {
-            context: context.into(),
-            source,
-        }
+        OpError::Io { context: context.into(), source }
     }
 }
 
@@ -147,18 +144,11 @@ pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError
                 expected.join(", ")
             )
         } else if let Some(rest) = inner.strip_prefix("missing field `") {
-            format!(
-                "missing required param '{}'",
-                rest.split('`').next().unwrap_or_default()
-            )
+            format!("missing required param '{}'", rest.split('`').next().unwrap_or_default())
         } else {
             inner
         };
-        ParamError {
-            path,
-            message,
-            unknown_key,
-        }
+        ParamError { path, message, unknown_key }
     })
 }
 
@@ -176,9 +166,7 @@ pub struct Registry {
 impl Registry {
     /// Every op built into this binary.
     pub fn builtin() -> Self {
-        let mut r = Registry {
-            ops: BTreeMap::new(),
-        };
+        let mut r = Registry { ops: BTreeMap::new() };
         r.register(Arc::new(ShellOp));
         r
     }

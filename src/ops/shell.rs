@@ -126,11 +126,7 @@ impl Op for ShellOp {
         p.outs
             .iter()
             .filter_map(|o| normalize_rel(o))
-            .map(|o| OutputDecl {
-                name: o.clone(),
-                kind: OutputKind::File,
-                workspace_path: Some(o),
-            })
+            .map(|o| OutputDecl { name: o.clone(), kind: OutputKind::File, workspace_path: Some(o) })
             .collect()
     }
     fn file_deps(&self, params: &Value) -> Vec<String> {
@@ -139,20 +135,14 @@ impl Op for ShellOp {
             .unwrap_or_default()
     }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: ShellParams =
-            parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+        let p: ShellParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
         // Stale outs from an earlier run must not pass for fresh ones (DVC does the same).
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
             let path = ctx.spec_dir.join(&out);
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(OpError::io(
-                        format!("removing stale out {}", path.display()),
-                        e,
-                    ))
-                }
+                Err(e) => return Err(OpError::io(format!("removing stale out {}", path.display()), e)),
             }
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)
@@ -161,26 +151,13 @@ impl Op for ShellOp {
         }
         let log = std::fs::File::create(ctx.log_path)
             .map_err(|e| OpError::io(format!("creating log {}", ctx.log_path.display()), e))?;
-        let log_err = log
-            .try_clone()
-            .map_err(|e| OpError::io("duplicating log handle", e))?;
+        let log_err = log.try_clone().map_err(|e| OpError::io("duplicating log handle", e))?;
         let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(&p.cmd)
-            .current_dir(ctx.spec_dir)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
+        cmd.arg("-c").arg(&p.cmd).current_dir(ctx.spec_dir).stdin(Stdio::null()).stdout(log).stderr(log_err);
         cmd.env("ORCHESTRATE_NODE", ctx.node_id);
         for (name, artifacts) in ctx.inputs {
-            let paths: Vec<String> = artifacts
-                .iter()
-                .map(|a| a.path.display().to_string())
-                .collect();
-            cmd.env(
-                format!("ORCHESTRATE_INPUT_{}", env_name(name)),
-                paths.join(" "),
-            );
+            let paths: Vec<String> = artifacts.iter().map(|a| a.path.display().to_string()).collect();
+            cmd.env(format!("ORCHESTRATE_INPUT_{}", env_name(name)), paths.join(" "));
         }
         cmd.envs(p.env.iter().map(|(k, v)| (k, v.to_string())));
         // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the
@@ -196,10 +173,7 @@ impl Op for ShellOp {
         }
         let mut child = cmd.spawn().map_err(|e| OpError::io("starting sh", e))?;
         let status = loop {
-            if let Some(status) = child
-                .try_wait()
-                .map_err(|e| OpError::io("waiting for command", e))?
-            {
+            if let Some(status) = child.try_wait().map_err(|e| OpError::io("waiting for command", e))? {
                 break status;
             }
             if ctx.cancel.load(Ordering::Relaxed) {
@@ -210,19 +184,12 @@ impl Op for ShellOp {
             std::thread::sleep(Duration::from_millis(2));
         };
         if !status.success() {
-            let code = status
-                .code()
-                .map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
-            return Err(OpError::Failed(format!(
-                "command failed with {code}{}",
-                log_tail(ctx.log_path)
-            )));
+            let code = status.code().map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
+            return Err(OpError::Failed(format!("command failed with {code}{}", log_tail(ctx.log_path))));
         }
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
             if !ctx.spec_dir.join(&out).is_file() {
-                return Err(OpError::Failed(format!(
-                    "the command succeeded but did not write declared out '{out}'"
-                )));
+                return Err(OpError::Failed(format!("the command succeeded but did not write declared out '{out}'")));
             }
         }
         Ok(())
@@ -230,15 +197,7 @@ impl Op for ShellOp {
 }
 
 fn env_name(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
 /// The last lines of a log, for an error message.
@@ -259,11 +218,7 @@ pub fn log_tail(path: &std::path::Path) -> String {
     if tail.is_empty() {
         String::new()
     } else {
-        format!(
-            "; last lines of {}:\n  {}",
-            path.display(),
-            tail.join("\n  ")
-        )
+        format!("; last lines of {}:\n  {}", path.display(), tail.join("\n  "))
     }
 }
 
@@ -282,14 +237,8 @@ mod tests {
 
     #[test]
     fn unknown_param_names_the_nearest_valid_one() {
-        let err = ShellOp
-            .check_params(&serde_json::json!({"cmd": "true", "out": ["x"]}))
-            .unwrap_err();
+        let err = ShellOp.check_params(&serde_json::json!({"cmd": "true", "out": ["x"]})).unwrap_err();
         assert_eq!(err.path, vec!["out".to_string()]);
-        assert!(
-            err.message.contains("did you mean 'outs'"),
-            "{}",
-            err.message
-        );
+        assert!(err.message.contains("did you mean 'outs'"), "{}", err.message);
     }
 }

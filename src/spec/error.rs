@@ -12,10 +12,7 @@ pub struct Location {
 
 impl Location {
     pub fn file(source: impl Into<String>, pos: Option<Pos>) -> Self {
-        Location {
-            source: source.into(),
-            pos,
-        }
+        Location { source: source.into(), pos }
     }
 }
 
@@ -58,11 +55,7 @@ pub struct SpecError {
 
 impl SpecError {
     pub fn new(kind: SpecErrorKind, at: Location, message: impl Into<String>) -> Self {
-        SpecError {
-            kind,
-            at,
-            message: message.into(),
-        }
+        SpecError { kind, at, message: message.into() }
     }
 }
 

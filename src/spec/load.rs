@@ -43,20 +43,11 @@ impl Override {
             ));
         }
         let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(value).map_err(|e| {
-            SpecError::new(
-                SpecErrorKind::Override,
-                at.clone(),
-                format!("value '{value}' is not valid YAML: {e}"),
-            )
+            SpecError::new(SpecErrorKind::Override, at.clone(), format!("value '{value}' is not valid YAML: {e}"))
         })?;
-        let value = serde_json::to_value(yaml).map_err(|e| {
-            SpecError::new(SpecErrorKind::Override, at, format!("value '{value}': {e}"))
-        })?;
-        Ok(Override {
-            path: segments,
-            raw: arg.to_string(),
-            value,
-        })
+        let value = serde_json::to_value(yaml)
+            .map_err(|e| SpecError::new(SpecErrorKind::Override, at, format!("value '{value}': {e}")))?;
+        Ok(Override { path: segments, raw: arg.to_string(), value })
     }
 }
 
@@ -76,9 +67,7 @@ pub struct Sources {
 
 impl std::fmt::Debug for Sources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.layers.iter().map(|l| (&l.file, &l.prefix)))
-            .finish()
+        f.debug_list().entries(self.layers.iter().map(|l| (&l.file, &l.prefix))).finish()
     }
 }
 
@@ -88,11 +77,7 @@ impl Clone for Sources {
             layers: self
                 .layers
                 .iter()
-                .map(|l| Layer {
-                    file: l.file.clone(),
-                    locator: l.locator.clone(),
-                    prefix: l.prefix.clone(),
-                })
+                .map(|l| Layer { file: l.file.clone(), locator: l.locator.clone(), prefix: l.prefix.clone() })
                 .collect(),
             overrides: self.overrides.clone(),
         }
@@ -122,22 +107,12 @@ impl Sources {
             for layer in &self.layers {
                 let full: Vec<String> = layer.prefix.iter().chain(sub).cloned().collect();
                 if layer.locator.has(&full) {
-                    let pos = if value {
-                        layer.locator.value(&full)
-                    } else {
-                        layer.locator.key(&full)
-                    };
+                    let pos = if value { layer.locator.value(&full) } else { layer.locator.key(&full) };
                     return Location::file(layer.file.clone(), pos);
                 }
             }
         }
-        Location::file(
-            self.layers
-                .last()
-                .map(|l| l.file.clone())
-                .unwrap_or_default(),
-            None,
-        )
+        Location::file(self.layers.last().map(|l| l.file.clone()).unwrap_or_default(), None)
     }
 }
 
@@ -162,11 +137,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
                 .and_then(Value::as_object)
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default();
-            let listed = if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            };
+            let listed = if known.is_empty() { "none".to_string() } else { known.join(", ") };
             return Err(SpecError::new(
                 SpecErrorKind::Profile,
                 Location::file(files[0].display.clone(), None),
@@ -195,19 +166,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
         }
         deep_merge(&mut merged, overlay);
         for f in &files {
-            sources.layers.push(Layer {
-                file: f.display.clone(),
-                locator: f.locator.clone(),
-                prefix: prefix.clone(),
-            });
+            sources.layers.push(Layer { file: f.display.clone(), locator: f.locator.clone(), prefix: prefix.clone() });
         }
     }
     for f in files {
-        sources.layers.push(Layer {
-            file: f.display,
-            locator: f.locator,
-            prefix: Vec::new(),
-        });
+        sources.layers.push(Layer { file: f.display, locator: f.locator, prefix: Vec::new() });
     }
 
     for o in &opts.overrides {
@@ -215,18 +178,13 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
     }
     sources.overrides = opts.overrides.clone();
 
-    let doc: SpecDoc =
-        serde_path_to_error::deserialize(&merged).map_err(|e| typed_error(e, &sources))?;
+    let doc: SpecDoc = serde_path_to_error::deserialize(&merged).map_err(|e| typed_error(e, &sources))?;
     let nodes = expand(&doc, &sources)?;
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok(Spec {
         name: doc.name,
         path: path.to_path_buf(),
-        base_dir: if base_dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            base_dir
-        },
+        base_dir: if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir },
         profile: opts.profile.clone(),
         resolved: merged,
         nodes,
@@ -234,26 +192,14 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
     })
 }
 
-fn read_with_extends(
-    path: &Path,
-    files: &mut Vec<FileDoc>,
-    chain: &mut Vec<PathBuf>,
-) -> Result<Value, SpecError> {
+fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<PathBuf>) -> Result<Value, SpecError> {
     let display = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| {
-        SpecError::new(
-            SpecErrorKind::Io,
-            Location::file(display.clone(), None),
-            format!("cannot read: {e}"),
-        )
+        SpecError::new(SpecErrorKind::Io, Location::file(display.clone(), None), format!("cannot read: {e}"))
     })?;
     let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     if chain.contains(&canonical) {
-        let names: Vec<String> = chain
-            .iter()
-            .chain([&canonical])
-            .map(|p| p.display().to_string())
-            .collect();
+        let names: Vec<String> = chain.iter().chain([&canonical]).map(|p| p.display().to_string()).collect();
         return Err(SpecError::new(
             SpecErrorKind::Extends,
             Location::file(display, None),
@@ -262,30 +208,33 @@ fn read_with_extends(
     }
     chain.push(canonical);
 
-    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| {
-        let pos = e.location().map(|l| super::locate::Pos {
-            line: l.line(),
-            col: l.column(),
-        });
-        let message = e.to_string();
-        // A repeated key in `nodes:` is the usual way to write a duplicate node id.
-        let kind = if message.contains("duplicate entry") {
-            SpecErrorKind::DuplicateId
-        } else {
-            SpecErrorKind::Syntax
-        };
-        SpecError::new(
-            kind,
-            Location::file(display.clone(), pos),
-            format!("invalid YAML: {message}"),
-        )
-    })?;
+    let yaml: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            let locator = Locator::new(&text);
+            // A repeated key in `nodes:` is the usual way to write a duplicate node id;
+            // point at the second definition, which serde's error does not.
+            if let Some((path, first, second)) = locator.first_duplicate() {
+                let (what, name) = match path.as_slice() {
+                    [n, id] if n == "nodes" => ("node id".to_string(), id.clone()),
+                    _ => ("key".to_string(), path.join(".")),
+                };
+                return Err(SpecError::new(
+                    SpecErrorKind::DuplicateId,
+                    Location::file(display, Some(*second)),
+                    format!("duplicate {what} '{name}' (first defined at line {}, column {})", first.line, first.col),
+                ));
+            }
+            let pos = e.location().map(|l| super::locate::Pos { line: l.line(), col: l.column() });
+            return Err(SpecError::new(
+                SpecErrorKind::Syntax,
+                Location::file(display, pos),
+                format!("invalid YAML: {e}"),
+            ));
+        }
+    };
     let doc = serde_json::to_value(&yaml).map_err(|e| {
-        SpecError::new(
-            SpecErrorKind::Syntax,
-            Location::file(display.clone(), None),
-            format!("unsupported YAML: {e}"),
-        )
+        SpecError::new(SpecErrorKind::Syntax, Location::file(display.clone(), None), format!("unsupported YAML: {e}"))
     })?;
     let locator = Locator::new(&text);
     if !doc.is_object() {
@@ -314,11 +263,7 @@ fn read_with_extends(
             deep_merge(&mut base, doc);
             Ok(base)
         }
-        Some(_) => Err(SpecError::new(
-            SpecErrorKind::WrongType,
-            at_extends,
-            "extends: expected a file path",
-        )),
+        Some(_) => Err(SpecError::new(SpecErrorKind::WrongType, at_extends, "extends: expected a file path")),
     }
 }
 
@@ -351,21 +296,15 @@ fn apply_override(doc: &mut Value, o: &Override) -> Result<(), SpecError> {
             return Err(SpecError::new(
                 SpecErrorKind::Override,
                 at(),
-                format!(
-                    "'{}' is not a mapping, so it has no key '{seg}'",
-                    walked.join(".")
-                ),
+                format!("'{}' is not a mapping, so it has no key '{seg}'", walked.join(".")),
             ));
         };
         let keys: Vec<String> = map.keys().cloned().collect();
         match map.get_mut(seg) {
             Some(next) => cur = next,
             None => {
-                let place = if walked.is_empty() {
-                    "the top level".to_string()
-                } else {
-                    format!("'{}'", walked.join("."))
-                };
+                let place =
+                    if walked.is_empty() { "the top level".to_string() } else { format!("'{}'", walked.join(".")) };
                 return Err(SpecError::new(
                     SpecErrorKind::Override,
                     at(),
@@ -387,10 +326,7 @@ fn apply_override(doc: &mut Value, o: &Override) -> Result<(), SpecError> {
         _ => Err(SpecError::new(
             SpecErrorKind::Override,
             at(),
-            format!(
-                "'{}' is not a mapping, so it has no key '{last}'",
-                walked.join(".")
-            ),
+            format!("'{}' is not a mapping, so it has no key '{last}'", walked.join(".")),
         )),
     }
 }
@@ -436,11 +372,7 @@ fn typed_error(e: serde_path_to_error::Error<serde_json::Error>, sources: &Sourc
     } else {
         inner
     };
-    SpecError::new(
-        SpecErrorKind::WrongType,
-        sources.locate_value(&path),
-        format!("{}: {message}", path.join(".")),
-    )
+    SpecError::new(SpecErrorKind::WrongType, sources.locate_value(&path), format!("{}: {message}", path.join(".")))
 }
 
 fn describe(path: &[String]) -> String {
@@ -455,19 +387,13 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
     let mut out: BTreeMap<String, NodeDef> = BTreeMap::new();
     for (base_id, node) in &doc.nodes {
         let node_path = |rest: &[&str]| -> Vec<String> {
-            ["nodes", base_id.as_str()]
-                .iter()
-                .chain(rest)
-                .map(|s| s.to_string())
-                .collect()
+            ["nodes", base_id.as_str()].iter().chain(rest).map(|s| s.to_string()).collect()
         };
         if base_id.is_empty() || base_id.contains([':', '@', ' ', '/']) {
             return Err(SpecError::new(
                 SpecErrorKind::WrongType,
                 sources.locate(&node_path(&[])),
-                format!(
-                    "node id '{base_id}': ids may not be empty or contain ':', '@', '/' or spaces"
-                ),
+                format!("node id '{base_id}': ids may not be empty or contain ':', '@', '/' or spaces"),
             ));
         }
         let mut inputs = BTreeMap::new();
@@ -485,10 +411,7 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                         format!("input '{name}' of node '{base_id}': '{r}' is not NODE:OUTPUT"),
                     ));
                 };
-                parsed.push(OutputRef {
-                    node: n.to_string(),
-                    output: o.to_string(),
-                });
+                parsed.push(OutputRef { node: n.to_string(), output: o.to_string() });
             }
             inputs.insert(name.clone(), parsed);
         }
@@ -514,10 +437,8 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
             let id = if binding.is_empty() {
                 base_id.clone()
             } else {
-                let parts: Vec<String> = binding
-                    .iter()
-                    .map(|(k, v)| format!("{k}={}", matrix_value_label(v)))
-                    .collect();
+                let parts: Vec<String> =
+                    binding.iter().map(|(k, v)| format!("{k}={}", matrix_value_label(v))).collect();
                 format!("{base_id}@{}", parts.join(","))
             };
             let mut params = Value::Object(node.params.clone());
@@ -536,9 +457,7 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                     )
                 })?;
             }
-            let Value::Object(params) = params else {
-                unreachable!("params stay an object")
-            };
+            let Value::Object(params) = params else { unreachable!("params stay an object") };
             let def = NodeDef {
                 id: id.clone(),
                 base_id: base_id.clone(),
@@ -569,9 +488,7 @@ fn set_dotted(root: &mut Value, dotted: &str, value: Value) {
             map.insert(part.to_string(), value);
             return;
         }
-        cur = map
-            .entry(part.to_string())
-            .or_insert_with(|| Value::Object(Default::default()));
+        cur = map.entry(part.to_string()).or_insert_with(|| Value::Object(Default::default()));
     }
 }
 

@@ -19,10 +19,7 @@ pub struct Pos {
 impl From<Marker> for Pos {
     fn from(m: Marker) -> Self {
         // yaml-rust2 lines are 1-based, columns 0-based.
-        Pos {
-            line: m.line(),
-            col: m.col() + 1,
-        }
+        Pos { line: m.line(), col: m.col() + 1 }
     }
 }
 
@@ -32,6 +29,8 @@ impl From<Marker> for Pos {
 pub struct Locator {
     keys: HashMap<Vec<String>, Pos>,
     values: HashMap<Vec<String>, Pos>,
+    /// Keys written twice in one mapping: (path, first, second).
+    duplicates: Vec<(Vec<String>, Pos, Pos)>,
 }
 
 #[derive(Default)]
@@ -57,10 +56,7 @@ impl Locator {
         let evs = &events.0;
         // Skip to the first document's root node.
         while i < evs.len()
-            && !matches!(
-                evs[i].0,
-                Event::MappingStart(..) | Event::SequenceStart(..) | Event::Scalar(..)
-            )
+            && !matches!(evs[i].0, Event::MappingStart(..) | Event::SequenceStart(..) | Event::Scalar(..))
         {
             i += 1;
         }
@@ -74,9 +70,7 @@ impl Locator {
         let Some((ev, mark)) = evs.get(*i) else {
             return;
         };
-        self.values
-            .entry(path.clone())
-            .or_insert_with(|| (*mark).into());
+        self.values.entry(path.clone()).or_insert_with(|| (*mark).into());
         *i += 1;
         match ev {
             Event::MappingStart(..) => loop {
@@ -88,9 +82,12 @@ impl Locator {
                     }
                     Some((Event::Scalar(key, ..), kmark)) => {
                         path.push(key.clone());
-                        self.keys
-                            .entry(path.clone())
-                            .or_insert_with(|| (*kmark).into());
+                        let pos: Pos = (*kmark).into();
+                        if let Some(first) = self.keys.get(path.as_slice()) {
+                            self.duplicates.push((path.clone(), *first, pos));
+                        } else {
+                            self.keys.insert(path.clone(), pos);
+                        }
                         *i += 1;
                         self.walk(evs, i, path);
                         path.pop();
@@ -127,18 +124,17 @@ impl Locator {
 
     /// The key's position if the path ends in a mapping key, else the value's.
     pub fn key(&self, path: &[String]) -> Option<Pos> {
-        self.keys
-            .get(path)
-            .or_else(|| self.values.get(path))
-            .copied()
+        self.keys.get(path).or_else(|| self.values.get(path)).copied()
     }
 
     /// The value's position.
     pub fn value(&self, path: &[String]) -> Option<Pos> {
-        self.values
-            .get(path)
-            .or_else(|| self.keys.get(path))
-            .copied()
+        self.values.get(path).or_else(|| self.keys.get(path)).copied()
+    }
+
+    /// The first key written twice in one mapping: its path, first and second position.
+    pub fn first_duplicate(&self) -> Option<&(Vec<String>, Pos, Pos)> {
+        self.duplicates.first()
     }
 
     /// Whether the document wrote this exact path.
@@ -161,10 +157,7 @@ mod tests {
         let loc = Locator::new(src);
         assert_eq!(loc.key(&p("nodes.a.op")), Some(Pos { line: 4, col: 5 }));
         assert_eq!(loc.value(&p("nodes.a.op")), Some(Pos { line: 4, col: 9 }));
-        assert_eq!(
-            loc.value(&p("nodes.a.params.outs.1")),
-            Some(Pos { line: 6, col: 18 })
-        );
+        assert_eq!(loc.value(&p("nodes.a.params.outs.1")), Some(Pos { line: 6, col: 18 }));
         assert!(!loc.has(&p("nodes.b")));
     }
 
@@ -172,5 +165,18 @@ mod tests {
     fn a_broken_document_gives_an_empty_locator_not_a_panic() {
         let loc = Locator::new("a: [1, 2\nb: {");
         assert!(!loc.has(&p("a")));
+    }
+}
+
+#[cfg(test)]
+mod duplicate_tests {
+    use super::*;
+
+    #[test]
+    fn a_key_written_twice_is_recorded_with_both_positions() {
+        let loc = Locator::new("nodes:\n  a: 1\n  b: 2\n  a: 3\n");
+        let (path, first, second) = loc.first_duplicate().expect("duplicate found");
+        assert_eq!(path, &vec!["nodes".to_string(), "a".to_string()]);
+        assert_eq!((first.line, second.line), (2, 4));
     }
 }

@@ -24,16 +24,9 @@ pub fn spec_schema(registry: &Registry) -> Value {
         op_params.insert(op.name(), op.params_schema(&mut generator).to_value());
     }
     let mut root = generator.root_schema_for::<SpecDoc>().to_value();
-    if let Some(node) = root
-        .pointer_mut("/$defs/NodeSpec")
-        .and_then(Value::as_object_mut)
-    {
+    if let Some(node) = root.pointer_mut("/$defs/NodeSpec").and_then(Value::as_object_mut) {
         let names: Vec<&str> = op_params.keys().copied().collect();
-        if let Some(op) = node
-            .get_mut("properties")
-            .and_then(|p| p.get_mut("op"))
-            .and_then(Value::as_object_mut)
-        {
+        if let Some(op) = node.get_mut("properties").and_then(|p| p.get_mut("op")).and_then(Value::as_object_mut) {
             op.insert("enum".into(), json!(names));
         }
         let branches: Vec<Value> = op_params
@@ -67,48 +60,26 @@ fn op_params_schema(registry: &Registry, op: &str) -> Option<Value> {
 pub fn check_constraints(spec: &Spec, registry: &Registry) -> Result<(), SpecError> {
     let mut validators: BTreeMap<&str, Option<jsonschema::Validator>> = BTreeMap::new();
     for def in &spec.nodes {
-        let validator = validators.entry(def.op.as_str()).or_insert_with(|| {
-            op_params_schema(registry, &def.op).and_then(|s| jsonschema::validator_for(&s).ok())
-        });
+        let validator = validators
+            .entry(def.op.as_str())
+            .or_insert_with(|| op_params_schema(registry, &def.op).and_then(|s| jsonschema::validator_for(&s).ok()));
         let Some(validator) = validator else { continue };
         let params = Value::Object(def.params.clone());
-        let first = validator
-            .iter_errors(&params)
-            .next()
-            .map(|e| (e.instance_path().to_string(), e.to_string()));
+        let first = validator.iter_errors(&params).next().map(|e| (e.instance_path().to_string(), e.to_string()));
         if let Some((pointer, err)) = first {
             let inner: Vec<String> = pointer_segments(&pointer);
             let dotted = inner.join(".");
-            let axis = def
-                .binding
-                .keys()
-                .find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
+            let axis = def.binding.keys().find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
             let path: Vec<String> = match axis {
-                Some(axis) => vec![
-                    "nodes".into(),
-                    def.base_id.clone(),
-                    "matrix".into(),
-                    axis.clone(),
-                ],
-                _ => [
-                    "nodes".to_string(),
-                    def.base_id.clone(),
-                    "params".to_string(),
-                ]
-                .into_iter()
-                .chain(inner)
-                .collect(),
+                Some(axis) => vec!["nodes".into(), def.base_id.clone(), "matrix".into(), axis.clone()],
+                _ => {
+                    ["nodes".to_string(), def.base_id.clone(), "params".to_string()].into_iter().chain(inner).collect()
+                }
             };
             return Err(SpecError::new(
                 SpecErrorKind::Constraint,
                 spec.sources.locate_value(&path),
-                format!(
-                    "node '{}' ({}): params.{}: {}",
-                    def.id,
-                    def.op,
-                    path[3..].join("."),
-                    err
-                ),
+                format!("node '{}' ({}): params.{}: {}", def.id, def.op, path[3..].join("."), err),
             ));
         }
     }
@@ -116,11 +87,7 @@ pub fn check_constraints(spec: &Spec, registry: &Registry) -> Result<(), SpecErr
 }
 
 fn pointer_segments(pointer: &str) -> Vec<String> {
-    pointer
-        .split('/')
-        .skip(1)
-        .map(|s| s.replace("~1", "/").replace("~0", "~"))
-        .collect()
+    pointer.split('/').skip(1).map(|s| s.replace("~1", "/").replace("~0", "~")).collect()
 }
 
 /// The schema as written to `schemas/`: pretty JSON with a trailing newline.
@@ -136,9 +103,7 @@ mod tests {
 
     #[test]
     fn the_checked_in_schema_is_current() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("schemas")
-            .join(SCHEMA_FILE);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas").join(SCHEMA_FILE);
         let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             on_disk == render(&Registry::builtin()),
@@ -150,13 +115,8 @@ mod tests {
     #[test]
     fn the_schema_attaches_each_ops_params_to_its_nodes() {
         let schema = spec_schema(&Registry::builtin());
-        let all_of = schema
-            .pointer("/$defs/NodeSpec/allOf")
-            .and_then(Value::as_array)
-            .expect("allOf");
-        assert!(all_of
-            .iter()
-            .any(|b| b.pointer("/if/properties/op/const") == Some(&json!("shell"))));
+        let all_of = schema.pointer("/$defs/NodeSpec/allOf").and_then(Value::as_array).expect("allOf");
+        assert!(all_of.iter().any(|b| b.pointer("/if/properties/op/const") == Some(&json!("shell"))));
         assert!(jsonschema::validator_for(&schema).is_ok());
     }
 }

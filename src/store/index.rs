@@ -24,11 +24,7 @@ impl FileStat {
     pub fn of(path: &Path) -> std::io::Result<FileStat> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(path)?;
-        Ok(FileStat {
-            size: m.len(),
-            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-            ino: m.ino(),
-        })
+        Ok(FileStat { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(), ino: m.ino() })
     }
 }
 
@@ -136,10 +132,7 @@ pub struct Index {
 }
 
 fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
-    move |source| StoreError::Db {
-        context: context.to_string(),
-        source,
-    }
+    move |source| StoreError::Db { context: context.to_string(), source }
 }
 
 fn json<T: Serialize>(v: &T) -> String {
@@ -147,25 +140,20 @@ fn json<T: Serialize>(v: &T) -> String {
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(text: &str, what: &str) -> Result<T, StoreError> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Invalid(format!("corrupt {what} in the index: {e}")))
+    serde_json::from_str(text).map_err(|e| StoreError::Invalid(format!("corrupt {what} in the index: {e}")))
 }
 
 impl Index {
     /// Opens (and if needed creates) the index.
     pub fn open(path: &Path) -> Result<Index, StoreError> {
         let conn = Connection::open(path).map_err(db("opening the index"))?;
-        conn.busy_timeout(Duration::from_secs(60))
-            .map_err(db("setting busy timeout"))?;
+        conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
         // WAL: readers never block the writer; NORMAL: a killed process loses
         // nothing committed (only power loss could drop the last commits).
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(db("enabling WAL"))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(db("setting synchronous"))?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(db("reading version"))?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(db("enabling WAL"))?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db("setting synchronous"))?;
+        let version: i64 =
+            conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db("reading version"))?;
         if version > SCHEMA_VERSION {
             return Err(StoreError::Invalid(format!(
                 "{} was written by a newer orchestrate (index version {version}, this one knows {SCHEMA_VERSION})",
@@ -174,8 +162,7 @@ impl Index {
         }
         if version < SCHEMA_VERSION {
             conn.execute_batch(SCHEMA).map_err(db("creating tables"))?;
-            conn.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(db("setting version"))?;
+            conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(db("setting version"))?;
         }
         Ok(Index { conn })
     }
@@ -184,29 +171,17 @@ impl Index {
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
         let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .map_err(db("opening the index read-only"))?;
-        conn.busy_timeout(Duration::from_secs(60))
-            .map_err(db("setting busy timeout"))?;
+        conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
         Ok(Index { conn })
     }
 
     fn row_to_cached(
         row: &rusqlite::Row<'_>,
     ) -> rusqlite::Result<(String, String, String, String, String, f64, String, String)> {
-        Ok((
-            row.get(0)?,
-            row.get(1)?,
-            row.get(2)?,
-            row.get(3)?,
-            row.get(4)?,
-            row.get(5)?,
-            row.get(6)?,
-            row.get(7)?,
-        ))
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
     }
 
-    fn cached(
-        raw: (String, String, String, String, String, f64, String, String),
-    ) -> Result<CachedNode, StoreError> {
+    fn cached(raw: (String, String, String, String, String, f64, String, String)) -> Result<CachedNode, StoreError> {
         let (key, node_id, spec, record, outputs, seconds, finished_at, run_id) = raw;
         Ok(CachedNode {
             record: parse(&record, "hash-input record")?,
@@ -220,16 +195,12 @@ impl Index {
         })
     }
 
-    const COLUMNS: &'static str =
-        "key, node_id, spec, record, outputs, seconds, finished_at, run_id";
+    const COLUMNS: &'static str = "key, node_id, spec, record, outputs, seconds, finished_at, run_id";
 
     pub fn lookup(&self, key: &str) -> Result<Option<CachedNode>, StoreError> {
         let raw = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT {} FROM nodes WHERE key = ?1",
-                Self::COLUMNS
-            ))
+            .prepare_cached(&format!("SELECT {} FROM nodes WHERE key = ?1", Self::COLUMNS))
             .and_then(|mut s| s.query_row(params![key], Self::row_to_cached).optional())
             .map_err(db("looking up a key"))?;
         raw.map(Self::cached).transpose()
@@ -254,7 +225,16 @@ impl Index {
             .execute(
                 "INSERT OR REPLACE INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![n.key, n.node_id, n.spec, json(&n.record), json(&n.outputs), n.seconds, n.finished_at, n.run_id],
+                params![
+                    n.key,
+                    n.node_id,
+                    n.spec,
+                    json(&n.record),
+                    json(&n.outputs),
+                    n.seconds,
+                    n.finished_at,
+                    n.run_id
+                ],
             )
             .map_err(db("committing a node"))?;
         Ok(())
@@ -263,10 +243,7 @@ impl Index {
     /// Refreshes the stats of a node's outputs after a re-hash proved them unchanged.
     pub fn update_outputs(&self, key: &str, outputs: &[OutputRecord]) -> Result<(), StoreError> {
         self.conn
-            .execute(
-                "UPDATE nodes SET outputs = ?2 WHERE key = ?1",
-                params![key, json(&outputs)],
-            )
+            .execute("UPDATE nodes SET outputs = ?2 WHERE key = ?1", params![key, json(&outputs)])
             .map_err(db("updating output stats"))?;
         Ok(())
     }
@@ -290,10 +267,7 @@ impl Index {
         nodes: &[RunNodeRow],
         events: &[(u64, String)],
     ) -> Result<(), StoreError> {
-        let tx = self
-            .conn
-            .transaction()
-            .map_err(db("starting a transaction"))?;
+        let tx = self.conn.transaction().map_err(db("starting a transaction"))?;
         {
             let mut ins = tx
                 .prepare_cached(
@@ -301,19 +275,14 @@ impl Index {
                 )
                 .map_err(db("recording run nodes"))?;
             for n in nodes {
-                ins.execute(params![
-                    run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail
-                ])
-                .map_err(db("recording run nodes"))?;
+                ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail])
+                    .map_err(db("recording run nodes"))?;
             }
             let mut ev = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO events (run_id, seq, event) VALUES (?1, ?2, ?3)",
-                )
+                .prepare_cached("INSERT OR REPLACE INTO events (run_id, seq, event) VALUES (?1, ?2, ?3)")
                 .map_err(db("recording events"))?;
             for (seq, e) in events {
-                ev.execute(params![run_id, *seq as i64, e])
-                    .map_err(db("recording events"))?;
+                ev.execute(params![run_id, *seq as i64, e]).map_err(db("recording events"))?;
             }
             tx.execute(
                 "UPDATE runs SET finished_at = ?2, status = ?3, summary = ?4 WHERE run_id = ?1",
@@ -364,16 +333,13 @@ impl Index {
                 })
             })
             .map_err(db("listing run nodes"))?;
-        rows.collect::<Result<_, _>>()
-            .map_err(db("listing run nodes"))
+        rows.collect::<Result<_, _>>().map_err(db("listing run nodes"))
     }
 
     /// Every completed node, for `store verify`.
     pub fn all_nodes(&self) -> Result<Vec<CachedNode>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!("SELECT {} FROM nodes", Self::COLUMNS))
-            .map_err(db("listing nodes"))?;
+        let mut stmt =
+            self.conn.prepare(&format!("SELECT {} FROM nodes", Self::COLUMNS)).map_err(db("listing nodes"))?;
         let raw: Vec<_> = stmt
             .query_map([], Self::row_to_cached)
             .map_err(db("listing nodes"))?

@@ -86,10 +86,7 @@ impl Workspace {
             let p = root.join(sub);
             fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
         }
-        let ws = Workspace {
-            root: root.to_path_buf(),
-            read_only: false,
-        };
+        let ws = Workspace { root: root.to_path_buf(), read_only: false };
         ws.index()?;
         ws.clear_dead_staging()?;
         Ok(ws)
@@ -101,10 +98,7 @@ impl Workspace {
         if !root.join("cache.sqlite").is_file() {
             return Ok(None);
         }
-        Ok(Some(Workspace {
-            root: root.to_path_buf(),
-            read_only: true,
-        }))
+        Ok(Some(Workspace { root: root.to_path_buf(), read_only: true }))
     }
 
     pub fn root(&self) -> &Path {
@@ -141,10 +135,8 @@ impl Workspace {
     pub fn staging(&self) -> Result<Staging, StoreError> {
         let dir = self.root.join("tmp").join(objects::unique_suffix());
         let lock_path = dir.with_extension("lock");
-        let lock =
-            File::create(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
-        lock.lock()
-            .map_err(io(format!("locking {}", lock_path.display())))?;
+        let lock = File::create(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+        lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
         fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
         Ok(Staging { dir, _lock: lock })
     }
@@ -159,12 +151,7 @@ impl Workspace {
                 continue;
             }
             let lock_path = path.with_extension("lock");
-            let owner_alive = match File::options()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&lock_path)
-            {
+            let owner_alive = match File::options().write(true).create(true).truncate(false).open(&lock_path) {
                 Ok(f) => matches!(f.try_lock(), Err(TryLockError::WouldBlock)),
                 Err(_) => true,
             };
@@ -190,14 +177,10 @@ impl Workspace {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 waiting();
-                file.lock()
-                    .map_err(io(format!("locking {}", path.display())))?;
+                file.lock().map_err(io(format!("locking {}", path.display())))?;
             }
             Err(TryLockError::Error(e)) => {
-                return Err(StoreError::Io {
-                    context: format!("locking {}", path.display()),
-                    source: e,
-                })
+                return Err(StoreError::Io { context: format!("locking {}", path.display()), source: e })
             }
         }
         Ok(NodeLock { _file: file })
@@ -242,16 +225,13 @@ impl Workspace {
         for out in refreshed.iter_mut() {
             let obj = self.object_path(&out.object.hash);
             let present = match out.object.kind {
-                OutputKind::File => fs::metadata(&obj)
-                    .map(|m| m.is_file() && m.len() == out.object.size)
-                    .unwrap_or(false),
+                OutputKind::File => {
+                    fs::metadata(&obj).map(|m| m.is_file() && m.len() == out.object.size).unwrap_or(false)
+                }
                 OutputKind::Dir => obj.is_dir(),
             };
             if !present {
-                return Ok(Some(format!(
-                    "output '{}' is missing from the store",
-                    out.name
-                )));
+                return Ok(Some(format!("output '{}' is missing from the store", out.name)));
             }
             let Some(rel) = &out.workspace_path else {
                 continue;
@@ -264,16 +244,11 @@ impl Workspace {
                 continue;
             }
             if stat.size != out.object.size {
-                return Ok(Some(format!(
-                    "output '{rel}' was modified (size {} → {})",
-                    out.object.size, stat.size
-                )));
+                return Ok(Some(format!("output '{rel}' was modified (size {} → {})", out.object.size, stat.size)));
             }
             let (h, _) = hash_file(&path)?;
             if h != out.object.hash {
-                return Ok(Some(format!(
-                    "output '{rel}' was modified (content changed)"
-                )));
+                return Ok(Some(format!("output '{rel}' was modified (content changed)")));
             }
             out.stat = Some(stat);
             changed = true;

@@ -43,9 +43,7 @@ pub fn hash_file(path: &Path) -> Result<(String, u64), StoreError> {
     let mut buf = vec![0u8; 1 << 16];
     let mut size = 0u64;
     loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(io(format!("reading {}", path.display())))?;
+        let n = f.read(&mut buf).map_err(io(format!("reading {}", path.display())))?;
         if n == 0 {
             break;
         }
@@ -64,9 +62,7 @@ fn list_files(root: &Path) -> Result<Vec<PathBuf>, StoreError> {
         let dir = root.join(&rel);
         for entry in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
             let entry = entry.map_err(io(format!("listing {}", dir.display())))?;
-            let ty = entry
-                .file_type()
-                .map_err(io(format!("reading {}", entry.path().display())))?;
+            let ty = entry.file_type().map_err(io(format!("reading {}", entry.path().display())))?;
             let child = rel.join(entry.file_name());
             if ty.is_dir() {
                 stack.push(child);
@@ -107,9 +103,7 @@ pub fn hash_dir(root: &Path) -> Result<ObjectInfo, StoreError> {
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(format!("syncing {}", dir.display())))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(format!("syncing {}", dir.display())))
 }
 
 fn make_read_only(path: &Path) -> Result<(), StoreError> {
@@ -135,68 +129,40 @@ pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo
     let mut buf = vec![0u8; 1 << 16];
     let mut size = 0u64;
     loop {
-        let n = input
-            .read(&mut buf)
-            .map_err(io(format!("reading {}", src.display())))?;
+        let n = input.read(&mut buf).map_err(io(format!("reading {}", src.display())))?;
         if n == 0 {
             break;
         }
         hasher.update(&buf[..n]);
-        out.write_all(&buf[..n])
-            .map_err(io(format!("writing {}", staged.display())))?;
+        out.write_all(&buf[..n]).map_err(io(format!("writing {}", staged.display())))?;
         size += n as u64;
     }
-    out.sync_all()
-        .map_err(io(format!("syncing {}", staged.display())))?;
+    out.sync_all().map_err(io(format!("syncing {}", staged.display())))?;
     drop(out);
-    let info = ObjectInfo {
-        hash: hasher.finalize().to_hex().to_string(),
-        kind: OutputKind::File,
-        size,
-        files: 1,
-    };
+    let info = ObjectInfo { hash: hasher.finalize().to_hex().to_string(), kind: OutputKind::File, size, files: 1 };
     install(objects, &staged, &info)?;
     Ok(info)
 }
 
 /// Moves a staged file or folder (already under the store's tmp/) into the store.
-pub fn publish_move(
-    objects: &Path,
-    staged: &Path,
-    kind: OutputKind,
-) -> Result<ObjectInfo, StoreError> {
+pub fn publish_move(objects: &Path, staged: &Path, kind: OutputKind) -> Result<ObjectInfo, StoreError> {
     let info = match kind {
         OutputKind::File => {
             let meta = fs::metadata(staged).map_err(io(format!("reading {}", staged.display())))?;
             if !meta.is_file() {
-                return Err(StoreError::Invalid(format!(
-                    "{} should be a file",
-                    staged.display()
-                )));
+                return Err(StoreError::Invalid(format!("{} should be a file", staged.display())));
             }
-            File::open(staged)
-                .and_then(|f| f.sync_all())
-                .map_err(io(format!("syncing {}", staged.display())))?;
+            File::open(staged).and_then(|f| f.sync_all()).map_err(io(format!("syncing {}", staged.display())))?;
             let (hash, size) = hash_file(staged)?;
-            ObjectInfo {
-                hash,
-                kind,
-                size,
-                files: 1,
-            }
+            ObjectInfo { hash, kind, size, files: 1 }
         }
         OutputKind::Dir => {
             if !staged.is_dir() {
-                return Err(StoreError::Invalid(format!(
-                    "{} should be a folder",
-                    staged.display()
-                )));
+                return Err(StoreError::Invalid(format!("{} should be a folder", staged.display())));
             }
             for rel in list_files(staged)? {
                 let p = staged.join(rel);
-                File::open(&p)
-                    .and_then(|f| f.sync_all())
-                    .map_err(io(format!("syncing {}", p.display())))?;
+                File::open(&p).and_then(|f| f.sync_all()).map_err(io(format!("syncing {}", p.display())))?;
             }
             hash_dir(staged)?
         }
@@ -223,12 +189,7 @@ fn install(objects: &Path, staged: &Path, info: &ObjectInfo) -> Result<(), Store
             remove_any(staged)?;
             return Ok(());
         }
-        Err(e) => {
-            return Err(StoreError::Io {
-                context: format!("publishing {}", dest.display()),
-                source: e,
-            })
-        }
+        Err(e) => return Err(StoreError::Io { context: format!("publishing {}", dest.display()), source: e }),
     }
     fsync_dir(shard)
 }
@@ -255,16 +216,8 @@ pub fn remove_any(path: &Path) -> Result<(), StoreError> {
 pub fn unique_suffix() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "{}-{}-{}",
-        std::process::id(),
-        nanos,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}-{}-{}", std::process::id(), nanos, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 #[cfg(test)]
@@ -300,10 +253,6 @@ mod tests {
         let dest = objects.join(object_rel(&one.hash));
         assert_eq!(fs::read_to_string(&dest).unwrap(), "hello");
         assert!(fs::metadata(&dest).unwrap().permissions().readonly());
-        assert_eq!(
-            fs::read_dir(&tmp).unwrap().count(),
-            0,
-            "staged copies are cleaned up"
-        );
+        assert_eq!(fs::read_dir(&tmp).unwrap().count(), 0, "staged copies are cleaned up");
     }
 }

@@ -1,0 +1,161 @@
+//! What re-runs and what stays cached.
+
+mod common;
+
+use common::{nodes_with, stdout, Project, CHAIN};
+
+fn chain() -> Project {
+    let p = Project::new();
+    p.write("spec.yaml", CHAIN);
+    p
+}
+
+#[test]
+fn a_second_identical_run_is_all_cache_hits() {
+    let p = chain();
+    let first = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&first, "node_finished"), ["a", "b", "c", "d"]);
+    let second = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&second, "cache_hit"), ["a", "b", "c", "d"]);
+    assert!(nodes_with(&second, "node_started").is_empty());
+    assert_eq!(p.read("c.txt"), "ALPHA\nALPHA\n");
+}
+
+#[test]
+fn changing_one_param_reruns_exactly_that_node_and_its_descendants() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    let ev = p.run_json(&["spec.yaml", "--set", "nodes.b.params.cmd=tr a-z A-Z < a.txt | rev > b.txt"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["b", "c"]);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["a", "d"]);
+    assert_eq!(p.read("c.txt"), "AHPLA\nAHPLA\n");
+    let started = ev.iter().find(|e| e["event"] == "node_started" && e["node"] == "b").unwrap();
+    let reason = started["reason"].as_str().unwrap();
+    assert!(reason.contains("params.cmd"), "the reason names the field: {reason}");
+}
+
+#[test]
+fn an_upstream_rerun_that_reproduces_identical_bytes_leaves_downstream_cached() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    // Different command, same bytes.
+    let ev = p.run_json(&["spec.yaml", "--set", "nodes.a.params.cmd=printf 'alpha\\n' > a.txt"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["a"]);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["b", "c", "d"]);
+}
+
+#[test]
+fn deleting_an_output_reruns_its_node() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    std::fs::remove_file(p.path().join("b.txt")).unwrap();
+    let plan = stdout(&p.run(&["plan", "spec.yaml"]));
+    assert!(plan.contains("output 'b.txt' is missing"), "{plan}");
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["b"]);
+    assert_eq!(p.read("b.txt"), "ALPHA\n");
+}
+
+#[test]
+fn editing_an_output_even_keeping_its_size_reruns_its_node() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    std::fs::write(p.path().join("b.txt"), "ALPHX\n").unwrap();
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["b"]);
+    assert_eq!(p.read("b.txt"), "ALPHA\n");
+}
+
+#[test]
+fn touching_an_output_without_changing_it_is_still_a_cache_hit() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    let path = p.path().join("a.txt");
+    let text = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, text).unwrap(); // new inode and mtime, same bytes
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["a", "b", "c", "d"]);
+}
+
+#[test]
+fn editing_a_declared_dep_file_reruns_the_node_and_names_the_dep() {
+    let p = Project::new();
+    p.write("input.txt", "one\n");
+    p.write(
+        "spec.yaml",
+        "name: deps\nnodes:\n  count:\n    op: shell\n    params:\n      cmd: wc -l < input.txt > n.txt\n      deps: [input.txt]\n      outs: [n.txt]\n",
+    );
+    p.run_json(&["spec.yaml"], 0);
+    p.write("input.txt", "one\ntwo\n");
+    let ev = p.run_json(&["spec.yaml"], 0);
+    let started = ev.iter().find(|e| e["event"] == "node_started").expect("count re-runs");
+    assert_eq!(started["reason"], "dep 'input.txt' changed");
+    assert_eq!(p.read("n.txt").trim(), "2");
+}
+
+#[test]
+fn force_reruns_a_cached_node() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    let ev = p.run_json(&["spec.yaml", "--force", "d"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["d"]);
+    let started = ev.iter().find(|e| e["event"] == "node_started").unwrap();
+    assert_eq!(started["reason"], "forced");
+}
+
+#[test]
+fn a_failing_node_skips_its_descendants_and_the_others_finish() {
+    let p = chain();
+    let ev = p.run_json(&["spec.yaml", "--set", "nodes.b.params.cmd=echo broken >&2; exit 3"], 1);
+    assert_eq!(nodes_with(&ev, "node_failed"), ["b"]);
+    assert_eq!(nodes_with(&ev, "node_skipped"), ["c"]);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["a", "d"]);
+    let failed = ev.iter().find(|e| e["event"] == "node_failed").unwrap();
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("exit code 3") && error.contains("broken"), "{error}");
+    // Fixing it resumes from the completed nodes.
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["b", "c"]);
+}
+
+#[test]
+fn independent_nodes_run_in_parallel_up_to_jobs() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        r#"
+name: par
+nodes:
+  x:
+    op: shell
+    params: {cmd: "sleep 0.3; echo x > x.txt", outs: [x.txt]}
+  y:
+    op: shell
+    params: {cmd: "sleep 0.3; echo y > y.txt", outs: [y.txt]}
+"#,
+    );
+    let overlapping = |events: &[serde_json::Value]| {
+        let first_finish = events.iter().position(|e| e["event"] == "node_finished").unwrap();
+        events[..first_finish].iter().filter(|e| e["event"] == "node_started").count() == 2
+    };
+    let ev = p.run_json(&["spec.yaml", "--jobs", "2"], 0);
+    assert!(overlapping(&ev), "with 2 jobs both start before either finishes: {ev:?}");
+    let ev = p.run_json(&["spec.yaml", "--jobs", "1", "--force", "x", "--force", "y"], 0);
+    assert!(!overlapping(&ev), "with 1 job they run one after the other: {ev:?}");
+}
+
+#[test]
+fn keys_do_not_depend_on_key_order_or_number_spelling() {
+    let p = Project::new();
+    p.write("one.yaml", "name: k\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: echo 1 > o.txt\n      outs: [o.txt]\n      env: {A: 1, B: 2.0}\n");
+    p.write("two.yaml", "nodes:\n  a:\n    params:\n      env: {B: 2, A: 1}\n      outs: [o.txt]\n      cmd: echo 1 > o.txt\n    op: shell\nname: k\n");
+    let key = |spec: &str| {
+        let out = p.run(&["plan", spec, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+        v["key"].as_str().map(str::to_string)
+    };
+    p.run_json(&["one.yaml"], 0);
+    assert!(key("one.yaml").is_some());
+    assert_eq!(key("one.yaml"), key("two.yaml"));
+}

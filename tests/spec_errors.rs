@@ -1,0 +1,172 @@
+//! Every bad spec gets one clear error with file, line and column, and exit code 2.
+
+mod common;
+
+use common::{stderr, Project};
+
+/// Validates `yaml` and returns stderr, asserting exit code 2.
+fn rejected(yaml: &str, extra: &[&str]) -> String {
+    let p = Project::new();
+    p.write("bad.yaml", yaml);
+    let mut args = vec!["validate", "bad.yaml"];
+    args.extend_from_slice(extra);
+    let out = p.run(&args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "expected exit 2, stderr: {err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "one error: {err}");
+    err
+}
+
+const GOOD_NODE: &str = "  a:\n    op: shell\n    params:\n      cmd: echo a > a.txt\n      outs: [a.txt]\n";
+
+#[test]
+fn an_unknown_key_names_the_nearest_valid_one_with_its_position() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}  b:\n    opp: shell\n"), &[]);
+    assert!(err.contains("bad.yaml:9:5"), "{err}");
+    assert!(err.contains("unknown key 'opp'") && err.contains("did you mean 'op'"), "{err}");
+}
+
+#[test]
+fn an_unknown_top_level_key_is_located() {
+    let err = rejected(&format!("name: x\nnode:\n{GOOD_NODE}"), &[]);
+    assert!(err.contains("bad.yaml:2:1"), "{err}");
+    assert!(err.contains("did you mean 'nodes'"), "{err}");
+}
+
+#[test]
+fn an_unknown_param_names_the_nearest_valid_one() {
+    let err = rejected("name: x\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: echo\n      out: [a.txt]\n", &[]);
+    assert!(err.contains("bad.yaml:7:7"), "{err}");
+    assert!(err.contains("unknown param 'out'") && err.contains("did you mean 'outs'"), "{err}");
+}
+
+#[test]
+fn a_wrong_type_says_what_was_expected() {
+    let err = rejected("name: x\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: [echo, hi]\n", &[]);
+    assert!(err.contains("bad.yaml:6:12"), "{err}");
+    assert!(err.contains("expected a string"), "{err}");
+}
+
+#[test]
+fn an_unknown_op_lists_the_known_ones() {
+    let err = rejected("name: x\nnodes:\n  a:\n    op: shel\n", &[]);
+    assert!(err.contains("bad.yaml:4:9"), "{err}");
+    assert!(
+        err.contains("unknown op 'shel'") && err.contains("known ops: shell") && err.contains("did you mean 'shell'"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reference_to_a_missing_node_is_located_and_suggests_one() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}  b:\n    op: shell\n    params: {{cmd: 'true'}}\n    inputs:\n      data: aa:a.txt\n"), &[]);
+    assert!(err.contains("bad.yaml:12:13"), "{err}");
+    assert!(err.contains("no node 'aa'") && err.contains("did you mean 'a'"), "{err}");
+}
+
+#[test]
+fn a_reference_to_a_missing_output_lists_the_outputs() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}  b:\n    op: shell\n    params: {{cmd: 'true'}}\n    inputs:\n      data: a:b.txt\n"), &[]);
+    assert!(err.contains("has no output 'b.txt'") && err.contains("its outputs: a.txt"), "{err}");
+}
+
+#[test]
+fn a_cycle_names_every_node_on_it() {
+    let yaml = "name: x\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'true', deps: [c.txt], outs: [a.txt]}\n  b:\n    op: shell\n    params: {cmd: 'true', deps: [a.txt], outs: [b.txt]}\n  c:\n    op: shell\n    params: {cmd: 'true', deps: [b.txt], outs: [c.txt]}\n";
+    let err = rejected(yaml, &[]);
+    assert!(err.contains("cycle: a → b → c → a"), "{err}");
+}
+
+#[test]
+fn a_duplicate_node_id_is_an_error_at_its_second_definition() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}{GOOD_NODE}"), &[]);
+    assert!(err.contains("bad.yaml:8:3"), "{err}");
+    assert!(err.contains("duplicate node id 'a'") && err.contains("first defined at line 3"), "{err}");
+}
+
+#[test]
+fn a_matrix_that_produces_one_id_twice_is_a_duplicate_id() {
+    let err = rejected(
+        "name: x\nnodes:\n  a:\n    op: shell\n    matrix:\n      env.N: [1, 1]\n    params: {cmd: 'true'}\n",
+        &[],
+    );
+    assert!(err.contains("node id 'a@env.N=1' is produced twice"), "{err}");
+}
+
+#[test]
+fn two_nodes_writing_one_file_is_an_error() {
+    let err = rejected(
+        &format!("name: x\nnodes:\n{GOOD_NODE}  b:\n    op: shell\n    params: {{cmd: 'true', outs: [./a.txt]}}\n"),
+        &[],
+    );
+    assert!(err.contains("'a.txt' is written by both 'a' and 'b'"), "{err}");
+}
+
+#[test]
+fn invalid_yaml_points_at_the_syntax_error() {
+    let err = rejected("name: x\nnodes: [\n", &[]);
+    assert!(err.contains("bad.yaml:"), "{err}");
+    assert!(err.contains("invalid YAML"), "{err}");
+}
+
+#[test]
+fn an_unknown_profile_lists_the_profiles() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}profiles:\n  tiny: {{}}\n"), &["--profile", "tinny"]);
+    assert!(
+        err.contains("no profile 'tinny'")
+            && err.contains("did you mean 'tiny'")
+            && err.contains("profiles in this spec: tiny"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_set_with_a_missing_parent_names_the_keys_that_exist() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}"), &["--set", "nodes.aa.params.cmd=x"]);
+    assert!(err.contains("--set nodes.aa.params.cmd=x"), "{err}");
+    assert!(err.contains("no key 'aa' under 'nodes'") && err.contains("did you mean 'a'"), "{err}");
+}
+
+#[test]
+fn an_error_set_on_the_command_line_is_attributed_to_the_set() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}"), &["--set", "nodes.a.params.outs=5"]);
+    assert!(err.contains("--set nodes.a.params.outs=5"), "{err}");
+}
+
+#[test]
+fn an_error_inside_a_profile_points_into_the_profile() {
+    let yaml = format!(
+        "name: x\nnodes:\n{GOOD_NODE}profiles:\n  tiny:\n    nodes:\n      a:\n        params:\n          cmdd: echo\n"
+    );
+    let err = rejected(&yaml, &["--profile", "tiny"]);
+    assert!(err.contains("bad.yaml:13:11"), "{err}");
+    assert!(err.contains("unknown param 'cmdd'"), "{err}");
+}
+
+#[test]
+fn an_extends_cycle_is_an_error() {
+    let p = Project::new();
+    p.write("a.yaml", "extends: b.yaml\nname: a\nnodes: {}\n");
+    p.write("b.yaml", "extends: a.yaml\nname: b\nnodes: {}\n");
+    let out = p.run(&["validate", "a.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("extends cycle"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_unknown_node_for_force_or_explain_is_a_usage_error() {
+    let p = Project::new();
+    p.write("spec.yaml", &format!("name: x\nnodes:\n{GOOD_NODE}"));
+    for args in [vec!["run", "spec.yaml", "--force", "b"], vec!["explain", "spec.yaml", "b"]] {
+        let out = p.run(&args);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains("no node 'b'"), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_bad_command_line_is_exit_code_2() {
+    let p = Project::new();
+    let out = p.run(&["run"]);
+    assert_eq!(out.status.code(), Some(2));
+}
