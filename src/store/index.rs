@@ -150,7 +150,12 @@ impl Index {
         conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
         // WAL: readers never block the writer; NORMAL: a killed process loses
         // nothing committed (only power loss could drop the last commits).
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(db("enabling WAL"))?;
+        let mode: String =
+            conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(db("reading journal mode"))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            // Switching modes takes an exclusive lock; callers serialize first opens (Workspace::open).
+            conn.pragma_update(None, "journal_mode", "WAL").map_err(db("enabling WAL"))?;
+        }
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(db("setting synchronous"))?;
         let version: i64 =
             conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db("reading version"))?;

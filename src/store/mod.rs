@@ -87,7 +87,14 @@ impl Workspace {
             fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
         }
         let ws = Workspace { root: root.to_path_buf(), read_only: false };
-        ws.index()?;
+        {
+            // Creating the index (tables, WAL mode) is serialized between processes
+            // that open a new workspace at the same moment.
+            let path = root.join("index.lock");
+            let lock = File::create(&path).map_err(io(format!("creating {}", path.display())))?;
+            lock.lock().map_err(io(format!("locking {}", path.display())))?;
+            ws.index()?;
+        }
         ws.clear_dead_staging()?;
         Ok(ws)
     }
