@@ -11,6 +11,7 @@ fn main() {
     let lib = Path::new(&lib);
     // An rpath to torch/lib in every binary of the package (the worker, tests, benches).
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:rustc-env=ORCHESTRATE_LIBTORCH_LIB={}", lib.display());
     // tch links libtorch_cuda, but --as-needed drops it because no symbol of it is
     // referenced, and CUDA then silently reports unavailable. Keep it in the worker.
     if lib.join("libtorch_cuda.so").exists() {

@@ -3,6 +3,10 @@
 //! A YAML spec ([`spec`]) compiles into a content-hashed DAG ([`dag`]); the
 //! scheduler ([`exec`]) runs each node's op ([`ops`]) and publishes its outputs
 //! into a content-addressed store ([`store`]). See `docs/` for the design.
+//!
+//! This library never calls libtorch: code that does lives under `src/torch/`
+//! and is compiled into the `orchestrate-torch` worker binary only (see
+//! [`runtime`] for why).
 
 pub mod cli;
 pub mod dag;

@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::dag::key::EnvPart;
 use crate::exec::EnvProvider;
 
 /// Name of the libtorch-linked worker binary, installed next to `orchestrate`.
@@ -40,11 +39,4 @@ pub fn env_provider() -> EnvProvider {
         serde_json::from_slice(&out.stdout)
             .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
     })
-}
-
-/// The environment of this process's libtorch (only in the worker).
-#[cfg(feature = "torch")]
-pub fn torch_env() -> EnvPart {
-    let device = if tch::Cuda::is_available() { "cuda".to_string() } else { "cpu".to_string() };
-    EnvPart { device, libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string() }
 }

@@ -3,11 +3,14 @@
 
 use std::process::ExitCode;
 
+#[path = "../torch/mod.rs"]
+mod torch;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["env", rest @ ..] => {
-            let env = orchestrate::runtime::torch_env();
+            let env = torch::env();
             if rest.contains(&"--json") {
                 println!("{}", serde_json::to_string(&env).expect("env serializes"));
             } else {

@@ -396,25 +396,6 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 format!("node id '{base_id}': ids may not be empty or contain ':', '@', '/' or spaces"),
             ));
         }
-        let mut inputs = BTreeMap::new();
-        for (name, refs) in &node.inputs {
-            let mut parsed = Vec::new();
-            for (i, r) in refs.as_slice().iter().enumerate() {
-                let Some((n, o)) = r.split_once(':') else {
-                    let mut p = node_path(&["inputs", name]);
-                    if matches!(refs, super::InputRefs::Many(_)) {
-                        p.push(i.to_string());
-                    }
-                    return Err(SpecError::new(
-                        SpecErrorKind::WrongType,
-                        sources.locate_value(&p),
-                        format!("input '{name}' of node '{base_id}': '{r}' is not NODE:OUTPUT"),
-                    ));
-                };
-                parsed.push(OutputRef { node: n.to_string(), output: o.to_string() });
-            }
-            inputs.insert(name.clone(), parsed);
-        }
         for axis in node.matrix.keys() {
             if get_dotted(&Value::Object(node.params.clone()), axis).is_some() {
                 return Err(SpecError::new(
@@ -458,14 +439,36 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 })?;
             }
             let Value::Object(params) = params else { unreachable!("params stay an object") };
-            let def = NodeDef {
-                id: id.clone(),
-                base_id: base_id.clone(),
-                op: node.op.clone(),
-                params,
-                inputs: inputs.clone(),
-                binding,
-            };
+            let mut inputs = BTreeMap::new();
+            for (name, refs) in &node.inputs {
+                let mut parsed = Vec::new();
+                for (i, written) in refs.as_slice().iter().enumerate() {
+                    let mut p = node_path(&["inputs", name]);
+                    if matches!(refs, super::InputRefs::Many(_)) {
+                        p.push(i.to_string());
+                    }
+                    let mut r = Value::String(written.clone());
+                    interpolate(&mut r, &binding).map_err(|unknown| {
+                        SpecError::new(
+                            SpecErrorKind::MissingReference,
+                            sources.locate_value(&p),
+                            format!("input '{name}' of node '{base_id}' uses ${{matrix.{unknown}}}, which is not an axis of its matrix"),
+                        )
+                    })?;
+                    let r = r.as_str().unwrap_or_default().to_string();
+                    let Some((n, o)) = r.split_once(':') else {
+                        return Err(SpecError::new(
+                            SpecErrorKind::WrongType,
+                            sources.locate_value(&p),
+                            format!("input '{name}' of node '{base_id}': '{r}' is not NODE:OUTPUT"),
+                        ));
+                    };
+                    parsed.push(OutputRef { node: n.to_string(), output: o.to_string() });
+                }
+                inputs.insert(name.clone(), parsed);
+            }
+            let def =
+                NodeDef { id: id.clone(), base_id: base_id.clone(), op: node.op.clone(), params, inputs, binding };
             if out.insert(id.clone(), def).is_some() {
                 return Err(SpecError::new(
                     SpecErrorKind::DuplicateId,

@@ -1,0 +1,13 @@
+//! Everything that calls libtorch. This module tree is compiled into the
+//! `orchestrate-torch` worker binary only, never into the library: if any
+//! library code referenced tch, the `orchestrate` binary would load libtorch
+//! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
+//! checks that the CLI does not link it.
+
+use orchestrate::dag::key::EnvPart;
+
+/// The environment of this process's libtorch: what numerical node keys include.
+pub fn env() -> EnvPart {
+    let device = if tch::Cuda::is_available() { "cuda".to_string() } else { "cpu".to_string() };
+    EnvPart { device, libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string() }
+}
