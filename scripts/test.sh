@@ -8,4 +8,8 @@ bash scripts/setup.sh
 . .setup/env.sh
 cargo fmt --check
 cargo build --all-targets --locked
-cargo test --locked
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
+# One closing line over every test binary.
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "all tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
