@@ -226,6 +226,7 @@ pub fn run(
                         &mut log,
                     );
                 }
+                Outcome::Skipped { .. } => unreachable!("workers never skip; the coordinator does"),
                 Outcome::Failed { key, error, seconds } => {
                     stats.failed += 1;
                     emit(
@@ -260,7 +261,7 @@ pub fn run(
                             pending -= 1;
                             stats.skipped += 1;
                             let because = format!("'{root}' failed");
-                            outcomes[c] = Some(Outcome::Failed { key: None, error: because.clone(), seconds: 0.0 });
+                            outcomes[c] = Some(Outcome::Skipped { because: because.clone() });
                             emit(
                                 Event::NodeSkipped { node: dag.nodes[c].id().to_string(), because },
                                 reporter,
@@ -322,9 +323,16 @@ pub fn run(
             Outcome::Failed { key, error, seconds } => RunNodeRow {
                 node_id: node_id.clone(),
                 key: key.clone(),
-                outcome: if blocked_by[pos].is_some() { "skipped".into() } else { "failed".into() },
+                outcome: "failed".into(),
                 seconds: Some(*seconds),
                 detail: Some(error.clone()),
+            },
+            Outcome::Skipped { because } => RunNodeRow {
+                node_id: node_id.clone(),
+                key: None,
+                outcome: "skipped".into(),
+                seconds: None,
+                detail: Some(because.clone()),
             },
         };
         rows.push(row);

@@ -16,9 +16,24 @@ use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, Store
 /// The result of resolving one node.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Cached { key: String, outputs: Vec<OutputRecord> },
-    Ran { key: String, outputs: Vec<OutputRecord>, seconds: f64 },
-    Failed { key: Option<String>, error: String, seconds: f64 },
+    Cached {
+        key: String,
+        outputs: Vec<OutputRecord>,
+    },
+    Ran {
+        key: String,
+        outputs: Vec<OutputRecord>,
+        seconds: f64,
+    },
+    Failed {
+        key: Option<String>,
+        error: String,
+        seconds: f64,
+    },
+    /// Not run: a node it depends on failed.
+    Skipped {
+        because: String,
+    },
 }
 
 /// Everything one node resolution needs.

@@ -110,7 +110,10 @@ impl Default for ProgressReporter {
 impl Reporter for ProgressReporter {
     fn on_event(&mut self, event: &Event) {
         match event {
-            Event::RunStarted { nodes, .. } => self.overall.set_length(*nodes as u64),
+            Event::RunStarted { nodes, .. } => {
+                self.overall.set_length(*nodes as u64);
+                self.overall.enable_steady_tick(Duration::from_millis(250));
+            }
             Event::NodeStarted { node, key, reason } => {
                 let bar = self.multi.add(ProgressBar::new_spinner());
                 bar.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("valid template"));
