@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod dag;
+pub mod data;
 pub mod exec;
 pub mod ops;
 pub mod runtime;

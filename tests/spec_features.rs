@@ -164,3 +164,15 @@ fn plain_output_names_each_node_with_its_key_prefix() {
     assert!(text.lines().any(|l| l.starts_with("done     data ") && l.contains(" in ")), "{text}");
     assert!(text.contains("2 ran, 0 cached, 0 failed, 0 skipped"), "{text}");
 }
+
+#[test]
+fn inputs_reach_a_command_in_another_folder_by_absolute_path() {
+    let p = Project::new();
+    p.write(
+        "sub/s.yaml",
+        "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'echo hi > a.txt', outs: [a.txt]}\n  b:\n    op: shell\n    inputs: {x: 'a:a.txt'}\n    params: {cmd: 'cat \"$ORCHESTRATE_INPUT_X\" > b.txt', outs: [b.txt]}\n",
+    );
+    // orchestrate runs from the project root; the commands run in sub/.
+    p.run_json(&["sub/s.yaml"], 0);
+    assert_eq!(p.read("sub/b.txt"), "hi\n");
+}

@@ -36,10 +36,7 @@ impl Op for FakeTrain {
         Ok(())
     }
     fn outputs(&self, _p: &Value) -> Vec<OutputDecl> {
-        vec![
-            OutputDecl { name: "report".into(), kind: OutputKind::File, workspace_path: None },
-            OutputDecl { name: "weights".into(), kind: OutputKind::Dir, workspace_path: None },
-        ]
+        vec![OutputDecl::file("report"), OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("weights") }]
     }
     fn numerical(&self) -> bool {
         true

@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use super::{Cli, Command, SpecArgs};
+use super::{Cli, Command, Finish, SpecArgs, VerifierCommand};
 use crate::dag::{self, Dag};
+use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::exec::plan::{self, PlanEntry, PlanState};
 use crate::exec::report::{JsonReporter, PlainReporter, ProgressReporter, Reporter};
 use crate::exec::{self, RunOptions};
@@ -84,6 +85,39 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Path { spec, output } => {
+            let (spec, dag) = load(&spec, &registry)?;
+            let Some((node, name)) = output.split_once(':') else { bail!("'{output}': expected NODE:OUTPUT") };
+            check_nodes(&dag, vec![node.to_string()])?;
+            let outputs: Vec<String> =
+                dag.get(node).map(|n| n.outputs.iter().map(|o| o.name.clone()).collect()).unwrap_or_default();
+            if !outputs.iter().any(|o| o == name) {
+                bail!(
+                    "node '{node}' has no output '{name}'{}; its outputs: {}",
+                    did_you_mean(name, outputs.iter().map(String::as_str)),
+                    outputs.join(", ")
+                );
+            }
+            let ws = Workspace::open_read_only(&cli.workspace)?;
+            let entries = plan::plan(ws.as_ref(), &spec, &dag, &BTreeSet::new(), &runtime::env_provider())?;
+            let cached = entries.iter().find(|e| e.node == node).and_then(|e| match &e.state {
+                PlanState::Cached { key } => Some(key.clone()),
+                _ => None,
+            });
+            let (Some(ws), Some(key)) = (ws, cached) else {
+                eprintln!("'{node}' is not cached as the spec stands: run it first");
+                return Ok(ExitCode::from(GATE_FAILED));
+            };
+            let record = ws.index()?.lookup(&key)?.ok_or_else(|| anyhow::anyhow!("cache row vanished for {key}"))?;
+            let out = record
+                .outputs
+                .iter()
+                .find(|o| o.name == name)
+                .ok_or_else(|| anyhow::anyhow!("no output '{name}' recorded"))?;
+            let path = ws.object_path(&out.object.hash);
+            println!("{}", std::path::absolute(&path).unwrap_or(path).display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Validate { spec } => {
             let (spec, dag) = load(&spec, &registry)?;
             println!("{}: ok ({} nodes, {} edges)", spec.path.display(), dag.nodes.len(), dag.graph.edge_count());
@@ -113,6 +147,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify => verify(&cli.workspace),
+        Command::Verifier(cmd) => verifier(cmd),
         Command::Env => {
             let env = (runtime::env_provider())().map_err(anyhow::Error::msg)?;
             println!("libtorch {}", env.libtorch);
@@ -260,4 +295,43 @@ fn verify(root: &std::path::Path) -> Result<ExitCode> {
     }
     println!("{checked} outputs checked, {problems} problems");
     Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+}
+
+fn verifier(cmd: VerifierCommand) -> Result<ExitCode> {
+    let registry = VerifierRegistry::builtin();
+    match cmd {
+        VerifierCommand::List => {
+            for v in registry.iter() {
+                println!("{:<22} v{}  {}", v.name(), v.version(), v.protocol_hash());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        VerifierCommand::Check { name, problem, finish, undecodable, keep_newline } => {
+            let Some(v) = registry.get(&name) else {
+                let names: Vec<&str> = registry.iter().map(|v| v.name()).collect();
+                bail!(
+                    "no verifier '{name}'{}; verifiers: {}",
+                    did_you_mean(&name, names.iter().copied()),
+                    names.join(", ")
+                );
+            };
+            let problem: serde_json::Value =
+                serde_json::from_str(&problem).with_context(|| format!("--problem is not JSON: {problem}"))?;
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("reading the response from stdin")?;
+            if !keep_newline {
+                if let Some(stripped) = text.strip_suffix('\n') {
+                    text = stripped.to_string();
+                }
+            }
+            let finish = match finish {
+                Finish::Eos => FinishReason::Eos,
+                Finish::Length => FinishReason::Length,
+            };
+            let verdict = v.verify(&problem, &Response { text: &text, finish, tokenization_valid: !undecodable })?;
+            println!("{}", serde_json::to_string(&verdict)?);
+            Ok(if verdict.reward == 1 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+        }
+    }
 }

@@ -73,6 +73,13 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the store path of a cached output (`NODE:OUTPUT`), e.g. `cat $(orchestrate path s.yaml data:summary)`.
+    Path {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The output, as `NODE:OUTPUT`.
+        output: String,
+    },
     /// Check a spec without running it.
     Validate {
         #[command(flatten)]
@@ -101,6 +108,39 @@ pub enum Command {
     Verify,
     /// The numerical environment (libtorch version, device) numerical ops are keyed on.
     Env,
+    /// Score responses by hand and list the registered verifiers.
+    #[command(subcommand)]
+    Verifier(VerifierCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VerifierCommand {
+    /// The registered verifiers with their protocol hashes.
+    List,
+    /// Score the response read from stdin; prints {reward, valid, value, expected, reason}.
+    /// Exit code 0 for reward 1, 1 for reward 0.
+    Check {
+        /// The verifier's name (see `orchestrate verifier list`).
+        name: String,
+        /// The structured problem as JSON, e.g. '{"initial": 5, "deliveries": [3, 2], "withdrawals": [4, 1]}'.
+        #[arg(long, value_name = "JSON")]
+        problem: String,
+        /// How generation ended.
+        #[arg(long, value_enum, default_value_t = Finish::Eos)]
+        finish: Finish,
+        /// Treat the response as containing an id the tokenizer cannot decode.
+        #[arg(long)]
+        undecodable: bool,
+        /// Keep a trailing newline of stdin as part of the response (by default one is dropped).
+        #[arg(long)]
+        keep_newline: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Finish {
+    Eos,
+    Length,
 }
 
 fn default_jobs() -> usize {

@@ -2,6 +2,7 @@
 //! reported against the spec's source: unknown ops, bad params, references to
 //! missing nodes or outputs, two nodes writing one file, and cycles (named).
 
+mod isolation;
 pub mod key;
 
 use std::collections::{BTreeMap, HashMap};
@@ -249,10 +250,11 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             graph.add_edge(index[p], to, ());
         }
     }
-    let order = match toposort(&graph, None) {
+    let order: Vec<usize> = match toposort(&graph, None) {
         Ok(order) => order.into_iter().map(|ix| graph[ix]).collect(),
         Err(_) => return Err(cycle_error(spec, &graph, &nodes)),
     };
+    isolation::check(spec, &nodes, &order)?;
     Ok(Dag { graph, nodes, index, order })
 }
 

@@ -3,6 +3,7 @@
 //! the files it depends on, the outputs it writes, and whether its results depend
 //! on the numerical environment. The scheduler knows ops only through [`Op`].
 
+mod dataset;
 mod shell;
 
 use std::collections::BTreeMap;
@@ -14,7 +15,65 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use shell::{ShellOp, ShellParams};
+
+use crate::data::Split;
+
+/// What an artifact derives from, for data isolation: a split's pages (what a
+/// model may see) or its labels (problems, targets). Taints flow downstream:
+/// an output derives from everything its node read unless the op says otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Taint {
+    Pages(Split),
+    Labels(Split),
+}
+
+impl std::fmt::Display for Taint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Taint::Pages(s) => write!(f, "{} pages", s.as_str()),
+            Taint::Labels(s) => write!(f, "{} labels", s.as_str()),
+        }
+    }
+}
+
+/// What a node does with data, which decides what it may read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// No restriction (taints still flow through it).
+    #[default]
+    Any,
+    /// Updates parameters: may not read test pages or test labels.
+    Training,
+    /// Generates from prompts: may not read any labels.
+    Inference,
+    /// Scores outputs against labels: may read anything.
+    Scoring,
+}
+
+impl Role {
+    /// Why this role may not read an artifact with this taint, if it may not.
+    pub fn forbids(self, taint: Taint) -> Option<&'static str> {
+        match (self, taint) {
+            (Role::Training, Taint::Labels(Split::Test) | Taint::Pages(Split::Test)) => {
+                Some("a training node may not read test data")
+            }
+            (Role::Inference, Taint::Labels(_)) => Some("an inference node may not read labels"),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Any => "any",
+            Role::Training => "training",
+            Role::Inference => "inference",
+            Role::Scoring => "scoring",
+        }
+    }
+}
 
 /// Whether an output is one file or a folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -32,6 +91,15 @@ pub struct OutputDecl {
     /// For outputs that live in the user's tree (like DVC `outs`): the path,
     /// relative to the spec's folder. Others exist only in the object store.
     pub workspace_path: Option<String>,
+    /// What this output derives from; `None`: everything the node read.
+    pub taint: Option<std::collections::BTreeSet<Taint>>,
+}
+
+impl OutputDecl {
+    /// A store-only file output whose taint is inherited from the node's inputs.
+    pub fn file(name: impl Into<String>) -> Self {
+        OutputDecl { name: name.into(), kind: OutputKind::File, workspace_path: None, taint: None }
+    }
 }
 
 /// A resolved input as an op sees it: a read-only path and its content hash.
@@ -115,6 +183,10 @@ pub trait Op: Send + Sync {
     fn numerical(&self) -> bool {
         false
     }
+    /// What the node does with data; decides which artifacts it may read.
+    fn role(&self, _params: &Value) -> Role {
+        Role::Any
+    }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError>;
 }
 
@@ -168,6 +240,7 @@ impl Registry {
     pub fn builtin() -> Self {
         let mut r = Registry { ops: BTreeMap::new() };
         r.register(Arc::new(ShellOp));
+        r.register(Arc::new(StockArithmeticDataset));
         r
     }
 

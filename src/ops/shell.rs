@@ -11,7 +11,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{parse_params, schema_of, Op, OpError, OutputDecl, OutputKind, ParamError, RunContext};
+use super::{parse_params, schema_of, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 
 /// Params of the `shell` op.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -31,6 +31,10 @@ pub struct ShellParams {
     /// Extra environment variables for the command (strings, numbers or booleans).
     #[serde(default)]
     pub env: BTreeMap<String, EnvValue>,
+    /// What the command does with data, so the compiler can refuse leaks:
+    /// `training` may not read test data, `inference` may not read labels.
+    #[serde(default)]
+    pub role: Role,
 }
 
 /// An environment value as written in YAML.
@@ -126,8 +130,11 @@ impl Op for ShellOp {
         p.outs
             .iter()
             .filter_map(|o| normalize_rel(o))
-            .map(|o| OutputDecl { name: o.clone(), kind: OutputKind::File, workspace_path: Some(o) })
+            .map(|o| OutputDecl { name: o.clone(), kind: OutputKind::File, workspace_path: Some(o), taint: None })
             .collect()
+    }
+    fn role(&self, params: &Value) -> Role {
+        parse_params::<ShellParams>(params).map(|p| p.role).unwrap_or_default()
     }
     fn file_deps(&self, params: &Value) -> Vec<String> {
         parse_params::<ShellParams>(params)

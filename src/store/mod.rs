@@ -82,6 +82,8 @@ impl Drop for Staging {
 impl Workspace {
     /// Opens a workspace, creating it if needed, and clears staging left by killed processes.
     pub fn open(root: &Path) -> Result<Workspace, StoreError> {
+        // Absolute, because ops run in other folders (a shell node runs in its spec's).
+        let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
         for sub in ["objects", "tmp", "locks", "logs"] {
             let p = root.join(sub);
             fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
@@ -105,6 +107,7 @@ impl Workspace {
         if !root.join("cache.sqlite").is_file() {
             return Ok(None);
         }
+        let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
         Ok(Some(Workspace { root: root.to_path_buf(), read_only: true }))
     }
 

@@ -1,0 +1,157 @@
+//! `dataset.stock_arithmetic`: generates StockArithmetic-v1 as separate artifacts
+//! per split, pages (what a model may see) apart from labels (problems, targets).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{parse_params, schema_of, Op, OpError, OutputDecl, ParamError, RunContext, Taint};
+use crate::data::generate::{generate, Counts, TEMPLATES};
+use crate::data::{Population, Split};
+
+/// Params of `dataset.stock_arithmetic`. The defaults are the protocol's counts.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetParams {
+    /// Seed of the generator: same seed, same bytes.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "d_train")]
+    #[schemars(range(min = 1))]
+    pub train: usize,
+    #[serde(default = "d_validation")]
+    #[schemars(range(min = 1))]
+    pub validation: usize,
+    /// Test problems with every operand in 0..=50.
+    #[serde(default = "d_test")]
+    #[schemars(range(min = 1))]
+    pub test_id50: usize,
+    /// Test problems with at least one operand in 51..=100.
+    #[serde(default = "d_test")]
+    #[schemars(range(min = 1))]
+    pub test_ood100: usize,
+    /// The first N train problems form the warm-start set.
+    #[serde(default = "d_warmstart")]
+    pub warmstart: usize,
+}
+
+fn d_train() -> usize {
+    Counts::default().train
+}
+fn d_validation() -> usize {
+    Counts::default().validation
+}
+fn d_test() -> usize {
+    Counts::default().test_id50
+}
+fn d_warmstart() -> usize {
+    Counts::default().warmstart
+}
+
+impl DatasetParams {
+    fn counts(&self) -> Counts {
+        Counts {
+            train: self.train,
+            validation: self.validation,
+            test_id50: self.test_id50,
+            test_ood100: self.test_ood100,
+            warmstart: self.warmstart,
+        }
+    }
+}
+
+pub struct StockArithmeticDataset;
+
+/// Output names: `pages.<split>` and `labels.<split>` (JSON lines), and `summary`.
+pub fn pages_output(split: Split) -> String {
+    format!("pages.{}", split.as_str())
+}
+pub fn labels_output(split: Split) -> String {
+    format!("labels.{}", split.as_str())
+}
+
+impl Op for StockArithmeticDataset {
+    fn name(&self) -> &'static str {
+        "dataset.stock_arithmetic"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "StockArithmetic-v1: 1,000/200/200 problems, pages and labels per split"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<DatasetParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        let p: DatasetParams = parse_params(params)?;
+        if p.warmstart > p.train {
+            return Err(ParamError {
+                path: vec!["warmstart".into()],
+                message: format!("warmstart ({}) cannot exceed train ({})", p.warmstart, p.train),
+                unknown_key: false,
+            });
+        }
+        Ok(())
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        let mut out = Vec::new();
+        for split in Split::ALL {
+            out.push(OutputDecl {
+                taint: Some(BTreeSet::from([Taint::Pages(split)])),
+                ..OutputDecl::file(pages_output(split))
+            });
+            out.push(OutputDecl {
+                taint: Some(BTreeSet::from([Taint::Labels(split)])),
+                ..OutputDecl::file(labels_output(split))
+            });
+        }
+        out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
+        out
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p: DatasetParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+        let counts = p.counts();
+        let records = generate(p.seed, &counts).map_err(|e| OpError::Failed(e.to_string()))?;
+        for split in Split::ALL {
+            let rows: Vec<_> = records.iter().filter(|r| r.split == split).collect();
+            let mut pages = Vec::new();
+            let mut labels = Vec::new();
+            for r in &rows {
+                serde_json::to_writer(&mut pages, &r.page()).map_err(|e| OpError::Failed(e.to_string()))?;
+                pages.push(b'\n');
+                serde_json::to_writer(&mut labels, &r.label()).map_err(|e| OpError::Failed(e.to_string()))?;
+                labels.push(b'\n');
+            }
+            write(ctx, &pages_output(split), &pages)?;
+            write(ctx, &labels_output(split), &labels)?;
+        }
+        let count = |s: Split, pop: Population| records.iter().filter(|r| r.split == s && r.population == pop).count();
+        let summary = serde_json::json!({
+            "dataset": "StockArithmetic-v1",
+            "seed": p.seed,
+            "protocol_counts": counts == Counts::default(),
+            "counts": {
+                "train": count(Split::Train, Population::ID50),
+                "warmstart": records.iter().filter(|r| r.warmstart).count(),
+                "validation": count(Split::Validation, Population::ID50),
+                "test": {"ID50": count(Split::Test, Population::ID50), "OOD100": count(Split::Test, Population::OOD100)},
+            },
+            "templates": TEMPLATES.len(),
+            "templates_shared_across_splits": true,
+            "note": "statements are synthetic and share templates across splits; they do not represent real inventories",
+        });
+        let mut text = serde_json::to_vec_pretty(&summary).map_err(|e| OpError::Failed(e.to_string()))?;
+        text.push(b'\n');
+        write(ctx, "summary", &text)
+    }
+}
+
+fn write(ctx: &RunContext<'_>, name: &str, bytes: &[u8]) -> Result<(), OpError> {
+    let path = ctx.output_path(name);
+    let mut f = std::fs::File::create(&path).map_err(|e| OpError::io(format!("creating {}", path.display()), e))?;
+    f.write_all(bytes).map_err(|e| OpError::io(format!("writing {}", path.display()), e))
+}
