@@ -12,6 +12,7 @@ pub mod cli;
 pub mod dag;
 pub mod data;
 pub mod exec;
+pub mod model;
 pub mod ops;
 pub mod runtime;
 pub mod spec;

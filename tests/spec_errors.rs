@@ -52,7 +52,9 @@ fn an_unknown_op_lists_the_known_ones() {
     let err = rejected("name: x\nnodes:\n  a:\n    op: shel\n", &[]);
     assert!(err.contains("bad.yaml:4:9"), "{err}");
     assert!(
-        err.contains("unknown op 'shel'") && err.contains("known ops: dataset.stock_arithmetic, shell") && err.contains("did you mean 'shell'"),
+        err.contains("unknown op 'shel'")
+            && err.contains("known ops: dataset.stock_arithmetic, shell")
+            && err.contains("did you mean 'shell'"),
         "{err}"
     );
 }

@@ -4,10 +4,19 @@
 //! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
 //! checks that the CLI does not link it.
 
+pub mod generate;
+pub mod qwen2;
+
 use orchestrate::dag::key::EnvPart;
 
 /// The environment of this process's libtorch: what numerical node keys include.
 pub fn env() -> EnvPart {
-    let device = if tch::Cuda::is_available() { "cuda".to_string() } else { "cpu".to_string() };
+    let device = match generate::pick_device() {
+        Ok(tch::Device::Cuda(_)) => "cuda".to_string(),
+        _ => "cpu".to_string(),
+    };
     EnvPart { device, libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string() }
 }
+
+#[cfg(test)]
+mod tests;
