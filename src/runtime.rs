@@ -5,7 +5,7 @@
 //! binary, as a separate process, the same seam a cluster executor uses.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, ExitCode};
 
 use crate::exec::EnvProvider;
 
@@ -39,4 +39,14 @@ pub fn env_provider() -> EnvProvider {
         serde_json::from_slice(&out.stdout)
             .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
     })
+}
+
+/// Runs a worker command with this process's stdio and returns its exit code.
+pub fn exec_worker(args: &[String]) -> anyhow::Result<ExitCode> {
+    let worker = worker_binary().ok_or_else(|| {
+        anyhow::anyhow!("{WORKER} was not found next to orchestrate: build with the default `torch` feature")
+    })?;
+    let status =
+        Command::new(&worker).args(args).status().map_err(|e| anyhow::anyhow!("starting {}: {e}", worker.display()))?;
+    Ok(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(2)))
 }

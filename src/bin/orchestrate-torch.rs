@@ -1,32 +1,67 @@
 //! The libtorch-linked worker behind `orchestrate`: numerical nodes and
 //! commands run here, in their own process (see `orchestrate::runtime`).
 
+use std::io::Read;
 use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
 
 #[path = "../torch/mod.rs"]
 mod torch;
 
+/// The libtorch worker of orchestrate (started by `orchestrate`; run that instead).
+#[derive(Parser)]
+#[command(name = "orchestrate-torch", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The libtorch version and device.
+    Env {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one numerical node; the job is JSON on stdin.
+    RunOp,
+    /// Generate a response (see `orchestrate generate --help`).
+    Generate(orchestrate::cli::GenerateArgs),
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
-        ["env", rest @ ..] => {
+    // Deterministic cuBLAS, set before CUDA initialises (TF32 for matmuls is off by default).
+    if std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Env { json } => {
             let env = torch::env();
-            if rest.contains(&"--json") {
+            if json {
                 println!("{}", serde_json::to_string(&env).expect("env serializes"));
             } else {
                 println!("libtorch {}\ndevice   {}", env.libtorch, env.device);
             }
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
-        ["--version"] => {
-            println!("orchestrate-torch {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
-        _ => {
-            eprintln!(
-                "usage: orchestrate-torch env [--json]\n(this worker is started by `orchestrate`; run that instead)"
-            );
+        Command::RunOp => run_op(),
+        Command::Generate(args) => torch::cli::generate_command(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
     }
+}
+
+fn run_op() -> anyhow::Result<ExitCode> {
+    let mut body = String::new();
+    std::io::stdin().read_to_string(&mut body)?;
+    let job: orchestrate::ops::worker::WorkerJob = serde_json::from_str(&body)?;
+    torch::ops::run(&job)?;
+    Ok(ExitCode::SUCCESS)
 }

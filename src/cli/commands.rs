@@ -148,6 +148,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Verify => verify(&cli.workspace),
         Command::Verifier(cmd) => verifier(cmd),
+        Command::Generate(args) => {
+            let mut full = vec!["generate".to_string()];
+            full.extend(args.to_args());
+            runtime::exec_worker(&full)
+        }
         Command::Env => {
             let env = (runtime::env_provider())().map_err(anyhow::Error::msg)?;
             println!("libtorch {}", env.libtorch);

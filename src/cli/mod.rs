@@ -2,6 +2,9 @@
 //! gate or check failed, 2 usage or input error.
 
 mod commands;
+mod generate;
+
+pub use generate::GenerateArgs;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -108,6 +111,8 @@ pub enum Command {
     Verify,
     /// The numerical environment (libtorch version, device) numerical ops are keyed on.
     Env,
+    /// Generate a response from a model folder (runs in the libtorch worker).
+    Generate(GenerateArgs),
     /// Score responses by hand and list the registered verifiers.
     #[command(subcommand)]
     Verifier(VerifierCommand),

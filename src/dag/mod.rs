@@ -127,6 +127,31 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             let at = if e.unknown_key { spec.sources.locate(&path) } else { spec.sources.locate_value(&path) };
             return Err(SpecError::new(kind, at, format!("node '{}' ({}): {}", def.id, def.op, e.message)));
         }
+        if let Some(declared) = op.inputs(&params) {
+            for name in def.inputs.keys() {
+                if !declared.iter().any(|d| d.name == name) {
+                    let names: Vec<&str> = declared.iter().map(|d| d.name).collect();
+                    return Err(SpecError::new(
+                        SpecErrorKind::UnknownKey,
+                        spec.sources.locate(&node_path(def, &["inputs", name])),
+                        format!(
+                            "node '{}' ({}) has no input '{name}'{}; its inputs: {}",
+                            def.id,
+                            def.op,
+                            did_you_mean(name, names.iter().copied()),
+                            if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                        ),
+                    ));
+                }
+            }
+            if let Some(missing) = declared.iter().find(|d| d.required && !def.inputs.contains_key(d.name)) {
+                return Err(SpecError::new(
+                    SpecErrorKind::MissingField,
+                    spec.sources.locate(&node_path(def, &[])),
+                    format!("node '{}' ({}) needs input '{}': {}", def.id, def.op, missing.name, missing.description),
+                ));
+            }
+        }
         let outputs = op.outputs(&params);
         nodes.push(DagNode {
             def: def.clone(),
@@ -214,7 +239,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             inputs.insert(name.clone(), resolved);
         }
         let mut files = Vec::new();
-        for dep in nodes[i].op.file_deps(&nodes[i].params) {
+        for dep in nodes[i].op.file_deps(&nodes[i].params, &spec.base_dir) {
             match writers.get(&dep) {
                 Some((w, out)) if *w != i => {
                     inputs.insert(

@@ -97,6 +97,9 @@ impl Op for StockArithmeticDataset {
         }
         Ok(())
     }
+    fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {
+        Some(Vec::new())
+    }
     fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
         let mut out = Vec::new();
         for split in Split::ALL {

@@ -4,7 +4,10 @@
 //! on the numerical environment. The scheduler knows ops only through [`Op`].
 
 mod dataset;
+mod model;
+pub mod process;
 mod shell;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use dataset::{DatasetParams, StockArithmeticDataset};
+pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
 pub use shell::{ShellOp, ShellParams};
 
 use crate::data::Split;
@@ -102,6 +106,23 @@ impl OutputDecl {
     }
 }
 
+/// An input an op reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputDecl {
+    pub name: &'static str,
+    pub required: bool,
+    pub description: &'static str,
+}
+
+impl InputDecl {
+    pub fn required(name: &'static str, description: &'static str) -> Self {
+        InputDecl { name, required: true, description }
+    }
+    pub fn optional(name: &'static str, description: &'static str) -> Self {
+        InputDecl { name, required: false, description }
+    }
+}
+
 /// A resolved input as an op sees it: a read-only path and its content hash.
 #[derive(Debug, Clone)]
 pub struct InputArtifact {
@@ -172,11 +193,16 @@ pub trait Op: Send + Sync {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema;
     /// Checks params beyond what the schema says; errors name a path inside params.
     fn check_params(&self, params: &Value) -> Result<(), ParamError>;
+    /// The inputs this op reads, or `None` if it takes any (like `shell`).
+    /// Declared inputs are checked when a spec compiles.
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        None
+    }
     /// The outputs this node will write.
     fn outputs(&self, params: &Value) -> Vec<OutputDecl>;
     /// Files (relative to the spec's folder) whose content the result depends on.
     /// A file that another node writes becomes an edge to that node.
-    fn file_deps(&self, _params: &Value) -> Vec<String> {
+    fn file_deps(&self, _params: &Value, _spec_dir: &Path) -> Vec<String> {
         Vec::new()
     }
     /// Whether the key includes the device kind and libtorch version.
@@ -241,6 +267,9 @@ impl Registry {
         let mut r = Registry { ops: BTreeMap::new() };
         r.register(Arc::new(ShellOp));
         r.register(Arc::new(StockArithmeticDataset));
+        r.register(Arc::new(TokenizerBuild));
+        r.register(Arc::new(ModelInit));
+        r.register(Arc::new(ModelImport));
         r
     }
 

@@ -2,10 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Deserialize;
@@ -136,7 +133,7 @@ impl Op for ShellOp {
     fn role(&self, params: &Value) -> Role {
         parse_params::<ShellParams>(params).map(|p| p.role).unwrap_or_default()
     }
-    fn file_deps(&self, params: &Value) -> Vec<String> {
+    fn file_deps(&self, params: &Value, _spec_dir: &std::path::Path) -> Vec<String> {
         parse_params::<ShellParams>(params)
             .map(|p| p.deps.iter().filter_map(|d| normalize_rel(d)).collect())
             .unwrap_or_default()
@@ -167,31 +164,10 @@ impl Op for ShellOp {
             cmd.env(format!("ORCHESTRATE_INPUT_{}", env_name(name)), paths.join(" "));
         }
         cmd.envs(p.env.iter().map(|(k, v)| (k, v.to_string())));
-        // SAFETY: prctl is async-signal-safe; it only asks the kernel to kill the
-        // command if this thread dies (e.g. orchestrate is SIGKILLed), so no
-        // orphan keeps writing outs that the next run is about to produce.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().map_err(|e| OpError::io("starting sh", e))?;
-        let status = loop {
-            if let Some(status) = child.try_wait().map_err(|e| OpError::io("waiting for command", e))? {
-                break status;
-            }
-            if ctx.cancel.load(Ordering::Relaxed) {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(OpError::Cancelled);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        };
+        let mut child = super::process::spawn_tied(&mut cmd).map_err(|e| OpError::io("starting sh", e))?;
+        let status = super::process::wait(&mut child, ctx.cancel)?;
         if !status.success() {
-            let code = status.code().map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
+            let code = super::process::describe(status);
             return Err(OpError::Failed(format!("command failed with {code}{}", log_tail(ctx.log_path))));
         }
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {

@@ -4,7 +4,9 @@
 //! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
 //! checks that the CLI does not link it.
 
+pub mod cli;
 pub mod generate;
+pub mod ops;
 pub mod qwen2;
 
 use orchestrate::dag::key::EnvPart;

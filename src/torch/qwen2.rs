@@ -221,7 +221,7 @@ impl Qwen2 {
     /// every weight must be present with its shape, and no unknown weight may be left over.
     pub fn load(folder: &HfFolder, device: Device) -> Result<Self> {
         let config = folder.config()?;
-        let mut model = Qwen2::new(&config, device)?;
+        let model = Qwen2::new(&config, device)?;
         let mut vars = model.vs.variables();
         let mut seen = std::collections::BTreeSet::new();
         for file in folder.weight_files()? {

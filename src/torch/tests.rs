@@ -205,3 +205,44 @@ fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
     let err = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).err().unwrap().to_string();
     assert!(err.contains("has shape"), "{err}");
 }
+
+#[test]
+fn transformers_loads_what_we_write_and_computes_the_same_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(7);
+    model.save(dir.path()).unwrap();
+    let texts: Vec<String> = (0..50).map(|i| format!("stock {i} boxes {{\"final_stock\": {i}}}")).collect();
+    orchestrate::model::build_bpe(&texts, 96, &dir.path().join("tokenizer.json")).unwrap();
+    let ids: Vec<Vec<i64>> = vec![vec![3, 17, 40, 41, 90, 5, 6, 7]];
+    std::fs::write(dir.path().join("ids.json"), serde_json::to_string(&ids).unwrap()).unwrap();
+    let text = "<|im_start|>stock 12 boxes<|im_end|>";
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/hf_load.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(dir.path())
+        .arg(dir.path().join("ids.json"))
+        .arg(text)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(v["logits"].clone()).unwrap();
+    let t = ids_tensor(&serde_json::to_value(&ids).unwrap());
+    let positions = Tensor::arange(8, (Kind::Int64, Device::Cpu)).view([1, 8]);
+    let ours = tch::no_grad(|| {
+        model.forward(&t, &positions, &attention_mask(&Tensor::ones([1, 8], (Kind::Int64, Device::Cpu)), 8), None)
+    });
+    let mut worst = 0f32;
+    for (p, row) in theirs[0].iter().enumerate() {
+        let o = Vec::<f32>::try_from(&ours.get(0).get(p as i64)).unwrap();
+        for (a, b) in o.iter().zip(row) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    eprintln!("transformers on our folder: max |diff| = {worst:e}");
+    assert!(worst <= 1e-4, "{worst}");
+    let tokenizer = orchestrate::model::TextTokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    let ours_ids = tokenizer.encode(text).unwrap();
+    let theirs_ids: Vec<i64> = serde_json::from_value(v["encoded"].clone()).unwrap();
+    assert_eq!(ours_ids, theirs_ids, "the tokenizers agree on the encoding");
+}

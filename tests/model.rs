@@ -1,0 +1,220 @@
+//! The model ops and `orchestrate generate`, through the binaries.
+
+mod common;
+
+use common::{nodes_with, stderr, stdout, Project};
+
+const TINY: &str = r#"
+name: tiny
+nodes:
+  data:
+    op: dataset.stock_arithmetic
+    params: {seed: 0, train: 200, validation: 20, test_id50: 10, test_ood100: 10, warmstart: 16}
+  tokenizer:
+    op: tokenizer.build
+    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {vocab_size: 512}
+  model:
+    op: model.init
+    inputs: {tokenizer: 'tokenizer:tokenizer'}
+    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
+"#;
+
+fn built() -> (Project, String) {
+    let p = Project::new();
+    p.write("tiny.yaml", TINY);
+    let ev = p.run_json(&["tiny.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["data", "model", "tokenizer"]);
+    let out = p.run(&["path", "tiny.yaml", "model:model"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = stdout(&out).trim().to_string();
+    (p, dir)
+}
+
+fn generate_json(p: &Project, args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["generate", "--json"];
+    full.extend_from_slice(args);
+    let out = p.run(&full);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(stdout(&out).trim()).unwrap()
+}
+
+#[test]
+fn the_embedded_default_builds_in_hf_layout_and_reruns_from_cache() {
+    let (p, dir) = built();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json"] {
+        assert!(std::path::Path::new(&dir).join(f).is_file(), "{f} in {dir}");
+    }
+    let ev = p.run_json(&["tiny.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["data", "model", "tokenizer"]);
+    // The numerical node's key includes the environment; the others do not.
+    let explain: serde_json::Value =
+        serde_json::from_str(&stdout(&p.run(&["explain", "tiny.yaml", "model", "--json"]))).unwrap();
+    assert_eq!(explain["record"]["env"]["device"], "cpu");
+    assert!(explain["record"]["env"]["libtorch"].as_str().unwrap().starts_with("2.11.0"));
+    let explain: serde_json::Value =
+        serde_json::from_str(&stdout(&p.run(&["explain", "tiny.yaml", "tokenizer", "--json"]))).unwrap();
+    assert!(explain["record"]["env"].is_null());
+}
+
+#[test]
+fn the_same_seed_gives_the_same_weights() {
+    let (_a, dir_a) = built();
+    let (_b, dir_b) = built();
+    let a = std::fs::read(format!("{dir_a}/model.safetensors")).unwrap();
+    let b = std::fs::read(format!("{dir_b}/model.safetensors")).unwrap();
+    assert!(a == b, "model.init is deterministic");
+}
+
+#[test]
+fn generate_applies_the_chat_format_and_reports_ids_logprobs_and_finish() {
+    let (p, dir) = built();
+    let v = generate_json(
+        &p,
+        &["--model", &dir, "--prompt", "A warehouse holds 5 boxes.", "--seed", "3", "--max-new-tokens", "10"],
+    );
+    let ids = v["ids"].as_array().unwrap();
+    assert!(!ids.is_empty() && ids.len() <= 10);
+    assert_eq!(v["behavior_logprobs"].as_array().unwrap().len(), ids.len());
+    assert!(["eos", "length"].contains(&v["finish_reason"].as_str().unwrap()));
+    // The ChatML prompt: it starts with <|im_start|> and ends with the generation prompt.
+    let prompt: Vec<i64> = serde_json::from_value(v["prompt_ids"].clone()).unwrap();
+    assert_eq!(prompt[0], 1, "<|im_start|> is the second special token");
+    // Same seed and rollout: the same draw. Another rollout id: another draw.
+    let again = generate_json(
+        &p,
+        &["--model", &dir, "--prompt", "A warehouse holds 5 boxes.", "--seed", "3", "--max-new-tokens", "10"],
+    );
+    assert_eq!(v["ids"], again["ids"]);
+    let other = generate_json(
+        &p,
+        &[
+            "--model",
+            &dir,
+            "--prompt",
+            "A warehouse holds 5 boxes.",
+            "--seed",
+            "3",
+            "--rollout-id",
+            "1",
+            "--max-new-tokens",
+            "10",
+        ],
+    );
+    assert_ne!(v["ids"], other["ids"]);
+    // Raw ids are fed untouched.
+    let raw = generate_json(&p, &["--model", &dir, "--prompt-ids", "1,5,6,7", "--greedy", "--max-new-tokens", "4"]);
+    assert_eq!(raw["prompt_ids"], serde_json::json!([1, 5, 6, 7]));
+    // The KV cache and full recomputation agree.
+    let cached = generate_json(&p, &["--model", &dir, "--prompt-ids", "1,5,6,7", "--greedy", "--max-new-tokens", "8"]);
+    let full = generate_json(
+        &p,
+        &["--model", &dir, "--prompt-ids", "1,5,6,7", "--greedy", "--max-new-tokens", "8", "--no-cache"],
+    );
+    assert_eq!(cached["ids"], full["ids"]);
+}
+
+#[test]
+fn an_over_budget_prompt_is_an_error_not_a_truncation() {
+    let (p, dir) = built();
+    let long = "boxes ".repeat(300);
+    let out = p.run(&["generate", "--model", &dir, "--prompt", &long]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("over the budget of 256") && stderr(&out).contains("nothing is truncated"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_missing_model_folder_says_how_to_get_the_weights() {
+    let p = Project::new();
+    let out = p.run(&["generate", "--model", "no/such/qwen", "--prompt", "hi"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("no/such/qwen: no such folder") && err.contains("huggingface-cli download"), "{err}");
+}
+
+#[test]
+fn model_import_checks_the_parameter_count_and_copies_the_folder() {
+    let (p, dir) = built();
+    let local = p.path().join("weights");
+    std::fs::create_dir_all(&local).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(format!("{dir}/{f}"), local.join(f)).unwrap();
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(local.join("config.json")).unwrap()).unwrap();
+    let (v, h, i, l) = (
+        config["vocab_size"].as_u64().unwrap(),
+        config["hidden_size"].as_u64().unwrap(),
+        config["intermediate_size"].as_u64().unwrap(),
+        config["num_hidden_layers"].as_u64().unwrap(),
+    );
+    // 4 heads of 16, 2 kv heads: q 64x64+64, k and v 64x32+32 each, o 64x64; mlp 3x64x128; 2 norms.
+    let per_layer = (h * h + h) + 2 * (h * 32 + 32) + h * h + 3 * h * i + 2 * h;
+    let expected = v * h + l * per_layer + h;
+    p.write(
+        "import.yaml",
+        &format!(
+            "name: imp\nnodes:\n  qwen:\n    op: model.import\n    params: {{path: weights, parameters: {expected}}}\n"
+        ),
+    );
+    assert_eq!(nodes_with(&p.run_json(&["import.yaml"], 0), "node_finished"), ["qwen"]);
+    assert_eq!(nodes_with(&p.run_json(&["import.yaml"], 0), "cache_hit"), ["qwen"]);
+
+    let wrong = expected + 1;
+    let ev = p.run_json(&["import.yaml", "--set", &format!("nodes.qwen.params.parameters={wrong}")], 1);
+    let failed = ev.iter().find(|e| e["event"] == "node_failed").unwrap();
+    assert!(
+        failed["error"].as_str().unwrap().contains(&format!("{expected} parameters, expected {wrong}")),
+        "{failed}"
+    );
+
+    // Editing a weight file changes the key: the import re-runs.
+    let mut bytes = std::fs::read(local.join("model.safetensors")).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(local.join("model.safetensors"), bytes).unwrap();
+    let ev = p.run_json(&["import.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["qwen"]);
+
+    // From another folder the spec's relative path still means the same files.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let spec = p.path().join("import.yaml");
+    let ws = p.path().join(".orchestrate");
+    let out = std::process::Command::new(common::bin())
+        .args(["--workspace", ws.to_str().unwrap(), "plan", spec.to_str().unwrap(), "--json"])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(plan["state"], "cached", "{plan}");
+}
+
+#[test]
+fn declared_inputs_are_checked_when_the_spec_compiles() {
+    let p = Project::new();
+    p.write(
+        "a.yaml",
+        &TINY.replace("inputs: {tokenizer: 'tokenizer:tokenizer'}", "inputs: {tokeniser: 'tokenizer:tokenizer'}"),
+    );
+    let out = p.run(&["validate", "a.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("has no input 'tokeniser' (did you mean 'tokenizer'?)"), "{}", stderr(&out));
+    p.write(
+        "b.yaml",
+        &TINY.replace(
+            "    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}\n",
+            "    inputs: {pages: 'data:pages.train'}\n",
+        ),
+    );
+    let out = p.run(&["validate", "b.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("needs input 'labels'"), "{}", stderr(&out));
+    // The tokenizer trains on train data only.
+    p.write("c.yaml", &TINY.replace("pages: 'data:pages.train'", "pages: 'data:pages.test'"));
+    let out = p.run(&["validate", "c.yaml"]);
+    assert!(stderr(&out).contains("a training node may not read test data"), "{}", stderr(&out));
+}
