@@ -28,6 +28,21 @@ enum Command {
     RunOp,
     /// Generate a response (see `orchestrate generate --help`).
     Generate(orchestrate::cli::GenerateArgs),
+    /// Generation and scoring speed on a random model (JSON; used by benches/model.rs).
+    #[command(hide = true)]
+    Bench {
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 64)]
+        new_tokens: usize,
+        /// Also time generation without the KV cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +63,12 @@ fn main() -> ExitCode {
         }
         Command::RunOp => run_op(),
         Command::Generate(args) => torch::cli::generate_command(&args),
+        Command::Bench { preset, batch, prompt_len, new_tokens, no_cache } => {
+            torch::bench::run(&preset, batch, prompt_len, new_tokens, no_cache).map(|v| {
+                println!("{v}");
+                ExitCode::SUCCESS
+            })
+        }
     };
     match result {
         Ok(code) => code,

@@ -111,17 +111,21 @@ pub fn generate(
     let mut cache: KvCache = Vec::new();
     tch::no_grad(|| -> Result<()> {
         let mut step_input = seq.shallow_clone();
+        // Positions of the next token of each row (decode steps only need these).
+        let mut next_position = key_valid.sum_dim_intlist(1, true, Kind::Int64);
         for position in 0..max_new_tokens {
-            let all_positions = positions_of(&key_valid);
-            let (logits, q) = if use_cache {
-                let q = step_input.size()[1];
-                let pos = all_positions.narrow(1, all_positions.size()[1] - q, q);
-                let mask = attention_mask(&key_valid, q);
-                (model.forward(&step_input, &pos, &mask, Some(&mut cache)), q)
+            let (logits, q) = if use_cache && position > 0 {
+                let mask = attention_mask(&key_valid, 1);
+                // A new tensor: `+=` would also move `pos`, which shares storage.
+                let pos = std::mem::replace(&mut next_position, Tensor::zeros([1], (Kind::Int64, device)));
+                next_position = &pos + 1;
+                (model.forward(&step_input, &pos, &mask, Some(&mut cache)), 1)
             } else {
                 let q = seq.size()[1];
+                let positions = positions_of(&key_valid);
                 let mask = attention_mask(&key_valid, q);
-                (model.forward(&seq, &all_positions, &mask, None), q)
+                let cache = if use_cache { Some(&mut cache) } else { None };
+                (model.forward(&seq, &positions, &mask, cache), q)
             };
             let last = logits.select(1, q - 1);
             let (next, logp) = choose(&last, sampling, position as u64);
@@ -143,7 +147,9 @@ pub fn generate(
             }
             // Finished rows keep being fed (their outputs are ignored).
             let next_col = next.view([b, 1]);
-            seq = Tensor::cat(&[&seq, &next_col], 1);
+            if !use_cache {
+                seq = Tensor::cat(&[&seq, &next_col], 1);
+            }
             key_valid = Tensor::cat(&[&key_valid, &Tensor::ones([b, 1], (Kind::Int64, device))], 1);
             step_input = next_col;
         }

@@ -4,6 +4,7 @@
 //! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
 //! checks that the CLI does not link it.
 
+pub mod bench;
 pub mod cli;
 pub mod generate;
 pub mod ops;

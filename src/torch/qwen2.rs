@@ -106,24 +106,22 @@ impl Attention {
             None => (k, v),
         };
         *cache = Some((k.shallow_clone(), v.shallow_clone()));
+        // Grouped-query attention without copying K and V: the query heads that
+        // share a key/value head are stacked along the query axis instead
+        // (head h = kv * groups + g, the order of transformers' repeat_kv).
         let groups = self.heads / self.kv_heads;
-        let (k, v) = if groups > 1 {
-            let tk = k.size()[2];
-            let expand = |z: &Tensor| {
-                z.unsqueeze(2).expand([b, self.kv_heads, groups, tk, self.head_dim], false).reshape([
-                    b,
-                    self.heads,
-                    tk,
-                    self.head_dim,
-                ])
-            };
-            (expand(&k), expand(&v))
-        } else {
-            (k, v)
-        };
-        let scores = q.matmul(&k.transpose(-2, -1)) * (1.0 / (self.head_dim as f64).sqrt()) + mask;
+        let tk = k.size()[2];
+        let qg = q.reshape([b, self.kv_heads, groups * t, self.head_dim]);
+        let scores =
+            qg.matmul(&k.transpose(-2, -1)).view([b, self.heads, t, tk]) * (1.0 / (self.head_dim as f64).sqrt()) + mask;
         let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
-        let y = probs.matmul(&v).transpose(1, 2).contiguous().view([b, t, self.heads * self.head_dim]);
+        let y = probs
+            .view([b, self.kv_heads, groups * t, tk])
+            .matmul(&v)
+            .view([b, self.heads, t, self.head_dim])
+            .transpose(1, 2)
+            .contiguous()
+            .view([b, t, self.heads * self.head_dim]);
         self.o_proj.forward(&y)
     }
 }
@@ -318,6 +316,10 @@ impl EmbeddingFor for Tensor {
 pub fn attention_mask(key_valid: &Tensor, query_len: i64) -> Tensor {
     let device = key_valid.device();
     let (b, keys) = (key_valid.size()[0], key_valid.size()[1]);
+    if query_len == 1 {
+        // One new token sees every valid key: only padding is masked.
+        return ((key_valid.to_kind(Kind::Float) - 1.0) * (-MASKED)).view([b, 1, 1, keys]);
+    }
     let past = keys - query_len;
     let q = Tensor::arange(query_len, (Kind::Int64, device)).view([query_len, 1]) + past;
     let k = Tensor::arange(keys, (Kind::Int64, device)).view([1, keys]);

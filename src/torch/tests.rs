@@ -12,6 +12,15 @@ use tch::{Device, Kind, Tensor};
 use super::generate::{generate, score, Sampling};
 use super::qwen2::{attention_mask, Qwen2};
 
+/// libtorch's intra-op thread pool is shared by the whole process: tests that
+/// ran side by side would split it and change reduction order (and rounding).
+/// Each test holds this lock, so its figures are the same on every run.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn python() -> String {
     std::env::var("ORCHESTRATE_PYTHON").unwrap_or_else(|_| {
         panic!("ORCHESTRATE_PYTHON is not set: run `bash scripts/setup.sh` and `. .setup/env.sh` (the parity tests need transformers)")
@@ -55,6 +64,7 @@ fn tiny_model(seed: u64) -> Qwen2 {
 
 #[test]
 fn logits_match_transformers_including_a_left_padded_batch() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let reference = hf_reference(dir.path());
     let model = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
@@ -84,6 +94,7 @@ fn logits_match_transformers_including_a_left_padded_batch() {
 
 #[test]
 fn greedy_generation_matches_transformers_token_for_token() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let reference = hf_reference(dir.path());
     let model = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
@@ -112,6 +123,7 @@ fn greedy_generation_matches_transformers_token_for_token() {
 
 #[test]
 fn behavior_logprobs_from_kv_cache_generation_equal_teacher_forced_scores() {
+    let _serial = serial();
     let model = tiny_model(1);
     let prompts = vec![vec![5, 6, 7, 8, 9, 10], vec![11, 12, 13]];
     let sampling = Sampling::Sample { seed: 42, rollout_ids: vec![0, 1] };
@@ -131,6 +143,7 @@ fn behavior_logprobs_from_kv_cache_generation_equal_teacher_forced_scores() {
 
 #[test]
 fn sampling_depends_only_on_seed_rollout_id_and_position() {
+    let _serial = serial();
     let model = tiny_model(2);
     let prompt = vec![vec![4, 5, 6, 7]];
     let run = |seed: u64, rollout: u64| {
@@ -146,6 +159,7 @@ fn sampling_depends_only_on_seed_rollout_id_and_position() {
 
 #[test]
 fn a_batch_of_one_equals_the_same_row_in_a_batch_of_many() {
+    let _serial = serial();
     let model = tiny_model(3);
     let prompts = vec![vec![4, 5, 6], vec![7, 8, 9, 10, 11, 12, 13], vec![14]];
     let all =
@@ -170,6 +184,7 @@ fn a_batch_of_one_equals_the_same_row_in_a_batch_of_many() {
 
 #[test]
 fn kv_cache_and_full_recompute_choose_the_same_tokens() {
+    let _serial = serial();
     let model = tiny_model(4);
     let prompts = vec![vec![4, 5, 6, 7, 8], vec![9, 10]];
     let s = Sampling::Sample { seed: 1, rollout_ids: vec![0, 1] };
@@ -182,6 +197,7 @@ fn kv_cache_and_full_recompute_choose_the_same_tokens() {
 
 #[test]
 fn saving_then_loading_round_trips_bit_exactly() {
+    let _serial = serial();
     let model = tiny_model(5);
     let dir = tempfile::tempdir().unwrap();
     model.save(dir.path()).unwrap();
@@ -196,6 +212,7 @@ fn saving_then_loading_round_trips_bit_exactly() {
 
 #[test]
 fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
+    let _serial = serial();
     let model = tiny_model(6);
     let dir = tempfile::tempdir().unwrap();
     model.save(dir.path()).unwrap();
@@ -208,6 +225,7 @@ fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
 
 #[test]
 fn transformers_loads_what_we_write_and_computes_the_same_logits() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(7);
     model.save(dir.path()).unwrap();
