@@ -114,20 +114,20 @@ pub fn generate(
         // Positions of the next token of each row (decode steps only need these).
         let mut next_position = key_valid.sum_dim_intlist(1, true, Kind::Int64);
         for position in 0..max_new_tokens {
-            let (logits, q) = if use_cache && position > 0 {
+            let (logits, last) = if use_cache && position > 0 {
                 let mask = attention_mask(&key_valid, 1);
                 // A new tensor: `+=` would also move `pos`, which shares storage.
                 let pos = std::mem::replace(&mut next_position, Tensor::zeros([1], (Kind::Int64, device)));
                 next_position = &pos + 1;
-                (model.forward(&step_input, &pos, &mask, Some(&mut cache)), 1)
+                (model.forward_last(&step_input, &pos, &mask, Some(&mut cache)), 1)
             } else {
                 let q = seq.size()[1];
                 let positions = positions_of(&key_valid);
                 let mask = attention_mask(&key_valid, q);
                 let cache = if use_cache { Some(&mut cache) } else { None };
-                (model.forward(&seq, &positions, &mask, cache), q)
+                (model.forward_last(&seq, &positions, &mask, cache), 1)
             };
-            let last = logits.select(1, q - 1);
+            let last = logits.select(1, last - 1);
             let (next, logp) = choose(&last, sampling, position as u64);
             let next_v: Vec<i64> = Vec::<i64>::try_from(&next)?;
             let logp_v: Vec<f32> = Vec::<f32>::try_from(&logp)?;

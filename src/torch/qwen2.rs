@@ -278,6 +278,30 @@ impl Qwen2 {
         mask: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
+        self.forward_logits(input_ids, positions, mask, cache, false)
+    }
+
+    /// Logits at the last position only, (batch, 1, vocab): generation needs no
+    /// more, and the LM head is the largest matmul of a step (as transformers'
+    /// `logits_to_keep=1`).
+    pub fn forward_last(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.forward_logits(input_ids, positions, mask, cache, true)
+    }
+
+    fn forward_logits(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+        last_only: bool,
+    ) -> Tensor {
         let mut local: KvCache = Vec::new();
         let cache = match cache {
             Some(c) => c,
@@ -295,6 +319,7 @@ impl Qwen2 {
             let m = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h));
             h = h + m;
         }
+        let h = if last_only { h.narrow(1, h.size()[1] - 1, 1) } else { h };
         let h = self.norm.forward(&h);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         h.matmul(&head.tr())
