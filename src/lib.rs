@@ -17,3 +17,4 @@ pub mod ops;
 pub mod runtime;
 pub mod spec;
 pub mod store;
+pub mod train;

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod generate;
 pub mod ops;
 pub mod qwen2;
+pub mod train;
 
 use orchestrate::dag::key::EnvPart;
 
@@ -22,4 +23,4 @@ pub fn env() -> EnvPart {
 }
 
 #[cfg(test)]
-mod tests;
+pub mod tests;

@@ -17,7 +17,7 @@ use super::qwen2::{attention_mask, Qwen2};
 /// Each test holds this lock, so its figures are the same on every run.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -1,0 +1,9 @@
+//! Training: AdamW, the GRPO objective and updates, and (in `loops`) the SFT
+//! and GRPO runs with resumable state.
+
+pub mod adamw;
+pub mod objective;
+pub mod update;
+
+#[cfg(test)]
+mod tests;
