@@ -125,7 +125,12 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             };
             let kind = if e.unknown_key { SpecErrorKind::UnknownKey } else { SpecErrorKind::WrongType };
             let at = if e.unknown_key { spec.sources.locate(&path) } else { spec.sources.locate_value(&path) };
-            return Err(SpecError::new(kind, at, format!("node '{}' ({}): {}", def.id, def.op, e.message)));
+            let field = if e.unknown_key || e.path.is_empty() {
+                String::new()
+            } else {
+                format!("params.{}: ", e.path.join("."))
+            };
+            return Err(SpecError::new(kind, at, format!("node '{}' ({}): {field}{}", def.id, def.op, e.message)));
         }
         if let Some(declared) = op.inputs(&params) {
             for name in def.inputs.keys() {

@@ -201,6 +201,8 @@ fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<Outp
         staging: staging.path(),
         log_path: &log_path,
         cancel: job.cancel,
+        workspace: job.ws.root(),
+        key,
     };
     job.node.op.run(&ctx).map_err(|e| e.to_string())?;
 

@@ -7,6 +7,7 @@ mod dataset;
 mod model;
 pub mod process;
 mod shell;
+mod train;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,7 @@ use serde_json::Value;
 pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
 pub use shell::{ShellOp, ShellParams};
+pub use train::{CheckResume, GrpoParams, Mode, SftBranch, SftParams, TrainGrpo, TrainSft};
 
 use crate::data::Split;
 
@@ -143,6 +145,10 @@ pub struct RunContext<'a> {
     pub log_path: &'a Path,
     /// Set when the run is cancelled; long ops poll it.
     pub cancel: &'a AtomicBool,
+    /// The workspace root (for registries such as rollout claims).
+    pub workspace: &'a Path,
+    /// This node's key.
+    pub key: &'a str,
 }
 
 impl RunContext<'_> {
@@ -270,6 +276,9 @@ impl Registry {
         r.register(Arc::new(TokenizerBuild));
         r.register(Arc::new(ModelInit));
         r.register(Arc::new(ModelImport));
+        r.register(Arc::new(TrainSft));
+        r.register(Arc::new(TrainGrpo));
+        r.register(Arc::new(CheckResume));
         r
     }
 

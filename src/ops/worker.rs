@@ -23,6 +23,9 @@ pub struct WorkerJob {
     pub inputs: BTreeMap<String, Vec<PathBuf>>,
     /// Outputs are written here under their names.
     pub staging: PathBuf,
+    pub workspace: PathBuf,
+    /// The node's key (the owner of the rollouts it consumes).
+    pub key: String,
 }
 
 /// Runs `op` for this node in the worker; its stdout and stderr go to the node's log.
@@ -39,6 +42,8 @@ pub fn run_in_worker(op: &str, ctx: &RunContext<'_>) -> Result<(), OpError> {
         spec_dir: ctx.spec_dir.to_path_buf(),
         inputs: ctx.inputs.iter().map(|(k, v)| (k.clone(), v.iter().map(|a| a.path.clone()).collect())).collect(),
         staging: ctx.staging.to_path_buf(),
+        workspace: ctx.workspace.to_path_buf(),
+        key: ctx.key.to_string(),
     };
     let log = std::fs::File::create(ctx.log_path)
         .map_err(|e| OpError::io(format!("creating {}", ctx.log_path.display()), e))?;

@@ -77,7 +77,7 @@ pub struct RunNodeRow {
     pub detail: Option<String>,
 }
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS nodes (
@@ -116,6 +116,12 @@ CREATE TABLE IF NOT EXISTS events (
     seq INTEGER NOT NULL,
     event TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS rollout_claims (
+    lineage TEXT NOT NULL,
+    rollout_id INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    PRIMARY KEY (lineage, rollout_id)
 );
 CREATE TABLE IF NOT EXISTS file_stats (
     path TEXT PRIMARY KEY,
@@ -351,6 +357,45 @@ impl Index {
             .collect::<Result<_, _>>()
             .map_err(db("listing nodes"))?;
         raw.into_iter().map(Self::cached).collect()
+    }
+
+    /// Claims rollout ids of a lineage for `owner` (a node key), in one
+    /// transaction: ids another owner already consumed are refused, so a rollout
+    /// is never consumed twice, across processes and resumes. Re-claiming one's
+    /// own ids (a retried node) is allowed.
+    pub fn claim_rollouts(&mut self, lineage: &str, owner: &str, ids: &[u64]) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db("claiming rollouts"))?;
+        {
+            let mut get = tx
+                .prepare_cached("SELECT owner FROM rollout_claims WHERE lineage = ?1 AND rollout_id = ?2")
+                .map_err(db("claiming rollouts"))?;
+            let mut put = tx
+                .prepare_cached("INSERT OR IGNORE INTO rollout_claims (lineage, rollout_id, owner) VALUES (?1, ?2, ?3)")
+                .map_err(db("claiming rollouts"))?;
+            for &id in ids {
+                let existing: Option<String> = get
+                    .query_row(params![lineage, id as i64], |r| r.get(0))
+                    .optional()
+                    .map_err(db("claiming rollouts"))?;
+                match existing {
+                    Some(o) if o != owner => {
+                        return Err(StoreError::Invalid(format!(
+                            "rollout {id} of lineage {} was already consumed by node key {}: a rollout is never consumed twice",
+                            &lineage[..lineage.len().min(12)],
+                            &o[..o.len().min(12)]
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        put.execute(params![lineage, id as i64, owner]).map_err(db("claiming rollouts"))?;
+                    }
+                }
+            }
+        }
+        tx.commit().map_err(db("claiming rollouts"))
     }
 
     pub fn file_hash(&self, path: &str, stat: &FileStat) -> Result<Option<String>, StoreError> {

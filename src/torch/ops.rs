@@ -12,6 +12,8 @@ use super::qwen2::Qwen2;
 pub fn run(job: &WorkerJob) -> Result<()> {
     match job.op.as_str() {
         "model.init" => model_init(job),
+        "train.sft" => super::train::sft::run(job),
+        "train.grpo" => super::train::grpo::run(job),
         other => bail!("the worker has no implementation of op '{other}'"),
     }
 }

@@ -2,7 +2,10 @@
 //! and GRPO runs with resumable state.
 
 pub mod adamw;
+pub mod common;
+pub mod grpo;
 pub mod objective;
+pub mod sft;
 pub mod update;
 
 #[cfg(test)]

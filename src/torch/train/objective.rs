@@ -3,10 +3,7 @@
 //! surrogate, the exact KL to the reference at every visited prefix, and the
 //! reduction tokens → responses → prompts.
 
-use tch::{Kind, Tensor};
-
-/// Vocabulary block of the exact KL (the protocol's 4096).
-pub const KL_BLOCK: i64 = 4096;
+use tch::Tensor;
 
 /// A = (r − mean) / (std + 1e-8) with the population std (correction 0).
 /// A group whose rewards are all equal gets exactly zero advantages: they are
@@ -44,13 +41,14 @@ pub fn exact_kl(current: &Tensor, reference: &Tensor, block: i64) -> Tensor {
     let v = current.size()[current.dim() - 1];
     let lse_cur = current.logsumexp([-1], true);
     let lse_ref = reference.logsumexp([-1], true);
-    let mut total = Tensor::zeros(lse_cur.size()[..lse_cur.dim() - 1].to_vec(), (current.kind(), current.device()));
+    let kind = current.kind();
+    let mut total = Tensor::zeros(lse_cur.size()[..lse_cur.dim() - 1].to_vec(), (kind, current.device()));
     let mut start = 0;
     while start < v {
         let width = block.min(v - start);
         let lc = current.narrow(-1, start, width) - &lse_cur;
         let lr = reference.narrow(-1, start, width) - &lse_ref;
-        total = total + (lc.exp() * (&lc - lr)).sum_dim_intlist(-1, false, current.kind());
+        total = total + (lc.exp() * (&lc - lr)).sum_dim_intlist(-1, false, kind);
         start += width;
     }
     total
@@ -69,7 +67,10 @@ pub fn reduce_tokens_responses_prompts(values: &Tensor, mask: &Tensor, group_siz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tch::Device;
+    use tch::{Device, Kind};
+
+    /// The protocol's vocabulary block.
+    const KL_BLOCK: i64 = 4096;
 
     fn t(v: &[f64]) -> Tensor {
         Tensor::from_slice(v).to_kind(Kind::Double)

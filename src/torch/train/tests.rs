@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::adamw::{AdamW, AdamWConfig};
 use super::objective::group_advantages;
-use super::update::{grpo_update, GrpoHyper, RolloutBatch, UpdateStats};
+use super::update::{behavior_gap, grpo_update, GrpoHyper, RolloutBatch, UpdateStats};
 use crate::torch::generate::{generate, Sampling};
 use crate::torch::qwen2::Qwen2;
 use crate::torch::tests::{serial, tiny_config};
@@ -126,4 +126,25 @@ fn with_a_large_lr_both_implementations_clip_the_same_way() {
     );
     assert!(c.stats[1].clip_fraction > 0.0, "the second step clips some tokens: {:?}", c.stats);
     assert!(c.update_relative <= 1e-3, "{}", c.update_relative);
+}
+
+#[test]
+fn the_behavior_check_catches_misbound_old_logprobs() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    random_model_folder(dir.path());
+    let policy = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let prompts = vec![vec![5, 6, 7, 8], vec![9, 10, 11]];
+    let out = generate(&policy, &prompts, 8, -1, &Sampling::Sample { seed: 1, rollout_ids: vec![0, 1] }, true).unwrap();
+    let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
+    let behavior: Vec<Vec<f32>> = out.iter().map(|g| g.behavior_logprobs.clone()).collect();
+    let bound = behavior_gap(&policy, &prompts, &responses, &behavior).unwrap();
+    assert!(bound <= 2e-4, "correctly bound: {bound}");
+    // Misbound: each response's log-probs shifted by one position.
+    let shifted: Vec<Vec<f32>> = behavior.iter().map(|b| b[1..].iter().copied().chain([b[0]]).collect()).collect();
+    let gap = behavior_gap(&policy, &prompts, &responses, &shifted).unwrap();
+    assert!(gap > 2e-4, "a shift by one must be caught: {gap}");
+    // Misbound: log-probs of another row.
+    let swapped = vec![behavior[1].clone(), behavior[0].clone()];
+    assert!(behavior_gap(&policy, &prompts, &responses, &swapped).unwrap() > 2e-4);
 }

@@ -74,6 +74,28 @@ pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64
     (picked, targets, mask)
 }
 
+/// The largest gap between captured behavior log-probs and a full teacher-forced
+/// re-scoring of the same sequences by `policy`. Before the first update of an
+/// iteration it must be within tolerance, or old log-probs are misbound.
+pub fn behavior_gap(
+    policy: &Qwen2,
+    prompts: &[Vec<i64>],
+    responses: &[Vec<i64>],
+    behavior: &[Vec<f32>],
+) -> Result<f64> {
+    let rescored = crate::torch::generate::score(policy, prompts, responses)?;
+    let mut gap = 0f64;
+    for (b, r) in behavior.iter().zip(&rescored) {
+        if b.len() != r.len() {
+            return Ok(f64::INFINITY);
+        }
+        for (x, y) in b.iter().zip(r) {
+            gap = gap.max(f64::from((x - y).abs()));
+        }
+    }
+    Ok(gap)
+}
+
 /// One update of `policy` on `batch`. Returns what it measured.
 pub fn grpo_update(
     policy: &Qwen2,

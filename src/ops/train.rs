@@ -1,0 +1,386 @@
+//! Training ops. `train.sft` and `train.grpo` run in the worker; `check.resume`
+//! compares two state files here. Defaults are the protocol's numbers
+//! (shared/seeds/003: "Trois politiques différentes", "Du groupe à l'avantage",
+//! "Budget, coûts et reprise").
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use crate::model::DEFAULT_SYSTEM;
+
+/// How a training node relates to an interruption test.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Run every epoch or iteration.
+    #[default]
+    Continuous,
+    /// Stop at the interruption point and write the full state.
+    Interrupt,
+    /// Continue from a state (input `resume_from`) to the end.
+    Resume,
+}
+
+/// Which SFT branch: the warm-start examples, or the rest of train.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SftBranch {
+    /// The 128 warm-start examples, from the base model.
+    Warmstart,
+    /// The 872 other train examples, from the warm-start model.
+    Sft,
+}
+
+fn d_system() -> String {
+    DEFAULT_SYSTEM.to_string()
+}
+fn d_8() -> usize {
+    8
+}
+fn d_sft_lr() -> f64 {
+    2e-5
+}
+fn d_wd() -> f64 {
+    0.01
+}
+fn d_one() -> f64 {
+    1.0
+}
+fn d_tenth() -> f64 {
+    0.1
+}
+fn d_prompt_tokens() -> usize {
+    crate::model::MAX_PROMPT_TOKENS
+}
+fn d_response_tokens() -> usize {
+    crate::model::MAX_RESPONSE_TOKENS
+}
+
+/// Params of `train.sft`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SftParams {
+    pub branch: SftBranch,
+    /// 3 for warm-start (48 updates of 8), 2 for SFT (218 updates).
+    #[schemars(range(min = 1))]
+    pub epochs: usize,
+    /// Examples per update.
+    #[serde(default = "d_8")]
+    #[schemars(range(min = 1))]
+    pub batch_size: usize,
+    #[serde(default = "d_sft_lr")]
+    pub lr: f64,
+    #[serde(default = "d_wd")]
+    pub weight_decay: f64,
+    #[serde(default = "d_one")]
+    pub max_grad_norm: f64,
+    #[serde(default = "d_tenth")]
+    pub warmup_ratio: f64,
+    #[serde(default = "d_tenth")]
+    pub min_lr_ratio: f64,
+    /// Seed of the per-epoch example order.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub mode: Mode,
+    /// With `mode: interrupt`: stop after this many epochs.
+    #[serde(default = "d_usize_one")]
+    pub interrupt_after_epochs: usize,
+    /// Use only the first N examples of the branch (small budgets for tests); all by default.
+    #[serde(default)]
+    pub limit_examples: Option<usize>,
+    #[serde(default = "d_system")]
+    pub system: String,
+    #[serde(default = "d_prompt_tokens")]
+    pub max_prompt_tokens: usize,
+    #[serde(default = "d_response_tokens")]
+    pub max_response_tokens: usize,
+}
+
+fn d_usize_one() -> usize {
+    1
+}
+
+/// Params of `train.grpo`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoParams {
+    /// Responses per prompt (G).
+    #[serde(default = "d_group")]
+    #[schemars(range(min = 2))]
+    pub group_size: usize,
+    #[serde(default = "d_group")]
+    #[schemars(range(min = 1))]
+    pub prompts_per_iteration: usize,
+    #[serde(default = "d_iterations")]
+    #[schemars(range(min = 1))]
+    pub iterations: usize,
+    #[serde(default = "d_updates")]
+    #[schemars(range(min = 1))]
+    pub updates_per_iteration: usize,
+    #[serde(default = "d_grpo_lr")]
+    pub lr: f64,
+    #[serde(default = "d_wd")]
+    pub weight_decay: f64,
+    #[serde(default = "d_one")]
+    pub max_grad_norm: f64,
+    /// ρ is clipped to [1 − ε, 1 + ε].
+    #[serde(default = "d_clip")]
+    pub clip_eps: f64,
+    /// Coefficient of the exact prefix KL to the reference.
+    #[serde(default = "d_beta")]
+    pub beta: f64,
+    #[serde(default = "d_block")]
+    #[schemars(range(min = 1))]
+    pub kl_block: i64,
+    #[serde(default = "d_tenth")]
+    pub warmup_ratio: f64,
+    #[serde(default = "d_tenth")]
+    pub min_lr_ratio: f64,
+    #[serde(default = "d_response_tokens")]
+    pub max_new_tokens: usize,
+    #[serde(default = "d_prompt_tokens")]
+    pub max_prompt_tokens: usize,
+    /// Seed of prompt order and of sampling (with rollout ids and positions).
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub mode: Mode,
+    /// With `mode: interrupt`: stop after this many iterations.
+    #[serde(default = "d_interrupt_at")]
+    pub interrupt_at: usize,
+    /// Behavior log-probs must match full re-scoring within this before the first update.
+    #[serde(default = "d_behavior_tol")]
+    pub behavior_tolerance: f64,
+    #[serde(default = "d_verifier")]
+    pub verifier: String,
+    #[serde(default = "d_system")]
+    pub system: String,
+}
+
+fn d_group() -> usize {
+    4
+}
+fn d_iterations() -> usize {
+    100
+}
+fn d_updates() -> usize {
+    2
+}
+fn d_grpo_lr() -> f64 {
+    1e-6
+}
+fn d_clip() -> f64 {
+    0.2
+}
+fn d_beta() -> f64 {
+    0.02
+}
+fn d_block() -> i64 {
+    4096
+}
+fn d_interrupt_at() -> usize {
+    40
+}
+fn d_behavior_tol() -> f64 {
+    2e-4
+}
+fn d_verifier() -> String {
+    "stock_arithmetic_v1".into()
+}
+
+fn train_outputs() -> Vec<OutputDecl> {
+    vec![
+        OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("model") },
+        OutputDecl::file("state"),
+        OutputDecl::file("metrics"),
+    ]
+}
+
+fn mode_inputs(mode: Mode, mut inputs: Vec<InputDecl>) -> Vec<InputDecl> {
+    if mode == Mode::Resume {
+        inputs.push(InputDecl::required("resume_from", "the state written by the interrupt node (NODE:state)"));
+    }
+    inputs
+}
+
+/// `train.sft`: supervised fine-tuning on reference responses.
+pub struct TrainSft;
+
+impl Op for TrainSft {
+    fn name(&self) -> &'static str {
+        "train.sft"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "SFT on reference responses (warm-start or SFT branch), resumable (runs in the worker)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<SftParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        let p: SftParams = parse_params(params)?;
+        if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
+            return Err(ParamError {
+                path: vec!["interrupt_after_epochs".into()],
+                message: format!("must be below epochs ({}) to interrupt anything", p.epochs),
+                unknown_key: false,
+            });
+        }
+        Ok(())
+    }
+    fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
+        let mode = parse_params::<SftParams>(params).map(|p| p.mode).unwrap_or_default();
+        Some(mode_inputs(
+            mode,
+            vec![
+                InputDecl::required("model", "the starting model folder"),
+                InputDecl::required("pages", "train pages"),
+                InputDecl::required("labels", "train labels (reference responses)"),
+                InputDecl::required("validation_pages", "validation pages"),
+                InputDecl::required("validation_labels", "validation labels (for the NLL, never for selection)"),
+            ],
+        ))
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        train_outputs()
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Training
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(self.name(), ctx)
+    }
+}
+
+/// `train.grpo`: GRPO with the exact prefix KL, from the warm-start model.
+pub struct TrainGrpo;
+
+impl Op for TrainGrpo {
+    fn name(&self) -> &'static str {
+        "train.grpo"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<GrpoParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        let p: GrpoParams = parse_params(params)?;
+        if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
+            return Err(ParamError {
+                path: vec!["interrupt_at".into()],
+                message: format!("must be in 1..{} to interrupt anything", p.iterations),
+                unknown_key: false,
+            });
+        }
+        if crate::data::verifier::VerifierRegistry::builtin().get(&p.verifier).is_none() {
+            return Err(ParamError {
+                path: vec!["verifier".into()],
+                message: format!("no verifier '{}' (see `orchestrate verifier list`)", p.verifier),
+                unknown_key: false,
+            });
+        }
+        Ok(())
+    }
+    fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
+        let mode = parse_params::<GrpoParams>(params).map(|p| p.mode).unwrap_or_default();
+        Some(mode_inputs(
+            mode,
+            vec![
+                InputDecl::required("model", "the warm-start model folder (also the frozen reference)"),
+                InputDecl::required("pages", "train pages (the prompts)"),
+                InputDecl::required("labels", "train labels (the verifier's problems)"),
+            ],
+        ))
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        train_outputs()
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Training
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(self.name(), ctx)
+    }
+}
+
+/// `check.resume`: a continuous state and a resumed one must be identical,
+/// tensor by tensor and field by field (wall-clock costs aside).
+pub struct CheckResume;
+
+/// Fields never compared: wall-clock measurements, and the rollout lineage
+/// (which run consumed the rollouts: by design a continuous run and an
+/// interrupted one replay the same rollout ids in lineages of their own).
+pub const UNCOMPARED: [&str; 2] = ["costs", "lineage"];
+
+impl Op for CheckResume {
+    fn name(&self) -> &'static str {
+        "check.resume"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "fails with the first difference between a continuous and a resumed training state"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<EmptyParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        parse_params::<EmptyParams>(params).map(|_| ())
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("continuous", "the continuous run's state"),
+            InputDecl::required("resumed", "the resumed run's state"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("report")]
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let path = |name: &str| {
+            ctx.inputs
+                .get(name)
+                .and_then(|v| v.first())
+                .map(|a| a.path.clone())
+                .ok_or_else(|| OpError::Failed(format!("input '{name}' is missing")))
+        };
+        let read =
+            |p: std::path::PathBuf| crate::train::state::read_state(&p).map_err(|e| OpError::Failed(e.to_string()));
+        let (a, b) = (read(path("continuous")?)?, read(path("resumed")?)?);
+        let difference = crate::train::state::first_difference(&a, &b, &UNCOMPARED);
+        let report = serde_json::json!({
+            "identical": difference.is_none(),
+            "first_difference": difference,
+            "tensors": a.tensors.len(),
+            "ignored_fields": UNCOMPARED,
+        });
+        let text = serde_json::to_string_pretty(&report).map_err(|e| OpError::Failed(e.to_string()))? + "\n";
+        std::fs::write(ctx.output_path("report"), text).map_err(|e| OpError::io("writing the report", e))?;
+        match difference {
+            None => Ok(()),
+            Some(d) => Err(OpError::Failed(format!("resumed state differs from continuous: {d}"))),
+        }
+    }
+}
+
+/// Params of ops that take none.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyParams {}

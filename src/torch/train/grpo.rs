@@ -1,0 +1,241 @@
+//! `train.grpo`: each iteration takes prompts in a seeded order, samples a group
+//! per prompt at temperature 1, scores them with the verifier, checks the
+//! captured behavior log-probs against full re-scoring, then makes the
+//! configured number of updates against those old log-probs, with the exact
+//! prefix KL to a frozen reference. No critic.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Result};
+use orchestrate::data::verifier::{FinishReason, Response, VerifierRegistry};
+use orchestrate::ops::worker::WorkerJob;
+use orchestrate::ops::{parse_params, GrpoParams, Mode};
+use orchestrate::store::Index;
+use serde_json::{json, Value};
+
+use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
+use super::common::{
+    examples, input_path, load_model, params, peak_rss_bytes, permutation, prompt_ids, read, restore_state,
+    write_outputs,
+};
+use super::objective::group_advantages;
+use super::update::{behavior_gap, grpo_update, GrpoHyper, RolloutBatch};
+use crate::torch::generate::{generate, pick_device, Sampling};
+
+/// Where the prompt order stands: epoch of the pool permutation, and position in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Cursor {
+    epoch: usize,
+    offset: usize,
+}
+
+pub fn run(job: &WorkerJob) -> Result<()> {
+    let started = Instant::now();
+    let p: GrpoParams = parse_params(&job.params)?;
+    let device = pick_device()?;
+    let model_dir = input_path(job, "model")?;
+    let (policy, tokenizer) = load_model(model_dir, device)?;
+    // The reference: a strict reload of the same weights, frozen, no gradients.
+    let (reference, _) = load_model(model_dir, device)?;
+    for (_, mut t) in reference.vs.variables() {
+        let _ = t.requires_grad_(false);
+    }
+    let verifier =
+        VerifierRegistry::builtin().get(&p.verifier).cloned().ok_or_else(|| anyhow!("no verifier {}", p.verifier))?;
+    let eos = tokenizer.eos_id()?;
+    let mut pool = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
+    // The RL pool: train problems outside the warm-start set.
+    pool.retain(|e| e.label["warmstart"].as_bool() == Some(false));
+    if pool.len() < p.prompts_per_iteration {
+        bail!("the RL pool has {} prompts, fewer than {} per iteration", pool.len(), p.prompts_per_iteration);
+    }
+    let prompts: Vec<Vec<i64>> = pool
+        .iter()
+        .map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id))
+        .collect::<Result<_>>()?;
+
+    let params = params(&policy);
+    let reference_params = super::common::params(&reference);
+    let reference_digest = digest(&reference_params);
+    let mut adam = AdamW::new(AdamWConfig::new(p.weight_decay), &params);
+    let total_updates = p.iterations * p.updates_per_iteration;
+    let hyper = GrpoHyper { clip_eps: p.clip_eps, beta: p.beta, kl_block: p.kl_block, max_grad_norm: p.max_grad_norm };
+    let mut identity = serde_json::to_value(&p)?;
+    for k in ["mode", "interrupt_at"] {
+        identity.as_object_mut().expect("params are an object").remove(k);
+    }
+    identity["initial_model_digest"] = json!(digest(&params));
+    identity["verifier_protocol"] = json!(verifier.protocol_hash());
+    // Rollouts belong to a lineage: an interrupted run and its resume share one;
+    // a continuous run replays the same ids in a lineage of its own.
+    let lineage_of = |mode: &str| blake3::hash(format!("{identity}|{mode}").as_bytes()).to_hex().to_string();
+
+    let (mut next_iteration, mut updates) = (0usize, 0usize);
+    let mut cursor = Cursor { epoch: 0, offset: 0 };
+    let mut history: Vec<Value> = Vec::new();
+    let mut consumed: Vec<[u64; 2]> = Vec::new();
+    let lineage = match p.mode {
+        Mode::Continuous => lineage_of("continuous"),
+        Mode::Interrupt => lineage_of("interrupted"),
+        Mode::Resume => {
+            let state = read(input_path(job, "resume_from")?)?;
+            if state.meta["kind"] != "grpo" || state.meta["identity"] != identity {
+                bail!("the resume state belongs to another GRPO run (identity differs): refusing to resume");
+            }
+            restore_state(&state, &params, &mut adam)?;
+            next_iteration = state.meta["next_iteration"].as_u64().unwrap_or(0) as usize;
+            updates = state.meta["updates"].as_u64().unwrap_or(0) as usize;
+            cursor = serde_json::from_value(state.meta["cursor"].clone())?;
+            history = state.meta["history"].as_array().cloned().unwrap_or_default();
+            consumed = serde_json::from_value(state.meta["consumed_rollouts"].clone())?;
+            state.meta["lineage"].as_str().ok_or_else(|| anyhow!("the state has no lineage"))?.to_string()
+        }
+    };
+    let mut index = Index::open(&job.workspace.join("cache.sqlite"))?;
+    let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
+    let per_iteration = (p.prompts_per_iteration * p.group_size) as u64;
+    let mut order = permutation(pool.len(), p.seed, "grpo/prompts", cursor.epoch);
+
+    for iteration in next_iteration..stop {
+        let t_loop = Instant::now();
+        // Prompts: the next ones of this epoch's order (a new order when too few remain).
+        if cursor.offset + p.prompts_per_iteration > order.len() {
+            cursor = Cursor { epoch: cursor.epoch + 1, offset: 0 };
+            order = permutation(pool.len(), p.seed, "grpo/prompts", cursor.epoch);
+        }
+        let chosen: Vec<usize> = order[cursor.offset..cursor.offset + p.prompts_per_iteration].to_vec();
+        cursor.offset += p.prompts_per_iteration;
+        let first = iteration as u64 * per_iteration;
+        let rollout_ids: Vec<u64> = (first..first + per_iteration).collect();
+        index.claim_rollouts(&lineage, &job.key, &rollout_ids)?;
+        if consumed.iter().any(|[a, b]| first < *b && *a < first + per_iteration) {
+            bail!("rollouts {first}..{} were already consumed in this run's state", first + per_iteration);
+        }
+        consumed.push([first, first + per_iteration]);
+
+        let batch_prompts: Vec<Vec<i64>> =
+            chosen.iter().flat_map(|&i| std::iter::repeat_n(prompts[i].clone(), p.group_size)).collect();
+        let t = Instant::now();
+        let generated = generate(
+            &policy,
+            &batch_prompts,
+            p.max_new_tokens,
+            eos,
+            &Sampling::Sample { seed: p.seed, rollout_ids },
+            true,
+        )?;
+        let generation_seconds = t.elapsed().as_secs_f64();
+
+        let mut rewards = Vec::with_capacity(generated.len());
+        let mut finishes = (0usize, 0usize);
+        for (row, g) in generated.iter().enumerate() {
+            let example = &pool[chosen[row / p.group_size]];
+            let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
+            let decoded = tokenizer.decode(body)?;
+            let verdict = verifier.verify(
+                &example.label["problem"],
+                &Response { text: &decoded.text, finish: g.finish, tokenization_valid: decoded.undecodable.is_empty() },
+            )?;
+            rewards.push(f64::from(verdict.reward));
+            if g.finish == FinishReason::Eos {
+                finishes.0 += 1;
+            } else {
+                finishes.1 += 1;
+            }
+        }
+
+        // Before any update: full re-scoring must agree with the captured behavior log-probs.
+        let t = Instant::now();
+        let responses: Vec<Vec<i64>> = generated.iter().map(|g| g.ids.clone()).collect();
+        let behavior: Vec<Vec<f32>> = generated.iter().map(|g| g.behavior_logprobs.clone()).collect();
+        let behavior_gap = behavior_gap(&policy, &batch_prompts, &responses, &behavior)?;
+        if behavior_gap > p.behavior_tolerance {
+            bail!(
+                "iteration {iteration}: behavior log-probs differ from full re-scoring by {behavior_gap:e} > {:e}: refusing to update",
+                p.behavior_tolerance
+            );
+        }
+        let verification_seconds = t.elapsed().as_secs_f64();
+
+        let mut advantages = Vec::with_capacity(rewards.len());
+        let mut zero_variance = 0;
+        for group in rewards.chunks(p.group_size) {
+            let a = group_advantages(group);
+            if a.iter().all(|v| *v == 0.0) {
+                zero_variance += 1;
+            }
+            advantages.extend(a);
+        }
+        let batch = RolloutBatch {
+            prompts: batch_prompts,
+            responses,
+            old_logprobs: behavior,
+            advantages,
+            group_size: p.group_size,
+        };
+        let t = Instant::now();
+        let before = digest(&params);
+        let hashing_before = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let mut update_stats = Vec::new();
+        for _ in 0..p.updates_per_iteration {
+            let lr = learning_rate(updates, total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
+            update_stats.push(grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, lr)?);
+            updates += 1;
+        }
+        let optimization_seconds = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let after = digest(&params);
+        let hashing_seconds = hashing_before + t.elapsed().as_secs_f64();
+        let mean_reward = rewards.iter().sum::<f64>() / rewards.len() as f64;
+        history.push(json!({
+            "iteration": iteration,
+            "prompts": chosen.iter().map(|&i| pool[i].id.clone()).collect::<Vec<_>>(),
+            "rollouts": [first, first + per_iteration],
+            "mean_reward": mean_reward,
+            "rewards": rewards,
+            "zero_variance_groups": zero_variance,
+            "zero_variance_fraction": zero_variance as f64 / p.prompts_per_iteration as f64,
+            "finish": {"eos": finishes.0, "length": finishes.1},
+            "behavior_max_gap": behavior_gap,
+            "updates": update_stats,
+            "weights_changed": before != after,
+            "costs": {
+                "generation_seconds": generation_seconds,
+                "behavior_verification_seconds": verification_seconds,
+                "optimization_with_reference_seconds": optimization_seconds,
+                "state_hashing_seconds": hashing_seconds,
+                "loop_seconds": t_loop.elapsed().as_secs_f64(),
+            },
+        }));
+        eprintln!(
+            "grpo iteration {iteration}: mean reward {mean_reward:.3}, zero-variance groups {zero_variance}/{}, kl {:.3e}",
+            p.prompts_per_iteration,
+            update_stats.last().map(|s| s.kl).unwrap_or(0.0)
+        );
+    }
+    if digest(&reference_params) != reference_digest {
+        bail!("the reference model changed during training");
+    }
+    let distinct: BTreeSet<u64> = consumed.iter().flat_map(|[a, b]| *a..*b).collect();
+    let meta = json!({
+        "kind": "grpo",
+        "identity": identity,
+        "lineage": lineage,
+        "next_iteration": stop,
+        "complete": stop == p.iterations,
+        "updates": updates,
+        "adam_step": adam.step,
+        "scheduler": {"next_update": updates, "total": total_updates},
+        "cursor": cursor,
+        "consumed_rollouts": consumed,
+        "rollouts_consumed": distinct.len(),
+        "history": history,
+        "reference_digest": reference_digest,
+        "reference_unchanged": true,
+        "final_model_digest": digest(&params),
+        "costs": {"seconds": started.elapsed().as_secs_f64(), "peak_rss_bytes": peak_rss_bytes()},
+    });
+    write_outputs(job, &policy, model_dir, &params, &adam, &meta)
+}

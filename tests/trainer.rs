@@ -1,0 +1,108 @@
+//! SFT and GRPO through the binaries on a small budget: interrupt + resume
+//! equals continuous bit for bit, the reference never changes, and a rollout
+//! is never consumed twice.
+
+mod common;
+
+use common::{nodes_with, stderr, stdout, Project};
+
+const SPEC: &str = include_str!("fixtures/train-small.yaml");
+
+fn json_output(p: &Project, output: &str) -> serde_json::Value {
+    let out = p.run(&["path", "train.yaml", output]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let path = stdout(&out).trim().to_string();
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn interrupt_and_resume_equal_continuous_and_the_reference_never_changes() {
+    let p = Project::new();
+    p.write("train.yaml", SPEC);
+    let ev = p.run_json(&["train.yaml"], 0);
+    assert!(nodes_with(&ev, "node_failed").is_empty(), "{ev:?}");
+    for check in ["warmstart-check:report", "grpo-check:report"] {
+        let report = json_output(&p, check);
+        assert_eq!(report["identical"], true, "{check}: {report}");
+        assert!(report["tensors"].as_u64().unwrap() > 0);
+    }
+    let m = json_output(&p, "grpo@mode=continuous:metrics");
+    // 3 iterations × 4 prompts × 4 responses, 2 updates each.
+    assert_eq!(m["rollouts_consumed"], 48);
+    assert_eq!(m["updates"], 6);
+    assert_eq!(m["history"].as_array().unwrap().len(), 3);
+    assert_eq!(m["reference_unchanged"], true);
+    assert_eq!(
+        m["reference_digest"], m["identity"]["initial_model_digest"],
+        "the reference is the starting policy, unchanged"
+    );
+    for h in m["history"].as_array().unwrap() {
+        assert!(h["behavior_max_gap"].as_f64().unwrap() <= 2e-4);
+        let fraction = h["zero_variance_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&fraction));
+        for cost in [
+            "generation_seconds",
+            "behavior_verification_seconds",
+            "optimization_with_reference_seconds",
+            "state_hashing_seconds",
+            "loop_seconds",
+        ] {
+            assert!(h["costs"][cost].as_f64().unwrap() >= 0.0, "{cost}");
+        }
+    }
+    let interrupted = json_output(&p, "grpo@mode=interrupt:metrics");
+    assert_eq!(interrupted["next_iteration"], 1);
+    assert_eq!(interrupted["complete"], false);
+    let sft = json_output(&p, "warmstart@mode=continuous:metrics");
+    // 16 warm-start examples, batches of 4, 2 epochs.
+    assert_eq!(sft["updates"], 8);
+    assert_eq!(sft["validation_history"].as_array().unwrap().len(), 2);
+    // A second identical run is all cache hits.
+    let again = p.run_json(&["train.yaml"], 0);
+    assert_eq!(nodes_with(&again, "cache_hit").len(), 11);
+}
+
+#[test]
+fn a_second_resume_of_the_same_interrupt_may_not_consume_its_rollouts_again() {
+    let p = Project::new();
+    let second = "  grpo-resume-again:\n    op: train.grpo\n    inputs: {model: 'warmstart@mode=continuous:model', pages: 'data:pages.train', labels: 'data:labels.train', resume_from: 'grpo@mode=interrupt:state'}\n    params: {iterations: 3, interrupt_at: 2, max_new_tokens: 16, lr: 1e-4, mode: resume}\n";
+    p.write("train.yaml", &format!("{SPEC}{second}"));
+    let ev = p.run_json(&["train.yaml", "--jobs", "1"], 1);
+    let failed: Vec<&serde_json::Value> = ev.iter().filter(|e| e["event"] == "node_failed").collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let error = failed[0]["error"].as_str().unwrap();
+    // Same run identity (interrupt_at is ignored when resuming), another node key.
+    assert_eq!(failed[0]["node"].as_str().unwrap().starts_with("grpo-resume"), true);
+    assert!(error.contains("was already consumed by node key") && error.contains("never consumed twice"), "{error}");
+}
+
+#[test]
+fn resuming_with_other_settings_is_refused() {
+    let p = Project::new();
+    p.write(
+        "train.yaml",
+        &SPEC.replace(
+            "params: {branch: warmstart, epochs: 2, batch_size: 4, lr: 1e-3, mode: resume}",
+            "params: {branch: warmstart, epochs: 2, batch_size: 4, lr: 2e-3, mode: resume}",
+        ),
+    );
+    let ev = p.run_json(&["train.yaml"], 1);
+    let failed =
+        ev.iter().find(|e| e["event"] == "node_failed" && e["node"] == "warmstart-resume").expect("the resume fails");
+    assert!(failed["error"].as_str().unwrap().contains("identity differs"), "{failed}");
+}
+
+#[test]
+fn an_interrupt_point_outside_the_run_is_a_spec_error() {
+    let p = Project::new();
+    p.write(
+        "train.yaml",
+        &SPEC.replace(
+            "params: {iterations: 3, interrupt_at: 1, max_new_tokens: 16, lr: 1e-4}",
+            "params: {iterations: 3, interrupt_at: 3, max_new_tokens: 16, lr: 1e-4}",
+        ),
+    );
+    let out = p.run(&["validate", "train.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("params.interrupt_at: must be in 1..3"), "{}", stderr(&out));
+}
