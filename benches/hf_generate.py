@@ -10,13 +10,9 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-PRESETS = {
-    "tiny": dict(vocab_size=832, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0),
-    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                         rope_theta=1000000.0, rms_norm_eps=1e-6),
-}
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from presets import PRESETS  # noqa: E402
+
 preset, batch, prompt_len, new_tokens, no_cache = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 config = Qwen2Config(**PRESETS[preset], tie_word_embeddings=True, attn_implementation="eager")
 torch.manual_seed(0)

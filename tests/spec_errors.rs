@@ -53,7 +53,10 @@ fn an_unknown_op_lists_the_known_ones() {
     assert!(err.contains("bad.yaml:4:9"), "{err}");
     assert!(
         err.contains("unknown op 'shel'")
-            && err.contains(&format!("known ops: {}", orchestrate::ops::Registry::builtin().names().collect::<Vec<_>>().join(", ")))
+            && err.contains(&format!(
+                "known ops: {}",
+                orchestrate::ops::Registry::builtin().names().collect::<Vec<_>>().join(", ")
+            ))
             && err.contains("did you mean 'shell'"),
         "{err}"
     );

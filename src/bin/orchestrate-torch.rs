@@ -43,6 +43,16 @@ enum Command {
         #[arg(long)]
         no_cache: bool,
     },
+    /// Seconds per GRPO iteration by cost category (JSON; used by benches/grpo.rs).
+    #[command(hide = true)]
+    BenchGrpo {
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        #[arg(long, default_value_t = 96)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 4)]
+        iterations: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -63,6 +73,12 @@ fn main() -> ExitCode {
         }
         Command::RunOp => run_op(),
         Command::Generate(args) => torch::cli::generate_command(&args),
+        Command::BenchGrpo { preset, prompt_len, iterations } => {
+            torch::bench::grpo_iteration(&preset, prompt_len, iterations).map(|v| {
+                println!("{v}");
+                ExitCode::SUCCESS
+            })
+        }
         Command::Bench { preset, batch, prompt_len, new_tokens, no_cache } => {
             torch::bench::run(&preset, batch, prompt_len, new_tokens, no_cache).map(|v| {
                 println!("{v}");

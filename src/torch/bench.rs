@@ -63,3 +63,74 @@ pub fn run(
         "scoring_s": scoring,
     }))
 }
+
+/// One GRPO iteration's cost categories on a random model (constructed rewards).
+pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -> Result<serde_json::Value> {
+    use super::train::adamw::{digest, AdamW, AdamWConfig};
+    use super::train::objective::group_advantages;
+    use super::train::update::{behavior_gap, grpo_update, GrpoHyper, RolloutBatch};
+    use std::collections::BTreeMap;
+
+    let config = preset(preset_name)?;
+    let device = super::generate::pick_device()?;
+    let mut policy = Qwen2::new(&config, device)?;
+    policy.init_weights(0);
+    let mut reference = Qwen2::new(&config, device)?;
+    reference.init_weights(0);
+    let params: BTreeMap<String, tch::Tensor> = policy.vs.variables().into_iter().collect();
+    let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
+    let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 4096, max_grad_norm: 1.0 };
+    let (prompts_n, group) = (4usize, 4usize);
+    let mut totals: BTreeMap<&str, f64> = BTreeMap::new();
+    for it in 0..iterations {
+        let loop_start = Instant::now();
+        let prompts: Vec<Vec<i64>> = (0..prompts_n * group)
+            .map(|r| {
+                (0..prompt_len)
+                    .map(|i| ((i * 31 + (r / group) * 7 + it) % (config.vocab_size - 1) + 1) as i64)
+                    .collect()
+            })
+            .collect();
+        let ids: Vec<u64> = (0..(prompts_n * group) as u64).map(|r| it as u64 * 16 + r).collect();
+        let t = Instant::now();
+        let out = generate(&policy, &prompts, 64, -1, &Sampling::Sample { seed: 0, rollout_ids: ids }, true)?;
+        let generation = t.elapsed().as_secs_f64();
+        let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
+        let behavior: Vec<Vec<f32>> = out.iter().map(|g| g.behavior_logprobs.clone()).collect();
+        let t = Instant::now();
+        let gap = behavior_gap(&policy, &prompts, &responses, &behavior)?;
+        let verification = t.elapsed().as_secs_f64();
+        anyhow::ensure!(gap <= 2e-4, "behavior gap {gap}");
+        let rewards: Vec<f64> = (0..prompts_n * group).map(|r| ((r * 7 + it) % 3 == 0) as u8 as f64).collect();
+        let advantages = rewards.chunks(group).flat_map(group_advantages).collect();
+        let batch = RolloutBatch { prompts, responses, old_logprobs: behavior, advantages, group_size: group };
+        let t = Instant::now();
+        let _ = digest(&params);
+        let hashing = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..2 {
+            grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, 1e-6)?;
+        }
+        let optimization = t.elapsed().as_secs_f64();
+        let whole = loop_start.elapsed().as_secs_f64();
+        if it > 0 {
+            // The first iteration is a warm-up.
+            for (k, v) in [
+                ("generation", generation),
+                ("behavior_verification", verification),
+                ("optimization_with_reference", optimization),
+                ("state_hashing", hashing),
+                ("loop", whole),
+            ] {
+                *totals.entry(k).or_default() += v;
+            }
+        }
+    }
+    let n = (iterations.max(2) - 1) as f64;
+    Ok(serde_json::json!({
+        "impl": "orchestrate",
+        "threads": tch::get_num_threads(),
+        "seconds_per_iteration": totals.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v / n))).collect::<serde_json::Map<_, _>>(),
+        "peak_rss_bytes": super::train::common::peak_rss_bytes(),
+    }))
+}

@@ -115,11 +115,10 @@ pub fn digest(params: &BTreeMap<String, Tensor>) -> String {
     let mut h = blake3::Hasher::new();
     for (name, p) in params {
         h.update(name.as_bytes());
-        let flat = p.detach().to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous().view([-1]);
-        let values = Vec::<f32>::try_from(&flat).unwrap_or_default();
-        for v in values {
-            h.update(&v.to_le_bytes());
-        }
+        // The raw bytes of the f32 values, reinterpreted in place (no per-element work).
+        let bytes =
+            p.detach().to_device(tch::Device::Cpu).to_kind(Kind::Float).contiguous().view([-1]).view_dtype(Kind::Uint8);
+        h.update(&Vec::<u8>::try_from(&bytes).unwrap_or_default());
     }
     h.finalize().to_hex().to_string()
 }

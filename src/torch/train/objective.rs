@@ -133,10 +133,20 @@ mod tests {
             let tol = if kind == Kind::Double { 1e-12 } else { 1e-5 };
             let diff = (&blocked - &one_shot).abs().max().double_value(&[]);
             assert!(diff < tol, "{kind:?}: {diff}");
+            // An independent reference: libtorch's own kl_div (target = current, log-space).
+            let by_torch = reference
+                .log_softmax(-1, kind)
+                .kl_div(&cur.log_softmax(-1, kind), tch::Reduction::None, true)
+                .sum_dim_intlist(-1, false, kind);
+            let diff = (&blocked - &by_torch).abs().max().double_value(&[]);
+            assert!(diff < tol, "{kind:?} vs torch kl_div: {diff}");
+            let g3 = tch::Tensor::run_backward(&[by_torch.sum(kind)], &[&cur], true, false).remove(0);
             let g1 = tch::Tensor::run_backward(&[blocked.sum(kind)], &[&cur], true, false).remove(0);
             let g2 = tch::Tensor::run_backward(&[one_shot.sum(kind)], &[&cur], true, false).remove(0);
-            let gdiff = (g1 - g2).abs().max().double_value(&[]);
+            let gdiff = (&g1 - g2).abs().max().double_value(&[]);
             assert!(gdiff < tol, "{kind:?} gradients: {gdiff}");
+            let gdiff = (g1 - g3).abs().max().double_value(&[]);
+            assert!(gdiff < tol, "{kind:?} gradients vs torch kl_div: {gdiff}");
             // Normalizing each block on its own would give another number.
             let wrong = exact_kl(&cur.narrow(-1, 0, 4096), &reference.narrow(-1, 0, 4096), KL_BLOCK);
             assert!((wrong - blocked).abs().max().double_value(&[]) > 1e-3);

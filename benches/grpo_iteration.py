@@ -1,0 +1,81 @@
+"""The same GRPO iteration directly in PyTorch eager (transformers' Qwen2), for
+benches/grpo.rs: 4 prompts x 4 samples of 64 tokens at temperature 1 with the
+KV cache, behavior log-probs from the sampling scores, a full re-scoring check,
+then two updates (clipped surrogate + 0.02 x exact KL to a frozen reference,
+token -> response -> prompt mean, clip 1.0, AdamW). Prints JSON.
+
+usage: grpo_iteration.py PRESET PROMPT_LEN ITERATIONS
+"""
+import hashlib
+import json
+import sys
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from presets import PRESETS  # noqa: E402
+
+preset, prompt_len, iterations = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+config = Qwen2Config(**PRESETS[preset], tie_word_embeddings=True, attn_implementation="eager")
+torch.manual_seed(0)
+policy = Qwen2ForCausalLM(config).float().eval()
+reference = Qwen2ForCausalLM(config).float().eval()
+reference.load_state_dict(policy.state_dict())
+for p in reference.parameters():
+    p.requires_grad_(False)
+params = [p for p in policy.parameters()]
+opt = torch.optim.AdamW(params, lr=1e-6, weight_decay=0.01)
+v = config.vocab_size
+G, P, T = 4, 4, 64
+totals = {}
+for it in range(iterations):
+    loop = time.perf_counter()
+    prompts = torch.tensor([[(i * 31 + (r // G) * 7 + it) % (v - 1) + 1 for i in range(prompt_len)] for r in range(P * G)])
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = policy.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0,
+                              top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=T, eos_token_id=None, pad_token_id=0,
+                              output_scores=True, return_dict_in_generate=True)
+    responses = out.sequences[:, prompt_len:]
+    behavior = torch.stack([torch.log_softmax(s.float(), -1).gather(1, responses[:, i:i + 1])[:, 0] for i, s in enumerate(out.scores)], 1)
+    generation = time.perf_counter() - t
+    seq = out.sequences
+    t = time.perf_counter()
+    with torch.no_grad():
+        logits = policy(input_ids=seq).logits[:, prompt_len - 1:-1].float()
+        rescored = torch.log_softmax(logits, -1).gather(2, responses[..., None])[..., 0]
+    gap = (rescored - behavior).abs().max().item()
+    verification = time.perf_counter() - t
+    rewards = torch.tensor([float((r * 7 + it) % 3 == 0) for r in range(P * G)]).view(P, G)
+    std = rewards.std(1, unbiased=False, keepdim=True)
+    adv = torch.where(std > 0, (rewards - rewards.mean(1, keepdim=True)) / (std + 1e-8), torch.zeros_like(rewards)).view(-1)
+    t = time.perf_counter()
+    h = hashlib.blake2b()
+    for p in params:
+        h.update(p.detach().numpy().tobytes())
+    hashing = time.perf_counter() - t
+    t = time.perf_counter()
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        cur = policy(input_ids=seq).logits[:, prompt_len - 1:-1].float()
+        with torch.no_grad():
+            ref = reference(input_ids=seq).logits[:, prompt_len - 1:-1].float()
+        logp_all = torch.log_softmax(cur, -1)
+        logp = logp_all.gather(2, responses[..., None])[..., 0]
+        ratio = torch.exp(logp - behavior)
+        a = adv[:, None]
+        surrogate = torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a)
+        kl = (logp_all.exp() * (logp_all - torch.log_softmax(ref, -1))).sum(-1)
+        loss = (-surrogate + 0.02 * kl).mean(1).view(P, G).mean(1).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    optimization = time.perf_counter() - t
+    whole = time.perf_counter() - loop
+    if it > 0:
+        for k, val in [("generation", generation), ("behavior_verification", verification), ("optimization_with_reference", optimization), ("state_hashing", hashing), ("loop", whole)]:
+            totals[k] = totals.get(k, 0.0) + val
+n = max(iterations - 1, 1)
+print(json.dumps({"impl": "pytorch eager", "threads": torch.get_num_threads(), "seconds_per_iteration": {k: val / n for k, val in totals.items()}}))
