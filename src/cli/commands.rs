@@ -44,6 +44,9 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 argv: std::env::args().collect::<Vec<_>>().join(" "),
             };
             let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
+            if !json && !quiet {
+                print_tables(&ws, &dag, &result);
+            }
             Ok(if result.stats.success() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Plan { spec, force, json } => {
@@ -337,6 +340,22 @@ fn verifier(cmd: VerifierCommand) -> Result<ExitCode> {
             let verdict = v.verify(&problem, &Response { text: &text, finish, tokenization_valid: !undecodable })?;
             println!("{}", serde_json::to_string(&verdict)?);
             Ok(if verdict.reward == 1 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+        }
+    }
+}
+
+/// Prints the outputs ops mark for printing (results tables) after a run.
+fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
+    for node in &dag.nodes {
+        let Some(name) = node.op.printed_output() else { continue };
+        let outputs = match result.outcomes.get(node.id()) {
+            Some(exec::Outcome::Ran { outputs, .. }) | Some(exec::Outcome::Cached { outputs, .. }) => outputs,
+            _ => continue,
+        };
+        if let Some(out) = outputs.iter().find(|o| o.name == name) {
+            if let Ok(text) = std::fs::read_to_string(ws.object_path(&out.object.hash)) {
+                println!("\n{} ({}):\n{text}", node.id(), name);
+            }
         }
     }
 }

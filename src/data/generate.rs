@@ -16,11 +16,13 @@ pub struct Counts {
     pub test_id50: usize,
     pub test_ood100: usize,
     pub warmstart: usize,
+    /// Problems of the optional pretraining corpus (0 in the protocol).
+    pub pretrain: usize,
 }
 
 impl Default for Counts {
     fn default() -> Self {
-        Counts { train: 1000, validation: 200, test_id50: 100, test_ood100: 100, warmstart: 128 }
+        Counts { train: 1000, validation: 200, test_id50: 100, test_ood100: 100, warmstart: 128, pretrain: 0 }
     }
 }
 
@@ -171,6 +173,8 @@ pub fn generate(seed: u64, counts: &Counts) -> Result<Vec<Record>, GenerateError
         (Split::Test, Population::ID50, counts.test_id50),
         (Split::Validation, Population::ID50, counts.validation),
         (Split::Train, Population::ID50, counts.train),
+        // Last, so adding a corpus never changes the protocol's splits.
+        (Split::Pretrain, Population::ID50, counts.pretrain),
     ];
     let mut test_rows = Vec::new();
     for (split, population, wanted) in plan {
@@ -226,7 +230,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn small() -> Counts {
-        Counts { train: 60, validation: 20, test_id50: 10, test_ood100: 10, warmstart: 16 }
+        Counts { train: 60, validation: 20, test_id50: 10, test_ood100: 10, warmstart: 16, pretrain: 0 }
     }
 
     #[test]
@@ -274,6 +278,18 @@ mod tests {
             prop_assert_eq!(&a, &b);
             prop_assert_ne!(a, c);
         }
+    }
+
+    #[test]
+    fn a_pretraining_corpus_is_disjoint_and_leaves_the_protocol_splits_unchanged() {
+        let without = generate(3, &small()).unwrap();
+        let with = generate(3, &Counts { pretrain: 200, ..small() }).unwrap();
+        let protocol: Vec<&Record> = with.iter().filter(|r| r.split != Split::Pretrain).collect();
+        assert_eq!(protocol, without.iter().collect::<Vec<_>>());
+        let corpus: Vec<&Record> = with.iter().filter(|r| r.split == Split::Pretrain).collect();
+        assert_eq!(corpus.len(), 200);
+        let seen: HashSet<_> = without.iter().map(|r| normalized(&r.problem)).collect();
+        assert!(corpus.iter().all(|r| !seen.contains(&normalized(&r.problem))));
     }
 
     #[test]

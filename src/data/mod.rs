@@ -74,16 +74,20 @@ pub enum Split {
     Train,
     Validation,
     Test,
+    /// An optional synthetic corpus for pretraining a tiny model, disjoint from
+    /// every other split by construction (empty in the protocol).
+    Pretrain,
 }
 
 impl Split {
-    pub const ALL: [Split; 3] = [Split::Train, Split::Validation, Split::Test];
+    pub const ALL: [Split; 4] = [Split::Train, Split::Validation, Split::Test, Split::Pretrain];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Split::Train => "train",
             Split::Validation => "validation",
             Split::Test => "test",
+            Split::Pretrain => "pretrain",
         }
     }
 }

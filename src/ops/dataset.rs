@@ -36,6 +36,11 @@ pub struct DatasetParams {
     /// The first N train problems form the warm-start set.
     #[serde(default = "d_warmstart")]
     pub warmstart: usize,
+    /// Problems of an optional pretraining corpus (`pages.pretrain`, `labels.pretrain`),
+    /// drawn after every other split and disjoint from all of them. 0 in the protocol;
+    /// the tiny profile uses one so its GRPO groups carry signal.
+    #[serde(default)]
+    pub pretrain: usize,
 }
 
 fn d_train() -> usize {
@@ -59,6 +64,7 @@ impl DatasetParams {
             test_id50: self.test_id50,
             test_ood100: self.test_ood100,
             warmstart: self.warmstart,
+            pretrain: self.pretrain,
         }
     }
 }
@@ -78,7 +84,8 @@ impl Op for StockArithmeticDataset {
         "dataset.stock_arithmetic"
     }
     fn version(&self) -> u32 {
-        1
+        // 2: the optional pretraining corpus (two more outputs).
+        2
     }
     fn summary(&self) -> &'static str {
         "StockArithmetic-v1: 1,000/200/200 problems, pages and labels per split"
@@ -141,6 +148,7 @@ impl Op for StockArithmeticDataset {
                 "train": count(Split::Train, Population::ID50),
                 "warmstart": records.iter().filter(|r| r.warmstart).count(),
                 "validation": count(Split::Validation, Population::ID50),
+                "pretrain": count(Split::Pretrain, Population::ID50),
                 "test": {"ID50": count(Split::Test, Population::ID50), "OOD100": count(Split::Test, Population::OOD100)},
             },
             "templates": TEMPLATES.len(),

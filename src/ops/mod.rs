@@ -4,8 +4,10 @@
 //! on the numerical environment. The scheduler knows ops only through [`Op`].
 
 mod dataset;
+pub mod eval;
 mod model;
 pub mod process;
+pub mod results;
 mod shell;
 mod train;
 pub mod worker;
@@ -219,6 +221,10 @@ pub trait Op: Send + Sync {
     fn role(&self, _params: &Value) -> Role {
         Role::Any
     }
+    /// An output printed at the end of `orchestrate run` (a results table).
+    fn printed_output(&self) -> Option<&'static str> {
+        None
+    }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError>;
 }
 
@@ -279,6 +285,9 @@ impl Registry {
         r.register(Arc::new(TrainSft));
         r.register(Arc::new(TrainGrpo));
         r.register(Arc::new(CheckResume));
+        r.register(Arc::new(eval::EvalGenerate));
+        r.register(Arc::new(eval::EvalScore));
+        r.register(Arc::new(results::ResultsTable));
         r
     }
 

@@ -31,6 +31,8 @@ pub enum SftBranch {
     Warmstart,
     /// The 872 other train examples, from the warm-start model.
     Sft,
+    /// Every example of the given labels (the optional pretraining corpus).
+    Pretrain,
 }
 
 fn d_system() -> String {
@@ -191,11 +193,15 @@ fn d_verifier() -> String {
     "stock_arithmetic_v1".into()
 }
 
+/// A model trained on train labels is a model, not labels: training outputs
+/// carry no taint. (A training node cannot read test data at all, so nothing
+/// derived from the test split can flow through one.)
 fn train_outputs() -> Vec<OutputDecl> {
+    let clean = || Some(std::collections::BTreeSet::new());
     vec![
-        OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("model") },
-        OutputDecl::file("state"),
-        OutputDecl::file("metrics"),
+        OutputDecl { kind: OutputKind::Dir, taint: clean(), ..OutputDecl::file("model") },
+        OutputDecl { taint: clean(), ..OutputDecl::file("state") },
+        OutputDecl { taint: clean(), ..OutputDecl::file("metrics") },
     ]
 }
 

@@ -233,6 +233,15 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
             ));
         }
     };
+    // YAML merge keys (`<<: *anchor`) are applied, as users of anchors expect.
+    let mut yaml = yaml;
+    yaml.apply_merge().map_err(|e| {
+        SpecError::new(
+            SpecErrorKind::Syntax,
+            Location::file(display.clone(), None),
+            format!("invalid merge key (<<): {e}"),
+        )
+    })?;
     let doc = serde_json::to_value(&yaml).map_err(|e| {
         SpecError::new(SpecErrorKind::Syntax, Location::file(display.clone(), None), format!("unsupported YAML: {e}"))
     })?;

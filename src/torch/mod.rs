@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod eval;
 pub mod generate;
 pub mod ops;
 pub mod qwen2;

@@ -14,6 +14,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         "model.init" => model_init(job),
         "train.sft" => super::train::sft::run(job),
         "train.grpo" => super::train::grpo::run(job),
+        "eval.generate" => super::eval::run(job),
         other => bail!("the worker has no implementation of op '{other}'"),
     }
 }

@@ -57,9 +57,12 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         }
         Ok(Encoded { prompt, response })
     };
-    let warm = p.branch == SftBranch::Warmstart;
     let mut rows = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
-    rows.retain(|e| e.label["warmstart"].as_bool() == Some(warm));
+    match p.branch {
+        SftBranch::Warmstart => rows.retain(|e| e.label["warmstart"].as_bool() == Some(true)),
+        SftBranch::Sft => rows.retain(|e| e.label["warmstart"].as_bool() == Some(false)),
+        SftBranch::Pretrain => {}
+    }
     let mut validation = examples(input_path(job, "validation_pages")?, input_path(job, "validation_labels")?)?;
     if let Some(n) = p.limit_examples {
         rows.truncate(n);

@@ -1,0 +1,169 @@
+//! `results.table`: the results of several policies side by side (JSON and
+//! Markdown), with the cost rows of the runs that produced them; printed at the
+//! end of `orchestrate run`.
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
+
+/// Params of `results.table`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResultsParams {
+    /// A name per `evals` input, in order.
+    pub policies: Vec<String>,
+    /// A name per `training` input, in order.
+    #[serde(default)]
+    pub runs: Vec<String>,
+    /// Sentences printed under the table (limits of the comparison, etc.).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+pub struct ResultsTable;
+
+fn read_json(path: &std::path::Path) -> Result<Value, OpError> {
+    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
+    serde_json::from_str(&text).map_err(|e| OpError::Failed(format!("{}: {e}", path.display())))
+}
+
+fn pct(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{:.1} %", 100.0 * x))
+}
+
+fn num(v: &Value, digits: usize) -> String {
+    v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{x:.digits$}"))
+}
+
+impl Op for ResultsTable {
+    fn name(&self) -> &'static str {
+        "results.table"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "a results table of policies × populations, with cost rows (JSON and Markdown)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<ResultsParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        parse_params::<ResultsParams>(params).map(|_| ())
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("evals", "eval.score results, one per policy"),
+            InputDecl::optional("training", "training metrics, for the cost rows"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("table.json"), OutputDecl::file("table.md")]
+    }
+    fn printed_output(&self) -> Option<&'static str> {
+        Some("table.md")
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p: ResultsParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+        let evals = ctx.inputs.get("evals").cloned().unwrap_or_default();
+        let training = ctx.inputs.get("training").cloned().unwrap_or_default();
+        if evals.len() != p.policies.len() || training.len() != p.runs.len() {
+            return Err(OpError::Failed(format!(
+                "{} policies named for {} evals, {} runs named for {} training inputs",
+                p.policies.len(),
+                evals.len(),
+                p.runs.len(),
+                training.len()
+            )));
+        }
+        let mut rows = Vec::new();
+        let mut md = String::from("| policy | population | greedy pass@1 | per-draw success | JSON validity | no EOS | mean tokens |\n|---|---|---|---|---|---|---|\n");
+        let mut eval_costs = Vec::new();
+        for (name, input) in p.policies.iter().zip(&evals) {
+            let r = read_json(&input.path)?;
+            for population in ["ALL", "ID50", "OOD100"] {
+                let (g, s) = (&r["greedy"][population], &r["sample"][population]);
+                let total = g["responses"].as_u64().unwrap_or(0) + s["responses"].as_u64().unwrap_or(0);
+                let of_all = |k: &str| {
+                    if total == 0 {
+                        Value::Null
+                    } else {
+                        json!((g[k].as_u64().unwrap_or(0) + s[k].as_u64().unwrap_or(0)) as f64 / total as f64)
+                    }
+                };
+                let tokens = if total == 0 {
+                    Value::Null
+                } else {
+                    let sum = g["mean_response_tokens"].as_f64().unwrap_or(0.0)
+                        * g["responses"].as_f64().unwrap_or(0.0)
+                        + s["mean_response_tokens"].as_f64().unwrap_or(0.0) * s["responses"].as_f64().unwrap_or(0.0);
+                    json!(sum / total as f64)
+                };
+                let row = json!({
+                    "policy": name, "population": population,
+                    "greedy_pass_at_1": g["success_rate"], "per_draw_success": s["success_rate"],
+                    "per_draw_responses": s["responses"],
+                    "json_validity": of_all("valid_json"), "no_eos": of_all("without_eos"), "mean_tokens": tokens,
+                });
+                md.push_str(&format!(
+                    "| {name} | {population} | {} | {} ({} draws) | {} | {} | {} |\n",
+                    pct(&row["greedy_pass_at_1"]),
+                    pct(&row["per_draw_success"]),
+                    s["responses"],
+                    pct(&row["json_validity"]),
+                    pct(&row["no_eos"]),
+                    num(&row["mean_tokens"], 1)
+                ));
+                rows.push(row);
+            }
+            eval_costs.push(json!({"policy": name, "generation_seconds": r["generation_seconds"], "peak_rss_bytes": r["peak_rss_bytes"]}));
+        }
+        md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n\n| cost | seconds | peak RSS (MB) | updates | rollouts | zero-variance groups |\n|---|---|---|---|---|---|\n");
+        let mut run_costs = Vec::new();
+        for (name, input) in p.runs.iter().zip(&training) {
+            let m = read_json(&input.path)?;
+            let history = m["history"].as_array().cloned().unwrap_or_default();
+            let zero: u64 = history.iter().filter_map(|h| h["zero_variance_groups"].as_u64()).sum();
+            let groups: usize = history.iter().filter(|h| h.get("zero_variance_groups").is_some()).count();
+            let zero_text = if m["kind"] == "grpo" {
+                format!("{zero} of {}", groups * m["identity"]["prompts_per_iteration"].as_u64().unwrap_or(0) as usize)
+            } else {
+                "-".into()
+            };
+            let rss = m["costs"]["peak_rss_bytes"]
+                .as_f64()
+                .map(|b| format!("{:.0}", b / 1048576.0))
+                .unwrap_or_else(|| "undefined".into());
+            md.push_str(&format!(
+                "| {name} ({}) | {} | {rss} | {} | {} | {zero_text} |\n",
+                m["kind"].as_str().unwrap_or("?"),
+                num(&m["costs"]["seconds"], 1),
+                m["updates"],
+                m["rollouts_consumed"].as_u64().map_or("-".into(), |r| r.to_string())
+            ));
+            run_costs.push(json!({"run": name, "kind": m["kind"], "seconds": m["costs"]["seconds"], "peak_rss_bytes": m["costs"]["peak_rss_bytes"],
+                "updates": m["updates"], "rollouts": m["rollouts_consumed"], "zero_variance_groups": zero}));
+        }
+        for c in &eval_costs {
+            let rss = c["peak_rss_bytes"]
+                .as_f64()
+                .map(|b| format!("{:.0}", b / 1048576.0))
+                .unwrap_or_else(|| "undefined".into());
+            md.push_str(&format!(
+                "| eval {} | {} | {rss} | - | - | - |\n",
+                c["policy"].as_str().unwrap_or("?"),
+                num(&c["generation_seconds"], 1)
+            ));
+        }
+        for n in &p.notes {
+            md.push_str(&format!("\n{n}\n"));
+        }
+        let table = json!({"rows": rows, "training_costs": run_costs, "evaluation_costs": eval_costs, "notes": p.notes,
+            "per_draw_success": "every sampled response counts; not best-of-k"});
+        std::fs::write(ctx.output_path("table.json"), serde_json::to_string_pretty(&table).unwrap_or_default() + "\n")
+            .map_err(|e| OpError::io("writing table.json", e))?;
+        std::fs::write(ctx.output_path("table.md"), md).map_err(|e| OpError::io("writing table.md", e))
+    }
+}
