@@ -3,6 +3,7 @@
 //! the files it depends on, the outputs it writes, and whether its results depend
 //! on the numerical environment. The scheduler knows ops only through [`Op`].
 
+pub mod analysis;
 mod dataset;
 pub mod eval;
 mod model;
@@ -288,6 +289,7 @@ impl Registry {
         r.register(Arc::new(eval::EvalGenerate));
         r.register(Arc::new(eval::EvalScore));
         r.register(Arc::new(results::ResultsTable));
+        r.register(Arc::new(analysis::ConstantGroups));
         r
     }
 

@@ -5,21 +5,7 @@
 
 use tch::Tensor;
 
-/// A = (r − mean) / (std + 1e-8) with the population std (correction 0).
-/// A group whose rewards are all equal gets exactly zero advantages: they are
-/// reported as such, never "fixed".
-pub fn group_advantages(rewards: &[f64]) -> Vec<f64> {
-    let n = rewards.len() as f64;
-    if rewards.is_empty() {
-        return Vec::new();
-    }
-    if rewards.iter().all(|r| *r == rewards[0]) {
-        return vec![0.0; rewards.len()];
-    }
-    let mean = rewards.iter().sum::<f64>() / n;
-    let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
-    rewards.iter().map(|r| (r - mean) / (var.sqrt() + 1e-8)).collect()
-}
+pub use orchestrate::train::group_advantages;
 
 /// Per-token min(ρA, clip(ρ, 1−ε, 1+ε)A), ρ = exp(logp − logp_old). Shapes:
 /// logp, old (rows, tokens); advantages (rows). Also returns which tokens were clipped.

@@ -1,0 +1,112 @@
+//! grpo-main.yaml end to end on a small budget (its tiny profile, shrunk), and
+//! what a change re-runs.
+
+mod common;
+
+use common::{nodes_with, stderr, stdout, Project};
+
+fn project() -> Project {
+    let p = Project::new();
+    let root = env!("CARGO_MANIFEST_DIR");
+    for f in ["experiments/grpo-main.yaml", "experiments/grpo-group-size.yaml"] {
+        p.write(f, &std::fs::read_to_string(format!("{root}/{f}")).unwrap());
+    }
+    p.write(
+        "tests/fixtures/grpo-main-small.yaml",
+        &std::fs::read_to_string(format!("{root}/tests/fixtures/grpo-main-small.yaml")).unwrap(),
+    );
+    p
+}
+
+const SPEC: &str = "tests/fixtures/grpo-main-small.yaml";
+
+fn output_json(p: &Project, output: &str) -> serde_json::Value {
+    let out = p.run(&["path", SPEC, output, "--profile", "tiny"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&std::fs::read_to_string(stdout(&out).trim()).unwrap()).unwrap()
+}
+
+#[test]
+fn the_main_spec_runs_end_to_end_and_a_grpo_change_reruns_only_grpo_and_descendants() {
+    let p = project();
+    let out = p.run(&["run", SPEC, "--profile", "tiny"]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("| policy | population | greedy pass@1 | per-draw success"), "the table is printed: {text}");
+    for check in ["warmstart-check:report", "sft-check:report", "grpo-check:report"] {
+        assert_eq!(output_json(&p, check)["identical"], true, "{check}");
+    }
+    // Per-draw success counts every draw: 8 problems × 4 draws.
+    let score = output_json(&p, "score@policy=grpo:results");
+    assert_eq!(score["sample"]["ALL"]["responses"], 32);
+    assert_eq!(score["greedy"]["ALL"]["responses"], 8);
+    assert_eq!(score["sample"]["ALL"]["problems"], 8);
+    let table = output_json(&p, "results:table.json");
+    assert_eq!(table["rows"].as_array().unwrap().len(), 9, "3 policies × 3 populations");
+
+    // Only a GRPO parameter changes: data, tokenizer, base, pretrain, warm-start, SFT stay cached.
+    // Interrupted and resumed runs must agree on it too, or the resume is (rightly) refused.
+    let ev = p.run_json(
+        &[SPEC, "--profile", "tiny", "--set", "nodes.grpo.params.lr=3e-5", "--set", "nodes.grpo-resume.params.lr=3e-5"],
+        0,
+    );
+    let ran = nodes_with(&ev, "node_finished");
+    assert!(
+        ran.contains(&"grpo@mode=continuous".to_string()) && ran.contains(&"grpo@mode=interrupt".to_string()),
+        "{ran:?}"
+    );
+    for cached in [
+        "data",
+        "tokenizer",
+        "base",
+        "pretrain",
+        "warmstart@mode=continuous",
+        "sft@mode=continuous",
+        "eval@policy=sft",
+        "eval@policy=warmstart",
+    ] {
+        assert!(nodes_with(&ev, "cache_hit").contains(&cached.to_string()), "{cached} stays cached: ran {ran:?}");
+    }
+    for r in &ran {
+        assert!(r.starts_with("grpo") || r.contains("grpo") || r == "results", "{r} should not re-run");
+    }
+}
+
+#[test]
+fn the_evaluation_op_cannot_be_wired_to_labels() {
+    let p = project();
+    let spec = std::fs::read_to_string(p.path().join("experiments/grpo-main.yaml")).unwrap().replace(
+        "      pages: data:pages.test\n    params: {draws: 4}",
+        "      pages: data:labels.test\n    params: {draws: 4}",
+    );
+    p.write("experiments/leak.yaml", &spec);
+    let out = p.run(&["validate", "experiments/leak.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("an inference node may not read labels"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_group_size_spec_reuses_the_cached_warm_start() {
+    let p = project();
+    // The small budgets of grpo-main-small, under the group-size spec (which extends grpo-main).
+    let small = std::fs::read_to_string(p.path().join(SPEC)).unwrap();
+    let nodes = small.split("    nodes:\n").nth(1).unwrap();
+    p.write(
+        "tests/fixtures/gs-small.yaml",
+        &format!(
+            "name: gs-small\nextends: ../../experiments/grpo-group-size.yaml\nprofiles:\n  tiny:\n    nodes:\n{nodes}      grpo-gs: {{params: {{iterations: 2, max_new_tokens: 8}}}}\n      eval-g2: {{params: {{max_new_tokens: 8}}}}\n      eval-g8: {{params: {{max_new_tokens: 8}}}}\n"
+        ),
+    );
+    let ev = p.run_json(&[SPEC, "--profile", "tiny"], 0);
+    assert!(nodes_with(&ev, "node_failed").is_empty());
+    let ev = p.run_json(&["tests/fixtures/gs-small.yaml", "--profile", "tiny"], 0);
+    let hits = nodes_with(&ev, "cache_hit");
+    for shared in ["data", "base", "pretrain", "warmstart@mode=continuous", "eval@policy=warmstart"] {
+        assert!(hits.contains(&shared.to_string()), "{shared} is a cache hit: {hits:?}");
+    }
+    let ran = nodes_with(&ev, "node_finished");
+    assert!(
+        ran.contains(&"grpo-gs@group_size=2".to_string()) && ran.contains(&"grpo-gs@group_size=8".to_string()),
+        "{ran:?}"
+    );
+}
