@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use super::{Cli, Command, Finish, SpecArgs, VerifierCommand};
+use super::{Cli, Command, Finish, PackCommand, SpecArgs, VerifierCommand};
 use crate::dag::{self, Dag};
 use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::exec::plan::{self, PlanEntry, PlanState};
@@ -47,7 +47,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if !json && !quiet {
                 print_tables(&ws, &dag, &result);
             }
-            Ok(if result.stats.success() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+            let failed_gates = failed_gates(&ws, &dag, &result);
+            if failed_gates > 0 {
+                eprintln!("{failed_gates} gate(s) failed");
+            }
+            Ok(if result.stats.success() && failed_gates == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Plan { spec, force, json } => {
             let (spec, dag) = load(&spec, &registry)?;
@@ -151,6 +155,44 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Verify => verify(&cli.workspace),
         Command::Verifier(cmd) => verifier(cmd),
+        Command::Pack(PackCommand::Freeze { spec, out, with_models, with_states, max_output_bytes }) => {
+            let (spec, dag) = load(&spec, &registry)?;
+            let Some(ws) = Workspace::open_read_only(&cli.workspace)? else {
+                bail!("no workspace at {}: run the spec first", cli.workspace.display());
+            };
+            let opts = crate::pack::FreezeOptions { with_models, with_states, max_output_bytes };
+            let manifest = crate::pack::freeze(&ws, &spec, &dag, &runtime::env_provider(), &out, opts)?;
+            let omitted = manifest["nodes"]
+                .as_array()
+                .map(|n| n.iter().flat_map(|x| x["outputs"].as_array().cloned().unwrap_or_default()).filter(|o| o["path"].is_null()).count())
+                .unwrap_or(0);
+            println!("froze {} nodes into {} ({omitted} large outputs listed by hash only)", manifest["nodes"].as_array().map_or(0, Vec::len), out.display());
+            println!("check it with: orchestrate audit {}   (or: cd {} && sha256sum -c SHA256SUMS)", out.display(), out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pack(PackCommand::Verify { dir }) => {
+            let problems = crate::pack::verify(&dir)?;
+            for p in &problems {
+                println!("FAIL  {p}");
+            }
+            if problems.is_empty() {
+                println!("{}: intact (checksums, files, event chain, manifest hashes)", dir.display());
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Ok(ExitCode::from(GATE_FAILED))
+            }
+        }
+        Command::Audit { dir } => {
+            let problems = crate::pack::verify(&dir)?;
+            for p in &problems {
+                println!("FAIL  {p}");
+            }
+            let results = crate::pack::audit_gates(&dir)?;
+            print!("{}", crate::pack::gate_table(&results));
+            let failed = results.iter().filter(|r| !r.passed).count();
+            println!("{} gates: {} passed, {failed} failed; pack {}", results.len(), results.len() - failed, if problems.is_empty() { "intact" } else { "TAMPERED" });
+            Ok(if problems.is_empty() && failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+        }
         Command::Generate(args) => {
             let mut full = vec!["generate".to_string()];
             full.extend(args.to_args());
@@ -358,4 +400,20 @@ fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
             }
         }
     }
+}
+
+/// Gates evaluated in this run (ran or cached) that failed.
+fn failed_gates(ws: &Workspace, dag: &Dag, result: &exec::RunResult) -> usize {
+    let mut failed = 0;
+    for node in dag.nodes.iter().filter(|n| n.op.name() == "gate") {
+        let outputs = match result.outcomes.get(node.id()) {
+            Some(exec::Outcome::Ran { outputs, .. }) | Some(exec::Outcome::Cached { outputs, .. }) => outputs,
+            _ => continue,
+        };
+        let Some(out) = outputs.iter().find(|o| o.name == "gates.json") else { continue };
+        let report: serde_json::Value =
+            std::fs::read_to_string(ws.object_path(&out.object.hash)).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+        failed += report["results"].as_array().map(|r| r.iter().filter(|g| g["passed"] != true).count()).unwrap_or(0);
+    }
+    failed
 }

@@ -111,11 +111,46 @@ pub enum Command {
     Verify,
     /// The numerical environment (libtorch version, device) numerical ops are keyed on.
     Env,
+    /// Frozen release packs: freeze, verify.
+    #[command(subcommand)]
+    Pack(PackCommand),
+    /// Verify a pack, then re-evaluate its gates from its own files (no workspace, no libtorch).
+    /// Exit code 0 only if the pack is intact and every gate passes.
+    Audit {
+        /// The pack folder.
+        dir: PathBuf,
+    },
     /// Generate a response from a model folder (runs in the libtorch worker).
     Generate(GenerateArgs),
     /// Score responses by hand and list the registered verifiers.
     #[command(subcommand)]
     Verifier(VerifierCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PackCommand {
+    /// Freeze a spec's cached results into a new pack folder (never into an existing one).
+    Freeze {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// The pack folder to create, e.g. artifacts/grpo-main-tiny/v0.1.0.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Include model folders (large).
+        #[arg(long)]
+        with_models: bool,
+        /// Include full training states (large).
+        #[arg(long)]
+        with_states: bool,
+        /// List larger outputs by hash without copying them.
+        #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
+        max_output_bytes: u64,
+    },
+    /// Check every checksum, that no file is missing or extra, the event chain, and the manifest's hashes.
+    Verify {
+        /// The pack folder.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,6 +6,7 @@
 pub mod analysis;
 mod dataset;
 pub mod eval;
+pub mod gate;
 mod model;
 pub mod process;
 pub mod results;
@@ -207,6 +208,11 @@ pub trait Op: Send + Sync {
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         None
     }
+    /// Inputs implied by the params (a gate file's evidence): (input name,
+    /// `NODE:OUTPUT`). Read when the spec compiles; an error is a spec error.
+    fn implied_inputs(&self, _params: &Value, _spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+        Ok(Vec::new())
+    }
     /// The outputs this node will write.
     fn outputs(&self, params: &Value) -> Vec<OutputDecl>;
     /// Files (relative to the spec's folder) whose content the result depends on.
@@ -290,6 +296,7 @@ impl Registry {
         r.register(Arc::new(eval::EvalScore));
         r.register(Arc::new(results::ResultsTable));
         r.register(Arc::new(analysis::ConstantGroups));
+        r.register(Arc::new(gate::GateOp));
         r
     }
 

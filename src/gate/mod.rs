@@ -1,0 +1,200 @@
+//! Gates as data: pre-registered criteria over node outputs, declared in
+//! `gates/*.yaml`, evaluated in the DAG by the `gate` op and again, from a
+//! frozen pack's own files, by `orchestrate audit`.
+//!
+//! ```yaml
+//! name: grpo-main
+//! gates:
+//!   - name: grpo-resume-exact
+//!     description: GRPO interrupted at 40 and resumed equals the continuous run
+//!     evidence: {report: 'grpo-check:report'}
+//!     check: {field: report.identical, equals: true}
+//!   - name: json-validity
+//!     evidence: {table: 'results:table.json'}
+//!     check: {field: 'table.rows.0.json_validity', at_least: 0.5}
+//!   - name: non-inferiority
+//!     evidence: {on: 'e2:on.json', off: 'e2:off.json'}
+//!     check: {margin: {a: on.success, b: off.success}, at_least: -0.0625}
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// A gate file.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GateFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    pub gates: Vec<Gate>,
+}
+
+/// One pre-registered criterion.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The evidence it reads, by alias: `{alias: NODE:OUTPUT}` (JSON outputs).
+    pub evidence: BTreeMap<String, String>,
+    pub check: Check,
+}
+
+/// What must hold. Fields are `alias.path.to.value` (array indices as numbers).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Check {
+    /// The value checked (or use `margin`).
+    #[serde(default)]
+    pub field: Option<String>,
+    /// `a − b`, for non-inferiority margins.
+    #[serde(default)]
+    pub margin: Option<Margin>,
+    #[serde(default)]
+    pub equals: Option<Value>,
+    /// The value must equal another field (counts: matched = total).
+    #[serde(default)]
+    pub equals_field: Option<String>,
+    #[serde(default)]
+    pub at_least: Option<f64>,
+    #[serde(default)]
+    pub at_most: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Margin {
+    pub a: String,
+    pub b: String,
+}
+
+/// A gate's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateResult {
+    pub name: String,
+    pub description: Option<String>,
+    pub passed: bool,
+    /// What was observed, and against what.
+    pub detail: String,
+    /// Evidence alias → (NODE:OUTPUT, content hash).
+    pub evidence: BTreeMap<String, (String, String)>,
+}
+
+/// Reads and checks a gate file.
+pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file: GateFile = serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    for g in &file.gates {
+        let c = &g.check;
+        if c.field.is_some() == c.margin.is_some() {
+            return Err(format!("{}: gate '{}': give exactly one of check.field and check.margin", path.display(), g.name));
+        }
+        if c.equals.is_none() && c.equals_field.is_none() && c.at_least.is_none() && c.at_most.is_none() {
+            return Err(format!("{}: gate '{}': the check has no criterion (equals, equals_field, at_least, at_most)", path.display(), g.name));
+        }
+        for r in g.evidence.values() {
+            if !r.contains(':') {
+                return Err(format!("{}: gate '{}': evidence '{r}' is not NODE:OUTPUT", path.display(), g.name));
+            }
+        }
+    }
+    Ok(file)
+}
+
+/// Looks up `alias.path` in the loaded evidence.
+fn lookup<'a>(evidence: &'a BTreeMap<String, Value>, field: &str) -> Result<&'a Value, String> {
+    let mut parts = field.split('.');
+    let alias = parts.next().unwrap_or_default();
+    let mut cur = evidence.get(alias).ok_or_else(|| format!("no evidence '{alias}'"))?;
+    for p in parts {
+        cur = match cur {
+            Value::Array(items) => p.parse::<usize>().ok().and_then(|i| items.get(i)),
+            Value::Object(map) => map.get(p),
+            _ => None,
+        }
+        .ok_or_else(|| format!("'{field}' not found in the evidence"))?;
+    }
+    Ok(cur)
+}
+
+/// Evaluates one gate on loaded evidence (alias → JSON). A gate whose evidence
+/// lacks the field, or is not a number where one is needed, fails with that detail.
+pub fn evaluate(gate: &Gate, evidence: &BTreeMap<String, Value>, hashes: &BTreeMap<String, (String, String)>) -> GateResult {
+    let outcome = (|| -> Result<(bool, String), String> {
+        let c = &gate.check;
+        let (observed, label) = match (&c.field, &c.margin) {
+            (Some(f), _) => (lookup(evidence, f)?.clone(), f.clone()),
+            (None, Some(m)) => {
+                let num = |f: &str| lookup(evidence, f)?.as_f64().ok_or_else(|| format!("'{f}' is not a number"));
+                (json!(num(&m.a)? - num(&m.b)?), format!("{} − {}", m.a, m.b))
+            }
+            (None, None) => return Err("no field".into()),
+        };
+        let mut clauses = Vec::new();
+        let mut ok = true;
+        if let Some(want) = &c.equals {
+            ok &= &observed == want;
+            clauses.push(format!("= {want}"));
+        }
+        if let Some(other) = &c.equals_field {
+            let want = lookup(evidence, other)?;
+            ok &= &observed == want;
+            clauses.push(format!("= {other} ({want})"));
+        }
+        let number = || observed.as_f64().ok_or_else(|| format!("{label} is {observed}, not a number"));
+        if let Some(min) = c.at_least {
+            ok &= number()? >= min;
+            clauses.push(format!("≥ {min}"));
+        }
+        if let Some(max) = c.at_most {
+            ok &= number()? <= max;
+            clauses.push(format!("≤ {max}"));
+        }
+        Ok((ok, format!("{label} = {observed}, required {}", clauses.join(" and "))))
+    })();
+    let (passed, detail) = match outcome {
+        Ok(x) => x,
+        Err(e) => (false, format!("cannot evaluate: {e}")),
+    };
+    GateResult { name: gate.name.clone(), description: gate.description.clone(), passed, detail, evidence: hashes.clone() }
+}
+
+/// A plain table of results.
+pub fn table(results: &[GateResult]) -> String {
+    let mut out = String::from("| gate | result | evidence |\n|---|---|---|\n");
+    for r in results {
+        let ev: Vec<String> = r.evidence.values().map(|(reference, hash)| format!("{reference} ({})", &hash[..hash.len().min(12)])).collect();
+        out.push_str(&format!("| {} | {} — {} | {} |\n", r.name, if r.passed { "PASS" } else { "FAIL" }, r.detail, ev.join(", ")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(check: &str) -> Gate {
+        serde_yaml_ng::from_str(&format!("name: g\nevidence: {{r: 'n:o'}}\ncheck: {check}\n")).unwrap()
+    }
+
+    #[test]
+    fn checks_pass_and_fail_with_what_was_observed() {
+        let ev: BTreeMap<String, Value> = [("r".to_string(), json!({"identical": true, "matched": 12, "total": 12, "rows": [{"v": 0.4}], "on": 0.25, "off": 0.30}))].into();
+        let h = BTreeMap::new();
+        assert!(evaluate(&gate("{field: r.identical, equals: true}"), &ev, &h).passed);
+        assert!(evaluate(&gate("{field: r.matched, equals_field: r.total}"), &ev, &h).passed);
+        let r = evaluate(&gate("{field: r.rows.0.v, at_least: 0.5}"), &ev, &h);
+        assert!(!r.passed);
+        assert_eq!(r.detail, "r.rows.0.v = 0.4, required ≥ 0.5");
+        assert!(evaluate(&gate("{margin: {a: r.on, b: r.off}, at_least: -0.0625}"), &ev, &h).passed);
+        assert!(!evaluate(&gate("{margin: {a: r.on, b: r.off}, at_least: -0.01}"), &ev, &h).passed);
+        let missing = evaluate(&gate("{field: r.nope, equals: 1}"), &ev, &h);
+        assert!(!missing.passed && missing.detail.contains("not found"));
+    }
+}

@@ -1,0 +1,99 @@
+//! `gate`: evaluates a gate file over node outputs. The file is a declared dep
+//! (editing a criterion re-evaluates the gate and re-runs nothing else), and the
+//! evidence it names becomes the node's inputs. A failing gate is a result, not
+//! an error: the node succeeds, records FAIL with the evidence's hashes, and
+//! `orchestrate run` exits 1.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{parse_params, schema_of, Op, OpError, OutputDecl, ParamError, Role, RunContext};
+use crate::gate::{evaluate, read_gate_file, table};
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GateParams {
+    /// The gate file, relative to the spec's folder (e.g. ../gates/grpo-main.yaml).
+    pub file: String,
+}
+
+pub struct GateOp;
+
+/// The input name an evidence reference becomes.
+pub fn evidence_input(reference: &str) -> String {
+    format!("evidence:{reference}")
+}
+
+impl Op for GateOp {
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "evaluates pre-registered gates (gates/*.yaml) over node outputs"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<GateParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        parse_params::<GateParams>(params).map(|_| ())
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {
+        Some(Vec::new())
+    }
+    fn implied_inputs(&self, params: &Value, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+        let p: GateParams = parse_params(params).map_err(|e| e.to_string())?;
+        let file = read_gate_file(&spec_dir.join(&p.file))?;
+        let mut refs: Vec<String> = file.gates.iter().flat_map(|g| g.evidence.values().cloned()).collect();
+        refs.sort();
+        refs.dedup();
+        Ok(refs.into_iter().map(|r| (evidence_input(&r), r)).collect())
+    }
+    fn file_deps(&self, params: &Value, _spec_dir: &Path) -> Vec<String> {
+        parse_params::<GateParams>(params).map(|p| vec![p.file]).unwrap_or_default()
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("gates.json"), OutputDecl::file("gates.md")]
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Scoring
+    }
+    fn printed_output(&self) -> Option<&'static str> {
+        Some("gates.md")
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p: GateParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+        let file = read_gate_file(&ctx.spec_dir.join(&p.file)).map_err(OpError::Failed)?;
+        let mut loaded: BTreeMap<String, (Value, String)> = BTreeMap::new();
+        for (name, artifacts) in ctx.inputs {
+            let Some(reference) = name.strip_prefix("evidence:") else { continue };
+            let a = &artifacts[0];
+            let text = std::fs::read_to_string(&a.path).map_err(|e| OpError::io(format!("reading evidence {reference}"), e))?;
+            let v: Value = serde_json::from_str(&text).map_err(|e| OpError::Failed(format!("evidence {reference} is not JSON: {e}")))?;
+            loaded.insert(reference.to_string(), (v, a.hash.clone()));
+        }
+        let results: Vec<_> = file
+            .gates
+            .iter()
+            .map(|g| {
+                let evidence = g.evidence.iter().map(|(alias, r)| (alias.clone(), loaded[r].0.clone())).collect();
+                let hashes = g.evidence.iter().map(|(alias, r)| (alias.clone(), (r.clone(), loaded[r].1.clone()))).collect();
+                evaluate(g, &evidence, &hashes)
+            })
+            .collect();
+        let report = serde_json::json!({
+            "gate_file": file.name,
+            "all_passed": results.iter().all(|r| r.passed),
+            "results": results,
+        });
+        std::fs::write(ctx.output_path("gates.json"), serde_json::to_string_pretty(&report).unwrap_or_default() + "\n")
+            .map_err(|e| OpError::io("writing gates.json", e))?;
+        std::fs::write(ctx.output_path("gates.md"), table(&results)).map_err(|e| OpError::io("writing gates.md", e))
+    }
+}
