@@ -51,7 +51,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if failed_gates > 0 {
                 eprintln!("{failed_gates} gate(s) failed");
             }
-            Ok(if result.stats.success() && failed_gates == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+            Ok(if result.stats.success() && failed_gates == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(GATE_FAILED)
+            })
         }
         Command::Plan { spec, force, json } => {
             let (spec, dag) = load(&spec, &registry)?;
@@ -164,10 +168,23 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let manifest = crate::pack::freeze(&ws, &spec, &dag, &runtime::env_provider(), &out, opts)?;
             let omitted = manifest["nodes"]
                 .as_array()
-                .map(|n| n.iter().flat_map(|x| x["outputs"].as_array().cloned().unwrap_or_default()).filter(|o| o["path"].is_null()).count())
+                .map(|n| {
+                    n.iter()
+                        .flat_map(|x| x["outputs"].as_array().cloned().unwrap_or_default())
+                        .filter(|o| o["path"].is_null())
+                        .count()
+                })
                 .unwrap_or(0);
-            println!("froze {} nodes into {} ({omitted} large outputs listed by hash only)", manifest["nodes"].as_array().map_or(0, Vec::len), out.display());
-            println!("check it with: orchestrate audit {}   (or: cd {} && sha256sum -c SHA256SUMS)", out.display(), out.display());
+            println!(
+                "froze {} nodes into {} ({omitted} large outputs listed by hash only)",
+                manifest["nodes"].as_array().map_or(0, Vec::len),
+                out.display()
+            );
+            println!(
+                "check it with: orchestrate audit {}   (or: cd {} && sha256sum -c SHA256SUMS)",
+                out.display(),
+                out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Pack(PackCommand::Verify { dir }) => {
@@ -190,7 +207,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let results = crate::pack::audit_gates(&dir)?;
             print!("{}", crate::pack::gate_table(&results));
             let failed = results.iter().filter(|r| !r.passed).count();
-            println!("{} gates: {} passed, {failed} failed; pack {}", results.len(), results.len() - failed, if problems.is_empty() { "intact" } else { "TAMPERED" });
+            println!(
+                "{} gates: {} passed, {failed} failed; pack {}",
+                results.len(),
+                results.len() - failed,
+                if problems.is_empty() { "intact" } else { "TAMPERED" }
+            );
             Ok(if problems.is_empty() && failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Generate(args) => {
@@ -411,8 +433,10 @@ fn failed_gates(ws: &Workspace, dag: &Dag, result: &exec::RunResult) -> usize {
             _ => continue,
         };
         let Some(out) = outputs.iter().find(|o| o.name == "gates.json") else { continue };
-        let report: serde_json::Value =
-            std::fs::read_to_string(ws.object_path(&out.object.hash)).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+        let report: serde_json::Value = std::fs::read_to_string(ws.object_path(&out.object.hash))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
         failed += report["results"].as_array().map(|r| r.iter().filter(|g| g["passed"] != true).count()).unwrap_or(0);
     }
     failed

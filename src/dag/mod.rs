@@ -244,16 +244,25 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             inputs.insert(name.clone(), resolved);
         }
         let implied = nodes[i].op.implied_inputs(&nodes[i].params, &spec.base_dir).map_err(|e| {
-            SpecError::new(SpecErrorKind::MissingReference, spec.sources.locate(&node_path(&def, &["params"])), format!("node '{}': {e}", def.id))
+            SpecError::new(
+                SpecErrorKind::MissingReference,
+                spec.sources.locate(&node_path(&def, &["params"])),
+                format!("node '{}': {e}", def.id),
+            )
         })?;
         for (name, reference) in implied {
             let at = || spec.sources.locate(&node_path(&def, &["params"]));
             let Some((n, o)) = reference.split_once(':') else {
-                return Err(SpecError::new(SpecErrorKind::MissingReference, at(), format!("node '{}': '{reference}' is not NODE:OUTPUT", def.id)));
+                return Err(SpecError::new(
+                    SpecErrorKind::MissingReference,
+                    at(),
+                    format!("node '{}': '{reference}' is not NODE:OUTPUT", def.id),
+                ));
             };
             let r = OutputRef { node: n.to_string(), output: o.to_string() };
-            let target = resolve_node(&def, &r, &by_id, &expansions, &nodes)
-                .map_err(|m| SpecError::new(SpecErrorKind::MissingReference, at(), format!("node '{}' evidence: {m}", def.id)))?;
+            let target = resolve_node(&def, &r, &by_id, &expansions, &nodes).map_err(|m| {
+                SpecError::new(SpecErrorKind::MissingReference, at(), format!("node '{}' evidence: {m}", def.id))
+            })?;
             if !nodes[target].outputs.iter().any(|out| out.name == r.output) {
                 return Err(SpecError::new(
                     SpecErrorKind::MissingReference,

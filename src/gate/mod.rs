@@ -93,10 +93,18 @@ pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
     for g in &file.gates {
         let c = &g.check;
         if c.field.is_some() == c.margin.is_some() {
-            return Err(format!("{}: gate '{}': give exactly one of check.field and check.margin", path.display(), g.name));
+            return Err(format!(
+                "{}: gate '{}': give exactly one of check.field and check.margin",
+                path.display(),
+                g.name
+            ));
         }
         if c.equals.is_none() && c.equals_field.is_none() && c.at_least.is_none() && c.at_most.is_none() {
-            return Err(format!("{}: gate '{}': the check has no criterion (equals, equals_field, at_least, at_most)", path.display(), g.name));
+            return Err(format!(
+                "{}: gate '{}': the check has no criterion (equals, equals_field, at_least, at_most)",
+                path.display(),
+                g.name
+            ));
         }
         for r in g.evidence.values() {
             if !r.contains(':') {
@@ -125,7 +133,11 @@ fn lookup<'a>(evidence: &'a BTreeMap<String, Value>, field: &str) -> Result<&'a 
 
 /// Evaluates one gate on loaded evidence (alias → JSON). A gate whose evidence
 /// lacks the field, or is not a number where one is needed, fails with that detail.
-pub fn evaluate(gate: &Gate, evidence: &BTreeMap<String, Value>, hashes: &BTreeMap<String, (String, String)>) -> GateResult {
+pub fn evaluate(
+    gate: &Gate,
+    evidence: &BTreeMap<String, Value>,
+    hashes: &BTreeMap<String, (String, String)>,
+) -> GateResult {
     let outcome = (|| -> Result<(bool, String), String> {
         let c = &gate.check;
         let (observed, label) = match (&c.field, &c.margin) {
@@ -162,15 +174,31 @@ pub fn evaluate(gate: &Gate, evidence: &BTreeMap<String, Value>, hashes: &BTreeM
         Ok(x) => x,
         Err(e) => (false, format!("cannot evaluate: {e}")),
     };
-    GateResult { name: gate.name.clone(), description: gate.description.clone(), passed, detail, evidence: hashes.clone() }
+    GateResult {
+        name: gate.name.clone(),
+        description: gate.description.clone(),
+        passed,
+        detail,
+        evidence: hashes.clone(),
+    }
 }
 
 /// A plain table of results.
 pub fn table(results: &[GateResult]) -> String {
     let mut out = String::from("| gate | result | evidence |\n|---|---|---|\n");
     for r in results {
-        let ev: Vec<String> = r.evidence.values().map(|(reference, hash)| format!("{reference} ({})", &hash[..hash.len().min(12)])).collect();
-        out.push_str(&format!("| {} | {} — {} | {} |\n", r.name, if r.passed { "PASS" } else { "FAIL" }, r.detail, ev.join(", ")));
+        let ev: Vec<String> = r
+            .evidence
+            .values()
+            .map(|(reference, hash)| format!("{reference} ({})", &hash[..hash.len().min(12)]))
+            .collect();
+        out.push_str(&format!(
+            "| {} | {} — {} | {} |\n",
+            r.name,
+            if r.passed { "PASS" } else { "FAIL" },
+            r.detail,
+            ev.join(", ")
+        ));
     }
     out
 }
@@ -185,7 +213,11 @@ mod tests {
 
     #[test]
     fn checks_pass_and_fail_with_what_was_observed() {
-        let ev: BTreeMap<String, Value> = [("r".to_string(), json!({"identical": true, "matched": 12, "total": 12, "rows": [{"v": 0.4}], "on": 0.25, "off": 0.30}))].into();
+        let ev: BTreeMap<String, Value> = [(
+            "r".to_string(),
+            json!({"identical": true, "matched": 12, "total": 12, "rows": [{"v": 0.4}], "on": 0.25, "off": 0.30}),
+        )]
+        .into();
         let h = BTreeMap::new();
         assert!(evaluate(&gate("{field: r.identical, equals: true}"), &ev, &h).passed);
         assert!(evaluate(&gate("{field: r.matched, equals_field: r.total}"), &ev, &h).passed);

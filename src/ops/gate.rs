@@ -74,8 +74,10 @@ impl Op for GateOp {
         for (name, artifacts) in ctx.inputs {
             let Some(reference) = name.strip_prefix("evidence:") else { continue };
             let a = &artifacts[0];
-            let text = std::fs::read_to_string(&a.path).map_err(|e| OpError::io(format!("reading evidence {reference}"), e))?;
-            let v: Value = serde_json::from_str(&text).map_err(|e| OpError::Failed(format!("evidence {reference} is not JSON: {e}")))?;
+            let text = std::fs::read_to_string(&a.path)
+                .map_err(|e| OpError::io(format!("reading evidence {reference}"), e))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| OpError::Failed(format!("evidence {reference} is not JSON: {e}")))?;
             loaded.insert(reference.to_string(), (v, a.hash.clone()));
         }
         let results: Vec<_> = file
@@ -83,7 +85,8 @@ impl Op for GateOp {
             .iter()
             .map(|g| {
                 let evidence = g.evidence.iter().map(|(alias, r)| (alias.clone(), loaded[r].0.clone())).collect();
-                let hashes = g.evidence.iter().map(|(alias, r)| (alias.clone(), (r.clone(), loaded[r].1.clone()))).collect();
+                let hashes =
+                    g.evidence.iter().map(|(alias, r)| (alias.clone(), (r.clone(), loaded[r].1.clone()))).collect();
                 evaluate(g, &evidence, &hashes)
             })
             .collect();

@@ -109,7 +109,14 @@ fn seal(prev: &str, seq: usize, event: &Value) -> String {
 }
 
 /// Freezes the cached results of a spec into `out`.
-pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &Path, opts: FreezeOptions) -> Result<Value, PackError> {
+pub fn freeze(
+    ws: &Workspace,
+    spec: &Spec,
+    dag: &Dag,
+    env: &EnvProvider,
+    out: &Path,
+    opts: FreezeOptions,
+) -> Result<Value, PackError> {
     if out.exists() {
         return Err(PackError::Refused(format!(
             "{} already exists: a pack is never appended to or overwritten after release; freeze into a new version folder",
@@ -117,7 +124,8 @@ pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &P
         )));
     }
     let entries = plan(Some(ws), spec, dag, &BTreeSet::new(), env)?;
-    let stale: Vec<&str> = entries.iter().filter(|e| !matches!(e.state, PlanState::Cached { .. })).map(|e| e.node.as_str()).collect();
+    let stale: Vec<&str> =
+        entries.iter().filter(|e| !matches!(e.state, PlanState::Cached { .. })).map(|e| e.node.as_str()).collect();
     if !stale.is_empty() {
         return Err(PackError::Refused(format!(
             "not everything is cached as the spec stands ({}): run `orchestrate run {}` first",
@@ -141,7 +149,9 @@ pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &P
                 Some(PlanState::Cached { key }) => key.clone(),
                 _ => unreachable!("checked above"),
             };
-            let cached = index.lookup(&key)?.ok_or_else(|| PackError::Refused(format!("cache row of {} vanished", node.id())))?;
+            let cached = index
+                .lookup(&key)?
+                .ok_or_else(|| PackError::Refused(format!("cache row of {} vanished", node.id())))?;
             let mut outs = Vec::new();
             for o in &cached.outputs {
                 let omitted = match (o.object.kind, o.name.as_str()) {
@@ -155,13 +165,16 @@ pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &P
                     copy_object(&ws.object_path(&o.object.hash), &tmp.join(&path))?;
                     packed.insert((node.id().to_string(), o.name.clone()), path.clone());
                 }
-                outs.push(json!({"name": o.name, "blake3": o.object.hash, "size": o.object.size, "kind": o.object.kind,
-                    "path": omitted.is_none().then_some(&path), "omitted": omitted}));
+                outs.push(
+                    json!({"name": o.name, "blake3": o.object.hash, "size": o.object.size, "kind": o.object.kind,
+                    "path": omitted.is_none().then_some(&path), "omitted": omitted}),
+                );
             }
             if node.op.name() == "gate" {
                 let file = node.params["file"].as_str().unwrap_or_default();
                 let gate_path = spec.base_dir.join(file);
-                let file_name = Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                let file_name =
+                    Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
                 let pack_gate = format!("gates/{file_name}");
                 copy_object(&gate_path, &tmp.join(&pack_gate))?;
                 let evidence: BTreeMap<String, String> = node
@@ -171,7 +184,9 @@ pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &P
                     .map(|(r, o)| (r, packed.get(&(o.node, o.output)).cloned().unwrap_or_default()))
                     .collect();
                 if let Some((r, _)) = evidence.iter().find(|(_, p)| p.is_empty()) {
-                    return Err(PackError::Refused(format!("gate evidence {r} was omitted from the pack; it must be included")));
+                    return Err(PackError::Refused(format!(
+                        "gate evidence {r} was omitted from the pack; it must be included"
+                    )));
                 }
                 gate_nodes.push(json!({"node": node.id(), "definition": pack_gate,
                     "results": packed.get(&(node.id().to_string(), "gates.json".to_string())), "evidence": evidence}));
@@ -187,7 +202,10 @@ pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &P
             for (seq, text) in index.run_events(&run.run_id)?.iter().enumerate() {
                 let event: Value = serde_json::from_str(text).unwrap_or(Value::Null);
                 let s = seal(&prev, seq, &event);
-                events.push_str(&serde_json::to_string(&json!({"seq": seq, "prev": prev, "event": event, "seal": s})).unwrap_or_default());
+                events.push_str(
+                    &serde_json::to_string(&json!({"seq": seq, "prev": prev, "event": event, "seal": s}))
+                        .unwrap_or_default(),
+                );
                 events.push('\n');
                 prev = s;
             }
@@ -218,7 +236,8 @@ pub fn freeze(ws: &Workspace, spec: &Spec, dag: &Dag, env: &EnvProvider, out: &P
             "frozen_at": crate::store::now_rfc3339(),
             "options": {"with_models": opts.with_models, "with_states": opts.with_states, "max_output_bytes": opts.max_output_bytes},
         });
-        fs::write(tmp.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n").map_err(io("writing MANIFEST.json"))?;
+        fs::write(tmp.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n")
+            .map_err(io("writing MANIFEST.json"))?;
         let mut sums = String::new();
         for f in list_files(&tmp)? {
             sums.push_str(&format!("{}  {f}\n", sha256_file(&tmp.join(&f))?));
@@ -300,7 +319,9 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
         }
         if let Ok(manifest) = read_manifest(dir) {
             if manifest["events"]["last_seal"].as_str() != Some(prev.as_str()) {
-                problems.push("the event chain's last seal differs from the manifest's: events were removed or appended".into());
+                problems.push(
+                    "the event chain's last seal differs from the manifest's: events were removed or appended".into(),
+                );
             }
         }
     }
@@ -337,19 +358,36 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
     for g in manifest["gates"].as_array().cloned().unwrap_or_default() {
         let definition = dir.join(g["definition"].as_str().unwrap_or_default());
         let file = read_gate_file(&definition).map_err(PackError::Refused)?;
-        let evidence_paths: BTreeMap<String, String> = serde_json::from_value(g["evidence"].clone()).unwrap_or_default();
+        let evidence_paths: BTreeMap<String, String> =
+            serde_json::from_value(g["evidence"].clone()).unwrap_or_default();
         for gate in &file.gates {
             let mut loaded = BTreeMap::new();
             let mut hashes = BTreeMap::new();
+            let mut unreadable = None;
             for (alias, reference) in &gate.evidence {
-                let Some(path) = evidence_paths.get(reference) else {
-                    return Err(PackError::Refused(format!("gate {}: evidence {reference} is not in the pack", gate.name)));
+                let text = evidence_paths.get(reference).and_then(|path| fs::read_to_string(dir.join(path)).ok());
+                let Some(text) = text else {
+                    unreadable = Some(format!("cannot evaluate: evidence {reference} is missing from the pack"));
+                    break;
                 };
-                let text = fs::read_to_string(dir.join(path)).map_err(io(format!("reading {path}")))?;
+                let path = &evidence_paths[reference];
                 loaded.insert(alias.clone(), serde_json::from_str(&text).unwrap_or(Value::Null));
-                hashes.insert(alias.clone(), (reference.clone(), crate::store::hash_file(&dir.join(path)).map(|(h, _)| h).unwrap_or_default()));
+                hashes.insert(
+                    alias.clone(),
+                    (reference.clone(), crate::store::hash_file(&dir.join(path)).map(|(h, _)| h).unwrap_or_default()),
+                );
             }
-            results.push(evaluate(gate, &loaded, &hashes));
+            // Missing evidence fails the gate (verify names the missing file); it is not an error.
+            results.push(match unreadable {
+                Some(detail) => GateResult {
+                    name: gate.name.clone(),
+                    description: gate.description.clone(),
+                    passed: false,
+                    detail,
+                    evidence: hashes,
+                },
+                None => evaluate(gate, &loaded, &hashes),
+            });
         }
     }
     Ok(results)

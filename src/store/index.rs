@@ -349,7 +349,10 @@ impl Index {
 
     /// The events of a run, in order.
     pub fn run_events(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
-        let mut stmt = self.conn.prepare("SELECT event FROM events WHERE run_id = ?1 ORDER BY seq").map_err(db("reading events"))?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT event FROM events WHERE run_id = ?1 ORDER BY seq")
+            .map_err(db("reading events"))?;
         let rows = stmt.query_map(params![run_id], |r| r.get(0)).map_err(db("reading events"))?;
         rows.collect::<Result<_, _>>().map_err(db("reading events"))
     }

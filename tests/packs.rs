@@ -1,0 +1,210 @@
+//! Gates, frozen packs, verify and audit: from the pack alone, with every
+//! kind of tampering named.
+
+mod common;
+
+use std::path::Path;
+
+use common::{nodes_with, stdout, Project};
+
+const SPEC: &str = r#"
+name: packed
+nodes:
+  measure:
+    op: shell
+    params: {cmd: "echo '{\"matched\": 3, \"total\": 3, \"score\": 0.7}' > m.json", outs: [m.json]}
+  gates:
+    op: gate
+    params: {file: gates.yaml}
+"#;
+
+const GATES: &str = r#"
+name: packed
+gates:
+  - name: fault-matrix-complete
+    description: every fault matched
+    evidence: {m: 'measure:m.json'}
+    check: {field: m.matched, equals_field: m.total}
+  - name: score-floor
+    evidence: {m: 'measure:m.json'}
+    check: {field: m.score, at_least: 0.5}
+"#;
+
+fn frozen() -> (Project, std::path::PathBuf) {
+    let p = Project::new();
+    p.write("s.yaml", SPEC);
+    p.write("gates.yaml", GATES);
+    p.run_json(&["s.yaml"], 0);
+    let out = p.run(&["pack", "freeze", "s.yaml", "--out", "packs/v1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    let dir = p.path().join("packs/v1");
+    (p, dir)
+}
+
+fn audit(p: &Project, dir: &Path) -> (Option<i32>, String) {
+    let out = p.run(&["audit", dir.to_str().unwrap()]);
+    (out.status.code(), stdout(&out))
+}
+
+#[test]
+fn freeze_verify_and_audit_pass_and_sha256sum_accepts_the_pack() {
+    let (p, dir) = frozen();
+    for f in [
+        "MANIFEST.json",
+        "SHA256SUMS",
+        "events.jsonl",
+        "gates/gates.yaml",
+        "outputs/measure/m.json",
+        "outputs/gates/gates.json",
+    ] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    let (code, text) = audit(&p, &dir);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("2 gates: 2 passed, 0 failed; pack intact"), "{text}");
+    let sums = std::process::Command::new("sha256sum")
+        .args(["-c", "SHA256SUMS"])
+        .current_dir(&dir)
+        .output()
+        .expect("sha256sum (coreutils)");
+    assert!(sums.status.success(), "{}", String::from_utf8_lossy(&sums.stdout));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("MANIFEST.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], "orchestrate-pack/1");
+    assert!(manifest["environment"]["orchestrate_version"].is_string());
+    assert!(manifest["nodes"].as_array().unwrap().iter().all(|n| n["key"].as_str().unwrap().len() == 64));
+}
+
+#[test]
+fn freezing_into_an_existing_pack_is_refused() {
+    let (p, _) = frozen();
+    let out = p.run(&["pack", "freeze", "s.yaml", "--out", "packs/v1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(common::stderr(&out).contains("never appended to or overwritten"), "{}", common::stderr(&out));
+}
+
+#[test]
+fn audit_works_from_a_copy_with_the_workspace_removed() {
+    let (p, dir) = frozen();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("copy");
+    let status =
+        std::process::Command::new("cp").args(["-r", dir.to_str().unwrap(), copy.to_str().unwrap()]).status().unwrap();
+    assert!(status.success());
+    std::fs::remove_dir_all(p.path().join(".orchestrate")).unwrap();
+    std::fs::remove_file(p.path().join("m.json")).unwrap();
+    let (code, text) = audit(&p, &copy);
+    assert_eq!(code, Some(0), "{text}");
+}
+
+/// Applies a tampering to a fresh pack and returns the audit's exit code and output.
+fn tampered(f: impl FnOnce(&Path)) -> (Option<i32>, String) {
+    let (p, dir) = frozen();
+    f(&dir);
+    audit(&p, &dir)
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{from} in {}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+#[test]
+fn each_kind_of_tampering_gets_its_own_message() {
+    let cases: Vec<(&str, Box<dyn FnOnce(&Path)>, &str)> = vec![
+        (
+            "edited file",
+            Box::new(|d: &Path| edit(&d.join("outputs/measure/m.json"), "0.7", "0.9")),
+            "checksum mismatch: outputs/measure/m.json was edited after freezing",
+        ),
+        (
+            "removed file",
+            Box::new(|d: &Path| std::fs::remove_file(d.join("outputs/measure/m.json")).unwrap()),
+            "missing: outputs/measure/m.json is listed in SHA256SUMS",
+        ),
+        (
+            "added file",
+            Box::new(|d: &Path| std::fs::write(d.join("outputs/late.json"), "{}").unwrap()),
+            "extra: outputs/late.json is in the pack but not in SHA256SUMS",
+        ),
+        (
+            "edited gate definition",
+            Box::new(|d: &Path| edit(&d.join("gates/gates.yaml"), "at_least: 0.5", "at_least: 0.1")),
+            "gate definition gates/gates.yaml was edited after freezing",
+        ),
+        (
+            "manifest edit",
+            Box::new(|d: &Path| edit(&d.join("MANIFEST.json"), "\"packed\"", "\"other\"")),
+            "the manifest was edited after freezing",
+        ),
+        (
+            "reordered events",
+            Box::new(|d: &Path| {
+                let text = std::fs::read_to_string(d.join("events.jsonl")).unwrap();
+                let mut lines: Vec<&str> = text.lines().collect();
+                lines.swap(1, 2);
+                std::fs::write(d.join("events.jsonl"), lines.join("\n") + "\n").unwrap();
+            }),
+            "events reordered or removed: line 2 holds event 2",
+        ),
+        (
+            "edited event",
+            Box::new(|d: &Path| edit(&d.join("events.jsonl"), "\"node_started\"", "\"node_finished\"")),
+            "was edited: its seal does not match its content",
+        ),
+    ];
+    for (name, tamper, message) in cases {
+        let (code, text) = tampered(tamper);
+        assert_eq!(code, Some(1), "{name}: {text}");
+        assert!(text.contains(message), "{name}: expected «{message}» in:\n{text}");
+    }
+}
+
+#[test]
+fn a_failing_gate_is_reported_as_failed_with_its_evidence_not_as_an_error() {
+    let p = Project::new();
+    p.write("s.yaml", SPEC);
+    p.write("gates.yaml", &GATES.replace("at_least: 0.5", "at_least: 0.8"));
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(1), "a failed gate makes the run exit 1");
+    let text = stdout(&out);
+    assert!(text.contains("score-floor | FAIL — m.score = 0.7, required ≥ 0.8 | measure:m.json ("), "{text}");
+    // The gate node itself succeeded: it recorded a result.
+    let ev = p.run_json(&["s.yaml"], 1);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["gates", "measure"]);
+    // Editing the criterion re-evaluates the gate and nothing else.
+    p.write("gates.yaml", GATES);
+    let ev = p.run_json(&["s.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["gates"]);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["measure"]);
+    // A pack of a failing gate audits as failed (exit 1), with the gate in the table.
+    p.write("gates.yaml", &GATES.replace("at_least: 0.5", "at_least: 0.8"));
+    p.run_json(&["s.yaml"], 1);
+    assert_eq!(p.run(&["pack", "freeze", "s.yaml", "--out", "packs/failing"]).status.code(), Some(0));
+    let (code, text) = audit(&p, &p.path().join("packs/failing"));
+    assert_eq!(code, Some(1));
+    assert!(text.contains("1 failed; pack intact"), "{text}");
+}
+
+#[test]
+fn a_gate_with_unknown_evidence_does_not_compile() {
+    let p = Project::new();
+    p.write("s.yaml", SPEC);
+    p.write(
+        "gates.yaml",
+        &GATES.replace("measure:m.json'}\n    check: {field: m.score", "mesure:m.json'}\n    check: {field: m.score"),
+    );
+    let out = p.run(&["validate", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(common::stderr(&out).contains("no node 'mesure' (did you mean 'measure'?)"), "{}", common::stderr(&out));
+}
+
+#[test]
+fn the_committed_example_pack_audits_clean() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts/grpo-main-tiny/v0.1.0");
+    let p = Project::new();
+    let (code, text) = audit(&p, &dir);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("6 gates: 6 passed, 0 failed; pack intact"), "{text}");
+}
