@@ -93,6 +93,23 @@ fn logits_match_transformers_including_a_left_padded_batch() {
 }
 
 #[test]
+fn a_sharded_checkpoint_loads_to_the_same_weights() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    hf_reference(dir.path());
+    let sharded = dir.path().join("sharded");
+    assert!(sharded.join("model.safetensors.index.json").is_file(), "transformers wrote an index");
+    let shards = HfFolder { dir: sharded.clone() }.weight_files().unwrap();
+    assert!(shards.len() > 1, "several shards: {shards:?}");
+    let a = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let b = Qwen2::load(&HfFolder { dir: sharded }, Device::Cpu).unwrap();
+    let (va, vb) = (a.vs.variables(), b.vs.variables());
+    for (name, t) in va {
+        assert!(t.equal(&vb[&name]), "{name}");
+    }
+}
+
+#[test]
 fn greedy_generation_matches_transformers_token_for_token() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -34,6 +34,8 @@ with torch.no_grad():
         else:
             p.copy_(0.1 * torch.randn_like(p))
 model.save_pretrained(out, safe_serialization=True)
+# The same weights as a sharded checkpoint (model.safetensors.index.json + shards).
+model.save_pretrained(f"{out}/sharded", safe_serialization=True, max_shard_size="100KB")
 
 g = torch.Generator().manual_seed(7)
 full = torch.randint(3, 320, (2, 12), generator=g)
