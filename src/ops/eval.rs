@@ -4,13 +4,12 @@
 //! lengths). Every output is kept, invalid ones included.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext};
+use super::{parse_params, read_jsonl, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext};
 use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::model::DEFAULT_SYSTEM;
 
@@ -162,19 +161,12 @@ impl Op for EvalScore {
         Role::Scoring
     }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let path = |name: &str| {
-            ctx.inputs
-                .get(name)
-                .and_then(|v| v.first())
-                .map(|a| a.path.clone())
-                .ok_or_else(|| failed(format!("input '{name}' is missing")))
-        };
-        let responses: Vec<EvalResponse> = read_jsonl(&path("responses")?)?;
+        let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
         let summary: Value = serde_json::from_str(
-            &std::fs::read_to_string(path("summary")?).map_err(|e| OpError::io("reading the summary", e))?,
+            &std::fs::read_to_string(ctx.input_path("summary")?).map_err(|e| OpError::io("reading the summary", e))?,
         )
         .map_err(failed)?;
-        let labels: BTreeMap<String, Value> = read_jsonl::<Value>(&path("labels")?)?
+        let labels: BTreeMap<String, Value> = read_jsonl::<Value>(ctx.input_path("labels")?)?
             .into_iter()
             .filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone())))
             .collect();
@@ -184,14 +176,6 @@ impl Op for EvalScore {
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
         std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
     }
-}
-
-fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, OpError> {
-    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| failed(format!("{} line {}: {e}", path.display(), i + 1))))
-        .collect()
 }
 
 #[derive(Default)]

@@ -160,6 +160,26 @@ impl RunContext<'_> {
     pub fn output_path(&self, name: &str) -> PathBuf {
         self.staging.join(name)
     }
+
+    /// The path of the (first) artifact of an input.
+    pub fn input_path(&self, name: &str) -> Result<&Path, OpError> {
+        self.inputs
+            .get(name)
+            .and_then(|v| v.first())
+            .map(|a| a.path.as_path())
+            .ok_or_else(|| OpError::Failed(format!("input '{name}' is missing")))
+    }
+}
+
+/// Reads a JSON-lines artifact, naming the line of the first bad one.
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, OpError> {
+    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| OpError::Failed(format!("{} line {}: {e}", path.display(), i + 1)))
+        })
+        .collect()
 }
 
 /// A params problem at a path inside the node's `params`.

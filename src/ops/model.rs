@@ -10,27 +10,13 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use super::{
+    parse_params, read_jsonl, schema_of, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext,
+};
 use crate::model::{build_bpe, chat_prompt, HfFolder, DEFAULT_SYSTEM, IM_END};
 
 fn failed(e: impl std::fmt::Display) -> OpError {
     OpError::Failed(e.to_string())
-}
-
-fn read_jsonl(path: &Path) -> Result<Vec<Value>, OpError> {
-    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).map_err(|e| failed(format!("{} line {}: {e}", path.display(), i + 1))))
-        .collect()
-}
-
-fn input<'a>(ctx: &'a RunContext<'_>, name: &str) -> Result<&'a Path, OpError> {
-    ctx.inputs
-        .get(name)
-        .and_then(|v| v.first())
-        .map(|a| a.path.as_path())
-        .ok_or_else(|| failed(format!("input '{name}' is missing")))
 }
 
 /// Params of `tokenizer.build`.
@@ -88,8 +74,8 @@ impl Op for TokenizerBuild {
     }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let p: TokenizerParams = parse_params(ctx.params).map_err(failed)?;
-        let pages = read_jsonl(input(ctx, "pages")?)?;
-        let labels = read_jsonl(input(ctx, "labels")?)?;
+        let pages: Vec<Value> = read_jsonl(ctx.input_path("pages")?)?;
+        let labels: Vec<Value> = read_jsonl(ctx.input_path("labels")?)?;
         let mut texts = Vec::with_capacity(pages.len() + labels.len());
         for page in &pages {
             let statement = page["statement"].as_str().ok_or_else(|| failed("a page has no statement"))?;

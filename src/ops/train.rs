@@ -360,16 +360,10 @@ impl Op for CheckResume {
         vec![OutputDecl::file("report")]
     }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let path = |name: &str| {
-            ctx.inputs
-                .get(name)
-                .and_then(|v| v.first())
-                .map(|a| a.path.clone())
-                .ok_or_else(|| OpError::Failed(format!("input '{name}' is missing")))
+        let read = |name: &str| {
+            crate::train::state::read_state(ctx.input_path(name)?).map_err(|e| OpError::Failed(e.to_string()))
         };
-        let read =
-            |p: std::path::PathBuf| crate::train::state::read_state(&p).map_err(|e| OpError::Failed(e.to_string()));
-        let (a, b) = (read(path("continuous")?)?, read(path("resumed")?)?);
+        let (a, b) = (read("continuous")?, read("resumed")?);
         let difference = crate::train::state::first_difference(&a, &b, &UNCOMPARED);
         let report = serde_json::json!({
             "identical": difference.is_none(),
