@@ -13,6 +13,7 @@ pub mod dag;
 pub mod data;
 pub mod exec;
 pub mod gate;
+pub mod guard;
 pub mod model;
 pub mod ops;
 pub mod pack;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use super::{Cli, Command, Finish, PackCommand, SpecArgs, VerifierCommand};
+use super::{Cli, Command, Finish, GuardCommand, PackCommand, SpecArgs, VerifierCommand};
 use crate::dag::{self, Dag};
 use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::exec::plan::{self, PlanEntry, PlanState};
@@ -159,6 +159,16 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Verify => verify(&cli.workspace),
         Command::Verifier(cmd) => verifier(cmd),
+        Command::Guard(GuardCommand::Codes) => {
+            print!("{}", crate::guard::codes::table());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Guard(GuardCommand::SpendNonce { nonce }) => {
+            let ws = Workspace::open(&cli.workspace)?;
+            let won = ws.index()?.consume_nonce(&nonce)?;
+            println!("{}", if won { "won" } else { "lost" });
+            Ok(if won { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+        }
         Command::Pack(PackCommand::Freeze { spec, out, with_models, with_states, max_output_bytes }) => {
             let (spec, dag) = load(&spec, &registry)?;
             let Some(ws) = Workspace::open_read_only(&cli.workspace)? else {

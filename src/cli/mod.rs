@@ -120,11 +120,24 @@ pub enum Command {
         /// The pack folder.
         dir: PathBuf,
     },
+    /// The trajectory guard: its reason codes.
+    #[command(subcommand)]
+    Guard(GuardCommand),
     /// Generate a response from a model folder (runs in the libtorch worker).
     Generate(GenerateArgs),
     /// Score responses by hand and list the registered verifiers.
     #[command(subcommand)]
     Verifier(VerifierCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GuardCommand {
+    /// The table of reason codes (code, family, decision, meaning) as Markdown.
+    Codes,
+    /// Spend a nonce in the workspace: prints `won` (exit 0) for the one caller
+    /// that spends it, `lost` (exit 1) for everyone else.
+    #[command(hide = true)]
+    SpendNonce { nonce: String },
 }
 
 #[derive(Debug, Subcommand)]

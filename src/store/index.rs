@@ -77,7 +77,7 @@ pub struct RunNodeRow {
     pub detail: Option<String>,
 }
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS nodes (
@@ -122,6 +122,12 @@ CREATE TABLE IF NOT EXISTS rollout_claims (
     rollout_id INTEGER NOT NULL,
     owner TEXT NOT NULL,
     PRIMARY KEY (lineage, rollout_id)
+);
+CREATE TABLE IF NOT EXISTS nonces (
+    nonce TEXT PRIMARY KEY,
+    batch_hash TEXT NOT NULL,
+    policy_digest TEXT NOT NULL,
+    spent INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS file_stats (
     path TEXT PRIMARY KEY,
@@ -406,6 +412,27 @@ impl Index {
             }
         }
         tx.commit().map_err(db("claiming rollouts"))
+    }
+
+    /// Records a freshly minted nonce (unspent).
+    pub fn register_nonce(&self, nonce: &str, batch_hash: &str, policy_digest: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO nonces (nonce, batch_hash, policy_digest) VALUES (?1, ?2, ?3)",
+                params![nonce, batch_hash, policy_digest],
+            )
+            .map_err(db("registering a nonce"))?;
+        Ok(())
+    }
+
+    /// Spends a nonce: true for the one caller that flips it, false for everyone
+    /// else (also across processes: one conditional UPDATE, atomic in SQLite).
+    pub fn consume_nonce(&mut self, nonce: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn
+            .execute("UPDATE nonces SET spent = 1 WHERE nonce = ?1 AND spent = 0", params![nonce])
+            .map_err(db("spending a nonce"))?;
+        Ok(changed == 1)
     }
 
     pub fn file_hash(&self, path: &str, stat: &FileStat) -> Result<Option<String>, StoreError> {
