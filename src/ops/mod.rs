@@ -26,7 +26,9 @@ use serde_json::Value;
 pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
 pub use shell::{ShellOp, ShellParams};
-pub use train::{CheckResume, GrpoParams, Mode, SftBranch, SftParams, TrainGrpo, TrainSft};
+pub use train::{
+    CheckResume, FaultFamily, FaultSpec, GrpoParams, GuardSwitch, Mode, SftBranch, SftParams, TrainGrpo, TrainSft,
+};
 
 use crate::data::Split;
 

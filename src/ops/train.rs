@@ -160,6 +160,59 @@ pub struct GrpoParams {
     pub verifier: String,
     #[serde(default = "d_system")]
     pub system: String,
+    /// The trajectory guard: `on` (only validated batches update parameters) or
+    /// `off` (explicit, loudly logged; bad updates happen and are counted).
+    #[serde(default)]
+    pub guard: GuardSwitch,
+    /// Faults injected on purpose (the fault matrix).
+    #[serde(default)]
+    pub faults: Vec<FaultSpec>,
+}
+
+/// Whether the guard stands between rollouts and the optimizer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardSwitch {
+    #[default]
+    On,
+    Off,
+}
+
+/// One injected fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub family: FaultFamily,
+    /// The iteration whose rollout set is corrupted.
+    pub at_iteration: usize,
+    /// F4: how far the mask is shifted (default 1).
+    #[serde(default)]
+    pub shift: Option<usize>,
+}
+
+/// The fault families of shared/seeds/000.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub enum FaultFamily {
+    /// Static rollout policy: the sync to the rollout engine is silently skipped.
+    F1,
+    /// Misbound old log-probs (scored by another policy, off by one position).
+    F2,
+    /// Retokenization: the response is decoded and re-encoded for the update.
+    F3,
+    /// The completion mask shifted by `shift` positions.
+    F4,
+    /// Split leakage: a test prompt's rollout enters the update.
+    F5,
+    /// Evaluator alias: the reward names an alias of a registered verifier.
+    F6,
+    /// Event reorder: scoring logged after an update.
+    F7,
+    /// Artifact mutation: a stored token artifact edited after it was recorded.
+    F8,
+    /// Reward from an unregistered verifier.
+    F9,
+    /// Prompt content substituted under the same id.
+    F10,
 }
 
 fn d_group() -> usize {

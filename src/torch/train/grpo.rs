@@ -19,9 +19,17 @@ use super::common::{
     examples, input_path, load_model, params, peak_rss_bytes, permutation, prompt_ids, read, restore_state,
     write_outputs,
 };
+use super::guarded::{
+    active, batch_from_artifacts, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS,
+};
 use super::objective::group_advantages;
-use super::update::{behavior_gap, grpo_update, GrpoHyper, RolloutBatch};
+use super::update::{behavior_gap, grpo_update, GrpoHyper};
 use crate::torch::generate::{generate, pick_device, Sampling};
+use orchestrate::guard::{
+    materialize, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
+};
+use orchestrate::ops::{FaultFamily, GuardSwitch};
+use std::collections::BTreeMap;
 
 /// Where the prompt order stands: epoch of the pool permutation, and position in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -93,6 +101,21 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         }
     };
     let mut index = Index::open(&job.workspace.join("cache.sqlite"))?;
+    // The rollout engine: its own weights, synced explicitly (what makes F1 observable).
+    let (engine_model, _) = load_model(model_dir, device)?;
+    let mut engine = RolloutEngine::new(engine_model);
+    engine.sync(&params, updates as u64);
+    let tokenizer_hash = blake3::hash(&std::fs::read(model_dir.join("tokenizer.json"))?).to_hex().to_string();
+    let registry = prompt_registry(&pool.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), &prompts);
+    let verifiers = VerifierRegistry::builtin();
+    let aliases: BTreeMap<String, String> = [(VERIFIER_ALIAS.to_string(), p.verifier.clone())].into();
+    if p.guard == GuardSwitch::Off {
+        eprintln!(
+            "WARNING: guard: off. Batches update parameters without validation; bad updates are counted, not blocked."
+        );
+    }
+    let mut bad_updates = 0usize;
+    let mut detections: Vec<Value> = Vec::new();
     let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
     let per_iteration = (p.prompts_per_iteration * p.group_size) as u64;
     let mut order = permutation(pool.len(), p.seed, "grpo/prompts", cursor.epoch);
@@ -117,8 +140,14 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let batch_prompts: Vec<Vec<i64>> =
             chosen.iter().flat_map(|&i| std::iter::repeat_n(prompts[i].clone(), p.group_size)).collect();
         let t = Instant::now();
+        let faults = active(&p.faults, iteration);
+        if faults.iter().any(|f| f.family == FaultFamily::F1) {
+            eprintln!("fault F1 at iteration {iteration}: the sync to the rollout engine is skipped");
+        } else {
+            engine.sync(&params, updates as u64);
+        }
         let generated = generate(
-            &policy,
+            &engine.model,
             &batch_prompts,
             p.max_new_tokens,
             eos,
@@ -149,7 +178,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let t = Instant::now();
         let responses: Vec<Vec<i64>> = generated.iter().map(|g| g.ids.clone()).collect();
         let behavior: Vec<Vec<f32>> = generated.iter().map(|g| g.behavior_logprobs.clone()).collect();
-        let behavior_gap = behavior_gap(&policy, &batch_prompts, &responses, &behavior)?;
+        let behavior_gap = behavior_gap(&engine.model, &batch_prompts, &responses, &behavior)?;
         if behavior_gap > p.behavior_tolerance {
             bail!(
                 "iteration {iteration}: behavior log-probs differ from full re-scoring by {behavior_gap:e} > {:e}: refusing to update",
@@ -167,20 +196,98 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             }
             advantages.extend(a);
         }
-        let batch = RolloutBatch {
-            prompts: batch_prompts,
-            responses,
-            old_logprobs: behavior,
-            advantages,
-            group_size: p.group_size,
-        };
+        // What the generation side records: token artifacts by hash, and an envelope per rollout.
+        let trainer_version = updates as u64;
+        let mut store: BTreeMap<String, TokenArtifacts> = BTreeMap::new();
+        let mut recorded: Vec<Recorded> = Vec::with_capacity(generated.len());
+        for (row, g) in generated.iter().enumerate() {
+            let example = &pool[chosen[row / p.group_size]];
+            let artifacts = TokenArtifacts {
+                prompt_ids: batch_prompts[row].clone(),
+                response_ids: g.ids.clone(),
+                old_logprobs: g.behavior_logprobs.clone(),
+                mask_start: batch_prompts[row].len(),
+                mask_len: g.ids.len(),
+            };
+            let hash = artifacts.hash();
+            store.insert(hash.clone(), artifacts.clone());
+            let envelope = Envelope {
+                rollout_id: first + row as u64,
+                prompt_id: example.id.clone(),
+                split: orchestrate::data::Split::Train,
+                artifacts_hash: hash,
+                tokenizer_hash: tokenizer_hash.clone(),
+                behavior_policy_version: engine.version,
+                behavior_policy_digest: engine.digest.clone(),
+                scorer_policy_digest: engine.digest.clone(),
+                off_policy_correction: true,
+                reward: RewardRef { verifier: verifier.name().to_string(), protocol_hash: verifier.protocol_hash() },
+                events: vec![
+                    EventRef { kind: EventKind::Generation, seq: 1, policy_version: trainer_version },
+                    EventRef { kind: EventKind::Scoring, seq: 2, policy_version: trainer_version },
+                    EventRef { kind: EventKind::Reward, seq: 3, policy_version: trainer_version },
+                ],
+            };
+            recorded.push(Recorded { envelope, artifacts });
+        }
+        let reference_now = digest(&reference_params);
+        inject(&faults, &mut recorded, &mut store, &tokenizer, &reference_now)?;
+        let envelopes: Vec<Envelope> = recorded.iter().map(|r| r.envelope.clone()).collect();
         let t = Instant::now();
         let before = digest(&params);
         let hashing_before = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut update_stats = Vec::new();
+        let mut guard_record = json!({"decision": "allow", "codes": []});
         for _ in 0..p.updates_per_iteration {
             let lr = learning_rate(updates, total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
+            let rollouts: Vec<TokenArtifacts> = match p.guard {
+                GuardSwitch::On => {
+                    let ctx = GuardContext {
+                        mode: ProtocolMode::BoundedOffPolicy { max_lag: (p.updates_per_iteration - 1) as u64 },
+                        trainer_policy_version: updates as u64,
+                        tokenizer_hash: tokenizer_hash.clone(),
+                        artifacts: &store,
+                        trainable_splits: BTreeSet::from([orchestrate::data::Split::Train]),
+                        prompt_registry: &registry,
+                        verifiers: &verifiers,
+                        verifier_aliases: &aliases,
+                        canary: None,
+                    };
+                    match materialize(&envelopes, &ctx, &digest(&params), &mut index) {
+                        Ok((batch, handle)) => {
+                            // The optimizer step happens only after the handle is spent.
+                            handle.consume(&mut index)?;
+                            batch.rollouts
+                        }
+                        Err(GuardError::Rejected(refused)) => {
+                            let decision = refused
+                                .iter()
+                                .map(|(_, v)| v.decision)
+                                .max()
+                                .unwrap_or(orchestrate::guard::Decision::Reject);
+                            guard_record =
+                                json!({"decision": decision, "codes": codes_of(&refused), "rollouts": refused.len()});
+                            detections.push(
+                                json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
+                            );
+                            eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
+                            break;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                GuardSwitch::Off => {
+                    if !faults.is_empty() {
+                        bad_updates += 1;
+                    }
+                    envelopes
+                        .iter()
+                        .map(|e| store.get(&e.artifacts_hash).cloned().unwrap_or_else(|| recorded[0].artifacts.clone()))
+                        .collect()
+                }
+            };
+            let batch = batch_from_artifacts(&rollouts, advantages.clone(), p.group_size);
             update_stats.push(grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, lr)?);
             updates += 1;
         }
@@ -201,6 +308,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             "behavior_max_gap": behavior_gap,
             "updates": update_stats,
             "weights_changed": before != after,
+            "guard": guard_record,
+            "faults": faults.iter().map(|f| format!("{:?}", f.family)).collect::<Vec<_>>(),
             "costs": {
                 "generation_seconds": generation_seconds,
                 "behavior_verification_seconds": verification_seconds,
@@ -234,6 +343,12 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         "history": history,
         "reference_digest": reference_digest,
         "reference_unchanged": true,
+        "guard": {
+            "switch": p.guard,
+            "faults": p.faults,
+            "detections": detections,
+            "bad_updates_applied": bad_updates,
+        },
         "final_model_digest": digest(&params),
         "costs": {"seconds": started.elapsed().as_secs_f64(), "peak_rss_bytes": peak_rss_bytes()},
     });

@@ -4,6 +4,7 @@
 pub mod adamw;
 pub mod common;
 pub mod grpo;
+pub mod guarded;
 pub mod objective;
 pub mod sft;
 pub mod update;
