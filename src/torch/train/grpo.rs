@@ -31,6 +31,9 @@ use orchestrate::guard::{
 use orchestrate::ops::{FaultFamily, GuardSwitch};
 use std::collections::BTreeMap;
 
+use super::guarded::canary_drift;
+use orchestrate::guard::Canary;
+
 /// Where the prompt order stands: epoch of the pool permutation, and position in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Cursor {
@@ -114,6 +117,9 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             "WARNING: guard: off. Batches update parameters without validation; bad updates are counted, not blocked."
         );
     }
+    // The canary's fixed prompts, and its baseline right after the first sync.
+    let canary_prompts: Vec<Vec<i64>> = prompts.iter().take(2).cloned().collect();
+    let canary_baseline = canary_drift(&engine.model, &policy, &canary_prompts);
     let mut bad_updates = 0usize;
     let mut detections: Vec<Value> = Vec::new();
     let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
@@ -146,6 +152,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         } else {
             engine.sync(&params, updates as u64);
         }
+        let canary = Canary { drift: canary_drift(&engine.model, &policy, &canary_prompts), baseline: canary_baseline };
         let generated = generate(
             &engine.model,
             &batch_prompts,
@@ -252,7 +259,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                         prompt_registry: &registry,
                         verifiers: &verifiers,
                         verifier_aliases: &aliases,
-                        canary: None,
+                        canary: Some(canary),
                     };
                     match materialize(&envelopes, &ctx, &digest(&params), &mut index) {
                         Ok((batch, handle)) => {
@@ -309,6 +316,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             "updates": update_stats,
             "weights_changed": before != after,
             "guard": guard_record,
+            "canary": {"drift": canary.drift, "baseline": canary.baseline},
             "faults": faults.iter().map(|f| format!("{:?}", f.family)).collect::<Vec<_>>(),
             "costs": {
                 "generation_seconds": generation_seconds,

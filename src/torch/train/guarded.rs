@@ -41,6 +41,28 @@ impl RolloutEngine {
     }
 }
 
+/// The canary: the largest difference between the engine's and the trainer's
+/// next-token logits on fixed prompts. Exactly 0 when the engine holds the
+/// trainer's weights; above the baseline (recorded after the first sync) when
+/// it serves something else.
+pub fn canary_drift(engine: &Qwen2, trainer: &Qwen2, prompts: &[Vec<i64>]) -> f64 {
+    use crate::torch::qwen2::attention_mask;
+    use tch::{Kind, Tensor as T};
+    tch::no_grad(|| {
+        let mut worst = 0f64;
+        for p in prompts {
+            let n = p.len() as i64;
+            let ids = T::from_slice(p).view([1, n]).to_device(trainer.device());
+            let pos = T::arange(n, (Kind::Int64, trainer.device())).view([1, n]);
+            let mask = attention_mask(&T::ones([1, n], (Kind::Int64, trainer.device())), n);
+            let a = engine.forward_last(&ids, &pos, &mask, None);
+            let b = trainer.forward_last(&ids, &pos, &mask, None);
+            worst = worst.max((a - b).abs().max().double_value(&[]));
+        }
+        worst
+    })
+}
+
 /// One rollout as the generation side recorded it.
 pub struct Recorded {
     pub envelope: Envelope,
