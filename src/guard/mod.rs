@@ -6,6 +6,7 @@
 //! Not yet wired into `train.grpo` (see docs/guard.md for what is and is not done).
 
 pub mod codes;
+pub mod events;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -77,7 +77,7 @@ pub struct RunNodeRow {
     pub detail: Option<String>,
 }
 
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS nodes (
@@ -128,6 +128,16 @@ CREATE TABLE IF NOT EXISTS nonces (
     batch_hash TEXT NOT NULL,
     policy_digest TEXT NOT NULL,
     spent INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS guard_events (
+    lineage TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    producer TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    prev TEXT NOT NULL,
+    seal TEXT NOT NULL,
+    PRIMARY KEY (lineage, seq)
 );
 CREATE TABLE IF NOT EXISTS file_stats (
     path TEXT PRIMARY KEY,
@@ -412,6 +422,61 @@ impl Index {
             }
         }
         tx.commit().map_err(db("claiming rollouts"))
+    }
+
+    /// Appends a sealed event to a lineage's chain (in one transaction) and returns its seal.
+    pub fn append_guard_event(
+        &mut self,
+        lineage: &str,
+        producer: &str,
+        kind: &str,
+        payload: &str,
+        seal_of: impl Fn(&str, i64, &str, &str, &str) -> String,
+    ) -> Result<String, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db("appending an event"))?;
+        let last: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT seq, seal FROM guard_events WHERE lineage = ?1 ORDER BY seq DESC LIMIT 1",
+                params![lineage],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(db("appending an event"))?;
+        let (seq, prev) = last.map(|(s, seal)| (s + 1, seal)).unwrap_or((1, "genesis".to_string()));
+        let seal = seal_of(&prev, seq, producer, kind, payload);
+        tx.execute(
+            "INSERT INTO guard_events (lineage, seq, producer, kind, payload, prev, seal) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![lineage, seq, producer, kind, payload, prev, seal],
+        )
+        .map_err(db("appending an event"))?;
+        tx.commit().map_err(db("appending an event"))?;
+        Ok(seal)
+    }
+
+    /// A lineage's events in stored order: (seq, producer, kind, payload, prev, seal).
+    pub fn guard_events(
+        &self,
+        lineage: &str,
+    ) -> Result<Vec<(i64, String, String, String, String, String)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, producer, kind, payload, prev, seal FROM guard_events WHERE lineage = ?1 ORDER BY rowid",
+            )
+            .map_err(db("reading events"))?;
+        let rows = stmt
+            .query_map(params![lineage], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+            .map_err(db("reading events"))?;
+        rows.collect::<Result<_, _>>().map_err(db("reading events"))
+    }
+
+    /// Direct access for tests that tamper with the log.
+    #[doc(hidden)]
+    pub fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
+        self.conn.execute(sql, []).map_err(db("raw statement"))
     }
 
     /// Records a freshly minted nonce (unspent).

@@ -121,6 +121,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let canary_prompts: Vec<Vec<i64>> = prompts.iter().take(2).cloned().collect();
     let canary_baseline = canary_drift(&engine.model, &policy, &canary_prompts);
     let mut bad_updates = 0usize;
+    let log = |index: &mut Index, producer: &str, kind: &str, payload: Value| -> Result<()> {
+        orchestrate::guard::events::append(index, &lineage, producer, kind, &payload)?;
+        Ok(())
+    };
     let mut detections: Vec<Value> = Vec::new();
     let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
     let per_iteration = (p.prompts_per_iteration * p.group_size) as u64;
@@ -147,11 +151,14 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             chosen.iter().flat_map(|&i| std::iter::repeat_n(prompts[i].clone(), p.group_size)).collect();
         let t = Instant::now();
         let faults = active(&p.faults, iteration);
-        if faults.iter().any(|f| f.family == FaultFamily::F1) {
+        let skipped = faults.iter().any(|f| f.family == FaultFamily::F1);
+        if skipped {
+            // F1 is silent: the control plane believes it synced.
             eprintln!("fault F1 at iteration {iteration}: the sync to the rollout engine is skipped");
         } else {
             engine.sync(&params, updates as u64);
         }
+        log(&mut index, "control", "sync", json!({"iteration": iteration, "trainer_version": updates}))?;
         let canary = Canary { drift: canary_drift(&engine.model, &policy, &canary_prompts), baseline: canary_baseline };
         let generated = generate(
             &engine.model,
@@ -237,9 +244,30 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             };
             recorded.push(Recorded { envelope, artifacts });
         }
+        log(
+            &mut index,
+            "rollout_engine",
+            "generation",
+            json!({"iteration": iteration, "rollouts": [first, first + per_iteration],
+            "policy_version": engine.version, "policy_digest": engine.digest,
+            "artifacts": recorded.iter().map(|r| r.envelope.artifacts_hash.clone()).collect::<Vec<_>>()}),
+        )?;
+        log(
+            &mut index,
+            "verifier",
+            "reward",
+            json!({"iteration": iteration, "verifier": verifier.name(), "protocol_hash": verifier.protocol_hash(), "rewards": rewards}),
+        )?;
         let reference_now = digest(&reference_params);
         inject(&faults, &mut recorded, &mut store, &tokenizer, &reference_now)?;
         let envelopes: Vec<Envelope> = recorded.iter().map(|r| r.envelope.clone()).collect();
+        log(
+            &mut index,
+            "materializer",
+            "envelope",
+            json!({"iteration": iteration,
+            "envelopes": envelopes.iter().map(|e| blake3::hash(serde_json::to_string(e).unwrap_or_default().as_bytes()).to_hex().to_string()).collect::<Vec<_>>()}),
+        )?;
         let t = Instant::now();
         let before = digest(&params);
         let hashing_before = t.elapsed().as_secs_f64();
@@ -263,6 +291,18 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                     };
                     match materialize(&envelopes, &ctx, &digest(&params), &mut index) {
                         Ok((batch, handle)) => {
+                            log(
+                                &mut index,
+                                "materializer",
+                                "decision",
+                                json!({"iteration": iteration, "decision": "allow", "batch": handle.batch_hash()}),
+                            )?;
+                            log(
+                                &mut index,
+                                "control",
+                                "update_prepared",
+                                json!({"iteration": iteration, "update": updates, "nonce": handle.nonce()}),
+                            )?;
                             // The optimizer step happens only after the handle is spent.
                             handle.consume(&mut index)?;
                             batch.rollouts
@@ -279,6 +319,18 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                                 json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
                             );
                             eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
+                            log(
+                                &mut index,
+                                "materializer",
+                                "decision",
+                                json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
+                            )?;
+                            log(
+                                &mut index,
+                                "control",
+                                "update_aborted",
+                                json!({"iteration": iteration, "update": updates}),
+                            )?;
                             break;
                         }
                         Err(e) => return Err(e.into()),
@@ -288,6 +340,12 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                     if !faults.is_empty() {
                         bad_updates += 1;
                     }
+                    log(
+                        &mut index,
+                        "control",
+                        "update_prepared",
+                        json!({"iteration": iteration, "update": updates, "guard": "off"}),
+                    )?;
                     envelopes
                         .iter()
                         .map(|e| store.get(&e.artifacts_hash).cloned().unwrap_or_else(|| recorded[0].artifacts.clone()))
@@ -296,7 +354,9 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             };
             let batch = batch_from_artifacts(&rollouts, advantages.clone(), p.group_size);
             update_stats.push(grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, lr)?);
+            log(&mut index, "control", "update_applied", json!({"iteration": iteration, "update": updates}))?;
             updates += 1;
+            log(&mut index, "control", "update_committed", json!({"iteration": iteration, "update": updates - 1}))?;
         }
         let optimization_seconds = t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -336,6 +396,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         bail!("the reference model changed during training");
     }
     let distinct: BTreeSet<u64> = consumed.iter().flat_map(|[a, b]| *a..*b).collect();
+    if let Some(problem) = orchestrate::guard::events::verify(&index, &lineage)? {
+        bail!("the guard's event log is broken: {problem}");
+    }
+    let event_count = index.guard_events(&lineage)?.len();
     let meta = json!({
         "kind": "grpo",
         "identity": identity,
@@ -356,6 +420,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             "faults": p.faults,
             "detections": detections,
             "bad_updates_applied": bad_updates,
+            "event_log": {"events": event_count, "intact": true},
         },
         "final_model_digest": digest(&params),
         "costs": {"seconds": started.elapsed().as_secs_f64(), "peak_rss_bytes": peak_rss_bytes()},
