@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use orchestrate::data::verifier::{StockArithmetic, Verifier, VerifierRegistry};
 use orchestrate::data::Split;
-use orchestrate::guard::{content_hash, materialize, EventKind, EventRef, Envelope, GuardContext, ProtocolMode, RewardRef, TokenArtifacts};
+use orchestrate::guard::{
+    content_hash, materialize, Envelope, EventKind, EventRef, GuardContext, ProtocolMode, RewardRef, TokenArtifacts,
+};
 
 fn batch(n: usize) -> (Vec<Envelope>, BTreeMap<String, TokenArtifacts>, BTreeMap<String, String>) {
     let mut envs = Vec::new();
@@ -36,7 +38,10 @@ fn batch(n: usize) -> (Vec<Envelope>, BTreeMap<String, TokenArtifacts>, BTreeMap
             behavior_policy_digest: "d".into(),
             scorer_policy_digest: "d".into(),
             off_policy_correction: true,
-            reward: RewardRef { verifier: "stock_arithmetic_v1".into(), protocol_hash: StockArithmetic.protocol_hash() },
+            reward: RewardRef {
+                verifier: "stock_arithmetic_v1".into(),
+                protocol_hash: StockArithmetic.protocol_hash(),
+            },
             events: vec![
                 EventRef { kind: EventKind::Generation, seq: 1, policy_version: 3 },
                 EventRef { kind: EventKind::Scoring, seq: 2, policy_version: 3 },
@@ -54,10 +59,14 @@ fn main() {
     let mut index = ws.index().unwrap();
     let verifiers = VerifierRegistry::builtin();
     let aliases = BTreeMap::new();
-    let iteration = Command::new(env!("CARGO_BIN_EXE_orchestrate-torch")).args(["bench-grpo", "--iterations", "3"]).output().ok().and_then(|o| {
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-        v["seconds_per_iteration"]["loop"].as_f64()
-    });
+    let iteration = Command::new(env!("CARGO_BIN_EXE_orchestrate-torch"))
+        .args(["bench-grpo", "--iterations", "3"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+            v["seconds_per_iteration"]["loop"].as_f64()
+        });
     println!("{:<12} {:>16} {:>22}", "envelopes", "ms per batch", "share of an iteration");
     for n in [32usize, 256] {
         let (envs, store, registry) = batch(n);

@@ -167,6 +167,14 @@ pub struct GrpoParams {
     /// Faults injected on purpose (the fault matrix).
     #[serde(default)]
     pub faults: Vec<FaultSpec>,
+    /// Write a recovery checkpoint every N iterations (0: never). A run that
+    /// crashes resumes from its last committed checkpoint when re-run.
+    #[serde(default = "d_checkpoint_every")]
+    pub checkpoint_every: usize,
+}
+
+fn d_checkpoint_every() -> usize {
+    10
 }
 
 /// Whether the guard stands between rollouts and the optimizer.

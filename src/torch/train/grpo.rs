@@ -32,6 +32,7 @@ use orchestrate::ops::{FaultFamily, GuardSwitch};
 use std::collections::BTreeMap;
 
 use super::guarded::canary_drift;
+use super::wal::{failpoint, Wal};
 use orchestrate::guard::Canary;
 
 /// Where the prompt order stands: epoch of the pool permutation, and position in it.
@@ -104,6 +105,23 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         }
     };
     let mut index = Index::open(&job.workspace.join("cache.sqlite"))?;
+    // The update WAL's checkpoints live beside the workspace, by node key: a
+    // re-run of a crashed node recovers from its last committed checkpoint.
+    let wal = Wal::new(&job.workspace, &job.key);
+    if p.mode != Mode::Resume {
+        if let Some(state) = wal.last_committed()? {
+            if state.meta["identity"] != identity {
+                bail!("the committed checkpoint belongs to another run (identity differs)");
+            }
+            restore_state(&state, &params, &mut adam)?;
+            next_iteration = state.meta["next_iteration"].as_u64().unwrap_or(0) as usize;
+            updates = state.meta["updates"].as_u64().unwrap_or(0) as usize;
+            cursor = serde_json::from_value(state.meta["cursor"].clone())?;
+            history = state.meta["history"].as_array().cloned().unwrap_or_default();
+            consumed = serde_json::from_value(state.meta["consumed_rollouts"].clone())?;
+            eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");
+        }
+    }
     // The rollout engine: its own weights, synced explicitly (what makes F1 observable).
     let (engine_model, _) = load_model(model_dir, device)?;
     let mut engine = RolloutEngine::new(engine_model);
@@ -274,6 +292,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let t = Instant::now();
         let mut update_stats = Vec::new();
         let mut guard_record = json!({"decision": "allow", "codes": []});
+        failpoint("prepared", iteration);
         for _ in 0..p.updates_per_iteration {
             let lr = learning_rate(updates, total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
             let rollouts: Vec<TokenArtifacts> = match p.guard {
@@ -359,6 +378,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             log(&mut index, "control", "update_committed", json!({"iteration": iteration, "update": updates - 1}))?;
         }
         let optimization_seconds = t.elapsed().as_secs_f64();
+        failpoint("applied", iteration);
         let t = Instant::now();
         let after = digest(&params);
         let hashing_seconds = hashing_before + t.elapsed().as_secs_f64();
@@ -386,6 +406,19 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 "loop_seconds": t_loop.elapsed().as_secs_f64(),
             },
         }));
+        if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < stop {
+            let meta = json!({
+                "kind": "grpo", "identity": identity, "lineage": lineage, "next_iteration": iteration + 1,
+                "updates": updates, "adam_step": adam.step, "cursor": cursor, "consumed_rollouts": consumed, "history": history,
+            });
+            wal.checkpoint(&params, &adam, &meta, iteration)?;
+            log(
+                &mut index,
+                "control",
+                "update_committed",
+                json!({"iteration": iteration, "checkpoint": iteration + 1}),
+            )?;
+        }
         eprintln!(
             "grpo iteration {iteration}: mean reward {mean_reward:.3}, zero-variance groups {zero_variance}/{}, kl {:.3e}",
             p.prompts_per_iteration,
@@ -425,5 +458,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         "final_model_digest": digest(&params),
         "costs": {"seconds": started.elapsed().as_secs_f64(), "peak_rss_bytes": peak_rss_bytes()},
     });
-    write_outputs(job, &policy, model_dir, &params, &adam, &meta)
+    write_outputs(job, &policy, model_dir, &params, &adam, &meta)?;
+    // The node's outputs are complete: its recovery checkpoints are no longer needed.
+    wal.clear();
+    Ok(())
 }

@@ -8,6 +8,7 @@ pub mod guarded;
 pub mod objective;
 pub mod sft;
 pub mod update;
+pub mod wal;
 
 #[cfg(test)]
 mod tests;

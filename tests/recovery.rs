@@ -1,0 +1,73 @@
+//! The update WAL: a worker killed at any phase of an update recovers, on
+//! re-run, from the last committed checkpoint and ends exactly where an
+//! uncrashed run ends.
+
+mod common;
+
+use common::{stderr, stdout, Project};
+
+const SPEC: &str = r#"
+name: recovery
+nodes:
+  data:
+    op: dataset.stock_arithmetic
+    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}
+  tokenizer:
+    op: tokenizer.build
+    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {vocab_size: 400}
+  base:
+    op: model.init
+    inputs: {tokenizer: 'tokenizer:tokenizer'}
+    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
+  grpo:
+    op: train.grpo
+    inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {iterations: 4, max_new_tokens: 8, lr: 1.0e-4, checkpoint_every: 1}
+"#;
+
+fn final_state(p: &Project) -> orchestrate::train::state::StateFile {
+    let out = p.run(&["path", "spec.yaml", "grpo:state"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    orchestrate::train::state::read_state(std::path::Path::new(stdout(&out).trim())).unwrap()
+}
+
+#[test]
+fn a_crash_at_any_update_phase_recovers_to_the_uncrashed_result() {
+    let reference = Project::new();
+    reference.write("spec.yaml", SPEC);
+    reference.run_json(&["spec.yaml"], 0);
+    let expected = final_state(&reference);
+    for phase in ["prepared", "applied", "checkpointed", "committed"] {
+        let p = Project::new();
+        p.write("spec.yaml", SPEC);
+        let crashed =
+            p.cmd(&["run", "--json", "spec.yaml"]).env("ORCHESTRATE_FAILPOINT", format!("{phase}@2")).output().unwrap();
+        assert_eq!(crashed.status.code(), Some(1), "{phase}: the run fails when the worker dies");
+        assert!(
+            p.path().join(".orchestrate/checkpoints").is_dir(),
+            "{phase}: committed checkpoints remain for recovery"
+        );
+        p.run_json(&["spec.yaml"], 0);
+        // The re-run restored the last committed checkpoint; it did not start over.
+        let explain: serde_json::Value =
+            serde_json::from_str(&stdout(&p.run(&["explain", "spec.yaml", "grpo", "--json"]))).unwrap();
+        let log = std::fs::read_to_string(
+            p.path().join(format!(".orchestrate/logs/{}.log", explain["key"].as_str().unwrap())),
+        )
+        .unwrap();
+        let resumed_at = if phase == "committed" { 3 } else { 2 };
+        assert!(
+            log.contains(&format!("recovered from the committed checkpoint after iteration {resumed_at}")),
+            "{phase}: {log}"
+        );
+        let recovered = final_state(&p);
+        let difference =
+            orchestrate::train::state::first_difference(&expected, &recovered, &["costs", "lineage", "event_log"]);
+        assert_eq!(difference, None, "{phase}: recovery must end where the uncrashed run ends");
+        assert!(
+            !p.path().join(".orchestrate/checkpoints").read_dir().unwrap().any(|_| true),
+            "{phase}: checkpoints are cleared once the node completes"
+        );
+    }
+}
