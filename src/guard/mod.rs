@@ -20,7 +20,17 @@ use crate::data::Split;
 use crate::store::{Index, StoreError};
 
 /// The token artifacts of one rollout, as the generation side stored them.
-/// The update path consumes these ids, never text.
+/// The update path consumes these ids, never text: giving it text does not compile.
+///
+/// ```compile_fail
+/// let a = orchestrate::guard::TokenArtifacts {
+///     prompt_ids: vec![1, 2],
+///     response_ids: "{\"final_stock\": 6}".to_string(), // text, not token ids
+///     old_logprobs: vec![],
+///     mask_start: 2,
+///     mask_len: 1,
+/// };
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenArtifacts {
     pub prompt_ids: Vec<i64>,
@@ -32,9 +42,15 @@ pub struct TokenArtifacts {
 }
 
 impl TokenArtifacts {
-    pub fn hash(&self) -> String {
+    /// The canonical bytes: what the store holds, and what the hash covers.
+    pub fn canonical_bytes(&self) -> Vec<u8> {
         let v = serde_json::to_value(self).expect("artifacts serialize");
-        blake3::hash(canonical_json(&v).as_bytes()).to_hex().to_string()
+        canonical_json(&v).into_bytes()
+    }
+
+    /// blake3 of the canonical bytes (equal to the store's object hash).
+    pub fn hash(&self) -> String {
+        blake3::hash(&self.canonical_bytes()).to_hex().to_string()
     }
 }
 
@@ -225,7 +241,24 @@ mod sealed {
 /// Permission to make exactly one optimizer step with exactly one batch. Only
 /// [`materialize`] mints it, after every envelope was allowed; it is consumed
 /// by value, and its nonce is recorded once in SQLite, so it can be used once,
-/// across processes too.
+/// across processes too. It cannot be built anywhere else:
+///
+/// ```compile_fail
+/// let forged = orchestrate::guard::ValidatedBatchHandle {
+///     batch_hash: String::new(),
+///     policy_digest: String::new(),
+///     nonce: String::new(),
+/// };
+/// ```
+///
+/// and a spent handle cannot be spent again:
+///
+/// ```compile_fail
+/// fn twice(h: orchestrate::guard::ValidatedBatchHandle, index: &mut orchestrate::store::Index) {
+///     let _ = h.consume(index);
+///     let _ = h.consume(index); // use of a moved value
+/// }
+/// ```
 #[derive(Debug)]
 pub struct ValidatedBatchHandle {
     batch_hash: String,

@@ -335,7 +335,8 @@ impl Op for TrainGrpo {
         "train.grpo"
     }
     fn version(&self) -> u32 {
-        1
+        // 2: the guard in the loop (rollout engine, envelopes, event log, WAL).
+        2
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"

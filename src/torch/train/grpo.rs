@@ -32,6 +32,7 @@ use orchestrate::ops::{FaultFamily, GuardSwitch};
 use std::collections::BTreeMap;
 
 use super::guarded::canary_drift;
+use super::guarded::{load_artifact, publish_artifact};
 use super::wal::{failpoint, Wal};
 use orchestrate::guard::Canary;
 
@@ -105,6 +106,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         }
     };
     let mut index = Index::open(&job.workspace.join("cache.sqlite"))?;
+    let ws = orchestrate::store::Workspace::open(&job.workspace)?;
     // The update WAL's checkpoints live beside the workspace, by node key: a
     // re-run of a crashed node recovers from its last committed checkpoint.
     let wal = Wal::new(&job.workspace, &job.key);
@@ -232,6 +234,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let trainer_version = updates as u64;
         let mut store: BTreeMap<String, TokenArtifacts> = BTreeMap::new();
         let mut recorded: Vec<Recorded> = Vec::with_capacity(generated.len());
+        let staging = ws.staging()?;
         for (row, g) in generated.iter().enumerate() {
             let example = &pool[chosen[row / p.group_size]];
             let artifacts = TokenArtifacts {
@@ -241,8 +244,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 mask_start: batch_prompts[row].len(),
                 mask_len: g.ids.len(),
             };
-            let hash = artifacts.hash();
-            store.insert(hash.clone(), artifacts.clone());
+            // The generation side publishes the artifact into the content-addressed
+            // store; what the materializer reads is what the store holds.
+            let hash = publish_artifact(&ws, &staging, &artifacts)?;
+            store.insert(hash.clone(), load_artifact(&ws, &hash)?);
             let envelope = Envelope {
                 rollout_id: first + row as u64,
                 prompt_id: example.id.clone(),

@@ -184,3 +184,22 @@ pub fn codes_of(refused: &[(u64, orchestrate::guard::Verdict)]) -> Vec<String> {
     let set: BTreeSet<String> = refused.iter().flat_map(|(_, v)| v.codes.iter().map(|c| c.id())).collect();
     set.into_iter().collect()
 }
+
+/// Publishes a rollout's token artifacts into the workspace's content-addressed
+/// store (write-once, read-only) and returns their hash.
+pub fn publish_artifact(
+    ws: &orchestrate::store::Workspace,
+    staging: &orchestrate::store::Staging,
+    a: &TokenArtifacts,
+) -> Result<String> {
+    let path = staging.path().join(format!("artifact-{}.json", a.hash()));
+    std::fs::write(&path, a.canonical_bytes())?;
+    let info = ws.publish_move(&path, orchestrate::ops::OutputKind::File)?;
+    anyhow::ensure!(info.hash == a.hash(), "the store's hash of an artifact differs from its canonical hash");
+    Ok(info.hash)
+}
+
+/// Reads token artifacts back from the store by hash.
+pub fn load_artifact(ws: &orchestrate::store::Workspace, hash: &str) -> Result<TokenArtifacts> {
+    Ok(serde_json::from_slice(&std::fs::read(ws.object_path(hash))?)?)
+}
