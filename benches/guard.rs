@@ -84,7 +84,9 @@ fn main() {
         let reps = 50;
         let start = Instant::now();
         for _ in 0..reps {
-            let (_, handle) = materialize(&envs, &ctx, "policy", &mut index).expect("allowed");
+            let (_, handle) =
+                materialize(&envs, &ctx, "policy", &serde_json::json!({"rewards": vec![0.0; n]}), &mut index)
+                    .expect("allowed");
             handle.consume(&mut index).expect("spent once");
         }
         let ms = start.elapsed().as_secs_f64() * 1000.0 / reps as f64;

@@ -301,10 +301,16 @@ pub enum GuardError {
 
 /// Validates every envelope and, only if all are allowed, rebuilds the batch
 /// from stored artifacts and mints its single-use handle.
+///
+/// `binding` is everything else the update will use and the handle must be
+/// bound to (rewards, advantages, group size, reference model identity): it
+/// enters the batch hash, so an update with other rewards or another group
+/// layout than the validated ones would not match its handle.
 pub fn materialize(
     envelopes: &[Envelope],
     ctx: &GuardContext<'_>,
     policy_digest: &str,
+    binding: &serde_json::Value,
     index: &mut Index,
 ) -> Result<(MaterializedBatch, ValidatedBatchHandle), GuardError> {
     let verdicts: Vec<(u64, Verdict)> = envelopes.iter().map(|e| (e.rollout_id, validate(e, ctx))).collect();
@@ -313,9 +319,8 @@ pub fn materialize(
         return Err(GuardError::Rejected(refused));
     }
     let rollouts: Vec<TokenArtifacts> = envelopes.iter().map(|e| ctx.artifacts[&e.artifacts_hash].clone()).collect();
-    let batch_hash = blake3::hash(canonical_json(&serde_json::to_value(&rollouts).unwrap_or_default()).as_bytes())
-        .to_hex()
-        .to_string();
+    let bound = serde_json::json!({"rollouts": rollouts, "binding": binding, "policy": policy_digest});
+    let batch_hash = blake3::hash(canonical_json(&bound).as_bytes()).to_hex().to_string();
     let nonce = format!("{}-{}", &batch_hash[..32], crate::store::objects::unique_suffix());
     index.register_nonce(&nonce, &batch_hash, policy_digest).map_err(GuardError::Store)?;
     let handle = ValidatedBatchHandle {

@@ -230,9 +230,21 @@ fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
     };
     let mut bad = w.env.clone();
     bad.tokenizer_hash = "other".into();
-    let err = materialize(&[w.env.clone(), bad], &ctx, "pol5", &mut index).unwrap_err().to_string();
+    let err =
+        materialize(&[w.env.clone(), bad], &ctx, "pol5", &serde_json::json!({}), &mut index).unwrap_err().to_string();
     assert!(err.contains("rejected before backward") && err.contains("T002_TOKENIZER_MISMATCH"), "{err}");
-    let (batch, handle) = materialize(&[w.env.clone()], &ctx, "pol5", &mut index).unwrap();
+    let binding = serde_json::json!({"rewards": [1.0], "group_size": 1});
+    let (batch, handle) = materialize(&[w.env.clone()], &ctx, "pol5", &binding, &mut index).unwrap();
+    // The handle is bound to the rewards and group layout too.
+    let (other, _) = materialize(
+        &[w.env.clone()],
+        &ctx,
+        "pol5",
+        &serde_json::json!({"rewards": [0.0], "group_size": 1}),
+        &mut index,
+    )
+    .unwrap();
+    assert_ne!(other.batch_hash, batch.batch_hash);
     assert_eq!(batch.rollouts[0].response_ids, vec![7, 8, 2]);
     assert_eq!(handle.batch_hash(), batch.batch_hash);
     let nonce = handle.nonce().to_string();

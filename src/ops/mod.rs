@@ -27,7 +27,8 @@ pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
 pub use shell::{ShellOp, ShellParams};
 pub use train::{
-    CheckResume, FaultFamily, FaultSpec, GrpoParams, GuardSwitch, Mode, SftBranch, SftParams, TrainGrpo, TrainSft,
+    CheckResume, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode, SftBranch, SftParams, TrainGrpo,
+    TrainSft,
 };
 
 use crate::data::Split;

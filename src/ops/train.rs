@@ -167,6 +167,11 @@ pub struct GrpoParams {
     /// Faults injected on purpose (the fault matrix).
     #[serde(default)]
     pub faults: Vec<FaultSpec>,
+    /// The guard's protocol: `bounded` (rollouts may lag the trainer by up to
+    /// updates_per_iteration − 1 versions, corrected by the clipped ratio) or
+    /// `strict` (on-policy only; needs updates_per_iteration: 1).
+    #[serde(default)]
+    pub protocol: GuardProtocol,
     /// Write a recovery checkpoint every N iterations (0: never). A run that
     /// crashes resumes from its last committed checkpoint when re-run.
     #[serde(default = "d_checkpoint_every")]
@@ -175,6 +180,15 @@ pub struct GrpoParams {
 
 fn d_checkpoint_every() -> usize {
     10
+}
+
+/// The guard's on-policy requirement.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardProtocol {
+    #[default]
+    Bounded,
+    Strict,
 }
 
 /// Whether the guard stands between rollouts and the optimizer.
@@ -350,6 +364,16 @@ impl Op for TrainGrpo {
             return Err(ParamError {
                 path: vec!["interrupt_at".into()],
                 message: format!("must be in 1..{} to interrupt anything", p.iterations),
+                unknown_key: false,
+            });
+        }
+        if p.protocol == GuardProtocol::Strict && p.updates_per_iteration != 1 {
+            return Err(ParamError {
+                path: vec!["protocol".into()],
+                message: format!(
+                    "strict on-policy allows one update per rollout set, but updates_per_iteration is {}",
+                    p.updates_per_iteration
+                ),
                 unknown_key: false,
             });
         }

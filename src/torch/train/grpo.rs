@@ -28,7 +28,7 @@ use crate::torch::generate::{generate, pick_device, Sampling};
 use orchestrate::guard::{
     materialize, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
 };
-use orchestrate::ops::{FaultFamily, GuardSwitch};
+use orchestrate::ops::{FaultFamily, GuardProtocol, GuardSwitch};
 use std::collections::BTreeMap;
 
 use super::guarded::canary_drift;
@@ -303,7 +303,12 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             let rollouts: Vec<TokenArtifacts> = match p.guard {
                 GuardSwitch::On => {
                     let ctx = GuardContext {
-                        mode: ProtocolMode::BoundedOffPolicy { max_lag: (p.updates_per_iteration - 1) as u64 },
+                        mode: match p.protocol {
+                            GuardProtocol::Strict => ProtocolMode::StrictOnPolicy,
+                            GuardProtocol::Bounded => {
+                                ProtocolMode::BoundedOffPolicy { max_lag: (p.updates_per_iteration - 1) as u64 }
+                            }
+                        },
                         trainer_policy_version: updates as u64,
                         tokenizer_hash: tokenizer_hash.clone(),
                         artifacts: &store,
@@ -313,7 +318,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                         verifier_aliases: &aliases,
                         canary: Some(canary),
                     };
-                    match materialize(&envelopes, &ctx, &digest(&params), &mut index) {
+                    let binding = json!({"rewards": rewards, "advantages": advantages, "group_size": p.group_size, "reference": reference_now});
+                    match materialize(&envelopes, &ctx, &digest(&params), &binding, &mut index) {
                         Ok((batch, handle)) => {
                             log(
                                 &mut index,
