@@ -43,6 +43,27 @@ struct Cursor {
     offset: usize,
 }
 
+/// Where a run stands: next iteration, updates made, prompt cursor, history, consumed rollouts.
+type Position = (usize, usize, Cursor, Vec<Value>, Vec<[u64; 2]>);
+
+/// Restores weights and AdamW from a state (a resume input or a WAL checkpoint)
+/// and returns the run's position in it.
+fn restore_position(
+    state: &orchestrate::train::state::StateFile,
+    params: &BTreeMap<String, tch::Tensor>,
+    adam: &mut AdamW,
+) -> Result<Position> {
+    restore_state(state, params, adam)?;
+    let m = &state.meta;
+    Ok((
+        m["next_iteration"].as_u64().unwrap_or(0) as usize,
+        m["updates"].as_u64().unwrap_or(0) as usize,
+        serde_json::from_value(m["cursor"].clone())?,
+        m["history"].as_array().cloned().unwrap_or_default(),
+        serde_json::from_value(m["consumed_rollouts"].clone())?,
+    ))
+}
+
 pub fn run(job: &WorkerJob) -> Result<()> {
     let started = Instant::now();
     let p: GrpoParams = parse_params(&job.params)?;
@@ -96,12 +117,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             if state.meta["kind"] != "grpo" || state.meta["identity"] != identity {
                 bail!("the resume state belongs to another GRPO run (identity differs): refusing to resume");
             }
-            restore_state(&state, &params, &mut adam)?;
-            next_iteration = state.meta["next_iteration"].as_u64().unwrap_or(0) as usize;
-            updates = state.meta["updates"].as_u64().unwrap_or(0) as usize;
-            cursor = serde_json::from_value(state.meta["cursor"].clone())?;
-            history = state.meta["history"].as_array().cloned().unwrap_or_default();
-            consumed = serde_json::from_value(state.meta["consumed_rollouts"].clone())?;
+            (next_iteration, updates, cursor, history, consumed) = restore_position(&state, &params, &mut adam)?;
             state.meta["lineage"].as_str().ok_or_else(|| anyhow!("the state has no lineage"))?.to_string()
         }
     };
@@ -115,12 +131,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             if state.meta["identity"] != identity {
                 bail!("the committed checkpoint belongs to another run (identity differs)");
             }
-            restore_state(&state, &params, &mut adam)?;
-            next_iteration = state.meta["next_iteration"].as_u64().unwrap_or(0) as usize;
-            updates = state.meta["updates"].as_u64().unwrap_or(0) as usize;
-            cursor = serde_json::from_value(state.meta["cursor"].clone())?;
-            history = state.meta["history"].as_array().cloned().unwrap_or_default();
-            consumed = serde_json::from_value(state.meta["consumed_rollouts"].clone())?;
+            (next_iteration, updates, cursor, history, consumed) = restore_position(&state, &params, &mut adam)?;
             eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");
         }
     }
