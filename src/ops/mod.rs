@@ -27,8 +27,8 @@ pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
 pub use shell::{ShellOp, ShellParams};
 pub use train::{
-    CheckResume, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode, SftBranch, SftParams, TrainGrpo,
-    TrainSft,
+    CheckResume, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode, ReplayParams, SftBranch,
+    SftParams, TrainGrpo, TrainSft,
 };
 
 use crate::data::Split;
@@ -315,6 +315,7 @@ impl Registry {
         r.register(Arc::new(TrainSft));
         r.register(Arc::new(TrainGrpo));
         r.register(Arc::new(CheckResume));
+        r.register(Arc::new(train::Replay));
         r.register(Arc::new(eval::EvalGenerate));
         r.register(Arc::new(eval::EvalScore));
         r.register(Arc::new(results::ResultsTable));

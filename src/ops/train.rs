@@ -470,3 +470,76 @@ impl Op for CheckResume {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyParams {}
+
+/// Params of `replay`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayParams {
+    /// The fault families to compare against the clean batch.
+    pub faults: Vec<FaultFamily>,
+    /// F4's mask shift.
+    #[serde(default)]
+    pub shift: Option<usize>,
+    #[serde(default = "d_group")]
+    pub group_size: usize,
+    #[serde(default = "d_group")]
+    pub prompts: usize,
+    #[serde(default = "d_response_tokens")]
+    pub max_new_tokens: usize,
+    #[serde(default = "d_clip")]
+    pub clip_eps: f64,
+    #[serde(default = "d_beta")]
+    pub beta: f64,
+    #[serde(default = "d_block")]
+    pub kl_block: i64,
+    #[serde(default)]
+    pub seed: u64,
+    /// Use constructed rewards (1, 0, 1, 0, … in each group, labelled as such)
+    /// instead of the verifier's, so that a model that never succeeds still has
+    /// a reward gradient to compare.
+    #[serde(default)]
+    pub constructed_rewards: bool,
+    #[serde(default = "d_system")]
+    pub system: String,
+}
+
+/// `replay`: clean and faulty update batches from the same frozen rollouts at the
+/// same weights, and how their gradients differ.
+pub struct Replay;
+
+impl Op for Replay {
+    fn name(&self) -> &'static str {
+        "replay"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "paired gradient replay: clean vs faulty batch at the same weights (cosine, relative L2, norms, ratios)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<ReplayParams>(generator)
+    }
+    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
+        parse_params::<ReplayParams>(params).map(|_| ())
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("model", "the policy (also the reference)"),
+            InputDecl::required("pages", "train pages"),
+            InputDecl::required("labels", "train labels (the verifier's problems)"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl { taint: Some(std::collections::BTreeSet::new()), ..OutputDecl::file("replay.json") }]
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Training
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(self.name(), ctx)
+    }
+}

@@ -15,6 +15,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         "train.sft" => super::train::sft::run(job),
         "train.grpo" => super::train::grpo::run(job),
         "eval.generate" => super::eval::run(job),
+        "replay" => super::train::replay::run(job),
         other => bail!("the worker has no implementation of op '{other}'"),
     }
 }

@@ -99,7 +99,9 @@ pub fn inject(
                 FaultFamily::F2 => {
                     // Old log-probs from another policy, one position off.
                     r.artifacts.old_logprobs.rotate_left(1);
-                    r.envelope.scorer_policy_digest = reference_digest.to_string();
+                    // Bound to another scorer than the behavior policy (even when the
+                    // reference happens to hold the same weights, as in a replay).
+                    r.envelope.scorer_policy_digest = format!("{reference_digest}@another-scorer");
                     restamp(r, store);
                 }
                 FaultFamily::F3 => {

@@ -6,6 +6,7 @@ pub mod common;
 pub mod grpo;
 pub mod guarded;
 pub mod objective;
+pub mod replay;
 pub mod sft;
 pub mod update;
 pub mod wal;

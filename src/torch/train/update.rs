@@ -96,16 +96,27 @@ pub fn behavior_gap(
     Ok(gap)
 }
 
-/// One update of `policy` on `batch`. Returns what it measured.
-pub fn grpo_update(
+/// What one backward pass of the GRPO loss measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LossStats {
+    pub loss: f64,
+    pub surrogate: f64,
+    pub kl: f64,
+    pub clip_fraction: f64,
+    /// Mean and largest ρ = exp(logp − logp_old) over response tokens.
+    pub ratio_mean: f64,
+    pub ratio_max: f64,
+}
+
+/// The GRPO loss of `batch` for `policy`, backpropagated: after this, each
+/// parameter's `.grad()` holds its gradient (nothing is clipped or stepped).
+pub fn grpo_gradients(
     policy: &Qwen2,
     reference: &Qwen2,
     params: &BTreeMap<String, Tensor>,
-    adam: &mut AdamW,
     batch: &RolloutBatch,
     hyper: &GrpoHyper,
-    lr: f64,
-) -> Result<UpdateStats> {
+) -> Result<LossStats> {
     let rows = batch.prompts.len();
     if rows == 0 || rows % batch.group_size != 0 || batch.responses.len() != rows || batch.old_logprobs.len() != rows {
         bail!(
@@ -137,16 +148,38 @@ pub fn grpo_update(
     }
     zero_grad(params);
     loss.backward();
+    tch::no_grad(|| {
+        let tokens = mask.sum(Kind::Float).double_value(&[]).max(1.0);
+        let ratio = (&logp - &old).exp() * &mask;
+        Ok(LossStats {
+            loss: loss_value,
+            surrogate: reduce_tokens_responses_prompts(&surrogate, &mask, g).double_value(&[]),
+            kl: reduce_tokens_responses_prompts(&kl, &mask, g).double_value(&[]),
+            clip_fraction: (clipped.to_kind(Kind::Float) * &mask).sum(Kind::Float).double_value(&[]) / tokens,
+            ratio_mean: ratio.sum(Kind::Float).double_value(&[]) / tokens,
+            ratio_max: ratio.max().double_value(&[]),
+        })
+    })
+}
+
+/// One update of `policy` on `batch`: the gradients, clipping, an AdamW step.
+pub fn grpo_update(
+    policy: &Qwen2,
+    reference: &Qwen2,
+    params: &BTreeMap<String, Tensor>,
+    adam: &mut AdamW,
+    batch: &RolloutBatch,
+    hyper: &GrpoHyper,
+    lr: f64,
+) -> Result<UpdateStats> {
+    let stats = grpo_gradients(policy, reference, params, batch, hyper)?;
     let grad_norm = clip_grad_norm(params, hyper.max_grad_norm);
     adam.step(params, lr);
-    let tokens = mask.sum(Kind::Float).double_value(&[]).max(1.0);
     Ok(UpdateStats {
-        loss: loss_value,
-        surrogate: tch::no_grad(|| reduce_tokens_responses_prompts(&surrogate, &mask, g).double_value(&[])),
-        kl: tch::no_grad(|| reduce_tokens_responses_prompts(&kl, &mask, g).double_value(&[])),
-        clip_fraction: tch::no_grad(|| {
-            (clipped.to_kind(Kind::Float) * &mask).sum(Kind::Float).double_value(&[]) / tokens
-        }),
+        loss: stats.loss,
+        surrogate: stats.surrogate,
+        kl: stats.kl,
+        clip_fraction: stats.clip_fraction,
         grad_norm,
         lr,
     })
