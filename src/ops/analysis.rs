@@ -98,3 +98,343 @@ impl Op for ConstantGroups {
         std::fs::write(ctx.output_path("table.md"), md).map_err(|e| OpError::io("writing table.md", e))
     }
 }
+
+/// Params of `analysis.arms`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArmsParams {
+    /// The arm of each `training` input, in order (e.g. `on`, `off`).
+    pub arms: Vec<String>,
+    /// The arm the others are compared with (success difference, step-time ratio).
+    #[serde(default)]
+    pub baseline: Option<String>,
+    /// The evaluation population whose greedy success is reported.
+    #[serde(default = "d_population")]
+    pub population: String,
+    /// Sentences printed under the tables (what the comparison does not show).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+fn d_population() -> String {
+    "ALL".into()
+}
+
+/// `analysis.arms`: GRPO runs grouped into arms (guard on / off, ...): per run
+/// and per arm, held-out success, train reward, step time, bad updates applied,
+/// injection-to-detection latency and wasted iterations. The evidence of E1 and E2.
+pub struct Arms;
+
+fn read_json(path: &std::path::Path) -> Result<serde_json::Value, OpError> {
+    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
+    serde_json::from_str(&text).map_err(|e| OpError::Failed(format!("{}: {e}", path.display())))
+}
+
+/// Mean and sample standard deviation (n − 1); the deviation is null below two values.
+fn moments(values: &[f64]) -> serde_json::Value {
+    if values.is_empty() {
+        return json!({"mean": null, "std": null, "values": []});
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let std = if values.len() < 2 {
+        serde_json::Value::Null
+    } else {
+        json!((values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt())
+    };
+    json!({"mean": mean, "std": std, "values": values})
+}
+
+/// One run's record, from its training metrics and (optionally) its evaluation.
+pub fn run_record(
+    arm: &str,
+    metrics: &serde_json::Value,
+    eval: Option<&serde_json::Value>,
+    population: &str,
+) -> Result<serde_json::Value, String> {
+    if metrics["kind"] != "grpo" {
+        return Err(format!("not the metrics of a GRPO run (kind {})", metrics["kind"]));
+    }
+    let history = metrics["history"].as_array().cloned().unwrap_or_default();
+    let iterations = metrics["identity"]["iterations"].as_u64().unwrap_or(history.len() as u64);
+    let per_iteration = metrics["identity"]["updates_per_iteration"].as_u64().unwrap_or(1);
+    let guard = &metrics["guard"];
+    let detections = guard["detections"].as_array().cloned().unwrap_or_default();
+    let detected_at: Vec<u64> = detections.iter().filter_map(|d| d["iteration"].as_u64()).collect();
+    let mut faults = Vec::new();
+    let mut latencies = Vec::new();
+    for f in guard["faults"].as_array().cloned().unwrap_or_default() {
+        let at = f["at_iteration"].as_u64().ok_or("a fault without at_iteration")?;
+        let first = detected_at.iter().copied().filter(|&d| d >= at).min();
+        let latency = first.map(|d| d - at);
+        if let Some(l) = latency {
+            latencies.push(l);
+        }
+        faults.push(
+            json!({"family": f["family"], "at_iteration": at, "detected_at": first, "latency_iterations": latency}),
+        );
+    }
+    let bad = guard["bad_updates_applied"].as_u64().unwrap_or(0);
+    let first_fault = faults.iter().filter_map(|f| f["at_iteration"].as_u64()).min();
+    // Guard on: a refused iteration's rollouts are discarded. Guard off: every
+    // update from the first bad one on builds on corrupted weights and has to be
+    // redone from the last clean checkpoint.
+    let wasted = if bad > 0 {
+        iterations.saturating_sub(first_fault.unwrap_or(0))
+    } else {
+        detected_at.iter().collect::<std::collections::BTreeSet<_>>().len() as u64
+    };
+    let faulted_updates = faults.len() as u64 * per_iteration;
+    // Step time over the iterations no fault touched, so both arms time the same work.
+    let step: Vec<f64> = history
+        .iter()
+        .filter(|h| h["faults"].as_array().is_none_or(Vec::is_empty))
+        .filter_map(|h| h["costs"]["loop_seconds"].as_f64())
+        .collect();
+    let reward: Vec<f64> = history.iter().filter_map(|h| h["mean_reward"].as_f64()).collect();
+    let mean =
+        |v: &[f64]| if v.is_empty() { serde_json::Value::Null } else { json!(v.iter().sum::<f64>() / v.len() as f64) };
+    let success = eval.map(|r| r["greedy"][population]["success_rate"].clone()).unwrap_or(serde_json::Value::Null);
+    if eval.is_some() && !success.is_number() {
+        return Err(format!("the evaluation has no greedy success rate for population '{population}'"));
+    }
+    Ok(json!({
+        "arm": arm,
+        "seed": metrics["identity"]["seed"],
+        "guard": guard["switch"],
+        "success": success,
+        "per_draw_success": eval.map(|r| r["sample"][population]["success_rate"].clone()),
+        "train_reward": mean(&reward),
+        "step_seconds": mean(&step),
+        "updates": metrics["updates"],
+        "bad_updates_applied": bad,
+        "faulted_updates": faulted_updates,
+        "faults": faults,
+        "detections": detections.len(),
+        "detection_latency_max": latencies.iter().max(),
+        "undetected_faults": faults.len() - latencies.len(),
+        "wasted_iterations": wasted,
+    }))
+}
+
+/// The per-arm summary of run records (see [`run_record`]).
+pub fn summarize(records: &[serde_json::Value], baseline: Option<&str>) -> serde_json::Value {
+    let mut names: Vec<String> = Vec::new();
+    for r in records {
+        let a = r["arm"].as_str().unwrap_or_default().to_string();
+        if !names.contains(&a) {
+            names.push(a);
+        }
+    }
+    let mut arms = serde_json::Map::new();
+    for name in &names {
+        let runs: Vec<&serde_json::Value> = records.iter().filter(|r| r["arm"] == name.as_str()).collect();
+        let f = |k: &str| runs.iter().filter_map(|r| r[k].as_f64()).collect::<Vec<f64>>();
+        let sum = |k: &str| runs.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
+        let latencies: Vec<u64> = runs.iter().filter_map(|r| r["detection_latency_max"].as_u64()).collect();
+        arms.insert(
+            name.clone(),
+            json!({
+                "runs": runs.len(),
+                "guard": runs.iter().map(|r| r["guard"].as_str().unwrap_or("?").to_string()).collect::<std::collections::BTreeSet<_>>(),
+                "seeds": runs.iter().map(|r| r["seed"].clone()).collect::<Vec<_>>(),
+                "success": moments(&f("success")),
+                "train_reward": moments(&f("train_reward")),
+                "step_seconds": moments(&f("step_seconds")),
+                "bad_updates_applied": sum("bad_updates_applied"),
+                "faulted_updates": sum("faulted_updates"),
+                "faults_injected": runs.iter().map(|r| r["faults"].as_array().map_or(0, Vec::len)).sum::<usize>(),
+                "undetected_faults": sum("undetected_faults"),
+                "detection_latency_max": latencies.iter().max(),
+                "wasted_iterations": sum("wasted_iterations"),
+            }),
+        );
+    }
+    let mut comparisons = serde_json::Map::new();
+    if let Some(base) = baseline.and_then(|b| arms.get(b).cloned()) {
+        for (name, arm) in &arms {
+            if Some(name.as_str()) == baseline {
+                continue;
+            }
+            let diff = match (arm["success"]["mean"].as_f64(), base["success"]["mean"].as_f64()) {
+                (Some(a), Some(b)) => json!(a - b),
+                _ => serde_json::Value::Null,
+            };
+            let ratio = match (arm["step_seconds"]["mean"].as_f64(), base["step_seconds"]["mean"].as_f64()) {
+                (Some(a), Some(b)) if b > 0.0 => json!(a / b),
+                _ => serde_json::Value::Null,
+            };
+            comparisons.insert(name.clone(), json!({"success_difference": diff, "step_time_ratio": ratio}));
+        }
+    }
+    json!({"runs": records, "arms": arms, "baseline": baseline, "versus_baseline": comparisons})
+}
+
+fn fmt(v: &serde_json::Value, digits: usize) -> String {
+    v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
+}
+
+fn markdown(summary: &serde_json::Value, notes: &[String]) -> String {
+    let mut md = String::from("| arm | seed | success | train reward | step s | bad updates | detections | max latency | wasted it. |\n|---|---|---|---|---|---|---|---|---|\n");
+    for r in summary["runs"].as_array().into_iter().flatten() {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r["arm"].as_str().unwrap_or("?"),
+            r["seed"],
+            fmt(&r["success"], 4),
+            fmt(&r["train_reward"], 4),
+            fmt(&r["step_seconds"], 3),
+            r["bad_updates_applied"],
+            r["detections"],
+            r["detection_latency_max"].as_u64().map_or("-".into(), |l| l.to_string()),
+            r["wasted_iterations"]
+        ));
+    }
+    md.push_str("\n| arm | runs | success mean ± sd | train reward mean ± sd | step s mean ± sd | bad updates / faulted | undetected faults | wasted it. |\n|---|---|---|---|---|---|---|---|\n");
+    let pm = |m: &serde_json::Value, d: usize| format!("{} ± {}", fmt(&m["mean"], d), fmt(&m["std"], d));
+    for (name, a) in summary["arms"].as_object().into_iter().flatten() {
+        md.push_str(&format!(
+            "| {name} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
+            a["runs"],
+            pm(&a["success"], 4),
+            pm(&a["train_reward"], 4),
+            pm(&a["step_seconds"], 3),
+            a["bad_updates_applied"],
+            a["faulted_updates"],
+            a["undetected_faults"],
+            a["wasted_iterations"]
+        ));
+    }
+    if let Some(base) = summary["baseline"].as_str() {
+        for (name, c) in summary["versus_baseline"].as_object().into_iter().flatten() {
+            md.push_str(&format!(
+                "\n{name} vs {base}: success difference {}, step-time ratio {}\n",
+                fmt(&c["success_difference"], 4),
+                fmt(&c["step_time_ratio"], 3)
+            ));
+        }
+    }
+    for n in notes {
+        md.push_str(&format!("\n{n}\n"));
+    }
+    md
+}
+
+impl Op for Arms {
+    fn name(&self) -> &'static str {
+        "analysis.arms"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "GRPO runs grouped into arms: success, reward, step time, bad updates, detection latency, waste"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<ArmsParams>(generator)
+    }
+    fn check_params(&self, params: &serde_json::Value) -> Result<(), ParamError> {
+        let p: ArmsParams = parse_params(params)?;
+        if p.arms.is_empty() {
+            return Err(ParamError { path: vec!["arms".into()], message: "no arms named".into(), unknown_key: false });
+        }
+        if let Some(b) = &p.baseline {
+            if !p.arms.contains(b) {
+                return Err(ParamError {
+                    path: vec!["baseline".into()],
+                    message: format!("'{b}' is not one of the arms ({})", p.arms.join(", ")),
+                    unknown_key: false,
+                });
+            }
+        }
+        Ok(())
+    }
+    fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("training", "train.grpo metrics, one per run"),
+            InputDecl::optional("evals", "eval.score results, one per run, in the same order"),
+        ])
+    }
+    fn outputs(&self, _params: &serde_json::Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("summary.json"), OutputDecl::file("summary.md")]
+    }
+    fn printed_output(&self) -> Option<&'static str> {
+        Some("summary.md")
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p: ArmsParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+        let training = ctx.inputs.get("training").cloned().unwrap_or_default();
+        let evals = ctx.inputs.get("evals").cloned().unwrap_or_default();
+        if training.len() != p.arms.len() || (!evals.is_empty() && evals.len() != training.len()) {
+            return Err(OpError::Failed(format!(
+                "{} arms named for {} training inputs and {} evals (evals are optional, but one per run when given)",
+                p.arms.len(),
+                training.len(),
+                evals.len()
+            )));
+        }
+        let mut records = Vec::new();
+        for (i, (arm, input)) in p.arms.iter().zip(&training).enumerate() {
+            let metrics = read_json(&input.path)?;
+            let eval = match evals.get(i) {
+                Some(e) => Some(read_json(&e.path)?),
+                None => None,
+            };
+            records.push(
+                run_record(arm, &metrics, eval.as_ref(), &p.population)
+                    .map_err(|e| OpError::Failed(format!("training input {i} ({}): {e}", input.path.display())))?,
+            );
+        }
+        let summary = summarize(&records, p.baseline.as_deref());
+        std::fs::write(
+            ctx.output_path("summary.json"),
+            serde_json::to_string_pretty(&summary).unwrap_or_default() + "\n",
+        )
+        .map_err(|e| OpError::io("writing summary.json", e))?;
+        std::fs::write(ctx.output_path("summary.md"), markdown(&summary, &p.notes))
+            .map_err(|e| OpError::io("writing summary.md", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(guard: &str, faults: Value, detections: Value, bad: u64) -> Value {
+        json!({"kind": "grpo", "identity": {"seed": 3, "iterations": 6, "updates_per_iteration": 2},
+            "updates": 10, "history": [
+                {"iteration": 0, "mean_reward": 0.5, "faults": [], "costs": {"loop_seconds": 2.0}},
+                {"iteration": 1, "mean_reward": 0.25, "faults": ["F3"], "costs": {"loop_seconds": 9.0}},
+                {"iteration": 2, "mean_reward": 0.0, "faults": [], "costs": {"loop_seconds": 4.0}}],
+            "guard": {"switch": guard, "faults": faults, "detections": detections, "bad_updates_applied": bad}})
+    }
+    use serde_json::Value;
+
+    #[test]
+    fn latency_is_counted_from_injection_and_an_undetected_fault_has_none() {
+        let faults = json!([{"family": "F3", "at_iteration": 1}, {"family": "F2", "at_iteration": 4}]);
+        let on = run_record("on", &metrics("on", faults.clone(), json!([{"iteration": 2}]), 0), None, "ALL").unwrap();
+        assert_eq!(on["faults"][0]["latency_iterations"], 1);
+        assert_eq!(on["faults"][1]["latency_iterations"], Value::Null);
+        assert_eq!(on["undetected_faults"], 1);
+        assert_eq!(on["detection_latency_max"], 1);
+        assert_eq!(on["wasted_iterations"], 1);
+        // Step time skips the faulted iteration; reward averages every one.
+        assert_eq!(on["step_seconds"], 3.0);
+        assert_eq!(on["train_reward"], 0.25);
+        let off = run_record("off", &metrics("off", faults, json!([]), 4), None, "ALL").unwrap();
+        assert_eq!(off["faulted_updates"], 4);
+        assert_eq!(off["wasted_iterations"], 5, "iterations 1..6 build on the first bad update");
+        let s = summarize(&[on, off], Some("off"));
+        assert_eq!(s["arms"]["on"]["step_seconds"]["std"], Value::Null, "one run has no deviation");
+        assert_eq!(s["versus_baseline"]["on"]["step_time_ratio"], 1.0);
+        assert!(run_record("on", &json!({"kind": "sft"}), None, "ALL").is_err());
+    }
+
+    #[test]
+    fn moments_use_the_sample_deviation() {
+        let m = moments(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(m["mean"], 2.5);
+        assert!((m["std"].as_f64().unwrap() - (5.0f64 / 3.0).sqrt()).abs() < 1e-12);
+    }
+}

@@ -320,6 +320,7 @@ impl Registry {
         r.register(Arc::new(eval::EvalScore));
         r.register(Arc::new(results::ResultsTable));
         r.register(Arc::new(analysis::ConstantGroups));
+        r.register(Arc::new(analysis::Arms));
         r.register(Arc::new(gate::GateOp));
         r
     }

@@ -1,0 +1,133 @@
+//! E1 (fault survival) and E2 (non-inferiority) on the tiny profile, with their
+//! pre-registered gates; and the E1 guard-on criteria failing on a mislabelled run.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{stderr, stdout, Project};
+use serde_json::Value;
+
+fn project_with(spec: &str) -> Project {
+    let p = Project::new();
+    let root = env!("CARGO_MANIFEST_DIR");
+    for f in [format!("experiments/{spec}.yaml"), format!("gates/{spec}.yaml")] {
+        p.write(&f, &std::fs::read_to_string(format!("{root}/{f}")).unwrap());
+    }
+    p
+}
+
+fn json_at(p: &Project, spec: &str, output: &str) -> Value {
+    let out = p.run(&["path", spec, output, "--profile", "tiny"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&std::fs::read_to_string(stdout(&out).trim()).unwrap()).unwrap()
+}
+
+#[test]
+fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_update() {
+    let p = project_with("e1-fault-survival");
+    let spec = "experiments/e1-fault-survival.yaml";
+    let out = p.run(&["run", spec, "--profile", "tiny", "--quiet"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let summary = json_at(&p, spec, "summary:summary.json");
+
+    // Each run's figures, recomputed here from its own metrics.
+    for (guard, seed) in [("on", 0), ("on", 1), ("off", 0), ("off", 1)] {
+        let m = json_at(&p, spec, &format!("e1@guard={guard},seed={seed}:metrics"));
+        let run = summary["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["arm"] == guard && r["seed"] == seed)
+            .unwrap_or_else(|| panic!("no run {guard}/{seed} in {summary}"));
+        let faulted: Vec<u64> = m["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| !h["faults"].as_array().unwrap().is_empty())
+            .map(|h| h["iteration"].as_u64().unwrap())
+            .collect();
+        assert_eq!(faulted.len(), 2, "F3 and F2 each touch one iteration");
+        let refused: Vec<u64> = m["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["guard"]["decision"] != "allow")
+            .map(|h| h["iteration"].as_u64().unwrap())
+            .collect();
+        let per_iteration = m["identity"]["updates_per_iteration"].as_u64().unwrap();
+        if guard == "on" {
+            assert_eq!(refused, faulted, "the guard refuses exactly the faulted iterations");
+            assert_eq!(run["bad_updates_applied"], 0);
+            assert_eq!(run["wasted_iterations"], 2);
+            // The weights did not move at a refused iteration.
+            for h in m["history"].as_array().unwrap() {
+                assert_eq!(h["weights_changed"], !faulted.contains(&h["iteration"].as_u64().unwrap()), "{h}");
+            }
+        } else {
+            assert!(refused.is_empty());
+            assert_eq!(run["bad_updates_applied"].as_u64().unwrap(), 2 * per_iteration);
+            let iterations = m["identity"]["iterations"].as_u64().unwrap();
+            assert_eq!(run["wasted_iterations"].as_u64().unwrap(), iterations - faulted[0]);
+        }
+    }
+
+    // A guard-off run labelled 'on' fails the guard-on criteria.
+    let off = json_at(&p, spec, "e1@guard=off,seed=0:metrics");
+    let on = json_at(&p, spec, "e1@guard=on,seed=1:metrics");
+    let records = vec![
+        orchestrate::ops::analysis::run_record("on", &off, None, "ALL").unwrap(),
+        orchestrate::ops::analysis::run_record("on", &on, None, "ALL").unwrap(),
+        orchestrate::ops::analysis::run_record("off", &off, None, "ALL").unwrap(),
+    ];
+    let mislabelled = orchestrate::ops::analysis::summarize(&records, Some("off"));
+    let gates = orchestrate::gate::read_gate_file(&p.path().join("gates/e1-fault-survival.yaml")).unwrap();
+    let evidence = BTreeMap::from([("s".to_string(), mislabelled)]);
+    let failed: Vec<String> = gates
+        .gates
+        .iter()
+        .map(|g| orchestrate::gate::evaluate(g, &evidence, &BTreeMap::new()))
+        .filter(|r| !r.passed)
+        .map(|r| r.name)
+        .collect();
+    for must_fail in ["guard-on-arm-is-guarded", "guard-on-zero-bad-updates", "guard-on-detects-every-fault"] {
+        assert!(failed.iter().any(|f| f == must_fail), "{must_fail} should fail: {failed:?}");
+    }
+}
+
+#[test]
+fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
+    let p = project_with("e2-non-inferiority");
+    let spec = "experiments/e2-non-inferiority.yaml";
+    let out = p.run(&["run", spec, "--profile", "tiny", "--quiet"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let summary = json_at(&p, spec, "summary:summary.json");
+    for arm in ["on", "off"] {
+        let a = &summary["arms"][arm];
+        assert_eq!(a["runs"], 5);
+        let mut values = Vec::new();
+        for seed in 0..5 {
+            let r = json_at(&p, spec, &format!("score-{arm}-{seed}:results"));
+            values.push(r["greedy"]["ALL"]["success_rate"].as_f64().unwrap());
+        }
+        assert_eq!(a["success"]["values"], serde_json::json!(values), "{arm}");
+        let mean = values.iter().sum::<f64>() / 5.0;
+        assert!((a["success"]["mean"].as_f64().unwrap() - mean).abs() < 1e-12);
+        assert!(a["step_seconds"]["mean"].as_f64().unwrap() > 0.0);
+        assert!(a["train_reward"]["std"].is_number());
+    }
+    let diff = summary["arms"]["on"]["success"]["mean"].as_f64().unwrap()
+        - summary["arms"]["off"]["success"]["mean"].as_f64().unwrap();
+    assert_eq!(summary["versus_baseline"]["on"]["success_difference"].as_f64().unwrap(), diff);
+
+    // The margin gate fails when the guard-on arm is worse by more than 1/16.
+    let gates = orchestrate::gate::read_gate_file(&p.path().join("gates/e2-non-inferiority.yaml")).unwrap();
+    let margin = gates.gates.iter().find(|g| g.name == "non-inferior-within-one-sixteenth").unwrap();
+    let mut worse = summary.clone();
+    let off_mean = summary["arms"]["off"]["success"]["mean"].as_f64().unwrap();
+    worse["arms"]["on"]["success"]["mean"] = serde_json::json!(off_mean - 0.07);
+    let evidence = BTreeMap::from([("s".to_string(), worse)]);
+    assert!(!orchestrate::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
+    let evidence = BTreeMap::from([("s".to_string(), summary)]);
+    assert!(orchestrate::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
+}
