@@ -1,5 +1,5 @@
 use std::collections::BTreeSet;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -150,6 +150,46 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { run, limit, json } => status(&cli.workspace, run, limit, json),
+        Command::Events { run, kind, code, node, json } => {
+            let ws = Workspace::open_read_only(&cli.workspace)?
+                .with_context(|| format!("no workspace at {}", cli.workspace.display()))?;
+            let run = super::events::resolve_run(&ws, run)?;
+            let filter = super::events::Filter { kind, code, node };
+            let mut shown = 0usize;
+            let mut out = std::io::stdout().lock();
+            for e in super::events::collect(&ws, &run)?.iter().filter(|e| filter.matches(e)) {
+                shown += 1;
+                let line = if json { e.to_string() } else { super::events::render(e) };
+                // A reader that went away (`| head`) ends the listing quietly.
+                if writeln!(out, "{line}").is_err() {
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
+            if !json {
+                eprintln!("{shown} event(s) of run {run}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::AlertScan { run, webhook, slack, retries, dry_run } => {
+            let ws = Workspace::open_read_only(&cli.workspace)?
+                .with_context(|| format!("no workspace at {}", cli.workspace.display()))?;
+            let run = super::events::resolve_run(&ws, run)?;
+            let alerts = super::events::alerts(&super::events::collect(&ws, &run)?);
+            for a in &alerts {
+                let body = super::events::payload(a, slack);
+                if dry_run {
+                    println!("{body}");
+                } else {
+                    super::events::post(&webhook, &body, retries, std::time::Duration::from_millis(200))?;
+                }
+            }
+            eprintln!(
+                "{} non-ALLOW decision(s) in run {run}{}",
+                alerts.len(),
+                if dry_run { " (dry run, nothing posted)" } else { "" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };

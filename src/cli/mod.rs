@@ -2,6 +2,7 @@
 //! gate or check failed, 2 usage or input error.
 
 mod commands;
+pub mod events;
 mod generate;
 
 pub use generate::GenerateArgs;
@@ -104,6 +105,43 @@ pub enum Command {
         limit: usize,
         #[arg(long)]
         json: bool,
+    },
+    /// Search a run's events: the engine's (node started, cached, finished,
+    /// failed) and the sealed guard events of its GRPO nodes.
+    Events {
+        /// The run (default: the latest).
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
+        /// Only this event type (`node_finished`, `decision`, `update_applied`, ...).
+        #[arg(long = "type", value_name = "TYPE")]
+        kind: Option<String>,
+        /// Only events carrying this reason code (`T001` or `T001_ARTIFACT_HASH_MISMATCH`).
+        #[arg(long, value_name = "CODE")]
+        code: Option<String>,
+        /// Only this node (a matrix node's base id matches every expansion).
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// POST every non-ALLOW guard decision of a run to a webhook, as JSON.
+    AlertScan {
+        /// The run (default: the latest).
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
+        /// Where to POST (http or https).
+        #[arg(long, value_name = "URL")]
+        webhook: String,
+        /// Send a Slack-compatible `{"text": ...}` message.
+        #[arg(long)]
+        slack: bool,
+        /// Retries per alert after the first attempt (5xx, 429 and transport errors).
+        #[arg(long, default_value_t = 3)]
+        retries: u32,
+        /// Print the alerts instead of posting them.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// The ops a spec can use.
     Ops,

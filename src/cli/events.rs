@@ -1,0 +1,192 @@
+//! `orchestrate events` (search a run's engine events and its GRPO nodes' sealed
+//! guard events) and `orchestrate alert-scan` (POST every non-ALLOW decision).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::store::Workspace;
+
+/// The run to look at: the given one (which must exist) or the latest.
+pub fn resolve_run(ws: &Workspace, run: Option<String>) -> Result<String> {
+    let index = ws.index()?;
+    let runs = index.recent_runs(usize::MAX >> 1)?;
+    match run {
+        Some(r) => {
+            if runs.iter().all(|x| x.run_id != r) {
+                bail!("no run '{r}' in {}", ws.root().display());
+            }
+            Ok(r)
+        }
+        None => runs.first().map(|r| r.run_id.clone()).context("no runs yet"),
+    }
+}
+
+/// Every event of a run, engine events first (in order), then, for each node of
+/// the run that has GRPO metrics, its guard event chain. Each event is
+/// `{source, node, type, seq, codes, ...}`.
+pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
+    let index = ws.index()?;
+    let mut out = Vec::new();
+    for (seq, text) in index.run_events(run)?.iter().enumerate() {
+        let e: Value = serde_json::from_str(text).with_context(|| format!("event {seq} of run {run} is not JSON"))?;
+        out.push(json!({
+            "source": "engine", "run": run, "seq": seq, "type": e["event"], "node": e["node"],
+            "codes": [], "event": e,
+        }));
+    }
+    for n in index.run_nodes(run)? {
+        let Some(key) = &n.key else { continue };
+        let Some(cached) = index.lookup(key)? else { continue };
+        let Some(metrics) = cached.outputs.iter().find(|o| o.name == "metrics") else { continue };
+        let Ok(text) = std::fs::read_to_string(ws.object_path(&metrics.object.hash)) else { continue };
+        let Ok(m) = serde_json::from_str::<Value>(&text) else { continue };
+        let Some(lineage) = m["lineage"].as_str() else { continue };
+        for (seq, producer, kind, payload, _prev, seal) in index.guard_events(lineage)? {
+            let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::String(payload));
+            let codes = payload["codes"].clone();
+            out.push(json!({
+                "source": "guard", "run": run, "seq": seq, "type": kind, "node": n.node_id,
+                "producer": producer, "lineage": lineage, "seal": seal,
+                "codes": if codes.is_array() { codes } else { json!([]) },
+                "decision": payload["decision"], "iteration": payload["iteration"], "payload": payload,
+            }));
+        }
+    }
+    Ok(out)
+}
+
+/// Filters for `orchestrate events`.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    /// The event type (`node_finished`, `decision`, `update_applied`, ...).
+    pub kind: Option<String>,
+    /// A reason code, in full (`T001_ARTIFACT_HASH_MISMATCH`) or by its id (`T001`).
+    pub code: Option<String>,
+    /// A node id, or a matrix node's base id (`grpo` matches `grpo@mode=continuous`).
+    pub node: Option<String>,
+}
+
+impl Filter {
+    pub fn matches(&self, e: &Value) -> bool {
+        if let Some(k) = &self.kind {
+            if e["type"].as_str() != Some(k.as_str()) {
+                return false;
+            }
+        }
+        if let Some(c) = &self.code {
+            let has =
+                e["codes"].as_array().into_iter().flatten().filter_map(Value::as_str).any(|x| {
+                    x.eq_ignore_ascii_case(c) || x.split('_').next().is_some_and(|id| id.eq_ignore_ascii_case(c))
+                });
+            if !has {
+                return false;
+            }
+        }
+        if let Some(n) = &self.node {
+            let node = e["node"].as_str().unwrap_or_default();
+            if node != n && node.split('@').next() != Some(n.as_str()) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// One line per event for people.
+pub fn render(e: &Value) -> String {
+    let node = e["node"].as_str().unwrap_or("-");
+    let kind = e["type"].as_str().unwrap_or("?");
+    match e["source"].as_str() {
+        Some("guard") => {
+            let codes: Vec<&str> = e["codes"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            let mut line = format!("guard  {node}  #{} {}/{kind}", e["seq"], e["producer"].as_str().unwrap_or("?"));
+            if let Some(i) = e["iteration"].as_u64() {
+                line.push_str(&format!("  iteration {i}"));
+            }
+            if let Some(d) = e["decision"].as_str() {
+                line.push_str(&format!("  {}", d.to_uppercase()));
+            }
+            if !codes.is_empty() {
+                line.push_str(&format!("  {}", codes.join(", ")));
+            }
+            line
+        }
+        _ => {
+            let mut line = format!("engine {node}  #{} {kind}", e["seq"]);
+            if let Some(s) = e["event"]["seconds"].as_f64() {
+                line.push_str(&format!("  {s:.2}s"));
+            }
+            if let Some(err) = e["event"]["error"].as_str() {
+                line.push_str(&format!("  {err}"));
+            }
+            line
+        }
+    }
+}
+
+/// The guard decisions of a run that were not ALLOW.
+pub fn alerts(events: &[Value]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e["source"] == "guard" && e["type"] == "decision")
+        .filter(|e| e["decision"].as_str().is_some_and(|d| !d.eq_ignore_ascii_case("allow")))
+        .cloned()
+        .collect()
+}
+
+/// The JSON body posted for one alert; `slack` wraps it in a Slack-compatible
+/// `{"text": ...}` message (the full alert rides along under `orchestrate`).
+pub fn payload(alert: &Value, slack: bool) -> Value {
+    let body = json!({
+        "run": alert["run"], "node": alert["node"], "iteration": alert["iteration"],
+        "decision": alert["decision"], "codes": alert["codes"], "lineage": alert["lineage"],
+        "seq": alert["seq"], "seal": alert["seal"],
+    });
+    if !slack {
+        return body;
+    }
+    let codes: Vec<&str> = alert["codes"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    json!({
+        "text": format!(
+            ":rotating_light: orchestrate guard {} in run {}, node {}, iteration {}: {}",
+            alert["decision"].as_str().unwrap_or("?").to_uppercase(),
+            alert["run"].as_str().unwrap_or("?"),
+            alert["node"].as_str().unwrap_or("?"),
+            alert["iteration"],
+            codes.join(", ")
+        ),
+        "orchestrate": body,
+    })
+}
+
+/// POSTs `body` to `url`, retrying transport errors and 5xx/429 answers with
+/// exponential backoff; a 4xx answer is not retried.
+pub fn post(url: &str, body: &Value, retries: u32, backoff: Duration) -> Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut last = String::new();
+    for attempt in 0..=retries {
+        if attempt > 0 {
+            std::thread::sleep(backoff * 2u32.pow(attempt - 1));
+        }
+        match agent.post(url).header("content-type", "application/json").send(body.to_string()) {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                if (200..300).contains(&status) {
+                    return Ok(());
+                }
+                last = format!("HTTP {status}");
+                if status != 429 && status < 500 {
+                    break;
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    bail!("webhook {url} failed after {} attempt(s): {last}", retries + 1)
+}

@@ -1,0 +1,137 @@
+//! `orchestrate events` (search) and `orchestrate alert-scan` (webhook) on a small
+//! guarded GRPO run with F3 injected, against a local HTTP server on 127.0.0.1.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use common::{stderr, stdout, Project};
+use serde_json::Value;
+
+const SPEC: &str = "name: alerts
+nodes:
+  data:
+    op: dataset.stock_arithmetic
+    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}
+  tokenizer:
+    op: tokenizer.build
+    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {vocab_size: 400}
+  base:
+    op: model.init
+    inputs: {tokenizer: 'tokenizer:tokenizer'}
+    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
+  grpo:
+    op: train.grpo
+    matrix: {guard: ['on', 'off']}
+    inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {iterations: 3, max_new_tokens: 12, lr: 1.0e-4, faults: [{family: F3, at_iteration: 1}, {family: F2, at_iteration: 2}]}
+";
+
+fn lines(out: &std::process::Output) -> Vec<Value> {
+    stdout(out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// A one-request-per-connection HTTP server that answers each POST with the next
+/// status of `statuses` (then 200) and keeps every body it received.
+fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let seen = bodies.clone();
+    std::thread::spawn(move || {
+        let mut statuses = statuses.into_iter();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0u8; length];
+            reader.read_exact(&mut body).unwrap();
+            let status = statuses.next().unwrap_or(200);
+            if status == 200 {
+                seen.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+            }
+            let _ = write!(stream, "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, bodies)
+}
+
+#[test]
+fn events_are_searchable_and_every_non_allow_decision_reaches_the_webhook() {
+    let p = Project::new();
+    p.write("alerts.yaml", SPEC);
+    let out = p.run(&["run", "alerts.yaml", "--quiet"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let metrics = |guard: &str| -> Value {
+        let path = stdout(&p.run(&["path", "alerts.yaml", &format!("grpo@guard={guard}:metrics")])).trim().to_string();
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    // What the runs themselves say was refused: (node, iteration, codes).
+    let mut refused: Vec<(String, u64, Value)> = metrics("on")["guard"]["detections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| ("grpo@guard=on".to_string(), d["iteration"].as_u64().unwrap(), d["codes"].clone()))
+        .collect();
+    assert_eq!(refused.len(), 2, "F3 and F2 are each refused once");
+    assert!(metrics("off")["guard"]["detections"].as_array().unwrap().is_empty());
+
+    // Search.
+    let all = lines(&p.run(&["events", "--json"]));
+    assert!(all.iter().any(|e| e["source"] == "engine" && e["type"] == "node_finished"));
+    assert!(all.iter().any(|e| e["source"] == "guard" && e["node"] == "grpo@guard=off"));
+    let decisions = lines(&p.run(&["events", "--json", "--type", "decision"]));
+    assert!(!decisions.is_empty() && decisions.iter().all(|e| e["type"] == "decision"));
+    assert_eq!(decisions.len(), all.iter().filter(|e| e["type"] == "decision").count());
+    let t001 = lines(&p.run(&["events", "--json", "--code", "T001"]));
+    assert_eq!(t001.len(), 1, "{t001:?}");
+    assert_eq!(t001[0]["iteration"], 1);
+    let full = lines(&p.run(&["events", "--json", "--code", "L003_SCORER_POLICY_MISMATCH"]));
+    assert_eq!(full.len(), 1);
+    let off = lines(&p.run(&["events", "--json", "--node", "grpo@guard=off"]));
+    assert!(!off.is_empty() && off.iter().all(|e| e["node"] == "grpo@guard=off"));
+    let base = lines(&p.run(&["events", "--json", "--node", "grpo"]));
+    assert!(base.len() > off.len() && base.iter().all(|e| e["node"].as_str().unwrap().starts_with("grpo@")));
+    let none = p.run(&["events", "--run", "no-such-run"]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(stderr(&none).contains("no run 'no-such-run'"), "{}", stderr(&none));
+
+    // The webhook sees exactly the non-ALLOW decisions, after a retried 503.
+    let (url, bodies) = server(vec![503]);
+    let out = p.run(&["alert-scan", "--webhook", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut got: Vec<(String, u64, Value)> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|b| (b["node"].as_str().unwrap().to_string(), b["iteration"].as_u64().unwrap(), b["codes"].clone()))
+        .collect();
+    got.sort_by_key(|g| g.1);
+    refused.sort_by_key(|g| g.1);
+    assert_eq!(got, refused);
+
+    // Slack-compatible payload.
+    let (url, bodies) = server(vec![]);
+    assert_eq!(p.run(&["alert-scan", "--webhook", &url, "--slack"]).status.code(), Some(0));
+    let b = bodies.lock().unwrap();
+    assert_eq!(b.len(), 2);
+    assert!(b.iter().all(|m| m["text"].as_str().unwrap().contains("REJECT")));
+
+    // An endpoint that keeps failing is a clear error.
+    let (url, _) = server(vec![500; 10]);
+    let out = p.run(&["alert-scan", "--webhook", &url, "--retries", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains(&url) && stderr(&out).contains("HTTP 500"), "{}", stderr(&out));
+}
