@@ -33,7 +33,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let mut reporter: Box<dyn Reporter> = if json {
                 Box::new(JsonReporter)
             } else if !quiet && std::io::stdout().is_terminal() {
-                Box::new(ProgressReporter::new())
+                Box::new(ProgressReporter::new().following(ws.root().join("logs")))
             } else {
                 Box::new(PlainReporter { quiet })
             };

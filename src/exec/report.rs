@@ -78,6 +78,49 @@ pub struct ProgressReporter {
     multi: MultiProgress,
     overall: ProgressBar,
     running: HashMap<String, ProgressBar>,
+    /// The workspace's `logs/` folder, tailed for progress lines of running nodes.
+    logs: Option<std::path::PathBuf>,
+}
+
+/// A line a node's log starts with this prefix is its live progress (the GRPO
+/// iteration, mean reward and KL; the SFT epoch and validation NLL), shown on the
+/// node's spinner while it runs.
+pub const PROGRESS_PREFIX: &str = "progress: ";
+
+/// The last complete progress line in `text`, if any.
+pub fn last_progress(text: &str) -> Option<&str> {
+    text.lines().rev().find_map(|l| l.strip_prefix(PROGRESS_PREFIX)).map(str::trim)
+}
+
+/// Follows a node's log while its bar is not finished, showing its last progress
+/// line after the node's own message.
+fn follow(log: std::path::PathBuf, bar: ProgressBar, base: String) {
+    std::thread::spawn(move || {
+        let mut seen = 0u64;
+        let mut tail = String::new();
+        while !bar.is_finished() {
+            std::thread::sleep(Duration::from_millis(250));
+            let Ok(meta) = std::fs::metadata(&log) else { continue };
+            if meta.len() < seen {
+                // The log was truncated (a fresh attempt): start over.
+                seen = 0;
+                tail.clear();
+            }
+            if meta.len() == seen {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(&log) else { continue };
+            let start = (seen as usize).min(bytes.len());
+            seen = bytes.len() as u64;
+            tail.push_str(&String::from_utf8_lossy(&bytes[start..]));
+            // Keep only the unfinished last line for the next round.
+            let complete = tail.rfind('\n').map_or(0, |i| i + 1);
+            if let Some(p) = last_progress(&tail[..complete]) {
+                bar.set_message(format!("{base} - {p}"));
+            }
+            tail.drain(..complete);
+        }
+    });
 }
 
 impl ProgressReporter {
@@ -89,7 +132,7 @@ impl ProgressReporter {
                 .expect("valid template")
                 .progress_chars("=> "),
         );
-        ProgressReporter { multi, overall, running: HashMap::new() }
+        ProgressReporter { multi, overall, running: HashMap::new(), logs: None }
     }
 
     fn resolved(&mut self, node: &str) {
@@ -98,6 +141,14 @@ impl ProgressReporter {
             self.multi.remove(&bar);
         }
         self.overall.inc(1);
+    }
+}
+
+impl ProgressReporter {
+    /// Shows each running node's progress lines from its log in `logs`.
+    pub fn following(mut self, logs: std::path::PathBuf) -> Self {
+        self.logs = Some(logs);
+        self
     }
 }
 
@@ -117,8 +168,12 @@ impl Reporter for ProgressReporter {
             Event::NodeStarted { node, key, reason } => {
                 let bar = self.multi.add(ProgressBar::new_spinner());
                 bar.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("valid template"));
-                bar.set_message(format!("{node} {} ({reason})", short(key)));
+                let base = format!("{node} {} ({reason})", short(key));
+                bar.set_message(base.clone());
                 bar.enable_steady_tick(Duration::from_millis(120));
+                if let Some(logs) = &self.logs {
+                    follow(logs.join(format!("{key}.log")), bar.clone(), base);
+                }
                 self.running.insert(node.clone(), bar);
             }
             Event::Waiting { .. } => {
@@ -151,5 +206,37 @@ impl Reporter for ProgressReporter {
         for (_, bar) in self.running.drain() {
             bar.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    #[test]
+    fn the_last_progress_line_wins_and_other_lines_are_ignored() {
+        let log = "loading\nprogress: iteration 1/3  mean reward 0.000  KL -\ngrpo iteration 1: ...\nprogress: iteration 2/3  mean reward 0.250  KL 1.20e-3\nwarning: x\n";
+        assert_eq!(last_progress(log), Some("iteration 2/3  mean reward 0.250  KL 1.20e-3"));
+        assert_eq!(last_progress("no progress here\n"), None);
+    }
+
+    #[test]
+    fn a_running_bar_shows_the_progress_its_log_gains() {
+        let dir = std::env::temp_dir().join(format!("orchestrate-progress-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("k.log");
+        std::fs::write(&log, "starting\n").unwrap();
+        let bar = ProgressBar::hidden();
+        follow(log.clone(), bar.clone(), "grpo 1234".into());
+        std::fs::write(&log, "starting\nprogress: iteration 1/2  mean reward 0.500  KL 3.00e-4\nprogress: iter")
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while bar.message() == "" && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The half-written line is not shown.
+        assert_eq!(bar.message(), "grpo 1234 - iteration 1/2  mean reward 0.500  KL 3.00e-4");
+        bar.finish_and_clear();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -446,6 +446,14 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             p.prompts_per_iteration,
             update_stats.last().map(|s| s.kl).unwrap_or(0.0)
         );
+        // The live progress line `orchestrate run` shows for this node.
+        eprintln!(
+            "{}iteration {}/{}  mean reward {mean_reward:.3}  KL {}",
+            orchestrate::exec::report::PROGRESS_PREFIX,
+            iteration + 1,
+            p.iterations,
+            update_stats.last().map_or("-".to_string(), |s| format!("{:.2e}", s.kl))
+        );
     }
     if digest(&reference_params) != reference_digest {
         bail!("the reference model changed during training");

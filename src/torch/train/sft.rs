@@ -132,6 +132,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         });
         validation_history.push(json!({"epoch": epoch, "validation_nll": nll / count.max(1.0), "tokens": count}));
         eprintln!("sft {:?} epoch {epoch}: {updates} updates, validation NLL {:.4}", p.branch, nll / count.max(1.0));
+        eprintln!(
+            "{}epoch {}/{}  validation NLL {:.4}",
+            orchestrate::exec::report::PROGRESS_PREFIX,
+            epoch + 1,
+            p.epochs,
+            nll / count.max(1.0)
+        );
     }
     let meta = json!({
         "kind": "sft",
