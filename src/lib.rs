@@ -17,6 +17,7 @@ pub mod guard;
 pub mod model;
 pub mod ops;
 pub mod pack;
+pub mod report;
 pub mod runtime;
 pub mod spec;
 pub mod store;

@@ -88,6 +88,23 @@ fn events_are_searchable_and_every_non_allow_decision_reaches_the_webhook() {
     assert_eq!(refused.len(), 2, "F3 and F2 are each refused once");
     assert!(metrics("off")["guard"]["detections"].as_array().unwrap().is_empty());
 
+    // The report of this run: the fault matrix rows with the codes the runs observed.
+    let report = p.path().join("report.html");
+    let out = p.run(&["report", "--out", report.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&report).unwrap();
+    let faults = html.split("<section id=\"faults\">").nth(1).unwrap();
+    for (node, iteration, codes) in &refused {
+        let row = format!(
+            "<td>{node}</td><td>{}</td><td>{iteration}</td><td>on</td>",
+            if *iteration == 1 { "F3" } else { "F2" }
+        );
+        let at = faults.find(&row).unwrap_or_else(|| panic!("{row} in {faults}"));
+        let code = codes[0].as_str().unwrap();
+        assert!(faults[at..].split("</tr>").next().unwrap().contains(code), "{code}");
+    }
+    assert_eq!(faults.matches("<td>grpo@guard=off</td>").count(), 2, "two faults in the guard-off run");
+
     // Search.
     let all = lines(&p.run(&["events", "--json"]));
     assert!(all.iter().any(|e| e["source"] == "engine" && e["type"] == "node_finished"));

@@ -190,6 +190,30 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Report { target, out } => {
+            let source = match &target {
+                Some(t) if std::path::Path::new(t).join("MANIFEST.json").exists() => {
+                    crate::report::from_pack(std::path::Path::new(t))?
+                }
+                _ => {
+                    let ws = Workspace::open_read_only(&cli.workspace)?.with_context(|| {
+                        format!(
+                            "no workspace at {} (and {} is not a pack folder with a MANIFEST.json)",
+                            cli.workspace.display(),
+                            target.as_deref().unwrap_or("-")
+                        )
+                    })?;
+                    crate::report::from_run(&ws, target)?
+                }
+            };
+            let html = crate::report::render(&source);
+            // Written beside its destination, then renamed: never a half-written report.
+            let tmp = out.with_extension("html.tmp");
+            std::fs::write(&tmp, html).with_context(|| format!("writing {}", tmp.display()))?;
+            std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {} ({} nodes)", out.display(), source.nodes.len());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };

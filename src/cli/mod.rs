@@ -143,6 +143,15 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// One self-contained HTML report (inline SVG, no network) of a run or a pack:
+    /// the DAG, GRPO and SFT curves, evaluation, costs, gates, fault matrix.
+    Report {
+        /// A run id of the workspace, or a pack folder (default: the latest run).
+        target: Option<String>,
+        /// Where to write the HTML.
+        #[arg(long, value_name = "FILE", default_value = "report.html")]
+        out: PathBuf,
+    },
     /// The ops a spec can use.
     Ops,
     /// Check the store: every cached output present with its recorded hash.

@@ -1,0 +1,95 @@
+//! `orchestrate report` on the committed pack and on a workspace run.
+
+mod common;
+
+use common::{stderr, stdout, Project};
+
+fn sections(html: &str) -> Vec<&str> {
+    html.split("<section id=\"").skip(1).filter_map(|s| s.split('"').next()).collect()
+}
+
+#[test]
+fn the_report_of_the_committed_pack_has_every_section_and_its_own_figures() {
+    let p = Project::new();
+    let pack = format!("{}/artifacts/grpo-main-tiny/v0.1.0", env!("CARGO_MANIFEST_DIR"));
+    let out_path = p.path().join("pack.html");
+    let out = p.run(&["report", &pack, "--out", out_path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&out_path).unwrap();
+    assert_eq!(sections(&html), ["dag", "grpo", "sft", "evaluation", "costs", "gates", "faults"]);
+    assert!(!html.contains("<script"), "no script");
+    assert!(!html.contains("src=\"http"), "nothing fetched from the network");
+
+    // One box per node of the manifest, coloured by its outcome in the sealed events.
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{pack}/MANIFEST.json")).unwrap()).unwrap();
+    let nodes = manifest["nodes"].as_array().unwrap();
+    let dag = html.split("<section id=\"dag\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert_eq!(dag.matches("<rect").count(), nodes.len());
+    for n in nodes {
+        assert!(dag.contains(&format!("<title>{} (", n["id"].as_str().unwrap())), "{}", n["id"]);
+    }
+    // Every gate result of the pack, with its verdict.
+    let gates: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{pack}/outputs/gates/gates.json")).unwrap()).unwrap();
+    let results = gates["results"].as_array().unwrap();
+    let section = html.split("<section id=\"gates\">").nth(1).unwrap().split("</section>").next().unwrap();
+    for g in results {
+        assert!(section.contains(g["name"].as_str().unwrap()));
+    }
+    let passed = results.iter().filter(|g| g["passed"] == true).count();
+    assert_eq!(section.matches(">PASS<").count(), passed);
+    // The evaluation rows of the results table, and the GRPO curves (6 per GRPO node).
+    let table: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{pack}/outputs/results/table.json")).unwrap()).unwrap();
+    let eval = html.split("<section id=\"evaluation\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert_eq!(eval.matches("<tr>").count() - 1, table["rows"].as_array().unwrap().len());
+    let grpo_nodes = nodes.iter().filter(|n| n["op"] == "train.grpo").count();
+    let grpo = html.split("<section id=\"grpo\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert_eq!(grpo.matches("<figure>").count(), 6 * grpo_nodes);
+    for title in [
+        "mean reward",
+        "zero-variance group fraction",
+        "mean exact KL",
+        "clip fraction",
+        "gradient norm",
+        "learning rate",
+    ] {
+        assert!(grpo.contains(title), "{title}");
+    }
+}
+
+#[test]
+fn a_missing_target_is_a_clear_error_and_writes_nothing() {
+    let p = Project::new();
+    let out_path = p.path().join("r.html");
+    let out = p.run(&["report", "no-such-run", "--out", out_path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no-such-run"), "{}", stderr(&out));
+    assert!(!out_path.exists());
+    let _ = stdout(&out);
+}
+
+/// Renders a report in headless Chromium (Debian's `chromium`): no console
+/// errors, and a screenshot. Not installed on the build machine, hence ignored:
+/// `cargo test --test report -- --ignored` where it is.
+#[test]
+#[ignore = "needs Debian's chromium on PATH"]
+fn the_report_renders_in_headless_chromium_without_console_errors() {
+    let p = Project::new();
+    let pack = format!("{}/artifacts/grpo-main-tiny/v0.1.0", env!("CARGO_MANIFEST_DIR"));
+    let html = p.path().join("pack.html");
+    assert_eq!(p.run(&["report", &pack, "--out", html.to_str().unwrap()]).status.code(), Some(0));
+    let shot = p.path().join("report.png");
+    let out = std::process::Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1600,4000")
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .expect("chromium on PATH");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(!log.contains("Uncaught") && !log.contains("CONSOLE("), "console errors: {log}");
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a screenshot was produced");
+}
