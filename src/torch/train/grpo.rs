@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
-use orchestrate::data::verifier::{FinishReason, Response, VerifierRegistry};
+use orchestrate::data::verifier::{FinishReason, VerifierRegistry};
 use orchestrate::ops::worker::WorkerJob;
 use orchestrate::ops::{parse_params, GrpoParams, Mode};
 use orchestrate::store::Index;
@@ -31,7 +31,7 @@ use orchestrate::guard::{
 use orchestrate::ops::{FaultFamily, GuardProtocol, GuardSwitch};
 use std::collections::BTreeMap;
 
-use super::guarded::canary_drift;
+use super::guarded::{canary_drift, reward_of};
 use super::guarded::{load_artifact, publish_artifact};
 use super::wal::{failpoint, Wal};
 use orchestrate::guard::Canary;
@@ -205,13 +205,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let mut finishes = (0usize, 0usize);
         for (row, g) in generated.iter().enumerate() {
             let example = &pool[chosen[row / p.group_size]];
-            let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
-            let decoded = tokenizer.decode(body)?;
-            let verdict = verifier.verify(
-                &example.label["problem"],
-                &Response { text: &decoded.text, finish: g.finish, tokenization_valid: decoded.undecodable.is_empty() },
-            )?;
-            rewards.push(f64::from(verdict.reward));
+            rewards.push(reward_of(verifier.as_ref(), &tokenizer, &example.label["problem"], g)?);
             if g.finish == FinishReason::Eos {
                 finishes.0 += 1;
             } else {

@@ -205,3 +205,21 @@ pub fn publish_artifact(
 pub fn load_artifact(ws: &orchestrate::store::Workspace, hash: &str) -> Result<TokenArtifacts> {
     Ok(serde_json::from_slice(&std::fs::read(ws.object_path(hash))?)?)
 }
+
+/// The verifier's reward for one generated response (decoded without its EOS
+/// token; undecodable ids make the tokenization invalid).
+pub fn reward_of(
+    verifier: &dyn orchestrate::data::verifier::Verifier,
+    tokenizer: &TextTokenizer,
+    problem: &serde_json::Value,
+    g: &crate::torch::generate::Generated,
+) -> Result<f64> {
+    use orchestrate::data::verifier::{FinishReason, Response};
+    let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
+    let decoded = tokenizer.decode(body)?;
+    let verdict = verifier.verify(
+        problem,
+        &Response { text: &decoded.text, finish: g.finish, tokenization_valid: decoded.undecodable.is_empty() },
+    )?;
+    Ok(f64::from(verdict.reward))
+}

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use orchestrate::data::verifier::{FinishReason, Response, VerifierRegistry};
+use orchestrate::data::verifier::VerifierRegistry;
 use orchestrate::guard::{
     validate, Envelope, EventKind, EventRef, GuardContext, ProtocolMode, RewardRef, TokenArtifacts,
 };
@@ -17,7 +17,7 @@ use tch::{Kind, Tensor};
 
 use super::adamw::digest;
 use super::common::{examples, input_path, load_model, params as params_of, prompt_ids};
-use super::guarded::{batch_from_artifacts, inject, prompt_registry, Recorded, VERIFIER_ALIAS};
+use super::guarded::{batch_from_artifacts, inject, prompt_registry, reward_of, Recorded, VERIFIER_ALIAS};
 use super::objective::group_advantages;
 use super::update::{grpo_gradients, GrpoHyper};
 use crate::torch::generate::{generate, pick_device, Sampling};
@@ -87,13 +87,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             continue;
         }
         let example = &pool[row / p.group_size];
-        let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
-        let decoded = tokenizer.decode(body)?;
-        let v = verifier.verify(
-            &example.label["problem"],
-            &Response { text: &decoded.text, finish: g.finish, tokenization_valid: decoded.undecodable.is_empty() },
-        )?;
-        rewards.push(f64::from(v.reward));
+        rewards.push(reward_of(verifier.as_ref(), &tokenizer, &example.label["problem"], g)?);
     }
     let advantages: Vec<f64> = rewards.chunks(p.group_size).flat_map(group_advantages).collect();
     let policy_digest = digest(&params);
