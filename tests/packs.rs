@@ -56,9 +56,16 @@ fn freeze_verify_and_audit_pass_and_sha256sum_accepts_the_pack() {
         "gates/gates.yaml",
         "outputs/measure/m.json",
         "outputs/gates/gates.json",
+        "report.html",
     ] {
         assert!(dir.join(f).is_file(), "{f}");
     }
+    // The pack's report is sealed with it and shows its gates.
+    let sums_text = std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap();
+    assert!(sums_text.lines().any(|l| l.ends_with("  report.html")));
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert_eq!(html.matches(">PASS<").count(), 2, "both gates, passed");
+    assert!(!html.contains(&dir.display().to_string()) && !html.contains(".tmp"), "no build path in the report");
     let (code, text) = audit(&p, &dir);
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("2 gates: 2 passed, 0 failed; pack intact"), "{text}");

@@ -238,6 +238,14 @@ pub fn freeze(
         });
         fs::write(tmp.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n")
             .map_err(io("writing MANIFEST.json"))?;
+        // The pack's own HTML report, made from the pack's files alone and sealed with them.
+        let mut report = crate::report::from_pack(&tmp).map_err(|e| PackError::Refused(format!("the report: {e:#}")))?;
+        report.title = format!(
+            "pack {} (frozen {})",
+            manifest["spec"]["name"].as_str().unwrap_or("?"),
+            manifest["frozen_at"].as_str().unwrap_or("?")
+        );
+        fs::write(tmp.join("report.html"), crate::report::render(&report)).map_err(io("writing report.html"))?;
         let mut sums = String::new();
         for f in list_files(&tmp)? {
             sums.push_str(&format!("{}  {f}\n", sha256_file(&tmp.join(&f))?));
