@@ -239,7 +239,8 @@ pub fn freeze(
         fs::write(tmp.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n")
             .map_err(io("writing MANIFEST.json"))?;
         // The pack's own HTML report, made from the pack's files alone and sealed with them.
-        let mut report = crate::report::from_pack(&tmp).map_err(|e| PackError::Refused(format!("the report: {e:#}")))?;
+        let mut report =
+            crate::report::from_pack(&tmp).map_err(|e| PackError::Refused(format!("the report: {e:#}")))?;
         report.title = format!(
             "pack {} (frozen {})",
             manifest["spec"]["name"].as_str().unwrap_or("?"),
