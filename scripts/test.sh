@@ -6,6 +6,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 # shellcheck source=/dev/null
 . .setup/env.sh
+# The report test renders HTML in headless Chromium (Debian's package). Install
+# it when it is missing and this machine can; the test fails loudly without it.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test: installing Debian's chromium for the report test"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >/dev/null 2>&1; then
+        echo "test: could not install chromium; the headless report test will fail" >&2
+    fi
+fi
 cargo fmt --check
 cargo build --all-targets --locked
 log="$(mktemp)"

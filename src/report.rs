@@ -325,7 +325,7 @@ pub fn render(src: &Source) -> String {
     for o in ["ran", "cached", "failed", "skipped"] {
         let _ = write!(html, "<span style=\"background:{}\">{o}</span>", colour(o));
     }
-    let _ = writeln!(html, "</p>{}</section>", dag_svg(&src.nodes));
+    let _ = writeln!(html, "</p><div style=\"overflow-x:auto\">{}</div></section>", dag_svg(&src.nodes));
 
     let metrics: Vec<(&Node, Value)> =
         src.nodes.iter().filter_map(|n| n.outputs.get("metrics").and_then(|p| read_json(p)).map(|m| (n, m))).collect();
