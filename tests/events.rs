@@ -10,25 +10,17 @@ use std::sync::{Arc, Mutex};
 use common::{stderr, stdout, Project};
 use serde_json::Value;
 
-const SPEC: &str = "name: alerts
-nodes:
-  data:
-    op: dataset.stock_arithmetic
-    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}
-  tokenizer:
-    op: tokenizer.build
-    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
-    params: {vocab_size: 400}
-  base:
-    op: model.init
-    inputs: {tokenizer: 'tokenizer:tokenizer'}
-    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
-  grpo:
+fn spec() -> String {
+    common::tiny_spec(
+        "alerts",
+        "  grpo:
     op: train.grpo
     matrix: {guard: ['on', 'off']}
     inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}
     params: {iterations: 3, max_new_tokens: 12, lr: 1.0e-4, faults: [{family: F3, at_iteration: 1}, {family: F2, at_iteration: 2}]}
-";
+",
+    )
+}
 
 fn lines(out: &std::process::Output) -> Vec<Value> {
     stdout(out).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
@@ -71,7 +63,7 @@ fn server(statuses: Vec<u16>) -> (String, Arc<Mutex<Vec<Value>>>) {
 #[test]
 fn events_are_searchable_and_every_non_allow_decision_reaches_the_webhook() {
     let p = Project::new();
-    p.write("alerts.yaml", SPEC);
+    p.write("alerts.yaml", &spec());
     let out = p.run(&["run", "alerts.yaml", "--quiet"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let metrics = |guard: &str| -> Value {

@@ -6,25 +6,16 @@ mod common;
 
 use common::{stderr, stdout, Project};
 
-const SPEC: &str = r#"
-name: recovery
-nodes:
-  data:
-    op: dataset.stock_arithmetic
-    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}
-  tokenizer:
-    op: tokenizer.build
-    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
-    params: {vocab_size: 400}
-  base:
-    op: model.init
-    inputs: {tokenizer: 'tokenizer:tokenizer'}
-    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
-  grpo:
+fn spec() -> String {
+    common::tiny_spec(
+        "recovery",
+        "  grpo:
     op: train.grpo
     inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}
     params: {iterations: 4, max_new_tokens: 8, lr: 1.0e-4, checkpoint_every: 1}
-"#;
+",
+    )
+}
 
 fn final_state(p: &Project) -> orchestrate::train::state::StateFile {
     let out = p.run(&["path", "spec.yaml", "grpo:state"]);
@@ -35,12 +26,12 @@ fn final_state(p: &Project) -> orchestrate::train::state::StateFile {
 #[test]
 fn a_crash_at_any_update_phase_recovers_to_the_uncrashed_result() {
     let reference = Project::new();
-    reference.write("spec.yaml", SPEC);
+    reference.write("spec.yaml", &spec());
     reference.run_json(&["spec.yaml"], 0);
     let expected = final_state(&reference);
     for phase in ["prepared", "applied", "checkpointed", "committed"] {
         let p = Project::new();
-        p.write("spec.yaml", SPEC);
+        p.write("spec.yaml", &spec());
         let crashed =
             p.cmd(&["run", "--json", "spec.yaml"]).env("ORCHESTRATE_FAILPOINT", format!("{phase}@2")).output().unwrap();
         assert_eq!(crashed.status.code(), Some(1), "{phase}: the run fails when the worker dies");

@@ -116,3 +116,25 @@ nodes:
       cmd: echo delta > d.txt
       outs: [d.txt]
 "#;
+
+/// A spec named `name` with the tiny data, tokenizer and model (`data`,
+/// `tokenizer`, `base`) that GRPO tests build on, followed by `nodes` (YAML
+/// lines indented by two spaces).
+pub fn tiny_spec(name: &str, nodes: &str) -> String {
+    format!(
+        "name: {name}
+nodes:
+  data:
+    op: dataset.stock_arithmetic
+    params: {{seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}}
+  tokenizer:
+    op: tokenizer.build
+    inputs: {{pages: 'data:pages.train', labels: 'data:labels.train'}}
+    params: {{vocab_size: 400}}
+  base:
+    op: model.init
+    inputs: {{tokenizer: 'tokenizer:tokenizer'}}
+    params: {{seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}}
+{nodes}"
+    )
+}
