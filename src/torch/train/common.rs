@@ -79,6 +79,16 @@ pub fn load_model(dir: &Path, device: Device) -> Result<(Qwen2, TextTokenizer)> 
     Ok((model, tokenizer))
 }
 
+/// The reference policy: a strict reload of the starting weights, frozen (no
+/// gradients), for the KL term.
+pub fn load_reference(dir: &Path, device: Device) -> Result<Qwen2> {
+    let (reference, _) = load_model(dir, device)?;
+    for (_, mut t) in reference.vs.variables() {
+        let _ = t.requires_grad_(false);
+    }
+    Ok(reference)
+}
+
 pub fn params(model: &Qwen2) -> BTreeMap<String, Tensor> {
     model.vs.variables().into_iter().collect()
 }

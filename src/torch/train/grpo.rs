@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
 use super::common::{
-    examples, input_path, load_model, params, peak_rss_bytes, permutation, prompt_ids, read, restore_state,
-    write_outputs,
+    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, prompt_ids, read,
+    restore_state, write_outputs,
 };
 use super::guarded::{
     active, batch_from_artifacts, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS,
@@ -70,11 +70,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (policy, tokenizer) = load_model(model_dir, device)?;
-    // The reference: a strict reload of the same weights, frozen, no gradients.
-    let (reference, _) = load_model(model_dir, device)?;
-    for (_, mut t) in reference.vs.variables() {
-        let _ = t.requires_grad_(false);
-    }
+    let reference = load_reference(model_dir, device)?;
     let verifier =
         VerifierRegistry::builtin().get(&p.verifier).cloned().ok_or_else(|| anyhow!("no verifier {}", p.verifier))?;
     let eos = tokenizer.eos_id()?;

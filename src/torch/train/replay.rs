@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
 use super::adamw::digest;
-use super::common::{examples, input_path, load_model, params as params_of, prompt_ids};
+use super::common::{examples, input_path, load_model, load_reference, params as params_of, prompt_ids};
 use super::guarded::{batch_from_artifacts, inject, prompt_registry, reward_of, Recorded, VERIFIER_ALIAS};
 use super::objective::group_advantages;
 use super::update::{grpo_gradients, GrpoHyper};
@@ -39,19 +39,18 @@ pub fn compare(clean: &[f64], faulty: &[f64]) -> Value {
     json!({"cosine": dot / (nc * nf), "relative_l2": diff / nc, "clean_norm": nc, "faulty_norm": nf})
 }
 
-fn flat_grads(params: &BTreeMap<String, Tensor>) -> Vec<f64> {
+/// Every parameter's gradient, flattened in name order (zeros where none).
+fn flat_grads(params: &BTreeMap<String, Tensor>) -> Result<Vec<f64>> {
     let mut out = Vec::new();
     for p in params.values() {
         let g = p.grad();
-        let n = p.numel();
         if g.defined() {
-            let v = Vec::<f64>::try_from(&g.to_kind(Kind::Double).view([-1])).unwrap_or_default();
-            out.extend(v);
+            out.extend(Vec::<f64>::try_from(&g.to_kind(Kind::Double).view([-1]))?);
         } else {
-            out.extend(std::iter::repeat_n(0.0, n));
+            out.extend(std::iter::repeat_n(0.0, p.numel()));
         }
     }
-    out
+    Ok(out)
 }
 
 pub fn run(job: &WorkerJob) -> Result<()> {
@@ -59,7 +58,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (policy, tokenizer) = load_model(model_dir, device)?;
-    let (reference, _) = load_model(model_dir, device)?;
+    let reference = load_reference(model_dir, device)?;
     let params = params_of(&policy);
     let reference_digest = digest(&params_of(&reference));
     let verifier = VerifierRegistry::builtin().get("stock_arithmetic_v1").cloned().expect("builtin verifier");
@@ -135,7 +134,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let gradient_of = |rollouts: &[TokenArtifacts]| -> Result<(Vec<f64>, Value)> {
         let batch = batch_from_artifacts(rollouts, advantages.clone(), p.group_size);
         let stats = grpo_gradients(&policy, &reference, &params, &batch, &hyper)?;
-        Ok((flat_grads(&params), serde_json::to_value(stats)?))
+        Ok((flat_grads(&params)?, serde_json::to_value(stats)?))
     };
     let (clean_recorded, clean_store) = record();
     let clean_rollouts: Vec<TokenArtifacts> =
