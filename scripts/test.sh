@@ -8,10 +8,18 @@ bash scripts/setup.sh
 . .setup/env.sh
 # The report test renders HTML in headless Chromium (Debian's package). Install
 # it when it is missing and this machine can; the test fails loudly without it.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "test: installing Debian's chromium for the report test"
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >/dev/null 2>&1; then
-        echo "test: could not install chromium; the headless report test will fail" >&2
+# The Slurm test starts a single-node cluster on localhost (tests/slurm/cluster.sh)
+# from Debian's slurmctld, slurmd, slurm-client and munge; likewise installed.
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v sbatch >/dev/null 2>&1 || missing+=(slurm-client)
+[ -x /usr/sbin/slurmctld ] || missing+=(slurmctld)
+[ -x /usr/sbin/slurmd ] || missing+=(slurmd)
+[ -x /usr/sbin/munged ] || missing+=(munge)
+if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test: installing Debian's ${missing[*]} for the report and Slurm tests"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >/dev/null 2>&1; then
+        echo "test: could not install ${missing[*]}; the report or Slurm test will fail" >&2
     fi
 fi
 cargo fmt --check

@@ -41,6 +41,23 @@ pub fn env_provider() -> EnvProvider {
     })
 }
 
+/// The device libtorch really sees here (`cuda` or `cpu`), whatever
+/// `ORCHESTRATE_DEVICE` asks for.
+pub fn probe_device() -> Result<String, String> {
+    let worker = worker_binary().ok_or_else(|| format!("{WORKER} was not found next to orchestrate"))?;
+    let out = Command::new(&worker)
+        .args(["env", "--json"])
+        .env_remove("ORCHESTRATE_DEVICE")
+        .output()
+        .map_err(|e| format!("starting {}: {e}", worker.display()))?;
+    if !out.status.success() {
+        return Err(format!("{} env failed: {}", worker.display(), String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let env: crate::dag::key::EnvPart = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))?;
+    Ok(env.device)
+}
+
 /// Runs a worker command with this process's stdio and returns its exit code.
 pub fn exec_worker(args: &[String]) -> anyhow::Result<ExitCode> {
     let worker = worker_binary().ok_or_else(|| {

@@ -76,7 +76,7 @@ fn setup() -> (tempfile::TempDir, spec::Spec, orchestrate::dag::Dag) {
 }
 
 fn opts(device: &'static str) -> RunOptions {
-    RunOptions { jobs: 1, force: BTreeSet::new(), env: env(device), argv: "test".into() }
+    RunOptions { jobs: 1, force: BTreeSet::new(), env: env(device), argv: "test".into(), slurm: None }
 }
 
 #[test]

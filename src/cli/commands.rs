@@ -29,6 +29,13 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 print_plan(&entries, json);
                 return Ok(ExitCode::SUCCESS);
             }
+            let slurm = if spec.executor == spec::ExecutorKind::Slurm {
+                exec::slurm::check_available().map_err(anyhow::Error::msg)?;
+                exec::slurm::install_interrupt_handler();
+                Some(exec::slurm::SlurmSettings::for_this_exe().map_err(anyhow::Error::msg)?)
+            } else {
+                None
+            };
             let ws = Workspace::open(&cli.workspace)?;
             let mut reporter: Box<dyn Reporter> = if json {
                 Box::new(JsonReporter)
@@ -42,6 +49,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 force,
                 env: runtime::env_provider(),
                 argv: std::env::args().collect::<Vec<_>>().join(" "),
+                slurm,
             };
             let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
             if !json && !quiet {
@@ -51,12 +59,17 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if failed_gates > 0 {
                 eprintln!("{failed_gates} gate(s) failed");
             }
+            if exec::slurm::interrupted() {
+                eprintln!("interrupted: the run's Slurm jobs were cancelled; finished nodes stay cached");
+                return Ok(ExitCode::from(130));
+            }
             Ok(if result.stats.success() && failed_gates == 0 {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(GATE_FAILED)
             })
         }
+        Command::ExecNode { workspace, key } => exec_node(&workspace, &key, &registry),
         Command::Plan { spec, force, json } => {
             let (spec, dag) = load(&spec, &registry)?;
             let force = check_nodes(&dag, force)?;
@@ -306,9 +319,80 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
 fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
     let overrides = args.set.iter().map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
     let opts = LoadOptions { profile: args.profile.clone(), overrides };
-    let spec = spec::load(&args.spec, &opts)?;
+    let mut spec = spec::load(&args.spec, &opts)?;
+    let x = &args.executor;
+    if let Some(kind) = x.executor {
+        spec.executor = kind;
+    }
+    let cli = spec::SlurmResources {
+        partition: x.partition.clone(),
+        account: x.account.clone(),
+        time: x.time.clone(),
+        gpus: x.gpus,
+        cpus: x.cpus,
+        mem: x.mem.clone(),
+        sbatch: Vec::new(),
+        setup: Vec::new(),
+    };
+    for node in &mut spec.nodes {
+        let mut r = cli.over(&node.resources);
+        r.sbatch.extend(x.sbatch.iter().cloned());
+        node.resources = r;
+    }
     let dag = dag::compile(&spec, registry)?;
+    if spec.executor == spec::ExecutorKind::Slurm {
+        exec::slurm::check_resources(&dag).map_err(|e| anyhow::anyhow!("{}: {e}", args.spec.display()))?;
+    }
     Ok((spec, dag))
+}
+
+/// One Slurm job: rebuild the submitted node from its ticket and resolve it.
+fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Result<ExitCode> {
+    let ws = Workspace::open(workspace)?;
+    let ticket = exec::slurm::read_ticket(ws.root(), key).map_err(anyhow::Error::msg)?;
+    println!(
+        "orchestrate exec-node: node '{}' (key {}) of run {} from {}",
+        ticket.node, ticket.key, ticket.run_id, ticket.coordinator
+    );
+    let loaded = std::env::set_current_dir(&ticket.cwd)
+        .map_err(|e| anyhow::anyhow!("cannot enter the coordinator's folder {}: {e}", ticket.cwd.display()))
+        .and_then(|()| {
+            let args = SpecArgs {
+                spec: ticket.spec.clone(),
+                profile: ticket.profile.clone(),
+                set: ticket.overrides.clone(),
+                executor: Default::default(),
+            };
+            load(&args, registry)
+        });
+    let outcome = match loaded {
+        Ok((spec, dag)) => {
+            exec::slurm::exec_node(&ws, &ticket, &spec, &dag, runtime::probe_device).map_err(anyhow::Error::msg)?
+        }
+        Err(e) => {
+            let outcome = exec::Outcome::Failed {
+                key: Some(ticket.key.clone()),
+                error: format!("cannot rebuild the node from its spec: {e:#}"),
+                seconds: 0.0,
+            };
+            exec::slurm::record(ws.root(), &ticket, &outcome, 0.0).map_err(anyhow::Error::msg)?;
+            outcome
+        }
+    };
+    match outcome {
+        exec::Outcome::Ran { seconds, .. } => {
+            println!("done: node '{}' ran in {seconds:.2}s", ticket.node);
+            Ok(ExitCode::SUCCESS)
+        }
+        exec::Outcome::Cached { .. } => {
+            println!("done: node '{}' was already cached", ticket.node);
+            Ok(ExitCode::SUCCESS)
+        }
+        exec::Outcome::Failed { error, .. } | exec::Outcome::Skipped { because: error } => {
+            eprintln!("FAILED: node '{}': {error}", ticket.node);
+            Ok(ExitCode::from(GATE_FAILED))
+        }
+    }
 }
 
 fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {

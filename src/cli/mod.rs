@@ -34,6 +34,40 @@ pub struct SpecArgs {
     /// Override a value: `--set nodes.grpo.params.lr=1e-6` (the value is YAML).
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
+    #[command(flatten)]
+    pub executor: ExecutorArgs,
+}
+
+/// Where nodes run; these override the spec's `executor:` and `slurm:` (and
+/// every node's `resources:`). GPUs decide the device numerical nodes are keyed
+/// on under Slurm, so `plan`, `explain` and `pack freeze` take them too.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Executor")]
+pub struct ExecutorArgs {
+    /// `local` (this machine) or `slurm` (one sbatch job per node).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub executor: Option<crate::spec::ExecutorKind>,
+    /// Slurm partition of every job.
+    #[arg(long, value_name = "NAME")]
+    pub partition: Option<String>,
+    /// Slurm account of every job.
+    #[arg(long, value_name = "NAME")]
+    pub account: Option<String>,
+    /// Slurm time limit of every job (`4:00:00`).
+    #[arg(long, value_name = "TIME")]
+    pub time: Option<String>,
+    /// GPUs per node of every job.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// CPUs per task of every job.
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<u32>,
+    /// Memory of every job (`64G`).
+    #[arg(long, value_name = "SIZE")]
+    pub mem: Option<String>,
+    /// An extra sbatch option for every job (repeatable): `--sbatch=--qos=high`.
+    #[arg(long, value_name = "OPTION", allow_hyphen_values = true)]
+    pub sbatch: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -151,6 +185,15 @@ pub enum Command {
         /// Where to write the HTML.
         #[arg(long, value_name = "FILE", default_value = "report.html")]
         out: PathBuf,
+    },
+    /// Run one node submitted by `orchestrate run` with executor slurm, from a
+    /// shared workspace: what each Slurm job runs. Exit code 0 if the node ran
+    /// or was cached, 1 if it failed, 2 if the ticket or spec cannot be read.
+    ExecNode {
+        /// The shared workspace folder.
+        workspace: PathBuf,
+        /// The node's key (its ticket is `WORKSPACE/slurm/tickets/KEY.json`).
+        key: String,
     },
     /// The ops a spec can use.
     Ops,

@@ -9,6 +9,7 @@ pub mod events;
 pub mod node;
 pub mod plan;
 pub mod report;
+pub mod slurm;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
@@ -37,6 +38,9 @@ pub struct RunOptions {
     pub env: EnvProvider,
     /// The command line, recorded with the run.
     pub argv: String,
+    /// How jobs are submitted when the spec's executor is `slurm` (default:
+    /// this executable, polling every 2 s).
+    pub slurm: Option<slurm::SlurmSettings>,
 }
 
 /// The result of a run.
@@ -126,12 +130,24 @@ pub fn run(
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
     let mut stats = RunStats::default();
+    let slurm_settings = (spec.executor == crate::spec::ExecutorKind::Slurm).then(|| {
+        opts.slurm.clone().unwrap_or_else(|| slurm::SlurmSettings {
+            exe: std::env::current_exe().unwrap_or_else(|_| "orchestrate".into()),
+            poll: std::time::Duration::from_secs(2),
+        })
+    });
+    let tracker = slurm::Tracker::default();
+    let slurm_run = slurm_settings.as_ref().map(|settings| slurm::SlurmRun { settings, tracker: &tracker, spec });
 
     std::thread::scope(|scope| -> Result<(), StoreError> {
+        if let Some(settings) = &slurm_settings {
+            let tracker = &tracker;
+            scope.spawn(move || tracker.run(settings.poll));
+        }
         for _ in 0..jobs.min(n.max(1)) {
             let job_rx = Arc::clone(&job_rx);
             let msg_tx = msg_tx.clone();
-            let (env_cache, cancel, run_id) = (&env_cache, &cancel, run_id.as_str());
+            let (env_cache, cancel, run_id, slurm_run) = (&env_cache, &cancel, run_id.as_str(), slurm_run.as_ref());
             scope.spawn(move || {
                 let index = match ws.index() {
                     Ok(i) => i,
@@ -156,7 +172,7 @@ pub fn run(
                     let env = if node.op.numerical() {
                         let mut cached = env_cache.lock().expect("env cache");
                         match cached.get_or_insert_with(|| (opts.env)()) {
-                            Ok(e) => Some(e.clone()),
+                            Ok(e) => Some(slurm::node_env(spec.executor, &node.def, e)),
                             Err(e) => {
                                 let error = format!("cannot determine the numerical environment: {e}");
                                 let _ = msg_tx.send(Msg::Done(pos, Outcome::Failed { key: None, error, seconds: 0.0 }));
@@ -179,7 +195,10 @@ pub fn run(
                         cancel,
                     };
                     let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
-                    let outcome = node::resolve(&job, &mut observer);
+                    let outcome = match slurm_run {
+                        Some(run) => slurm::resolve(&job, run, &mut observer),
+                        None => node::resolve(&job, &mut observer),
+                    };
                     let _ = msg_tx.send(Msg::Done(pos, outcome));
                 }
             });
@@ -282,6 +301,7 @@ pub fn run(
             }
         }
         drop(job_tx);
+        tracker.stop();
         Ok(())
     })?;
 

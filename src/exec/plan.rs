@@ -115,7 +115,7 @@ fn state_of(
     }
     let env = if node.op.numerical() {
         match ctx.env() {
-            Ok(e) => Some(e),
+            Ok(e) => Some(super::slurm::node_env(spec.executor, &node.def, &e)),
             Err(e) => {
                 return Ok(PlanState::Error { error: format!("cannot determine the numerical environment: {e}") })
             }
@@ -236,7 +236,11 @@ pub fn explain(
             }
         }
     }
-    let env = if node.op.numerical() { Some(env().map_err(StoreError::Invalid)?) } else { None };
+    let env = if node.op.numerical() {
+        Some(super::slurm::node_env(spec.executor, &node.def, &env().map_err(StoreError::Invalid)?))
+    } else {
+        None
+    };
     let last = index.latest_for_node(node_id)?;
     if let Some(l) = &last {
         out.cached_key = Some(l.key.clone());

@@ -65,6 +65,13 @@ pub struct Sources {
     overrides: Vec<Override>,
 }
 
+impl Sources {
+    /// The `--set` overrides applied, in order.
+    pub fn overrides(&self) -> &[Override] {
+        &self.overrides
+    }
+}
+
 impl std::fmt::Debug for Sources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.layers.iter().map(|l| (&l.file, &l.prefix))).finish()
@@ -186,6 +193,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
         path: path.to_path_buf(),
         base_dir: if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir },
         profile: opts.profile.clone(),
+        executor: doc.executor,
         resolved: merged,
         nodes,
         sources,
@@ -476,8 +484,15 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 }
                 inputs.insert(name.clone(), parsed);
             }
-            let def =
-                NodeDef { id: id.clone(), base_id: base_id.clone(), op: node.op.clone(), params, inputs, binding };
+            let def = NodeDef {
+                id: id.clone(),
+                base_id: base_id.clone(),
+                op: node.op.clone(),
+                params,
+                inputs,
+                binding,
+                resources: node.resources.over(&doc.slurm),
+            };
             if out.insert(id.clone(), def).is_some() {
                 return Err(SpecError::new(
                     SpecErrorKind::DuplicateId,

@@ -40,8 +40,80 @@ pub struct SpecDoc {
     /// (a `null` removes a key).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub profiles: BTreeMap<String, serde_json::Map<String, Value>>,
+    /// Where nodes run: `local` (default, this machine, up to `--jobs` at once)
+    /// or `slurm` (each node a Slurm job; see `slurm`). `--executor` overrides it.
+    #[serde(default)]
+    pub executor: ExecutorKind,
+    /// Slurm resources every node's job asks for unless the node's own
+    /// `resources` says otherwise. Read only with `executor: slurm`.
+    #[serde(default, skip_serializing_if = "SlurmResources::is_empty")]
+    pub slurm: SlurmResources,
     /// The pipeline's nodes, by id.
     pub nodes: BTreeMap<String, NodeSpec>,
+}
+
+/// Where a spec's nodes run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ExecutorKind {
+    /// On this machine, as child processes of `orchestrate run`.
+    #[default]
+    Local,
+    /// As Slurm jobs (`sbatch`), each running `orchestrate exec-node` on the shared workspace.
+    Slurm,
+}
+
+/// What one node's Slurm job asks for. Unset fields fall back to the spec's
+/// `slurm:` block; `sbatch` and `setup` lines add to it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmResources {
+    /// `--partition`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// `--account`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// `--time`, in any form sbatch takes (`90`, `4:00:00`, `1-12:00:00`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// GPUs per node (`--gpus-per-node`). Numerical nodes asking for GPUs are
+    /// keyed on device `cuda` and run with `ORCHESTRATE_DEVICE=cuda`; without, on `cpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// `--cpus-per-task`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    /// `--mem`, e.g. `64G`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<String>,
+    /// More sbatch options, one per line, written as `#SBATCH` lines
+    /// (`--qos=high`, `--constraint=h100`; a leading `#SBATCH` is accepted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sbatch: Vec<String>,
+    /// Shell lines the job runs before `orchestrate exec-node` (`module load cuda/12.8`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setup: Vec<String>,
+}
+
+impl SlurmResources {
+    pub fn is_empty(&self) -> bool {
+        *self == SlurmResources::default()
+    }
+
+    /// `self` (a node's own resources) over `base` (the spec's defaults).
+    pub fn over(&self, base: &SlurmResources) -> SlurmResources {
+        SlurmResources {
+            partition: self.partition.clone().or_else(|| base.partition.clone()),
+            account: self.account.clone().or_else(|| base.account.clone()),
+            time: self.time.clone().or_else(|| base.time.clone()),
+            gpus: self.gpus.or(base.gpus),
+            cpus: self.cpus.or(base.cpus),
+            mem: self.mem.clone().or_else(|| base.mem.clone()),
+            sbatch: base.sbatch.iter().chain(&self.sbatch).cloned().collect(),
+            setup: base.setup.iter().chain(&self.setup).cloned().collect(),
+        }
+    }
 }
 
 /// One node as written: an op, its params, where its inputs come from, and an
@@ -66,6 +138,11 @@ pub struct NodeSpec {
     /// `${matrix.AXIS}` inside any string param is replaced by the value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub matrix: BTreeMap<String, Vec<Value>>,
+    /// This node's Slurm job resources, over the spec's `slurm:` block (every
+    /// matrix expansion gets the same). Ignored by the local executor; never
+    /// part of the node's key, except that GPUs decide the keyed device.
+    #[serde(default, skip_serializing_if = "SlurmResources::is_empty")]
+    pub resources: SlurmResources,
 }
 
 /// One reference or a list of references to other nodes' outputs.
@@ -110,6 +187,8 @@ pub struct NodeDef {
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
     /// This node's matrix values, if it came from a matrix.
     pub binding: BTreeMap<String, Value>,
+    /// Its Slurm resources, the spec's `slurm:` block already applied under them.
+    pub resources: SlurmResources,
 }
 
 /// A loaded, merged, validated and expanded experiment.
@@ -123,6 +202,8 @@ pub struct Spec {
     pub profile: Option<String>,
     /// The merged document, as the ops will see it (for manifests and `explain`).
     pub resolved: Value,
+    /// Where nodes run (the spec's `executor:`, or `--executor`).
+    pub executor: ExecutorKind,
     /// Concrete nodes, sorted by id.
     pub nodes: Vec<NodeDef>,
     /// Where each part of the merged document came from, to locate later errors.

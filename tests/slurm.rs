@@ -1,0 +1,336 @@
+//! The Slurm executor against a real single-node Slurm cluster on localhost
+//! (Debian's slurmctld, slurmd and munge, started by tests/slurm/cluster.sh
+//! with every file in a temp folder). If the cluster cannot start, this test
+//! fails and says why; set ORCHESTRATE_SKIP_SLURM_TEST=1 to skip it on
+//! purpose (e.g. as a non-root developer), which it then prints.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{events, nodes_with, stderr, stdout, Project};
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    conf: PathBuf,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::Builder::new().prefix("slurm-").tempdir_in("/tmp").expect("temp dir");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh");
+        // A port of this process's own, so two test runs on one machine do not meet.
+        let port = 20000 + (std::process::id() % 20000) * 2;
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .arg(dir.path())
+            .env("ORCHESTRATE_TEST_SLURM_PORT", port.to_string())
+            .output()
+            .expect("bash runs");
+        assert!(
+            out.status.success(),
+            "the test Slurm cluster did not start ({}); the Slurm executor is untested.\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let conf = dir.path().join("slurm.conf");
+        Cluster { dir, conf }
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    /// `(job id, state)` of the queued jobs with this name.
+    fn queue(&self, name: &str) -> Vec<(String, String)> {
+        let out = self.cmd("squeue").args(["--noheader", "--format=%i %T", "--name", name]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once(' ').map(|(a, b)| (a.to_string(), b.trim().to_string())))
+            .collect()
+    }
+
+    fn wait_running(&self, name: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some((id, _)) = self.queue(name).into_iter().find(|(_, s)| s == "RUNNING") {
+                return id;
+            }
+            assert!(Instant::now() < deadline, "job {name} never ran");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn job_state(&self, id: &str) -> String {
+        let out = self.cmd("scontrol").args(["show", "job", "--oneliner", id]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("").to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh");
+        let _ = Command::new("bash").arg(script).arg("stop").arg(self.dir.path()).status();
+    }
+}
+
+fn orchestrate(cluster: &Cluster, p: &Project, args: &[&str]) -> Command {
+    let mut c = p.cmd(args);
+    c.env("SLURM_CONF", &cluster.conf).env("ORCHESTRATE_SLURM_POLL", "0.2");
+    c
+}
+
+fn run(cluster: &Cluster, p: &Project, args: &[&str]) -> Output {
+    orchestrate(cluster, p, args).output().expect("orchestrate runs")
+}
+
+fn spawn(cluster: &Cluster, p: &Project, args: &[&str]) -> Child {
+    orchestrate(cluster, p, args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("orchestrate starts")
+}
+
+fn show(out: &Output) -> String {
+    format!("exit {:?}\nstdout:\n{}\nstderr:\n{}", out.status.code(), stdout(out), stderr(out))
+}
+
+/// Job logs written for a node (one per Slurm job that ran it).
+fn job_logs(p: &Project, node: &str) -> Vec<PathBuf> {
+    let dir = p.path().join(".orchestrate/slurm/logs");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p: &PathBuf| p.file_name().unwrap().to_string_lossy().starts_with(&format!("{node}-")))
+        .collect();
+    v.sort();
+    v
+}
+
+const PIPELINE: &str = r#"
+name: slurm-pipeline
+executor: slurm
+nodes:
+  corpus:
+    op: shell
+    params:
+      cmd: seq 1 30 > corpus.txt && echo "$SLURM_JOB_ID" > corpus.job
+      outs: [corpus.txt, corpus.job]
+  head:
+    op: shell
+    matrix:
+      env.N: [5, 10]
+    params:
+      cmd: head -n "$N" corpus.txt > "head-$N.txt"
+      deps: [corpus.txt]
+      outs: ["head-${matrix.env.N}.txt"]
+  total:
+    op: shell
+    params:
+      cmd: cat head-5.txt head-10.txt | wc -l > total.txt && echo "$SLURM_JOB_ID" > total.job
+      deps: [head-5.txt, head-10.txt]
+      outs: [total.txt, total.job]
+"#;
+
+#[test]
+fn slurm_executor_on_a_real_cluster() {
+    if std::env::var_os("ORCHESTRATE_SKIP_SLURM_TEST").is_some() {
+        eprintln!("SKIPPED: the Slurm executor test (ORCHESTRATE_SKIP_SLURM_TEST is set)");
+        return;
+    }
+    let cluster = Cluster::start();
+
+    // 1. A small pipeline through Slurm: every node a job, in DAG order.
+    let p = Project::new();
+    p.write("s.yaml", PIPELINE);
+    let out = run(&cluster, &p, &["run", "--json", "-j", "2", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let ev = events(&out);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["corpus", "head@env.N=10", "head@env.N=5", "total"]);
+    assert_eq!(p.read("total.txt").trim(), "15");
+    // The nodes really ran inside Slurm jobs, the ones the coordinator reported.
+    let corpus_job = p.read("corpus.job").trim().to_string();
+    let total_job = p.read("total.job").trim().to_string();
+    assert!(!corpus_job.is_empty() && corpus_job != total_job, "job ids {corpus_job:?} {total_job:?}");
+    let started = ev.iter().find(|e| e["event"] == "node_started" && e["node"] == "corpus").unwrap();
+    assert!(started["reason"].as_str().unwrap().ends_with(&format!("Slurm job {corpus_job}")), "{started}");
+    assert_eq!(cluster.job_state(&corpus_job), "COMPLETED");
+    assert_eq!(job_logs(&p, "corpus").len(), 1);
+    // The order held: `total` started after both `head` nodes finished.
+    let pos = |kind: &str, node: &str| ev.iter().position(|e| e["event"] == kind && e["node"] == node).unwrap();
+    assert!(pos("node_started", "total") > pos("node_finished", "head@env.N=5"));
+    assert!(pos("node_started", "total") > pos("node_finished", "head@env.N=10"));
+
+    // `--jobs` bounds the jobs in flight (submitted, not yet finished), whatever the cluster could take.
+    let out = run(
+        &cluster,
+        &p,
+        &["run", "--json", "-j", "1", "--force", "head@env.N=5", "--force", "head@env.N=10", "s.yaml"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let ev = events(&out);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["head@env.N=10", "head@env.N=5"]);
+    let (mut in_flight, mut most) = (0i32, 0i32);
+    for e in &ev {
+        match e["event"].as_str().unwrap() {
+            "node_started" => in_flight += 1,
+            "node_finished" | "node_failed" => in_flight -= 1,
+            _ => {}
+        }
+        most = most.max(in_flight);
+    }
+    assert_eq!(most, 1, "{ev:?}");
+
+    // A re-run submits nothing: the shared store is the single source of truth.
+    let out = run(&cluster, &p, &["run", "--json", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(nodes_with(&events(&out), "cache_hit").len(), 4);
+    assert_eq!(job_logs(&p, "corpus").len(), 1, "a cached node was submitted again");
+    // `plan` agrees (the same keys as the executor computed).
+    let out = run(&cluster, &p, &["plan", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(stdout(&out).contains("4 cached, 0 to run"), "{}", show(&out));
+
+    // 2. A job that fails: its exit status and the tail of its log.
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        r#"
+name: slurm-fail
+executor: slurm
+nodes:
+  bad:
+    op: shell
+    params:
+      cmd: echo "the-marker-line" >&2; exit 3
+      outs: [never.txt]
+  after:
+    op: shell
+    params:
+      cmd: "true"
+      deps: [never.txt]
+"#,
+    );
+    let out = run(&cluster, &p, &["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains("FAILED   bad"), "{text}");
+    assert!(text.contains("Slurm job "), "{text}");
+    assert!(text.contains("exit") && text.contains('3'), "no exit status in:\n{text}");
+    assert!(text.contains("the-marker-line"), "no log tail in:\n{text}");
+    assert!(text.contains("skipped  after: 'bad' failed"), "{text}");
+
+    // 3. A job killed from outside (scancel): Slurm's verdict, and the run fails.
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        r#"
+name: slurm-kill
+executor: slurm
+nodes:
+  slow:
+    op: shell
+    params:
+      cmd: sleep 120 && echo late > slow.txt
+      outs: [slow.txt]
+"#,
+    );
+    let child = spawn(&cluster, &p, &["run", "s.yaml"]);
+    let id = cluster.wait_running("orchestrate:slow");
+    let status = cluster.cmd("scancel").arg(&id).status().unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains(&format!("Slurm job {id} was cancelled (scancel, or by an administrator)")), "{text}");
+    assert!(!p.path().join("slow.txt").exists());
+
+    // 4. Ctrl-C on the coordinator cancels its jobs.
+    let child = spawn(&cluster, &p, &["run", "s.yaml"]);
+    let id = cluster.wait_running("orchestrate:slow");
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGINT);
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", show(&out));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains(&format!("cancelling Slurm job(s) {id}")), "{text}");
+    assert!(text.contains("was cancelled because the run was interrupted"), "{text}");
+    assert_eq!(cluster.job_state(&id), "CANCELLED");
+    assert!(cluster.queue("orchestrate:slow").is_empty(), "the job is still queued");
+
+    // 5. A coordinator that dies leaves its job running; the next run adopts
+    //    that job instead of submitting another, and then it is cached.
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        r#"
+name: slurm-adopt
+executor: slurm
+nodes:
+  work:
+    op: shell
+    params:
+      cmd: sleep 3 && echo "$SLURM_JOB_ID" > work.txt
+      outs: [work.txt]
+"#,
+    );
+    let mut child = spawn(&cluster, &p, &["run", "s.yaml"]);
+    let id = cluster.wait_running("orchestrate:work");
+    child.kill().unwrap(); // SIGKILL: no chance to cancel anything
+    child.wait().unwrap();
+    let out = run(&cluster, &p, &["run", "--json", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let ev = events(&out);
+    let adopted = format!("another orchestrate run already submitted it as Slurm job {id}");
+    assert!(ev.iter().any(|e| e["event"] == "waiting" && e["reason"] == adopted.as_str()), "{ev:?}");
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["work"]);
+    assert_eq!(p.read("work.txt").trim(), id, "the node's output is not the first job's");
+    assert_eq!(job_logs(&p, "work").len(), 1, "the node was submitted twice");
+
+    // 6. Two coordinators at once: each node runs in exactly one job.
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        r#"
+name: slurm-race
+executor: slurm
+nodes:
+  a:
+    op: shell
+    params:
+      cmd: sleep 1 && echo "$SLURM_JOB_ID" >> a.txt
+      outs: [a.txt]
+  b:
+    op: shell
+    inputs: {a: "a:a.txt"}
+    params:
+      cmd: echo "$SLURM_JOB_ID" >> b.txt
+      outs: [b.txt]
+"#,
+    );
+    let first = spawn(&cluster, &p, &["run", "s.yaml"]);
+    let second = spawn(&cluster, &p, &["run", "s.yaml"]);
+    for child in [first, second] {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    }
+    assert_eq!(p.read("a.txt").lines().count(), 1, "node a ran twice:\n{}", p.read("a.txt"));
+    assert_eq!(p.read("b.txt").lines().count(), 1, "node b ran twice:\n{}", p.read("b.txt"));
+
+    // 7. sbatch refusing a job (an unknown partition), and Slurm missing.
+    let out = run(&cluster, &p, &["run", "s.yaml", "--force", "a", "--partition", "no-such-partition"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains("sbatch refused the job"), "{text}");
+    assert!(text.to_lowercase().contains("invalid partition"), "{text}");
+    let out =
+        orchestrate(&cluster, &p, &["run", "s.yaml", "--force", "a"]).env("PATH", "/nonexistent").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(stderr(&out).contains("`sbatch` is not on PATH"), "{}", show(&out));
+}
