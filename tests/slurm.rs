@@ -323,7 +323,21 @@ nodes:
     assert_eq!(p.read("a.txt").lines().count(), 1, "node a ran twice:\n{}", p.read("a.txt"));
     assert_eq!(p.read("b.txt").lines().count(), 1, "node b ran twice:\n{}", p.read("b.txt"));
 
-    // 7. sbatch refusing a job (an unknown partition), and Slurm missing.
+    // 7. Numerical nodes: the libtorch worker runs inside the job, keyed on the
+    //    device the job asked for (cpu here), so a local plan agrees.
+    let t = Project::new();
+    t.write("s.yaml", &format!("executor: slurm\n{}", common::tiny_spec("slurm-tiny", "")));
+    let out = run(&cluster, &t, &["run", "--json", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let ev = events(&out);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["base", "data", "tokenizer"]);
+    let started = ev.iter().find(|e| e["event"] == "node_started" && e["node"] == "base").unwrap();
+    assert!(started["reason"].as_str().unwrap().contains("Slurm job"), "{started}");
+    assert!(t.path().join(".orchestrate/slurm/results").read_dir().unwrap().count() >= 3);
+    let out = run(&cluster, &t, &["plan", "s.yaml", "--executor", "local"]);
+    assert!(stdout(&out).contains("3 cached, 0 to run"), "{}", show(&out));
+
+    // 8. sbatch refusing a job (an unknown partition), and Slurm missing.
     let out = run(&cluster, &p, &["run", "s.yaml", "--force", "a", "--partition", "no-such-partition"]);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     let text = format!("{}{}", stdout(&out), stderr(&out));

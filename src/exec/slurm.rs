@@ -330,6 +330,8 @@ struct TrackState {
     live: BTreeMap<String, (String, String)>,
     ended: BTreeMap<String, JobEnd>,
     cancelled: BTreeSet<String>,
+    /// Jobs another coordinator submitted and this one adopted: never cancelled from here.
+    adopted: BTreeSet<String>,
     stop: bool,
     last_error: Option<String>,
 }
@@ -340,6 +342,9 @@ pub struct Tracker {
     state: Mutex<TrackState>,
     changed: Condvar,
 }
+
+/// Not a Slurm state: the run was interrupted while waiting for an adopted job.
+const DETACHED: &str = "DETACHED";
 
 const TERMINAL: &[&str] = &[
     "COMPLETED",
@@ -355,8 +360,11 @@ const TERMINAL: &[&str] = &[
 ];
 
 impl Tracker {
-    fn add(&self, id: &str) {
+    fn add(&self, id: &str, adopted: bool) {
         let mut st = self.state.lock().expect("tracker");
+        if adopted {
+            st.adopted.insert(id.to_string());
+        }
         st.live.entry(id.to_string()).or_insert_with(|| ("SUBMITTED".into(), String::new()));
     }
 
@@ -367,6 +375,9 @@ impl Tracker {
         loop {
             if let Some(end) = st.ended.get(id) {
                 return end.clone();
+            }
+            if interrupted() && st.adopted.contains(id) {
+                return JobEnd { state: DETACHED.into(), reason: String::new(), exit: String::new() };
             }
             if let Some(now) = st.live.get(id) {
                 if *now != last {
@@ -400,7 +411,7 @@ impl Tracker {
             if interrupted() {
                 let fresh: Vec<String> = {
                     let st = self.state.lock().expect("tracker");
-                    ids.iter().filter(|id| !st.cancelled.contains(*id)).cloned().collect()
+                    ids.iter().filter(|id| !st.cancelled.contains(*id) && !st.adopted.contains(*id)).cloned().collect()
                 };
                 if !fresh.is_empty() {
                     eprintln!("interrupted: cancelling Slurm job(s) {}", fresh.join(", "));
@@ -664,7 +675,7 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
         };
         observer.started(&key, &format!("{reason}; Slurm job {job_id}"));
     }
-    run.tracker.add(&job_id);
+    run.tracker.add(&job_id, adopted);
     let mut reported_pending = String::new();
     let end = run.tracker.wait(&job_id, |state, reason| {
         // `Priority` and `None` are the normal wait; other reasons (Resources,
@@ -676,6 +687,14 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
         }
     });
 
+    if end.state == DETACHED {
+        return failed(
+            Some(key),
+            format!(
+                "not waited for: the run was interrupted; Slurm job {job_id} belongs to another orchestrate run and keeps running"
+            ),
+        );
+    }
     let log = log_path(ws, job.node.id(), &job_id);
     let log_tail = || match tail(&log, 20) {
         Some(t) if !t.trim().is_empty() => format!("\n--- last lines of {}:\n{t}", log.display()),
