@@ -86,3 +86,34 @@ fn exec_node_without_a_ticket_says_what_to_check() {
     assert!(err.contains("no ticket for key 0123abcd"), "{err}");
     assert!(err.contains("shares with the coordinator"), "{err}");
 }
+
+/// The SQLite header's read/write versions (bytes 18, 19): 2 in WAL mode, 1 with the rollback journal.
+fn header_versions(p: &Project) -> (u8, u8) {
+    let bytes = std::fs::read(p.path().join(".orchestrate/cache.sqlite")).unwrap();
+    (bytes[18], bytes[19])
+}
+
+#[test]
+fn the_index_uses_the_rollback_journal_where_wal_cannot_work() {
+    // Local disk: WAL. A network filesystem is detected with statfs; the same
+    // choice can be forced, which is how it is tested here.
+    let p = Project::new();
+    p.write("s.yaml", common::CHAIN);
+    let out = p.run(&["run", "-q", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(header_versions(&p), (2, 2));
+
+    let q = Project::new();
+    q.write("s.yaml", common::CHAIN);
+    let out = q.cmd(&["run", "-q", "-j", "4", "s.yaml"]).env("ORCHESTRATE_SQLITE_JOURNAL", "delete").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(header_versions(&q), (1, 1));
+    assert!(!q.path().join(".orchestrate/cache.sqlite-wal").exists());
+    // The cache works the same: a re-run is all hits.
+    let out = q.cmd(&["run", "--json", "s.yaml"]).env("ORCHESTRATE_SQLITE_JOURNAL", "delete").output().unwrap();
+    assert_eq!(common::nodes_with(&common::events(&out), "cache_hit").len(), 4);
+
+    let out = q.cmd(&["run", "s.yaml"]).env("ORCHESTRATE_SQLITE_JOURNAL", "memory").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("ORCHESTRATE_SQLITE_JOURNAL=memory: expected wal or delete"), "{}", stderr(&out));
+}

@@ -165,6 +165,48 @@ fn parse<T: for<'de> Deserialize<'de>>(text: &str, what: &str) -> Result<T, Stor
     serde_json::from_str(text).map_err(|e| StoreError::Invalid(format!("corrupt {what} in the index: {e}")))
 }
 
+/// Filesystems whose files are shared between hosts (statfs `f_type`): NFS,
+/// SMB/CIFS, Lustre, GPFS, BeeGFS, CephFS, AFS, 9p and FUSE (sshfs, JuiceFS, ...).
+const NETWORK_FS: &[i64] = &[
+    0x6969,
+    0x517B,
+    0xFF53_4D42,
+    0xFE53_4D42,
+    0x0BD0_0BD0,
+    0x4750_4653,
+    0x1983_0326,
+    0x00C3_6400,
+    0x5346_414F,
+    0x0102_1997,
+    0x6573_5546,
+];
+
+/// `WAL` on a local filesystem, `DELETE` (the rollback journal) on a network
+/// one; `ORCHESTRATE_SQLITE_JOURNAL=wal|delete` decides instead.
+pub fn journal_mode_for(db_path: &Path) -> Result<&'static str, StoreError> {
+    match std::env::var("ORCHESTRATE_SQLITE_JOURNAL").ok().as_deref() {
+        None | Some("") => {}
+        Some(v) if v.eq_ignore_ascii_case("wal") => return Ok("WAL"),
+        Some(v) if v.eq_ignore_ascii_case("delete") => return Ok("DELETE"),
+        Some(other) => {
+            return Err(StoreError::Invalid(format!("ORCHESTRATE_SQLITE_JOURNAL={other}: expected wal or delete")))
+        }
+    }
+    let dir = db_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Ok(if on_network_fs(dir) { "DELETE" } else { "WAL" })
+}
+
+fn on_network_fs(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    // f_type is signed on some targets; compare the low 32 bits.
+    NETWORK_FS.contains(&((st.f_type as i64) & 0xFFFF_FFFF))
+}
+
 impl Index {
     /// Opens (and if needed creates) the index.
     pub fn open(path: &Path) -> Result<Index, StoreError> {
@@ -172,13 +214,18 @@ impl Index {
         conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
         // WAL: readers never block the writer; NORMAL: a killed process loses
         // nothing committed (only power loss could drop the last commits).
+        // WAL needs memory shared by every process using the database, so on a
+        // network filesystem (Slurm jobs on several hosts) the rollback journal
+        // is used instead, with FULL sync; it relies only on POSIX locks.
+        let want = journal_mode_for(path)?;
         let mode: String =
             conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(db("reading journal mode"))?;
-        if !mode.eq_ignore_ascii_case("wal") {
+        if !mode.eq_ignore_ascii_case(want) {
             // Switching modes takes an exclusive lock; callers serialize first opens (Workspace::open).
-            conn.pragma_update(None, "journal_mode", "WAL").map_err(db("enabling WAL"))?;
+            conn.pragma_update(None, "journal_mode", want).map_err(db("setting the journal mode"))?;
         }
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db("setting synchronous"))?;
+        let sync = if want == "WAL" { "NORMAL" } else { "FULL" };
+        conn.pragma_update(None, "synchronous", sync).map_err(db("setting synchronous"))?;
         let version: i64 =
             conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db("reading version"))?;
         if version > SCHEMA_VERSION {
