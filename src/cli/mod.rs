@@ -42,31 +42,30 @@ pub struct SpecArgs {
 /// every node's `resources:`). GPUs decide the device numerical nodes are keyed
 /// on under Slurm, so `plan`, `explain` and `pack freeze` take them too.
 #[derive(Debug, Clone, Default, Args)]
-#[command(next_help_heading = "Executor")]
 pub struct ExecutorArgs {
     /// `local` (this machine) or `slurm` (one sbatch job per node).
-    #[arg(long, value_enum, value_name = "KIND")]
+    #[arg(long, value_enum, value_name = "KIND", help_heading = "Executor")]
     pub executor: Option<crate::spec::ExecutorKind>,
     /// Slurm partition of every job.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", help_heading = "Executor")]
     pub partition: Option<String>,
     /// Slurm account of every job.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", help_heading = "Executor")]
     pub account: Option<String>,
     /// Slurm time limit of every job (`4:00:00`).
-    #[arg(long, value_name = "TIME")]
+    #[arg(long, value_name = "TIME", help_heading = "Executor")]
     pub time: Option<String>,
     /// GPUs per node of every job.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Executor")]
     pub gpus: Option<u32>,
     /// CPUs per task of every job.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help_heading = "Executor")]
     pub cpus: Option<u32>,
     /// Memory of every job (`64G`).
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", help_heading = "Executor")]
     pub mem: Option<String>,
     /// An extra sbatch option for every job (repeatable): `--sbatch=--qos=high`.
-    #[arg(long, value_name = "OPTION", allow_hyphen_values = true)]
+    #[arg(long, value_name = "OPTION", allow_hyphen_values = true, help_heading = "Executor")]
     pub sbatch: Vec<String>,
 }
 
@@ -76,7 +75,7 @@ pub enum Command {
     Run {
         #[command(flatten)]
         spec: SpecArgs,
-        /// Run at most N nodes at once.
+        /// Run at most N nodes at once (with Slurm: jobs queued or running).
         #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
         jobs: usize,
         /// Run this node even if it is cached (repeatable).
