@@ -657,7 +657,10 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
         let script_file = script_path(ws, &key);
         write_atomic(&script_file, script.as_bytes())?;
         let id = sbatch(&script_file)?;
-        write_atomic(&job_id_path(ws, &key), format!("{id} {}\n", ticket.coordinator).as_bytes())?;
+        // The job is queued now: a failure to record its id must not lose track of it.
+        if let Err(e) = write_atomic(&job_id_path(ws, &key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
+            eprintln!("warning: Slurm job {id} for node '{}': {e}; another run will not adopt it", job.node.id());
+        }
         Ok(Ok((id, false)))
     })();
     let (job_id, adopted) = match submitted {

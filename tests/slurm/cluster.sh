@@ -87,7 +87,7 @@ mem=$(awk '/MemTotal/ {print int($2 / 1024 / 2)}' /proc/meminfo)
 port=${ORCHESTRATE_TEST_SLURM_PORT:-16817}
 cat >"$dir/slurm.conf" <<CONF
 ClusterName=orchestrate-test
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 SlurmUser=root
@@ -115,7 +115,7 @@ KillWait=5
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MpiDefault=none
-NodeName=$host CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 export SLURM_CONF=$dir/slurm.conf
