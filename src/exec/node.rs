@@ -51,6 +51,13 @@ pub struct NodeJob<'a> {
     pub cancel: &'a AtomicBool,
 }
 
+impl NodeJob<'_> {
+    /// This node's hash-input record (its key is `record.key()`).
+    pub fn record(&self) -> Result<HashInputs, String> {
+        hash_inputs(self.ws, self.index, self.node, self.spec_dir, self.upstream, self.env.clone())
+    }
+}
+
 /// Builds the hash-input record of a node from its upstream outputs and files.
 pub fn hash_inputs(
     ws: &Workspace,
@@ -122,7 +129,7 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     let start = Instant::now();
     let failed =
         |key: Option<String>, error: String| Outcome::Failed { key, error, seconds: start.elapsed().as_secs_f64() };
-    let record = match hash_inputs(job.ws, job.index, job.node, job.spec_dir, job.upstream, job.env.clone()) {
+    let record = match job.record() {
         Ok(r) => r,
         Err(e) => return failed(None, e),
     };
@@ -169,7 +176,10 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
 }
 
 /// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(why)))` if cached but stale, `Ok(Err(None))` if absent.
-fn cached_valid(job: &NodeJob<'_>, key: &str) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
+pub(crate) fn cached_valid(
+    job: &NodeJob<'_>,
+    key: &str,
+) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
     let Some(cached) = job.index.lookup(key)? else {
         return Ok(Err(None));
     };

@@ -582,18 +582,12 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
     let start = Instant::now();
     let failed =
         |key: Option<String>, error: String| Outcome::Failed { key, error, seconds: start.elapsed().as_secs_f64() };
-    let record = match hash_inputs(job.ws, job.index, job.node, job.spec_dir, job.upstream, job.env.clone()) {
+    let record = match job.record() {
         Ok(r) => r,
         Err(e) => return failed(None, e),
     };
     let key = record.key();
-    let cached = || -> Option<Vec<OutputRecord>> {
-        let c = job.index.lookup(&key).ok()??;
-        match job.ws.check_outputs(job.index, &c, job.spec_dir) {
-            Ok(None) => Some(c.outputs),
-            _ => None,
-        }
-    };
+    let cached = || -> Option<Vec<OutputRecord>> { node::cached_valid(job, &key).ok()?.ok() };
     if !job.force {
         if let Some(outputs) = cached() {
             return Outcome::Cached { key, outputs };
