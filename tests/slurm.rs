@@ -337,7 +337,50 @@ nodes:
     let out = run(&cluster, &t, &["plan", "s.yaml", "--executor", "local"]);
     assert!(stdout(&out).contains("3 cached, 0 to run"), "{}", show(&out));
 
-    // 8. sbatch refusing a job (an unknown partition), and Slurm missing.
+    // 8. A GRPO job cancelled mid-run (as at a time limit or preemption): the
+    //    next run's job resumes from the last committed checkpoint and ends
+    //    with the same model as an uninterrupted run.
+    let grpo = "  grpo:
+    op: train.grpo
+    inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {iterations: 40, max_new_tokens: 8, lr: 1.0e-4, checkpoint_every: 2}
+";
+    t.write("s.yaml", &format!("executor: slurm\n{}", common::tiny_spec("slurm-tiny", grpo)));
+    let child = spawn(&cluster, &t, &["run", "s.yaml"]);
+    let id = cluster.wait_running("orchestrate:grpo");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let log = loop {
+        let found =
+            std::fs::read_dir(t.path().join(".orchestrate/logs")).unwrap().flatten().map(|e| e.path()).find(|p| {
+                let text = std::fs::read_to_string(p).unwrap_or_default();
+                ["4", "5", "6", "7", "8", "9"].iter().any(|i| text.contains(&format!("progress: iteration {i}/40")))
+            });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "GRPO made no progress in its job");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(cluster.cmd("scancel").arg(&id).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "the job finished before it was cancelled? {}", show(&out));
+    let out = run(&cluster, &t, &["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let resumed = std::fs::read_to_string(&log).unwrap();
+    assert!(resumed.contains("recovered from the committed checkpoint after iteration"), "{resumed}");
+    let model = |p: &Project, extra: &[&str]| {
+        let mut args = vec!["path", "s.yaml", "grpo:model"];
+        args.extend_from_slice(extra);
+        let out = p.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        Path::new(stdout(&out).trim()).file_name().unwrap().to_string_lossy().into_owned()
+    };
+    let reference = Project::new();
+    reference.write("s.yaml", &common::tiny_spec("slurm-tiny", grpo));
+    reference.run_json(&["s.yaml"], 0);
+    assert_eq!(model(&t, &[]), model(&reference, &[]), "the resumed GRPO run ended elsewhere");
+
+    // 9. sbatch refusing a job (an unknown partition), and Slurm missing.
     let out = run(&cluster, &p, &["run", "s.yaml", "--force", "a", "--partition", "no-such-partition"]);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     let text = format!("{}{}", stdout(&out), stderr(&out));
