@@ -333,6 +333,7 @@ fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
         mem: x.mem.clone(),
         sbatch: Vec::new(),
         setup: Vec::new(),
+        retries: x.retries,
     };
     for node in &mut spec.nodes {
         let mut r = cli.over(&node.resources);

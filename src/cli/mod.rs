@@ -64,6 +64,9 @@ pub struct ExecutorArgs {
     /// Memory of every job (`64G`).
     #[arg(long, value_name = "SIZE", help_heading = "Executor")]
     pub mem: Option<String>,
+    /// Resubmit a job that hit its time limit, was preempted or lost its node, up to N times.
+    #[arg(long, value_name = "N", help_heading = "Executor")]
+    pub retries: Option<u32>,
     /// An extra sbatch option for every job (repeatable): `--sbatch=--qos=high`.
     #[arg(long, value_name = "OPTION", allow_hyphen_values = true, help_heading = "Executor")]
     pub sbatch: Vec<String>,

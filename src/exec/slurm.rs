@@ -553,6 +553,13 @@ fn sbatch(script: &Path) -> Result<String, String> {
     Ok(id)
 }
 
+/// Slurm's end states worth resubmitting for: the node did not fail, its job
+/// was ended around it. A node's own failure, a cancellation and running out
+/// of memory are not retried: they would happen again or were meant.
+pub fn retryable(state: &str) -> bool {
+    matches!(state, "TIMEOUT" | "PREEMPTED" | "NODE_FAIL" | "BOOT_FAIL")
+}
+
 /// Whether a job id is still queued or running.
 fn is_live(id: &str) -> bool {
     matches!(squeue(&[id.to_string()]), Ok(seen) if seen.get(id).is_some_and(|(s, _)| !TERMINAL.contains(&s.as_str())))
@@ -599,167 +606,186 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
     let ws = job.ws.root();
     let res = &job.node.def.resources;
 
-    // Submit, or adopt a job another coordinator submitted for this key.
-    let submitted = (|| -> Result<Result<(String, bool), Vec<OutputRecord>>, String> {
-        let lock_path = slurm_dir(ws, "jobs").join(format!("{key}.lock"));
-        fs::create_dir_all(lock_path.parent().expect("folder"))
-            .map_err(|e| format!("creating {}: {e}", slurm_dir(ws, "jobs").display()))?;
-        let lock = File::options()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| format!("opening {}: {e}", lock_path.display()))?;
-        lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
-        if let Ok(previous) = fs::read_to_string(job_id_path(ws, &key)) {
-            let id = previous.split_whitespace().next().unwrap_or("").to_string();
-            if !id.is_empty() && is_live(&id) {
-                return Ok(Ok((id, true)));
+    // Up to `retries` resubmissions of a job that Slurm ended (time limit,
+    // preemption, a lost node) before the node finished.
+    let retries = res.retries.unwrap_or(0);
+    let mut retried = 0;
+    loop {
+        // Submit, or adopt a job another coordinator submitted for this key.
+        let submitted = (|| -> Result<Result<(String, bool), Vec<OutputRecord>>, String> {
+            let lock_path = slurm_dir(ws, "jobs").join(format!("{key}.lock"));
+            fs::create_dir_all(lock_path.parent().expect("folder"))
+                .map_err(|e| format!("creating {}: {e}", slurm_dir(ws, "jobs").display()))?;
+            let lock = File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(|e| format!("opening {}: {e}", lock_path.display()))?;
+            lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+            if let Ok(previous) = fs::read_to_string(job_id_path(ws, &key)) {
+                let id = previous.split_whitespace().next().unwrap_or("").to_string();
+                if !id.is_empty() && is_live(&id) {
+                    return Ok(Ok((id, true)));
+                }
             }
-        }
-        if !job.force {
-            if let Some(outputs) = cached() {
-                return Ok(Err(outputs));
+            if !job.force {
+                if let Some(outputs) = cached() {
+                    return Ok(Err(outputs));
+                }
             }
-        }
-        let cwd = std::env::current_dir().map_err(|e| format!("cannot read the working folder: {e}"))?;
-        let spec_path =
-            std::path::absolute(&run.spec.path).map_err(|e| format!("resolving {}: {e}", run.spec.path.display()))?;
-        let ticket = Ticket {
-            version: TICKET_VERSION,
-            key: key.clone(),
-            node: job.node.id().to_string(),
-            spec: spec_path,
-            profile: run.spec.profile.clone(),
-            overrides: run.spec.sources.overrides().iter().map(|o| o.raw.clone()).collect(),
-            cwd: cwd.clone(),
-            upstream: job.upstream.clone(),
-            env: job.env.clone(),
-            force: job.force,
-            run_id: job.run_id.to_string(),
-            coordinator: format!("{}:{}", host(), std::process::id()),
-            written_at: now_rfc3339(),
+            let cwd = std::env::current_dir().map_err(|e| format!("cannot read the working folder: {e}"))?;
+            let spec_path = std::path::absolute(&run.spec.path)
+                .map_err(|e| format!("resolving {}: {e}", run.spec.path.display()))?;
+            let ticket = Ticket {
+                version: TICKET_VERSION,
+                key: key.clone(),
+                node: job.node.id().to_string(),
+                spec: spec_path,
+                profile: run.spec.profile.clone(),
+                overrides: run.spec.sources.overrides().iter().map(|o| o.raw.clone()).collect(),
+                cwd: cwd.clone(),
+                upstream: job.upstream.clone(),
+                env: job.env.clone(),
+                force: job.force,
+                run_id: job.run_id.to_string(),
+                coordinator: format!("{}:{}", host(), std::process::id()),
+                written_at: now_rfc3339(),
+            };
+            let json = serde_json::to_vec_pretty(&ticket).expect("tickets serialize");
+            write_atomic(&ticket_path(ws, &key), &json)?;
+            let script = job_script(&run.settings.exe, ws, job.node.id(), &key, res, &cwd);
+            for sub in ["logs", "results"] {
+                // Slurm does not create the folder of --output; a missing one fails the launch.
+                let d = slurm_dir(ws, sub);
+                fs::create_dir_all(&d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+            }
+            let script_file = script_path(ws, &key);
+            write_atomic(&script_file, script.as_bytes())?;
+            let id = sbatch(&script_file)?;
+            // The job is queued now: a failure to record its id must not lose track of it.
+            if let Err(e) = write_atomic(&job_id_path(ws, &key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
+                eprintln!("warning: Slurm job {id} for node '{}': {e}; another run will not adopt it", job.node.id());
+            }
+            Ok(Ok((id, false)))
+        })();
+        let (job_id, adopted) = match submitted {
+            Ok(Ok(s)) => s,
+            Ok(Err(outputs)) => return Outcome::Cached { key, outputs },
+            Err(e) => return failed(Some(key), e),
         };
-        let json = serde_json::to_vec_pretty(&ticket).expect("tickets serialize");
-        write_atomic(&ticket_path(ws, &key), &json)?;
-        let script = job_script(&run.settings.exe, ws, job.node.id(), &key, res, &cwd);
-        for sub in ["logs", "results"] {
-            // Slurm does not create the folder of --output; a missing one fails the launch.
-            let d = slurm_dir(ws, sub);
-            fs::create_dir_all(&d).map_err(|e| format!("creating {}: {e}", d.display()))?;
-        }
-        let script_file = script_path(ws, &key);
-        write_atomic(&script_file, script.as_bytes())?;
-        let id = sbatch(&script_file)?;
-        // The job is queued now: a failure to record its id must not lose track of it.
-        if let Err(e) = write_atomic(&job_id_path(ws, &key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
-            eprintln!("warning: Slurm job {id} for node '{}': {e}; another run will not adopt it", job.node.id());
-        }
-        Ok(Ok((id, false)))
-    })();
-    let (job_id, adopted) = match submitted {
-        Ok(Ok(s)) => s,
-        Ok(Err(outputs)) => return Outcome::Cached { key, outputs },
-        Err(e) => return failed(Some(key), e),
-    };
-    if adopted {
-        observer.waiting(&key, &format!("another orchestrate run already submitted it as Slurm job {job_id}"));
-    } else {
-        let reason = if job.force {
-            "forced".to_string()
+        if adopted {
+            observer.waiting(&key, &format!("another orchestrate run already submitted it as Slurm job {job_id}"));
+        } else if retried > 0 {
+            observer.waiting(&key, &format!("resubmitted as Slurm job {job_id} (retry {retried} of {retries})"));
         } else {
-            why_run(job.index, job.node.id(), &record).unwrap_or_else(|e| e.to_string())
-        };
-        observer.started(&key, &format!("{reason}; Slurm job {job_id}"));
-    }
-    run.tracker.add(&job_id, adopted);
-    let mut reported_pending = String::new();
-    let end = run.tracker.wait(&job_id, |state, reason| {
-        // `Priority` and `None` are the normal wait; other reasons (Resources,
-        // ReqNodeNotAvail, a QOS limit) are worth a line, once each.
-        let routine = ["", "None", "Priority"].contains(&reason);
-        if state == "PENDING" && !routine && reason != reported_pending {
-            reported_pending = reason.to_string();
-            observer.waiting(&key, &format!("Slurm job {job_id} is pending ({reason})"));
+            let reason = if job.force {
+                "forced".to_string()
+            } else {
+                why_run(job.index, job.node.id(), &record).unwrap_or_else(|e| e.to_string())
+            };
+            observer.started(&key, &format!("{reason}; Slurm job {job_id}"));
         }
-    });
-
-    if end.state == DETACHED {
-        return failed(
-            Some(key),
-            format!(
-                "not waited for: the run was interrupted; Slurm job {job_id} belongs to another orchestrate run and keeps running"
-            ),
-        );
-    }
-    let log = log_path(ws, job.node.id(), &job_id);
-    let log_tail = || match tail(&log, 20) {
-        Some(t) if !t.trim().is_empty() => format!("\n--- last lines of {}:\n{t}", log.display()),
-        Some(_) => format!("\n(the job log {} is empty)", log.display()),
-        None => {
-            format!("\n(no job log at {}: is the workspace on a filesystem the compute nodes share?)", log.display())
-        }
-    };
-    match read_result(ws, &key, &job_id) {
-        // A network filesystem may show this host stale attributes for a few
-        // seconds after another host wrote a file, so a miss is retried briefly.
-        Some(r) if r.outcome == "ran" || r.outcome == "cached" => match (0..10).find_map(|i| {
-            if i > 0 {
-                std::thread::sleep(Duration::from_secs(1));
+        run.tracker.add(&job_id, adopted);
+        let mut reported_pending = String::new();
+        let end = run.tracker.wait(&job_id, |state, reason| {
+            // `Priority` and `None` are the normal wait; other reasons (Resources,
+            // ReqNodeNotAvail, a QOS limit) are worth a line, once each.
+            let routine = ["", "None", "Priority"].contains(&reason);
+            if state == "PENDING" && !routine && reason != reported_pending {
+                reported_pending = reason.to_string();
+                observer.waiting(&key, &format!("Slurm job {job_id} is pending ({reason})"));
             }
-            cached()
-        }) {
-            Some(outputs) if r.outcome == "ran" && !adopted => Outcome::Ran { key, outputs, seconds: r.seconds },
-            Some(outputs) => Outcome::Cached { key, outputs },
-            None => failed(
+        });
+
+        if end.state == DETACHED {
+            return failed(
                 Some(key),
                 format!(
-                    "Slurm job {job_id} on {} reports the node {}, but this coordinator finds no valid cache entry \
-                     for it: do the coordinator and the compute nodes share the workspace {}?",
-                    r.host,
-                    r.outcome,
-                    ws.display()
+                    "not waited for: the run was interrupted; Slurm job {job_id} belongs to another orchestrate run and keeps running"
                 ),
-            ),
-        },
-        Some(r) => failed(
-            Some(key),
-            // The node's own error already carries the tail of its log.
-            format!(
-                "Slurm job {job_id} on {}: {}\n(job log: {})",
-                r.host,
-                r.error.unwrap_or_else(|| "failed".into()),
-                log.display()
-            ),
-        ),
-        None => {
-            let what = match end.state.as_str() {
-                "CANCELLED" if run.tracker.was_cancelled(&job_id) => {
-                    "was cancelled because the run was interrupted".to_string()
-                }
-                "CANCELLED" => "was cancelled (scancel, or by an administrator)".to_string(),
-                "TIMEOUT" => format!(
-                    "hit its time limit{}",
-                    res.time.as_ref().map(|t| format!(" (time: {t})")).unwrap_or_default()
-                ),
-                "OUT_OF_MEMORY" => {
-                    format!("ran out of memory{}", res.mem.as_ref().map(|m| format!(" (mem: {m})")).unwrap_or_default())
-                }
-                "NODE_FAIL" => "was lost with its compute node (NODE_FAIL)".to_string(),
-                "PREEMPTED" => "was preempted".to_string(),
-                "COMPLETED" => "completed without reporting a result (did exec-node run?)".to_string(),
-                other => format!("ended {other}"),
-            };
-            let mut detail = Vec::new();
-            if !end.reason.is_empty() && end.reason != "None" {
-                detail.push(format!("reason {}", end.reason));
-            }
-            if !end.exit.is_empty() {
-                detail.push(format!("exit code {}", end.exit));
-            }
-            let detail = if detail.is_empty() { String::new() } else { format!(" ({})", detail.join(", ")) };
-            failed(Some(key), format!("Slurm job {job_id} {what}{detail} before the node finished{}", log_tail()))
+            );
         }
+        let log = log_path(ws, job.node.id(), &job_id);
+        let log_tail = || match tail(&log, 20) {
+            Some(t) if !t.trim().is_empty() => format!("\n--- last lines of {}:\n{t}", log.display()),
+            Some(_) => format!("\n(the job log {} is empty)", log.display()),
+            None => {
+                format!(
+                    "\n(no job log at {}: is the workspace on a filesystem the compute nodes share?)",
+                    log.display()
+                )
+            }
+        };
+        return match read_result(ws, &key, &job_id) {
+            // A network filesystem may show this host stale attributes for a few
+            // seconds after another host wrote a file, so a miss is retried briefly.
+            Some(r) if r.outcome == "ran" || r.outcome == "cached" => match (0..10).find_map(|i| {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                cached()
+            }) {
+                Some(outputs) if r.outcome == "ran" && !adopted => Outcome::Ran { key, outputs, seconds: r.seconds },
+                Some(outputs) => Outcome::Cached { key, outputs },
+                None => failed(
+                    Some(key),
+                    format!(
+                        "Slurm job {job_id} on {} reports the node {}, but this coordinator finds no valid cache entry \
+                         for it: do the coordinator and the compute nodes share the workspace {}?",
+                        r.host,
+                        r.outcome,
+                        ws.display()
+                    ),
+                ),
+            },
+            Some(r) => failed(
+                Some(key),
+                // The node's own error already carries the tail of its log.
+                format!(
+                    "Slurm job {job_id} on {}: {}\n(job log: {})",
+                    r.host,
+                    r.error.unwrap_or_else(|| "failed".into()),
+                    log.display()
+                ),
+            ),
+            None => {
+                let what = match end.state.as_str() {
+                    "CANCELLED" if run.tracker.was_cancelled(&job_id) => {
+                        "was cancelled because the run was interrupted".to_string()
+                    }
+                    "CANCELLED" => "was cancelled (scancel, or by an administrator)".to_string(),
+                    "TIMEOUT" => format!(
+                        "hit its time limit{}",
+                        res.time.as_ref().map(|t| format!(" (time: {t})")).unwrap_or_default()
+                    ),
+                    "OUT_OF_MEMORY" => {
+                        format!(
+                            "ran out of memory{}",
+                            res.mem.as_ref().map(|m| format!(" (mem: {m})")).unwrap_or_default()
+                        )
+                    }
+                    "NODE_FAIL" => "was lost with its compute node (NODE_FAIL)".to_string(),
+                    "PREEMPTED" => "was preempted".to_string(),
+                    "COMPLETED" => "completed without reporting a result (did exec-node run?)".to_string(),
+                    other => format!("ended {other}"),
+                };
+                let mut detail = Vec::new();
+                if !end.reason.is_empty() && end.reason != "None" {
+                    detail.push(format!("reason {}", end.reason));
+                }
+                if !end.exit.is_empty() {
+                    detail.push(format!("exit code {}", end.exit));
+                }
+                let detail = if detail.is_empty() { String::new() } else { format!(" ({})", detail.join(", ")) };
+                if retryable(&end.state) && retried < retries && !interrupted() {
+                    retried += 1;
+                    observer.waiting(&key, &format!("Slurm job {job_id} {what}{detail}; resubmitting"));
+                    continue;
+                }
+                failed(Some(key), format!("Slurm job {job_id} {what}{detail} before the node finished{}", log_tail()))
+            }
+        };
     }
 }
 
@@ -914,6 +940,7 @@ mod tests {
             mem: Some("64G".into()),
             sbatch: vec!["--qos=high".into(), "#SBATCH --constraint=h100".into()],
             setup: vec!["module load cuda".into()],
+            retries: None,
         };
         let s = job_script(
             Path::new("/opt/o r/orchestrate"),
@@ -970,5 +997,18 @@ mod tests {
         assert_eq!(r.time.as_deref(), Some("1:00:00"));
         assert_eq!(r.gpus, Some(1));
         assert_eq!(r.sbatch, vec!["--qos=low".to_string(), "--exclusive".to_string()]);
+        assert_eq!(r.retries, None);
+        let r = SlurmResources { retries: Some(2), ..Default::default() }.over(&base);
+        assert_eq!(r.retries, Some(2));
+    }
+
+    #[test]
+    fn only_jobs_ended_around_the_node_are_retried() {
+        for state in ["TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"] {
+            assert!(retryable(state), "{state}");
+        }
+        for state in ["FAILED", "CANCELLED", "OUT_OF_MEMORY", "COMPLETED", "DEADLINE", DETACHED, "UNKNOWN"] {
+            assert!(!retryable(state), "{state}");
+        }
     }
 }

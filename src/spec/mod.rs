@@ -94,6 +94,11 @@ pub struct SlurmResources {
     /// Shell lines the job runs before `orchestrate exec-node` (`module load cuda/12.8`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub setup: Vec<String>,
+    /// How many times a job Slurm ended before the node finished (time limit,
+    /// preemption, node failure) is resubmitted; GRPO resumes from its last
+    /// checkpoint. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u32>,
 }
 
 impl SlurmResources {
@@ -112,6 +117,7 @@ impl SlurmResources {
             mem: self.mem.clone().or_else(|| base.mem.clone()),
             sbatch: base.sbatch.iter().chain(&self.sbatch).cloned().collect(),
             setup: base.setup.iter().chain(&self.setup).cloned().collect(),
+            retries: self.retries.or(base.retries),
         }
     }
 }
