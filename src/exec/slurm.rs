@@ -611,67 +611,11 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
     let retries = res.retries.unwrap_or(0);
     let mut retried = 0;
     loop {
-        // Submit, or adopt a job another coordinator submitted for this key.
-        let submitted = (|| -> Result<Result<(String, bool), Vec<OutputRecord>>, String> {
-            let lock_path = slurm_dir(ws, "jobs").join(format!("{key}.lock"));
-            fs::create_dir_all(lock_path.parent().expect("folder"))
-                .map_err(|e| format!("creating {}: {e}", slurm_dir(ws, "jobs").display()))?;
-            let lock = File::options()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&lock_path)
-                .map_err(|e| format!("opening {}: {e}", lock_path.display()))?;
-            lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
-            if let Ok(previous) = fs::read_to_string(job_id_path(ws, &key)) {
-                let id = previous.split_whitespace().next().unwrap_or("").to_string();
-                if !id.is_empty() && is_live(&id) {
-                    return Ok(Ok((id, true)));
-                }
-            }
-            if !job.force {
-                if let Some(outputs) = cached() {
-                    return Ok(Err(outputs));
-                }
-            }
-            let cwd = std::env::current_dir().map_err(|e| format!("cannot read the working folder: {e}"))?;
-            let spec_path = std::path::absolute(&run.spec.path)
-                .map_err(|e| format!("resolving {}: {e}", run.spec.path.display()))?;
-            let ticket = Ticket {
-                version: TICKET_VERSION,
-                key: key.clone(),
-                node: job.node.id().to_string(),
-                spec: spec_path,
-                profile: run.spec.profile.clone(),
-                overrides: run.spec.sources.overrides().iter().map(|o| o.raw.clone()).collect(),
-                cwd: cwd.clone(),
-                upstream: job.upstream.clone(),
-                env: job.env.clone(),
-                force: job.force,
-                run_id: job.run_id.to_string(),
-                coordinator: format!("{}:{}", host(), std::process::id()),
-                written_at: now_rfc3339(),
-            };
-            let json = serde_json::to_vec_pretty(&ticket).expect("tickets serialize");
-            write_atomic(&ticket_path(ws, &key), &json)?;
-            let script = job_script(&run.settings.exe, ws, job.node.id(), &key, res, &cwd);
-            for sub in ["logs", "results"] {
-                // Slurm does not create the folder of --output; a missing one fails the launch.
-                let d = slurm_dir(ws, sub);
-                fs::create_dir_all(&d).map_err(|e| format!("creating {}: {e}", d.display()))?;
-            }
-            let script_file = script_path(ws, &key);
-            write_atomic(&script_file, script.as_bytes())?;
-            let id = sbatch(&script_file)?;
-            // The job is queued now: a failure to record its id must not lose track of it.
-            if let Err(e) = write_atomic(&job_id_path(ws, &key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
-                eprintln!("warning: Slurm job {id} for node '{}': {e}; another run will not adopt it", job.node.id());
-            }
-            Ok(Ok((id, false)))
-        })();
+        let submitted = submit_or_adopt(job, run, &key, &cached);
         let (job_id, adopted) = match submitted {
-            Ok(Ok(s)) => s,
-            Ok(Err(outputs)) => return Outcome::Cached { key, outputs },
+            Ok(Submission::Submitted(id)) => (id, false),
+            Ok(Submission::Adopted(id)) => (id, true),
+            Ok(Submission::Cached(outputs)) => return Outcome::Cached { key, outputs },
             Err(e) => return failed(Some(key), e),
         };
         if adopted {
@@ -750,42 +694,121 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
                 ),
             ),
             None => {
-                let what = match end.state.as_str() {
-                    "CANCELLED" if run.tracker.was_cancelled(&job_id) => {
-                        "was cancelled because the run was interrupted".to_string()
-                    }
-                    "CANCELLED" => "was cancelled (scancel, or by an administrator)".to_string(),
-                    "TIMEOUT" => format!(
-                        "hit its time limit{}",
-                        res.time.as_ref().map(|t| format!(" (time: {t})")).unwrap_or_default()
-                    ),
-                    "OUT_OF_MEMORY" => {
-                        format!(
-                            "ran out of memory{}",
-                            res.mem.as_ref().map(|m| format!(" (mem: {m})")).unwrap_or_default()
-                        )
-                    }
-                    "NODE_FAIL" => "was lost with its compute node (NODE_FAIL)".to_string(),
-                    "PREEMPTED" => "was preempted".to_string(),
-                    "COMPLETED" => "completed without reporting a result (did exec-node run?)".to_string(),
-                    other => format!("ended {other}"),
-                };
-                let mut detail = Vec::new();
-                if !end.reason.is_empty() && end.reason != "None" {
-                    detail.push(format!("reason {}", end.reason));
-                }
-                if !end.exit.is_empty() {
-                    detail.push(format!("exit code {}", end.exit));
-                }
-                let detail = if detail.is_empty() { String::new() } else { format!(" ({})", detail.join(", ")) };
+                let what = describe_end(&end, res, run.tracker.was_cancelled(&job_id));
                 if retryable(&end.state) && retried < retries && !interrupted() {
                     retried += 1;
-                    observer.waiting(&key, &format!("Slurm job {job_id} {what}{detail}; resubmitting"));
+                    observer.waiting(&key, &format!("Slurm job {job_id} {what}; resubmitting"));
                     continue;
                 }
-                failed(Some(key), format!("Slurm job {job_id} {what}{detail} before the node finished{}", log_tail()))
+                failed(Some(key), format!("Slurm job {job_id} {what} before the node finished{}", log_tail()))
             }
         };
+    }
+}
+
+enum Submission {
+    Submitted(String),
+    /// A live job another coordinator submitted for the same key.
+    Adopted(String),
+    /// Finished by someone else meanwhile.
+    Cached(Vec<OutputRecord>),
+}
+
+/// Under the key's submit lock: adopt a live job for this key, take a cache
+/// hit that appeared meanwhile, or write the ticket and script and `sbatch` it.
+fn submit_or_adopt(
+    job: &NodeJob<'_>,
+    run: &SlurmRun<'_>,
+    key: &str,
+    cached: &dyn Fn() -> Option<Vec<OutputRecord>>,
+) -> Result<Submission, String> {
+    let ws = job.ws.root();
+    let res = &job.node.def.resources;
+    let lock_path = slurm_dir(ws, "jobs").join(format!("{key}.lock"));
+    fs::create_dir_all(lock_path.parent().expect("folder"))
+        .map_err(|e| format!("creating {}: {e}", slurm_dir(ws, "jobs").display()))?;
+    let lock = File::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| format!("opening {}: {e}", lock_path.display()))?;
+    lock.lock().map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
+    if let Ok(previous) = fs::read_to_string(job_id_path(ws, key)) {
+        let id = previous.split_whitespace().next().unwrap_or("").to_string();
+        if !id.is_empty() && is_live(&id) {
+            return Ok(Submission::Adopted(id));
+        }
+    }
+    if !job.force {
+        if let Some(outputs) = cached() {
+            return Ok(Submission::Cached(outputs));
+        }
+    }
+    let cwd = std::env::current_dir().map_err(|e| format!("cannot read the working folder: {e}"))?;
+    let spec_path =
+        std::path::absolute(&run.spec.path).map_err(|e| format!("resolving {}: {e}", run.spec.path.display()))?;
+    let ticket = Ticket {
+        version: TICKET_VERSION,
+        key: key.to_string(),
+        node: job.node.id().to_string(),
+        spec: spec_path,
+        profile: run.spec.profile.clone(),
+        overrides: run.spec.sources.overrides().iter().map(|o| o.raw.clone()).collect(),
+        cwd: cwd.clone(),
+        upstream: job.upstream.clone(),
+        env: job.env.clone(),
+        force: job.force,
+        run_id: job.run_id.to_string(),
+        coordinator: format!("{}:{}", host(), std::process::id()),
+        written_at: now_rfc3339(),
+    };
+    let json = serde_json::to_vec_pretty(&ticket).expect("tickets serialize");
+    write_atomic(&ticket_path(ws, key), &json)?;
+    let script = job_script(&run.settings.exe, ws, job.node.id(), key, res, &cwd);
+    for sub in ["logs", "results"] {
+        // Slurm does not create the folder of --output; a missing one fails the launch.
+        let d = slurm_dir(ws, sub);
+        fs::create_dir_all(&d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+    }
+    let script_file = script_path(ws, key);
+    write_atomic(&script_file, script.as_bytes())?;
+    let id = sbatch(&script_file)?;
+    // The job is queued now: a failure to record its id must not lose track of it.
+    if let Err(e) = write_atomic(&job_id_path(ws, key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
+        eprintln!("warning: Slurm job {id} for node '{}': {e}; another run will not adopt it", job.node.id());
+    }
+    Ok(Submission::Submitted(id))
+}
+
+/// What happened to a job that ended without its node's result, with Slurm's
+/// reason and exit code.
+fn describe_end(end: &JobEnd, res: &SlurmResources, cancelled_by_this_run: bool) -> String {
+    let what = match end.state.as_str() {
+        "CANCELLED" if cancelled_by_this_run => "was cancelled because the run was interrupted".to_string(),
+        "CANCELLED" => "was cancelled (scancel, or by an administrator)".to_string(),
+        "TIMEOUT" => {
+            format!("hit its time limit{}", res.time.as_ref().map(|t| format!(" (time: {t})")).unwrap_or_default())
+        }
+        "OUT_OF_MEMORY" => {
+            format!("ran out of memory{}", res.mem.as_ref().map(|m| format!(" (mem: {m})")).unwrap_or_default())
+        }
+        "NODE_FAIL" => "was lost with its compute node (NODE_FAIL)".to_string(),
+        "PREEMPTED" => "was preempted".to_string(),
+        "COMPLETED" => "completed without reporting a result (did exec-node run?)".to_string(),
+        other => format!("ended {other}"),
+    };
+    let mut detail = Vec::new();
+    if !end.reason.is_empty() && end.reason != "None" {
+        detail.push(format!("reason {}", end.reason));
+    }
+    if !end.exit.is_empty() {
+        detail.push(format!("exit code {}", end.exit));
+    }
+    if detail.is_empty() {
+        what
+    } else {
+        format!("{what} ({})", detail.join(", "))
     }
 }
 
@@ -1000,6 +1023,30 @@ mod tests {
         assert_eq!(r.retries, None);
         let r = SlurmResources { retries: Some(2), ..Default::default() }.over(&base);
         assert_eq!(r.retries, Some(2));
+    }
+
+    #[test]
+    fn job_ends_name_the_limit_and_slurms_reason() {
+        let res = SlurmResources { time: Some("4:00:00".into()), mem: Some("8G".into()), ..Default::default() };
+        let end = |state: &str, reason: &str, exit: &str| JobEnd {
+            state: state.into(),
+            reason: reason.into(),
+            exit: exit.into(),
+        };
+        assert_eq!(
+            describe_end(&end("TIMEOUT", "TimeLimit", "0:15"), &res, false),
+            "hit its time limit (time: 4:00:00) (reason TimeLimit, exit code 0:15)"
+        );
+        assert_eq!(describe_end(&end("OUT_OF_MEMORY", "None", ""), &res, false), "ran out of memory (mem: 8G)");
+        assert_eq!(
+            describe_end(&end("CANCELLED", "None", "0:15"), &res, false),
+            "was cancelled (scancel, or by an administrator) (exit code 0:15)"
+        );
+        assert_eq!(
+            describe_end(&end("CANCELLED", "None", "0:15"), &res, true),
+            "was cancelled because the run was interrupted (exit code 0:15)"
+        );
+        assert_eq!(describe_end(&end("DEADLINE", "", ""), &SlurmResources::default(), false), "ended DEADLINE");
     }
 
     #[test]
