@@ -216,7 +216,8 @@ nodes:
       deps: [never.txt]
 "#,
     );
-    let out = run(&cluster, &p, &["run", "s.yaml"]);
+    // (In a workspace whose path has a space, which the #SBATCH lines must quote.)
+    let out = run(&cluster, &p, &["--workspace", "work space", "run", "s.yaml"]);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     let text = format!("{}{}", stdout(&out), stderr(&out));
     assert!(text.contains("FAILED   bad"), "{text}");

@@ -243,11 +243,13 @@ fn shell_quote(s: &str) -> String {
 pub fn job_script(exe: &Path, ws: &Path, node: &str, key: &str, res: &SlurmResources, cwd: &Path) -> String {
     let mut s = String::from("#!/bin/bash\n");
     s.push_str(&format!("#SBATCH --job-name=orchestrate:{}\n", safe_name(node)));
+    // sbatch reads double quotes in #SBATCH lines, so paths may hold spaces
+    // (submit_or_adopt refuses paths with a double quote or a newline).
     s.push_str(&format!(
-        "#SBATCH --output={}\n",
+        "#SBATCH --output=\"{}\"\n",
         slurm_dir(ws, "logs").join(format!("{}-%j.out", safe_name(node))).display()
     ));
-    s.push_str(&format!("#SBATCH --chdir={}\n", cwd.display()));
+    s.push_str(&format!("#SBATCH --chdir=\"{}\"\n", cwd.display()));
     if let Some(p) = &res.partition {
         s.push_str(&format!("#SBATCH --partition={p}\n"));
     }
@@ -746,6 +748,14 @@ fn submit_or_adopt(
         }
     }
     let cwd = std::env::current_dir().map_err(|e| format!("cannot read the working folder: {e}"))?;
+    for path in [ws, cwd.as_path()] {
+        let text = path.display().to_string();
+        if text.contains(['"', '\n']) {
+            return Err(format!(
+                "the path {text:?} cannot be written into an #SBATCH line (it holds a double quote or a newline)"
+            ));
+        }
+    }
     let spec_path =
         std::path::absolute(&run.spec.path).map_err(|e| format!("resolving {}: {e}", run.spec.path.display()))?;
     let ticket = Ticket {
@@ -982,7 +992,8 @@ mod tests {
             "#SBATCH --mem=64G",
             "#SBATCH --qos=high",
             "#SBATCH --constraint=h100",
-            "#SBATCH --output=/shared/ws/slurm/logs/grpo_seed_1-%j.out",
+            "#SBATCH --output=\"/shared/ws/slurm/logs/grpo_seed_1-%j.out\"",
+            "#SBATCH --chdir=\"/home/x\"",
             "module load cuda",
             "export ORCHESTRATE_DEVICE=cuda",
             "exec '/opt/o r/orchestrate' exec-node '/shared/ws' abc",
