@@ -160,6 +160,10 @@ fn slurm_executor_on_a_real_cluster() {
     let started = ev.iter().find(|e| e["event"] == "node_started" && e["node"] == "corpus").unwrap();
     assert!(started["reason"].as_str().unwrap().ends_with(&format!("Slurm job {corpus_job}")), "{started}");
     assert_eq!(cluster.job_state(&corpus_job), "COMPLETED");
+    // ... and the run's stored events say which job ran which node.
+    let run_id = ev[0]["run_id"].as_str().unwrap();
+    let out = p.run(&["events", "--run", run_id, "--type", "node_started", "--node", "corpus"]);
+    assert!(stdout(&out).contains(&format!("new node; Slurm job {corpus_job}")), "{}", show(&out));
     assert_eq!(job_logs(&p, "corpus").len(), 1);
     // The order held: `total` started after both `head` nodes finished.
     let pos = |kind: &str, node: &str| ev.iter().position(|e| e["event"] == kind && e["node"] == node).unwrap();

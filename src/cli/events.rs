@@ -118,8 +118,11 @@ pub fn render(e: &Value) -> String {
             if let Some(s) = e["event"]["seconds"].as_f64() {
                 line.push_str(&format!("  {s:.2}s"));
             }
-            if let Some(err) = e["event"]["error"].as_str() {
-                line.push_str(&format!("  {err}"));
+            // Why it ran (under Slurm: which job), why it waited, or why it failed.
+            for field in ["reason", "because", "error"] {
+                if let Some(text) = e["event"][field].as_str() {
+                    line.push_str(&format!("  {text}"));
+                }
             }
             line
         }
