@@ -164,6 +164,9 @@ fn slurm_executor_on_a_real_cluster() {
     let run_id = ev[0]["run_id"].as_str().unwrap();
     let out = p.run(&["events", "--run", run_id, "--type", "node_started", "--node", "corpus"]);
     assert!(stdout(&out).contains(&format!("new node; Slurm job {corpus_job}")), "{}", show(&out));
+    let out = p.run(&["status", "--run", run_id]);
+    let line = stdout(&out).lines().find(|l| l.contains(" corpus ")).map(str::to_string).unwrap_or_default();
+    assert!(line.contains(&format!("Slurm job {corpus_job} on ")), "{}", show(&out));
     assert_eq!(job_logs(&p, "corpus").len(), 1);
     // The order held: `total` started after both `head` nodes finished.
     let pos = |kind: &str, node: &str| ev.iter().position(|e| e["event"] == kind && e["node"] == node).unwrap();

@@ -236,7 +236,7 @@ pub fn run(
                     outputs.insert(id.clone(), outs.clone());
                     emit(Event::CacheHit { node: id.clone(), key: key.clone() }, reporter, &mut log);
                 }
-                Outcome::Ran { key, outputs: outs, seconds } => {
+                Outcome::Ran { key, outputs: outs, seconds, .. } => {
                     stats.ran += 1;
                     outputs.insert(id.clone(), outs.clone());
                     emit(
@@ -333,12 +333,12 @@ pub fn run(
                 seconds: None,
                 detail: None,
             },
-            Outcome::Ran { key, seconds, .. } => RunNodeRow {
+            Outcome::Ran { key, seconds, job, .. } => RunNodeRow {
                 node_id: node_id.clone(),
                 key: Some(key.clone()),
                 outcome: "ran".into(),
                 seconds: Some(*seconds),
-                detail: None,
+                detail: job.clone(),
             },
             Outcome::Failed { key, error, seconds } => RunNodeRow {
                 node_id: node_id.clone(),

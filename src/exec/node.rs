@@ -24,6 +24,8 @@ pub enum Outcome {
         key: String,
         outputs: Vec<OutputRecord>,
         seconds: f64,
+        /// Where it ran when not under this process, e.g. `Slurm job 123 on gpu017`.
+        job: Option<String>,
     },
     Failed {
         key: Option<String>,
@@ -170,7 +172,7 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     };
     observer.started(&key, &reason);
     match execute(job, &record, &key) {
-        Ok(outputs) => Outcome::Ran { key, outputs, seconds: start.elapsed().as_secs_f64() },
+        Ok(outputs) => Outcome::Ran { key, outputs, seconds: start.elapsed().as_secs_f64(), job: None },
         Err(e) => failed(Some(key), e),
     }
 }

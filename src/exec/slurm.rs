@@ -672,7 +672,12 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
                 }
                 cached()
             }) {
-                Some(outputs) if r.outcome == "ran" && !adopted => Outcome::Ran { key, outputs, seconds: r.seconds },
+                Some(outputs) if r.outcome == "ran" && !adopted => Outcome::Ran {
+                    key,
+                    outputs,
+                    seconds: r.seconds,
+                    job: Some(format!("Slurm job {job_id} on {}", r.host)),
+                },
                 Some(outputs) => Outcome::Cached { key, outputs },
                 None => failed(
                     Some(key),
