@@ -117,3 +117,61 @@ fn the_index_uses_the_rollback_journal_where_wal_cannot_work() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("ORCHESTRATE_SQLITE_JOURNAL=memory: expected wal or delete"), "{}", stderr(&out));
 }
+
+/// A stand-in `sbatch` that accepts every script (job 42), and `squeue`,
+/// `scontrol` and `sacct` that know no jobs: enough for the coordinator to
+/// write a ticket, without a cluster.
+fn fake_slurm(p: &Project) -> String {
+    let bin = p.path().join("fake-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for (name, body) in [
+        ("sbatch", "#!/bin/sh\n[ \"$1\" = --version ] && { echo 'slurm 0'; exit 0; }\necho \"$2\" >> \"$(dirname \"$0\")/submitted\"\necho 42\n"),
+        ("squeue", "#!/bin/sh\n[ \"$1\" = --version ] && echo 'slurm 0'\nexit 0\n"),
+        ("scancel", "#!/bin/sh\n[ \"$1\" = --version ] && echo 'slurm 0'\nexit 0\n"),
+        ("scontrol", "#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n"),
+        ("sacct", "#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n"),
+    ] {
+        let path = bin.join(name);
+        std::fs::write(&path, body).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    format!("{}:/usr/bin:/bin", bin.display())
+}
+
+#[test]
+fn exec_node_runs_a_ticket_by_hand_and_refuses_one_whose_spec_changed() {
+    let p = Project::new();
+    let spec = "name: x\nexecutor: slurm\nnodes:\n  a: {op: shell, params: {cmd: 'echo one > a.txt', outs: [a.txt]}}\n";
+    p.write("s.yaml", spec);
+    let path = fake_slurm(&p);
+    // The fake job never runs and leaves the queue at once: the node fails, saying so.
+    let out = p.cmd(&["run", "s.yaml"]).env("PATH", &path).env("ORCHESTRATE_SLURM_POLL", "0.1").output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(text.contains("Slurm job 42 ended UNKNOWN"), "{text}");
+    assert!(text.contains("no job log at"), "{text}");
+    let script = p.read("fake-bin/submitted");
+    let key = script.trim().rsplit('/').next().unwrap().trim_end_matches(".sh").to_string();
+    assert!(p
+        .read(&format!(".orchestrate/slurm/jobs/{key}.sh"))
+        .contains(&format!("exec-node '{}' {key}", p.path().join(".orchestrate").display())));
+
+    // The spec changed after submission: the job must not run the new node under the old key.
+    p.write("s.yaml", &spec.replace("echo one", "echo two"));
+    let out = p.run(&["exec-node", ".orchestrate", &key]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("changed after submission"), "{}", stderr(&out));
+    assert!(!p.path().join("a.txt").exists());
+
+    // As submitted, it runs by hand, records its result, and the coordinator's next run finds it cached.
+    p.write("s.yaml", spec);
+    let out = p.run(&["exec-node", ".orchestrate", &key]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(p.read("a.txt").trim(), "one");
+    let result: Value =
+        serde_json::from_str(&p.read(&format!(".orchestrate/slurm/results/{key}-manual.json"))).unwrap();
+    assert_eq!(result["outcome"], "ran");
+    let out = p.cmd(&["run", "--json", "s.yaml"]).env("PATH", &path).output().unwrap();
+    assert_eq!(common::nodes_with(&common::events(&out), "cache_hit"), ["a"]);
+}
