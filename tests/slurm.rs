@@ -303,6 +303,24 @@ nodes:
     assert_eq!(p.read("work.txt").trim(), id, "the node's output is not the first job's");
     assert_eq!(job_logs(&p, "work").len(), 1, "the node was submitted twice");
 
+    //    And a job that finishes after its coordinator died is a plain cache hit.
+    p.write("s.yaml", &p.read("s.yaml").replace("sleep 3", "sleep 2"));
+    let mut child = spawn(&cluster, &p, &["run", "s.yaml"]);
+    let id = cluster.wait_running("orchestrate:work");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster.queue("orchestrate:work").is_empty() {
+        assert!(Instant::now() < deadline, "job {id} never finished");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = run(&cluster, &p, &["run", "--json", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let ev = events(&out);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["work"]);
+    assert!(nodes_with(&ev, "waiting").is_empty() && nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
+    assert_eq!(p.read("work.txt").trim(), id);
+
     // 6. Two coordinators at once: each node runs in exactly one job.
     let p = Project::new();
     p.write(
