@@ -121,7 +121,7 @@ CONF
 export SLURM_CONF=$dir/slurm.conf
 
 slurmctld -i -f "$dir/slurm.conf" || { logs; echo "slurmctld did not start" >&2; exit 1; }
-slurmd -f "$dir/slurm.conf" || { logs; echo "slurmd did not start" >&2; exit 1; }
+slurmd -N "$host" -f "$dir/slurm.conf" || { logs; echo "slurmd did not start" >&2; exit 1; }
 
 for _ in $(seq 120); do
     state=$(sinfo -h -N -o '%T' 2>/dev/null | head -n 1 || true)
