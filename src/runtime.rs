@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
+use crate::dag::key::EnvPart;
 use crate::exec::EnvProvider;
 
 /// Name of the libtorch-linked worker binary, installed next to `orchestrate`.
@@ -25,37 +26,30 @@ pub fn worker_binary() -> Option<PathBuf> {
 
 /// Asks the worker for the numerical environment (once per run).
 pub fn env_provider() -> EnvProvider {
-    Box::new(|| {
-        let worker = worker_binary().ok_or_else(|| {
-            format!("{WORKER} was not found next to orchestrate: build with the default `torch` feature (scripts/setup.sh, then cargo build)")
-        })?;
-        let out = Command::new(&worker)
-            .args(["env", "--json"])
-            .output()
-            .map_err(|e| format!("starting {}: {e}", worker.display()))?;
-        if !out.status.success() {
-            return Err(format!("{} env failed: {}", worker.display(), String::from_utf8_lossy(&out.stderr).trim()));
-        }
-        serde_json::from_slice(&out.stdout)
-            .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
-    })
+    Box::new(|| worker_env(false))
 }
 
 /// The device libtorch really sees here (`cuda` or `cpu`), whatever
 /// `ORCHESTRATE_DEVICE` asks for.
 pub fn probe_device() -> Result<String, String> {
-    let worker = worker_binary().ok_or_else(|| format!("{WORKER} was not found next to orchestrate"))?;
-    let out = Command::new(&worker)
-        .args(["env", "--json"])
-        .env_remove("ORCHESTRATE_DEVICE")
-        .output()
-        .map_err(|e| format!("starting {}: {e}", worker.display()))?;
+    worker_env(true).map(|env| env.device)
+}
+
+/// `orchestrate-torch env --json`, with or without this process's `ORCHESTRATE_DEVICE`.
+fn worker_env(ignore_device_choice: bool) -> Result<EnvPart, String> {
+    let worker = worker_binary().ok_or_else(|| {
+        format!("{WORKER} was not found next to orchestrate: build with the default `torch` feature (scripts/setup.sh, then cargo build)")
+    })?;
+    let mut cmd = Command::new(&worker);
+    cmd.args(["env", "--json"]);
+    if ignore_device_choice {
+        cmd.env_remove("ORCHESTRATE_DEVICE");
+    }
+    let out = cmd.output().map_err(|e| format!("starting {}: {e}", worker.display()))?;
     if !out.status.success() {
         return Err(format!("{} env failed: {}", worker.display(), String::from_utf8_lossy(&out.stderr).trim()));
     }
-    let env: crate::dag::key::EnvPart = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))?;
-    Ok(env.device)
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
 }
 
 /// Runs a worker command with this process's stdio and returns its exit code.

@@ -13,7 +13,7 @@ use crate::exec::{self, RunOptions};
 use crate::ops::Registry;
 use crate::runtime;
 use crate::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
-use crate::store::{hash_file, Workspace};
+use crate::store::{hash_file, write_atomic, Workspace};
 
 const GATE_FAILED: u8 = 1;
 
@@ -154,9 +154,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Some(dir) => {
                     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
                     let path = dir.join(schema::SCHEMA_FILE);
-                    let tmp = path.with_extension("json.tmp");
-                    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-                    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+                    write_atomic(&path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
                     println!("wrote {}", path.display());
                 }
             }
@@ -220,10 +218,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 }
             };
             let html = crate::report::render(&source);
-            // Written beside its destination, then renamed: never a half-written report.
-            let tmp = out.with_extension("html.tmp");
-            std::fs::write(&tmp, html).with_context(|| format!("writing {}", tmp.display()))?;
-            std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+            // Never a half-written report.
+            write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {} ({} nodes)", out.display(), source.nodes.len());
             Ok(ExitCode::SUCCESS)
         }
@@ -331,14 +327,12 @@ fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
         gpus: x.gpus,
         cpus: x.cpus,
         mem: x.mem.clone(),
-        sbatch: Vec::new(),
+        sbatch: x.sbatch.clone(),
         setup: Vec::new(),
         retries: x.retries,
     };
     for node in &mut spec.nodes {
-        let mut r = cli.over(&node.resources);
-        r.sbatch.extend(x.sbatch.iter().cloned());
-        node.resources = r;
+        node.resources = cli.over(&node.resources);
     }
     let dag = dag::compile(&spec, registry)?;
     if spec.executor == spec::ExecutorKind::Slurm {

@@ -130,12 +130,8 @@ pub fn run(
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
     let mut stats = RunStats::default();
-    let slurm_settings = (spec.executor == crate::spec::ExecutorKind::Slurm).then(|| {
-        opts.slurm.clone().unwrap_or_else(|| slurm::SlurmSettings {
-            exe: std::env::current_exe().unwrap_or_else(|_| "orchestrate".into()),
-            poll: std::time::Duration::from_secs(2),
-        })
-    });
+    let slurm_settings =
+        (spec.executor == crate::spec::ExecutorKind::Slurm).then(|| opts.slurm.clone().unwrap_or_default());
     let tracker = slurm::Tracker::default();
     let slurm_run = slurm_settings.as_ref().map(|settings| slurm::SlurmRun { settings, tracker: &tracker, spec });
 

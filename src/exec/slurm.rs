@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,11 +31,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::node::{self, hash_inputs, why_run, NodeJob, NodeObserver, Outcome};
+use super::node::{self, why_run, NodeJob, NodeObserver, Outcome};
 use crate::dag::key::EnvPart;
 use crate::dag::Dag;
 use crate::spec::{ExecutorKind, NodeDef, SlurmResources, Spec};
-use crate::store::{now_rfc3339, OutputRecord, Workspace};
+use crate::store::{last_lines, now_rfc3339, write_atomic, OutputRecord, Workspace};
 
 /// The workspace folder holding tickets, job scripts, job ids, logs and results.
 pub const DIR: &str = "slurm";
@@ -52,22 +51,31 @@ pub struct SlurmSettings {
     pub poll: Duration,
 }
 
+impl Default for SlurmSettings {
+    /// This executable (`orchestrate` on PATH if it cannot be found), polling every 2 s.
+    fn default() -> SlurmSettings {
+        SlurmSettings {
+            exe: std::env::current_exe().unwrap_or_else(|_| "orchestrate".into()),
+            poll: Duration::from_secs(2),
+        }
+    }
+}
+
 impl SlurmSettings {
-    /// This executable, polling every 2 s (or `ORCHESTRATE_SLURM_POLL` seconds).
+    /// The defaults, with `ORCHESTRATE_SLURM_POLL` seconds if set; errors
+    /// where the executable cannot be found or the variable is no number.
     pub fn for_this_exe() -> Result<SlurmSettings, String> {
         let exe = std::env::current_exe().map_err(|e| format!("cannot find the orchestrate executable: {e}"))?;
-        let poll = match std::env::var("ORCHESTRATE_SLURM_POLL") {
-            Ok(s) => {
-                let secs: f64 = s
-                    .parse()
-                    .ok()
-                    .filter(|v: &f64| v.is_finite() && *v > 0.0)
-                    .ok_or_else(|| format!("ORCHESTRATE_SLURM_POLL={s}: expected a positive number of seconds"))?;
-                Duration::from_secs_f64(secs)
-            }
-            Err(_) => Duration::from_secs(2),
-        };
-        Ok(SlurmSettings { exe, poll })
+        let mut settings = SlurmSettings { exe, ..SlurmSettings::default() };
+        if let Ok(s) = std::env::var("ORCHESTRATE_SLURM_POLL") {
+            let secs: f64 = s
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("ORCHESTRATE_SLURM_POLL={s}: expected a positive number of seconds"))?;
+            settings.poll = Duration::from_secs_f64(secs);
+        }
+        Ok(settings)
     }
 }
 
@@ -83,15 +91,19 @@ pub fn check_available() -> Result<(), String> {
                     String::from_utf8_lossy(&out.stderr).trim()
                 ))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(format!(
-                    "executor slurm: `{tool}` is not on PATH; run on a Slurm login node, or use --executor local"
-                ))
-            }
-            Err(e) => return Err(format!("executor slurm: cannot run `{tool}`: {e}")),
+            Err(e) => return Err(format!("executor slurm: {}", cannot_run(tool, &e))),
         }
     }
     Ok(())
+}
+
+/// Why a Slurm command could not be started.
+fn cannot_run(tool: &str, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        format!("`{tool}` is not on PATH; run on a Slurm login node, or use --executor local")
+    } else {
+        format!("cannot run `{tool}`: {e}")
+    }
 }
 
 /// The environment a numerical node is keyed on. Under Slurm it is where the
@@ -220,18 +232,11 @@ fn host() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// Writes a file whole or not at all (temporary file, then rename).
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+/// [`write_atomic`] into a folder it creates, with the path in the error.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let dir = path.parent().expect("slurm files live in a folder");
     fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
-    let mut f = File::create(&tmp).map_err(|e| format!("creating {}: {e}", tmp.display()))?;
-    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-    fs::rename(&tmp, path).map_err(|e| format!("renaming {} to {}: {e}", tmp.display(), path.display()))
+    write_atomic(path, bytes).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -473,7 +478,7 @@ fn squeue(ids: &[String]) -> Result<BTreeMap<String, (String, String)>, String> 
     let out = Command::new("squeue")
         .args(["--noheader", "--format=%i|%T|%r", &format!("--jobs={}", ids.join(","))])
         .output()
-        .map_err(|e| format!("cannot run squeue: {e}"))?;
+        .map_err(|e| cannot_run("squeue", &e))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         // A single job id that has left the queue is an error for squeue.
@@ -535,13 +540,7 @@ fn final_state(id: &str, last: Option<&(String, String)>) -> JobEnd {
 
 /// Submits a script; returns the job id.
 fn sbatch(script: &Path) -> Result<String, String> {
-    let out = Command::new("sbatch").arg("--parsable").arg(script).output().map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            "sbatch is not on PATH; run on a Slurm login node, or use --executor local".to_string()
-        } else {
-            format!("cannot run sbatch: {e}")
-        }
-    })?;
+    let out = Command::new("sbatch").arg("--parsable").arg(script).output().map_err(|e| cannot_run("sbatch", &e))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -565,12 +564,6 @@ pub fn retryable(state: &str) -> bool {
 /// Whether a job id is still queued or running.
 fn is_live(id: &str) -> bool {
     matches!(squeue(&[id.to_string()]), Ok(seen) if seen.get(id).is_some_and(|(s, _)| !TERMINAL.contains(&s.as_str())))
-}
-
-fn tail(path: &Path, lines: usize) -> Option<String> {
-    let text = fs::read_to_string(path).ok()?;
-    let all: Vec<&str> = text.lines().collect();
-    Some(all[all.len().saturating_sub(lines)..].join("\n"))
 }
 
 fn read_result(ws: &Path, key: &str, job_id: &str) -> Option<JobResult> {
@@ -653,7 +646,7 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
             );
         }
         let log = log_path(ws, job.node.id(), &job_id);
-        let log_tail = || match tail(&log, 20) {
+        let log_tail = || match last_lines(&log, 16 * 1024, 20).map(|l| l.join("\n")) {
             Some(t) if !t.trim().is_empty() => format!("\n--- last lines of {}:\n{t}", log.display()),
             Some(_) => format!("\n(the job log {} is empty)", log.display()),
             None => {
@@ -779,7 +772,7 @@ fn submit_or_adopt(
         written_at: now_rfc3339(),
     };
     let json = serde_json::to_vec_pretty(&ticket).expect("tickets serialize");
-    write_atomic(&ticket_path(ws, key), &json)?;
+    write_file(&ticket_path(ws, key), &json)?;
     let script = job_script(&run.settings.exe, ws, job.node.id(), key, res, &cwd);
     for sub in ["logs", "results"] {
         // Slurm does not create the folder of --output; a missing one fails the launch.
@@ -787,10 +780,10 @@ fn submit_or_adopt(
         fs::create_dir_all(&d).map_err(|e| format!("creating {}: {e}", d.display()))?;
     }
     let script_file = script_path(ws, key);
-    write_atomic(&script_file, script.as_bytes())?;
+    write_file(&script_file, script.as_bytes())?;
     let id = sbatch(&script_file)?;
     // The job is queued now: a failure to record its id must not lose track of it.
-    if let Err(e) = write_atomic(&job_id_path(ws, key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
+    if let Err(e) = write_file(&job_id_path(ws, key), format!("{id} {}\n", ticket.coordinator).as_bytes()) {
         eprintln!("warning: Slurm job {id} for node '{}': {e}; another run will not adopt it", job.node.id());
     }
     Ok(Submission::Submitted(id))
@@ -886,41 +879,25 @@ pub fn exec_node(
                 ticket.node
             ));
         };
-        if node.op.numerical() {
-            if let Some(env) = &ticket.env {
-                if env.device == "cuda" {
-                    match actual_device() {
-                        Ok(d) if d == "cuda" => {}
-                        Ok(d) => {
-                            return fail(format!(
-                                "node '{}' is keyed on device cuda (its job asks for GPUs) but libtorch sees only {d} on {}; \
-                                 check the job's --gpus-per-node and the CUDA setup (setup lines)",
-                                ticket.node,
-                                host()
-                            ))
-                        }
-                        Err(e) => return fail(format!("cannot determine the numerical environment: {e}")),
-                    }
+        let keyed_on_cuda = ticket.env.as_ref().is_some_and(|e| e.device == "cuda");
+        if node.op.numerical() && keyed_on_cuda {
+            match actual_device() {
+                Ok(d) if d == "cuda" => {}
+                Ok(d) => {
+                    return fail(format!(
+                        "node '{}' is keyed on device cuda (its job asks for GPUs) but libtorch sees only {d} on {}; \
+                         check the job's --gpus-per-node and the CUDA setup (setup lines)",
+                        ticket.node,
+                        host()
+                    ))
                 }
+                Err(e) => return fail(format!("cannot determine the numerical environment: {e}")),
             }
         }
         let index = match ws.index() {
             Ok(i) => i,
             Err(e) => return fail(e.to_string()),
         };
-        match hash_inputs(ws, &index, node, &spec.base_dir, &ticket.upstream, ticket.env.clone()) {
-            Ok(r) if r.key() == ticket.key => {}
-            Ok(r) => {
-                return fail(format!(
-                    "node '{}' now has key {} but was submitted as {}: its spec, params or dep files changed after \
-                     submission; run orchestrate again",
-                    ticket.node,
-                    &r.key()[..12],
-                    &ticket.key[..12.min(ticket.key.len())]
-                ))
-            }
-            Err(e) => return fail(e),
-        }
         let cancel = AtomicBool::new(false);
         let nj = NodeJob {
             ws,
@@ -934,6 +911,19 @@ pub fn exec_node(
             force: ticket.force,
             cancel: &cancel,
         };
+        match nj.record() {
+            Ok(r) if r.key() == ticket.key => {}
+            Ok(r) => {
+                return fail(format!(
+                    "node '{}' now has key {} but was submitted as {}: its spec, params or dep files changed after \
+                     submission; run orchestrate again",
+                    ticket.node,
+                    &r.key()[..12],
+                    &ticket.key[..12.min(ticket.key.len())]
+                ))
+            }
+            Err(e) => return fail(e),
+        }
         node::resolve(&nj, &mut JobObserver)
     })();
     record(ws.root(), ticket, &outcome, started.elapsed().as_secs_f64())?;
@@ -960,7 +950,7 @@ pub fn record(ws: &Path, ticket: &Ticket, outcome: &Outcome, seconds: f64) -> Re
         finished_at: now_rfc3339(),
     };
     let json = serde_json::to_vec_pretty(&result).expect("results serialize");
-    write_atomic(&result_path(ws, &ticket.key, &job_id), &json)
+    write_file(&result_path(ws, &ticket.key, &job_id), &json)
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! `shell`: a command with declared file deps and outs, like a DVC stage.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Seek, SeekFrom};
 use std::process::{Command, Stdio};
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
@@ -185,23 +184,9 @@ fn env_name(name: &str) -> String {
 
 /// The last lines of a log, for an error message.
 pub fn log_tail(path: &std::path::Path) -> String {
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return String::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let start = len.saturating_sub(2000);
-    if f.seek(SeekFrom::Start(start)).is_err() {
-        return String::new();
-    }
-    let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(10)..];
-    if tail.is_empty() {
-        String::new()
-    } else {
-        format!("; last lines of {}:\n  {}", path.display(), tail.join("\n  "))
+    match crate::store::last_lines(path, 2000, 10) {
+        Some(tail) if !tail.is_empty() => format!("; last lines of {}:\n  {}", path.display(), tail.join("\n  ")),
+        _ => String::new(),
     }
 }
 

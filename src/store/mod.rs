@@ -42,6 +42,32 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::Io { context, source }
 }
 
+/// Writes a file whole or not at all: a temporary file beside it (named after
+/// this process, so concurrent writers do not meet), synced, then renamed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes).and_then(|()| f.sync_all())?;
+    fs::rename(&tmp, path)
+}
+
+/// The last `lines` lines of a file, reading at most its last `max_bytes`
+/// (logs can be large); `None` if it cannot be read.
+pub fn last_lines(path: &Path, max_bytes: u64, lines: usize) -> Option<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    f.seek(SeekFrom::Start(len.saturating_sub(max_bytes))).ok()?;
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    Some(all[all.len().saturating_sub(lines)..].iter().map(|l| l.to_string()).collect())
+}
+
 /// Now as RFC 3339 UTC with milliseconds; for records, never for keys.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
