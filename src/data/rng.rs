@@ -50,30 +50,11 @@ mod tests {
 
     #[test]
     fn streams_depend_on_seed_and_purpose_only() {
-        let a: Vec<u64> = (0..4)
-            .map({
-                let mut s = Stream::new(1, "x");
-                move |_| s.next_u64()
-            })
-            .collect();
-        let b: Vec<u64> = (0..4)
-            .map({
-                let mut s = Stream::new(1, "x");
-                move |_| s.next_u64()
-            })
-            .collect();
-        let c: Vec<u64> = (0..4)
-            .map({
-                let mut s = Stream::new(2, "x");
-                move |_| s.next_u64()
-            })
-            .collect();
-        let d: Vec<u64> = (0..4)
-            .map({
-                let mut s = Stream::new(1, "y");
-                move |_| s.next_u64()
-            })
-            .collect();
+        let draws = |seed, purpose| {
+            let mut s = Stream::new(seed, purpose);
+            (0..4).map(|_| s.next_u64()).collect::<Vec<u64>>()
+        };
+        let (a, b, c, d) = (draws(1, "x"), draws(1, "x"), draws(2, "x"), draws(1, "y"));
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);

@@ -33,6 +33,11 @@ fn pct(v: &Value) -> String {
     v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{:.1} %", 100.0 * x))
 }
 
+/// A byte count as whole MiB, or `undefined` where it was not measured.
+fn mebibytes(bytes: &Value) -> String {
+    bytes.as_f64().map(|b| format!("{:.0}", b / 1048576.0)).unwrap_or_else(|| "undefined".into())
+}
+
 fn num(v: &Value, digits: usize) -> String {
     v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{x:.digits$}"))
 }
@@ -132,10 +137,7 @@ impl Op for ResultsTable {
             } else {
                 "-".into()
             };
-            let rss = m["costs"]["peak_rss_bytes"]
-                .as_f64()
-                .map(|b| format!("{:.0}", b / 1048576.0))
-                .unwrap_or_else(|| "undefined".into());
+            let rss = mebibytes(&m["costs"]["peak_rss_bytes"]);
             md.push_str(&format!(
                 "| {name} ({}) | {} | {rss} | {} | {} | {zero_text} |\n",
                 m["kind"].as_str().unwrap_or("?"),
@@ -147,10 +149,7 @@ impl Op for ResultsTable {
                 "updates": m["updates"], "rollouts": m["rollouts_consumed"], "zero_variance_groups": zero}));
         }
         for c in &eval_costs {
-            let rss = c["peak_rss_bytes"]
-                .as_f64()
-                .map(|b| format!("{:.0}", b / 1048576.0))
-                .unwrap_or_else(|| "undefined".into());
+            let rss = mebibytes(&c["peak_rss_bytes"]);
             md.push_str(&format!(
                 "| eval {} | {} | {rss} | - | - | - |\n",
                 c["policy"].as_str().unwrap_or("?"),
