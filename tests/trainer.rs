@@ -110,3 +110,29 @@ fn an_interrupt_point_outside_the_run_is_a_spec_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("params.interrupt_at: must be in 1..3"), "{}", stderr(&out));
 }
+
+/// The main profile's shape, scaled down: the interrupt falls on a checkpoint
+/// boundary (100 iterations, checkpoint every 10, interrupt at 40 there; 4, 2
+/// and 2 here). The interrupt's final checkpoint is a committed one, so the
+/// interrupted + resumed lineage logs exactly the events the continuous one does.
+#[test]
+fn an_interrupt_on_a_checkpoint_boundary_resumes_to_the_continuous_event_log() {
+    let p = Project::new();
+    let spec = SPEC.replace(
+        "params: {iterations: 3, interrupt_at: 1, max_new_tokens: 16, lr: 1e-4",
+        "params: {iterations: 4, interrupt_at: 2, checkpoint_every: 2, max_new_tokens: 16, lr: 1e-4",
+    );
+    assert_eq!(spec.matches("checkpoint_every: 2").count(), 2, "both GRPO nodes get the boundary shape");
+    p.write("train.yaml", &spec);
+    let ev = p.run_json(&["train.yaml"], 0);
+    assert!(nodes_with(&ev, "node_failed").is_empty(), "{ev:?}");
+    assert_eq!(json_output(&p, "grpo-check:report")["identical"], true);
+    let continuous = json_output(&p, "grpo@mode=continuous:metrics");
+    let resumed = json_output(&p, "grpo-resume:metrics");
+    // 4 iterations × (4 + 2 updates × 4 events), plus the one committed checkpoint
+    // strictly inside the run (after iteration 2 of 4; the last has none).
+    assert_eq!(continuous["guard"]["event_log"]["events"], 4 * (4 + 2 * 4) + 1);
+    assert_eq!(resumed["guard"]["event_log"], continuous["guard"]["event_log"]);
+    let interrupted = json_output(&p, "grpo@mode=interrupt:metrics");
+    assert_eq!(interrupted["next_iteration"], 2);
+}

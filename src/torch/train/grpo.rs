@@ -418,7 +418,11 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 "loop_seconds": t_loop.elapsed().as_secs_f64(),
             },
         }));
-        if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < stop {
+        // A boundary of the whole run is a committed checkpoint, whether or not this
+        // process stops there: an interrupt at a boundary commits it exactly as the
+        // continuous run does, so both lineages log the same events. Only the run's
+        // last iteration has none (the final state is the node's output).
+        if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < p.iterations {
             let meta = json!({
                 "kind": "grpo", "identity": identity, "lineage": lineage, "next_iteration": iteration + 1,
                 "updates": updates, "adam_step": adam.step, "cursor": cursor, "consumed_rollouts": consumed, "history": history,
