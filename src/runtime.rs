@@ -29,10 +29,10 @@ pub fn env_provider() -> EnvProvider {
     Box::new(|| worker_env(false))
 }
 
-/// The device libtorch really sees here (`cuda` or `cpu`), whatever
-/// `ORCHESTRATE_DEVICE` asks for.
-pub fn probe_device() -> Result<String, String> {
-    worker_env(true).map(|env| env.device)
+/// The environment libtorch really sees here: the device (`cuda` or `cpu`),
+/// whatever `ORCHESTRATE_DEVICE` asks for, and the CPU capability.
+pub fn probe_env() -> Result<EnvPart, String> {
+    worker_env(true)
 }
 
 /// `orchestrate-torch env --json`, with or without this process's `ORCHESTRATE_DEVICE`.
@@ -52,6 +52,76 @@ fn worker_env(ignore_device_choice: bool) -> Result<EnvPart, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("{} env printed unexpected output: {e}", worker.display()))
 }
 
+/// The CPU kernel family libtorch's ATen dispatches to on this machine:
+/// `AVX512`, `AVX2` or `DEFAULT` on x86-64, as `torch.backends.cpu.get_cpu_capability()`
+/// reports it. The same libtorch picks other vectorized kernels (and so other
+/// rounding) on an AVX2 and an AVX-512 processor, so numerical node keys include it.
+///
+/// This mirrors ATen's `compute_cpu_capability` (aten/src/ATen/native/DispatchStub.cpp)
+/// rather than asking libtorch, so the CLI can key nodes without loading it: an
+/// `ATEN_CPU_CAPABILITY` of `avx512`, `avx2` or `default` is taken as is, any other
+/// value is ignored (ATen warns), and otherwise AVX512 needs AVX-512 VL, BW, DQ and
+/// FMA, AVX2 needs AVX2 and FMA. A test checks it against the venv's torch.
+pub fn cpu_capability() -> String {
+    cpu_capability_for(std::env::var("ATEN_CPU_CAPABILITY").ok().as_deref(), detected_cpu_capability())
+}
+
+/// The processor's vendor as CPUID reports it (`GenuineIntel`, `AuthenticAMD`).
+/// Keyed beside the capability: MKL, which libtorch calls for matrix products,
+/// picks its kernels by vendor as well as by instruction set, so an Intel and an
+/// AMD processor of one capability are not assumed to compute the same bytes.
+pub fn cpu_vendor() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 0 exists on every x86-64 processor.
+        #[allow(unused_unsafe)]
+        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        let bytes: Vec<u8> = [r.ebx, r.edx, r.ecx].iter().flat_map(|w| w.to_le_bytes()).collect();
+        String::from_utf8_lossy(&bytes).trim_matches(char::from(0)).trim().to_string()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        std::env::consts::ARCH.to_string()
+    }
+}
+
+/// The processor's model name (`/proc/cpuinfo`), for the record: not keyed.
+pub fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+fn cpu_capability_for(requested: Option<&str>, detected: &str) -> String {
+    match requested {
+        Some("avx512") if cfg!(target_arch = "x86_64") => "AVX512".to_string(),
+        Some("avx2") if cfg!(target_arch = "x86_64") => "AVX2".to_string(),
+        Some("default") => "DEFAULT".to_string(),
+        _ => detected.to_string(),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detected_cpu_capability() -> &'static str {
+    use std::arch::is_x86_feature_detected as has;
+    if has!("avx512vl") && has!("avx512bw") && has!("avx512dq") && has!("fma") {
+        "AVX512"
+    } else if has!("avx2") && has!("fma") {
+        "AVX2"
+    } else {
+        "DEFAULT"
+    }
+}
+
+/// Elsewhere ATen's choice (e.g. SVE256 on some aarch64) is not mirrored: the
+/// architecture itself is keyed, so caches of different kinds never mix.
+#[cfg(not(target_arch = "x86_64"))]
+fn detected_cpu_capability() -> &'static str {
+    concat!("undetected-", std::env::consts::ARCH)
+}
+
 /// Runs a worker command with this process's stdio and returns its exit code.
 pub fn exec_worker(args: &[String]) -> anyhow::Result<ExitCode> {
     let worker = worker_binary().ok_or_else(|| {
@@ -60,4 +130,28 @@ pub fn exec_worker(args: &[String]) -> anyhow::Result<ExitCode> {
     let status =
         Command::new(&worker).args(args).status().map_err(|e| anyhow::anyhow!("starting {}: {e}", worker.display()))?;
     Ok(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(2)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requested_capability_wins_and_an_unknown_one_is_ignored_as_aten_does() {
+        assert_eq!(cpu_capability_for(Some("default"), "AVX2"), "DEFAULT");
+        assert_eq!(cpu_capability_for(Some("bogus"), "AVX2"), "AVX2");
+        assert_eq!(cpu_capability_for(Some("AVX2"), "DEFAULT"), "DEFAULT", "ATen compares case-sensitively");
+        assert_eq!(cpu_capability_for(None, "AVX512"), "AVX512");
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(cpu_capability_for(Some("avx2"), "AVX512"), "AVX2");
+            assert_eq!(cpu_capability_for(Some("avx512"), "AVX2"), "AVX512");
+        }
+    }
+
+    #[test]
+    fn the_vendor_is_the_one_proc_cpuinfo_names() {
+        let Ok(text) = std::fs::read_to_string("/proc/cpuinfo") else { return };
+        let Some(line) = text.lines().find(|l| l.starts_with("vendor_id")) else { return };
+        assert_eq!(cpu_vendor(), line.split_once(':').map(|(_, v)| v.trim()).unwrap_or_default());
+    }
 }

@@ -67,7 +67,13 @@ fn main() -> ExitCode {
             if json {
                 println!("{}", serde_json::to_string(&env).expect("env serializes"));
             } else {
-                println!("libtorch {}\ndevice   {}", env.libtorch, env.device);
+                println!(
+                    "libtorch {}\ndevice   {}\ncpu      {} {}",
+                    env.libtorch,
+                    env.device,
+                    env.cpu.as_deref().unwrap_or("-"),
+                    env.cpu_vendor.as_deref().unwrap_or("-")
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -307,6 +307,14 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let env = (runtime::env_provider())().map_err(anyhow::Error::msg)?;
             println!("libtorch {}", env.libtorch);
             println!("device   {}", env.device);
+            println!(
+                "cpu      {} {} (libtorch's CPU kernels and the vendor, keyed with the device)",
+                env.cpu.as_deref().unwrap_or("-"),
+                env.cpu_vendor.as_deref().unwrap_or("-")
+            );
+            if let Some(model) = runtime::cpu_model() {
+                println!("model    {model} (not keyed)");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -362,7 +370,7 @@ fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Res
         });
     let outcome = match loaded {
         Ok((spec, dag)) => {
-            exec::slurm::exec_node(&ws, &ticket, &spec, &dag, runtime::probe_device).map_err(anyhow::Error::msg)?
+            exec::slurm::exec_node(&ws, &ticket, &spec, &dag, runtime::probe_env).map_err(anyhow::Error::msg)?
         }
         Err(e) => {
             let outcome = exec::Outcome::Failed {

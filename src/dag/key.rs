@@ -9,7 +9,7 @@
 //! | `params`     | the node's params, keys sorted at every level, numbers normalized   |
 //! | `inputs`     | for each input name, the *content hash* of each referenced output   |
 //! | `files`      | for each declared file dep (relative path), the blake3 of its bytes |
-//! | `env`        | numerical ops only: device kind and libtorch version                |
+//! | `env`        | numerical ops only: device, libtorch, CPU capability and vendor      |
 //!
 //! Inputs enter by content, not by the upstream key, so an upstream re-run that
 //! reproduces identical bytes leaves everything downstream cached. Never in a
@@ -28,9 +28,19 @@ use serde_json::Value;
 /// The numerical environment a result depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvPart {
-    /// `cpu` or `cuda:<device name>`.
+    /// `cpu` or `cuda`.
     pub device: String,
     pub libtorch: String,
+    /// libtorch's CPU capability (`AVX512`, `AVX2`, `DEFAULT`): the same libtorch
+    /// computes other bytes with other vectorized kernels. Absent only in records
+    /// written before orchestrate keyed it; every environment computed now has it
+    /// (see `runtime::cpu_capability`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// The processor's vendor (`GenuineIntel`, `AuthenticAMD`): MKL picks its
+    /// kernels by vendor too. Absent only in records from before it was keyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_vendor: Option<String>,
 }
 
 /// Everything a node key is computed from.

@@ -113,7 +113,7 @@ pub fn node_env(executor: ExecutorKind, def: &NodeDef, base: &EnvPart) -> EnvPar
     match executor {
         ExecutorKind::Local => base.clone(),
         ExecutorKind::Slurm => {
-            EnvPart { device: device_for(&def.resources).to_string(), libtorch: base.libtorch.clone() }
+            EnvPart { device: device_for(&def.resources).to_string(), ..base.clone() }
         }
     }
 }
@@ -860,14 +860,16 @@ pub fn read_ticket(ws: &Path, key: &str) -> Result<Ticket, String> {
 }
 
 /// Runs the node of a ticket (already rebuilt from its spec) in this process,
-/// records the result file, and returns the outcome. `actual_device` is what
-/// libtorch sees here, asked only for numerical nodes.
+/// records the result file, and returns the outcome. `actual_env` is the
+/// numerical environment libtorch sees here (device and CPU capability), asked
+/// only for numerical nodes: a job on a node of another kind than its key says
+/// fails instead of publishing bytes under a key that does not describe them.
 pub fn exec_node(
     ws: &Workspace,
     ticket: &Ticket,
     spec: &Spec,
     dag: &Dag,
-    actual_device: impl FnOnce() -> Result<String, String>,
+    actual_env: impl FnOnce() -> Result<EnvPart, String>,
 ) -> Result<Outcome, String> {
     let started = Instant::now();
     let outcome = (|| -> Outcome {
@@ -879,19 +881,33 @@ pub fn exec_node(
                 ticket.node
             ));
         };
-        let keyed_on_cuda = ticket.env.as_ref().is_some_and(|e| e.device == "cuda");
-        if node.op.numerical() && keyed_on_cuda {
-            match actual_device() {
-                Ok(d) if d == "cuda" => {}
-                Ok(d) => {
-                    return fail(format!(
-                        "node '{}' is keyed on device cuda (its job asks for GPUs) but libtorch sees only {d} on {}; \
-                         check the job's --gpus-per-node and the CUDA setup (setup lines)",
-                        ticket.node,
-                        host()
-                    ))
-                }
+        if let (true, Some(keyed)) = (node.op.numerical(), ticket.env.as_ref()) {
+            let actual = match actual_env() {
+                Ok(env) => env,
                 Err(e) => return fail(format!("cannot determine the numerical environment: {e}")),
+            };
+            if keyed.device == "cuda" && actual.device != "cuda" {
+                return fail(format!(
+                    "node '{}' is keyed on device cuda (its job asks for GPUs) but libtorch sees only {} on {}; \
+                     check the job's --gpus-per-node and the CUDA setup (setup lines)",
+                    ticket.node,
+                    actual.device,
+                    host()
+                ));
+            }
+            let kind = |e: &EnvPart| {
+                format!("{} {}", e.cpu.as_deref().unwrap_or("-"), e.cpu_vendor.as_deref().unwrap_or("-"))
+            };
+            if keyed.cpu.is_some() && (keyed.cpu != actual.cpu || keyed.cpu_vendor != actual.cpu_vendor) {
+                return fail(format!(
+                    "node '{}' is keyed on CPU {} (the coordinator's machine) but {} has {}: libtorch would \
+                     compute other bytes there; constrain the jobs to that CPU kind (e.g. an sbatch \
+                     --constraint line) or run the coordinator on one (docs/slurm.md)",
+                    ticket.node,
+                    kind(keyed),
+                    host(),
+                    kind(&actual)
+                ));
             }
         }
         let index = match ws.index() {

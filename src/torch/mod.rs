@@ -20,7 +20,12 @@ pub fn env() -> EnvPart {
         Ok(tch::Device::Cuda(_)) => "cuda".to_string(),
         _ => "cpu".to_string(),
     };
-    EnvPart { device, libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string() }
+    EnvPart {
+        device,
+        libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string(),
+        cpu: Some(orchestrate::runtime::cpu_capability()),
+        cpu_vendor: Some(orchestrate::runtime::cpu_vendor()),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,78 @@
+//! The numerical environment in node keys: libtorch's CPU capability, as
+//! libtorch itself reports it, and a cache that never serves bytes computed
+//! with other CPU kernels.
+#![cfg(feature = "torch")]
+
+mod common;
+
+use std::process::Command;
+
+use common::{stderr, stdout, tiny_spec, Project};
+
+/// `orchestrate env`'s `cpu` line under this `ATEN_CPU_CAPABILITY` (None: unset).
+fn ours(requested: Option<&str>) -> String {
+    let mut cmd = Command::new(common::bin());
+    cmd.arg("env");
+    match requested {
+        Some(r) => cmd.env("ATEN_CPU_CAPABILITY", r),
+        None => cmd.env_remove("ATEN_CPU_CAPABILITY"),
+    };
+    let out = cmd.output().expect("orchestrate env runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = text.lines().find(|l| l.starts_with("cpu ")).unwrap_or_else(|| panic!("no cpu line in:\n{text}"));
+    line.split_whitespace().nth(1).expect("a capability").to_string()
+}
+
+/// What the venv's PyTorch (the same libtorch build) says.
+fn torch(requested: Option<&str>) -> String {
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"]);
+    match requested {
+        Some(r) => cmd.env("ATEN_CPU_CAPABILITY", r),
+        None => cmd.env_remove("ATEN_CPU_CAPABILITY"),
+    };
+    let out = cmd.output().expect("python runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out).trim().to_string()
+}
+
+/// A capability this machine does not pick by itself.
+fn another(detected: &str) -> &'static str {
+    if detected == "DEFAULT" {
+        "avx2"
+    } else {
+        "default"
+    }
+}
+
+#[test]
+fn the_keyed_cpu_capability_is_what_libtorch_itself_reports() {
+    let detected = ours(None);
+    let mut cases = vec![None, Some("default"), Some("not-a-capability"), Some(another(&detected))];
+    if detected == "AVX512" {
+        cases.push(Some("avx2"));
+    }
+    for requested in cases {
+        assert_eq!(ours(requested), torch(requested), "ATEN_CPU_CAPABILITY={requested:?}");
+    }
+}
+
+#[test]
+fn a_node_cached_with_other_cpu_kernels_runs_again_and_plan_says_why() {
+    let p = Project::new();
+    p.write("t.yaml", &tiny_spec("cpu-kinds", ""));
+    p.run_json(&["t.yaml"], 0);
+    let detected = ours(None);
+    let other = another(&detected);
+    let out = p.cmd(&["plan", "t.yaml"]).env("ATEN_CPU_CAPABILITY", other).output().unwrap();
+    let text = stdout(&out);
+    // Data and tokenizer are not numerical and stay cached; the model is keyed on the kernels.
+    assert!(text.lines().any(|l| l.starts_with("tokenizer") && l.contains("cached")), "{text}");
+    let expected = format!("env.cpu: \"{detected}\" → \"{}\"", other.to_uppercase());
+    assert!(text.lines().any(|l| l.starts_with("base") && l.contains(&expected)), "{text}");
+    // And without the override, the same machine is a cache hit.
+    let out = p.cmd(&["plan", "t.yaml"]).env_remove("ATEN_CPU_CAPABILITY").output().unwrap();
+    assert!(stdout(&out).contains("3 cached, 0 to run"), "{}", stdout(&out));
+}
