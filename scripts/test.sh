@@ -29,5 +29,16 @@ trap 'rm -f "$log"' EXIT
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
 # Compile-fail examples (the guard's handle and the update path's types).
 cargo test --locked --doc 2>&1 | tee -a "$log"
+# The README's main job itself, so it can never break silently again: the whole
+# protocol on the embedded default (release build), failing the run if it exits
+# non-zero. ORCHESTRATE_SKIP_MAIN_JOB=1 skips it for a quick local run, and says so.
+if [ "${ORCHESTRATE_SKIP_MAIN_JOB:-}" = 1 ]; then
+    echo "test: ORCHESTRATE_SKIP_MAIN_JOB=1: the README's main job (bash scripts/run-main.sh) was NOT run"
+else
+    echo "test: the README's main job: bash scripts/run-main.sh"
+    main_started=$SECONDS
+    bash scripts/run-main.sh
+    echo "test: the main job passed in $((SECONDS - main_started)) s"
+fi
 # One closing line over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "all tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
