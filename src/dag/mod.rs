@@ -110,8 +110,10 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                 ),
             ));
         };
-        let params = Value::Object(def.params.clone());
-        if let Err(e) = op.check_params(&params) {
+        // The resolved params (defaults filled in) are what the key hashes.
+        let params = match op.resolve_params(&Value::Object(def.params.clone())) {
+            Ok(resolved) => resolved,
+            Err(e) => {
             // A value that came from the matrix is reported where the matrix wrote it.
             let dotted = e.path.join(".");
             let axis = def.binding.keys().find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
@@ -131,7 +133,8 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                 format!("params.{}: ", e.path.join("."))
             };
             return Err(SpecError::new(kind, at, format!("node '{}' ({}): {field}{}", def.id, def.op, e.message)));
-        }
+            }
+        };
         if let Some(declared) = op.inputs(&params) {
             for name in def.inputs.keys() {
                 if !declared.iter().any(|d| d.name == name) {
@@ -384,4 +387,127 @@ fn cycle_error(spec: &Spec, graph: &DiGraph<usize, ()>, nodes: &[DagNode]) -> Sp
         spec.sources.locate(&node_path(first, &["inputs"])),
         format!("cycle: {}", names.join(" → ")),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    //! Node params in the key: resolved, with a fake op compiled in-process.
+    use std::cell::Cell;
+
+    use schemars::{JsonSchema, Schema, SchemaGenerator};
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::dag::key::{diff, HashInputs};
+    use crate::ops::{schema_of, OpError, ParamError, RunContext};
+    use crate::spec::LoadOptions;
+
+    thread_local! {
+        /// The fake op's default clip range, as if its code changed between runs.
+        static DEFAULT_CLIP: Cell<f64> = const { Cell::new(0.2) };
+    }
+
+    fn d_clip() -> f64 {
+        DEFAULT_CLIP.with(Cell::get)
+    }
+
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct ClipParams {
+        #[serde(default = "d_clip")]
+        clip_eps: f64,
+        #[serde(default)]
+        seed: u64,
+    }
+
+    struct Clip;
+
+    impl Op for Clip {
+        fn name(&self) -> &'static str {
+            "test.clip"
+        }
+        fn version(&self) -> u32 {
+            1
+        }
+        fn summary(&self) -> &'static str {
+            "a fake op with a default"
+        }
+        fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+            schema_of::<ClipParams>(generator)
+        }
+        fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+            crate::ops::resolve::<ClipParams>(params, crate::ops::no_checks)
+        }
+        fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+            vec![OutputDecl::file("out")]
+        }
+        fn run(&self, _ctx: &RunContext<'_>) -> Result<(), OpError> {
+            Ok(())
+        }
+    }
+
+    /// The record of the only node of a one-node spec with these params.
+    fn record(params: &str) -> HashInputs {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("spec.yaml");
+        std::fs::write(&path, format!("name: t\nnodes:\n  n:\n    op: test.clip\n    params: {params}\n")).unwrap();
+        let spec = crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads");
+        let mut registry = Registry::builtin();
+        registry.register(Arc::new(Clip));
+        let dag = compile(&spec, &registry).expect("the spec compiles");
+        let node = &dag.nodes[0];
+        HashInputs {
+            op: node.op.name().into(),
+            op_version: node.op.version(),
+            params: node.params.clone(),
+            inputs: BTreeMap::new(),
+            files: BTreeMap::new(),
+            env: None,
+        }
+    }
+
+    #[test]
+    fn writing_a_default_out_keeps_the_key() {
+        let implicit = record("{seed: 1}");
+        let explicit = record("{seed: 1, clip_eps: 0.2}");
+        assert_eq!(implicit.key(), explicit.key());
+        assert_eq!(implicit.params["clip_eps"], 0.2, "the key hashes the resolved value");
+        assert_ne!(record("{seed: 1, clip_eps: 0.3}").key(), implicit.key());
+    }
+
+    #[test]
+    fn changing_a_default_in_code_changes_the_key_and_the_diff_names_the_field() {
+        let before = record("{seed: 1}");
+        DEFAULT_CLIP.with(|d| d.set(0.28));
+        let after = record("{seed: 1}");
+        DEFAULT_CLIP.with(|d| d.set(0.2));
+        assert_ne!(before.key(), after.key());
+        let changes: Vec<String> = diff(&before, &after).iter().map(ToString::to_string).collect();
+        assert_eq!(changes, ["params.clip_eps: 0.2 → 0.28"]);
+    }
+
+    #[test]
+    fn every_builtin_op_resolves_its_own_resolution_to_itself() {
+        // Resolving twice must be a no-op, or a re-compiled spec (a Slurm job's
+        // exec-node) would compute another key than its coordinator.
+        let samples: &[(&str, Value)] = &[
+            ("shell", serde_json::json!({"cmd": "true", "outs": ["a"], "env": {"A": 1, "B": 1.5, "C": "x", "D": true}})),
+            ("dataset.stock_arithmetic", serde_json::json!({"seed": 3})),
+            ("tokenizer.build", serde_json::json!({})),
+            ("model.init", serde_json::json!({})),
+            ("train.sft", serde_json::json!({"branch": "sft", "epochs": 2})),
+            ("train.grpo", serde_json::json!({})),
+            ("check.resume", serde_json::json!({})),
+            ("eval.generate", serde_json::json!({})),
+            ("eval.score", serde_json::json!({})),
+        ];
+        let registry = Registry::builtin();
+        for (name, params) in samples {
+            let op = registry.get(name).expect("a builtin op");
+            let once = op.resolve_params(params).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let twice = op.resolve_params(&once).unwrap_or_else(|e| panic!("{name} (resolved): {e}"));
+            assert_eq!(once, twice, "{name}");
+            assert!(once.as_object().is_some_and(|m| m.len() >= params.as_object().map_or(0, |p| p.len())), "{name}");
+        }
+    }
 }

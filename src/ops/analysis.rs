@@ -50,8 +50,8 @@ impl Op for ConstantGroups {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ConstantGroupsParams>(generator)
     }
-    fn check_params(&self, params: &serde_json::Value) -> Result<(), ParamError> {
-        let p: ConstantGroupsParams = parse_params(params)?;
+    fn resolve_params(&self, params: &serde_json::Value) -> Result<serde_json::Value, ParamError> {
+        super::resolve(params, |p: &ConstantGroupsParams| {
         if let Some(bad) = p.success_rates.iter().find(|r| !(0.0..=1.0).contains(*r)) {
             return Err(ParamError {
                 path: vec!["success_rates".into()],
@@ -60,6 +60,7 @@ impl Op for ConstantGroups {
             });
         }
         Ok(())
+        })
     }
     fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
         Some(Vec::new())
@@ -333,8 +334,8 @@ impl Op for Arms {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ArmsParams>(generator)
     }
-    fn check_params(&self, params: &serde_json::Value) -> Result<(), ParamError> {
-        let p: ArmsParams = parse_params(params)?;
+    fn resolve_params(&self, params: &serde_json::Value) -> Result<serde_json::Value, ParamError> {
+        super::resolve(params, |p: &ArmsParams| {
         if p.arms.is_empty() {
             return Err(ParamError { path: vec!["arms".into()], message: "no arms named".into(), unknown_key: false });
         }
@@ -348,6 +349,7 @@ impl Op for Arms {
             }
         }
         Ok(())
+        })
     }
     fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
         Some(vec![

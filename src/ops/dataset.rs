@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{parse_params, schema_of, Op, OpError, OutputDecl, ParamError, RunContext, Taint};
@@ -13,7 +13,7 @@ use crate::data::generate::{generate, Counts, TEMPLATES};
 use crate::data::{Population, Split};
 
 /// Params of `dataset.stock_arithmetic`. The defaults are the protocol's counts.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetParams {
     /// Seed of the generator: same seed, same bytes.
@@ -93,8 +93,8 @@ impl Op for StockArithmeticDataset {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<DatasetParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        let p: DatasetParams = parse_params(params)?;
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &DatasetParams| {
         if p.warmstart > p.train {
             return Err(ParamError {
                 path: vec!["warmstart".into()],
@@ -103,6 +103,7 @@ impl Op for StockArithmeticDataset {
             });
         }
         Ok(())
+        })
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())

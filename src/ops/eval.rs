@@ -96,8 +96,8 @@ impl Op for EvalGenerate {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<EvalGenerateParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<EvalGenerateParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<EvalGenerateParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![
@@ -144,8 +144,8 @@ impl Op for EvalScore {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ScoreParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<ScoreParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<ScoreParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![

@@ -41,8 +41,8 @@ impl Op for GateOp {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<GateParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<GateParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<GateParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
 pub use dataset::{DatasetParams, StockArithmeticDataset};
@@ -224,8 +225,13 @@ pub trait Op: Send + Sync {
     fn summary(&self) -> &'static str;
     /// The JSON Schema of the params, added to the spec schema.
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema;
-    /// Checks params beyond what the schema says; errors name a path inside params.
-    fn check_params(&self, params: &Value) -> Result<(), ParamError>;
+    /// Parses the params as written into the op's typed params, checks them
+    /// beyond what the schema says (errors name a path inside params), and
+    /// returns them *resolved*: every default filled in, in the typed struct's
+    /// own encoding. The resolved value is what the node key hashes and what the
+    /// op receives, so writing a default out changes nothing, and changing a
+    /// default in code changes every key that relied on it.
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError>;
     /// The inputs this op reads, or `None` if it takes any (like `shell`).
     /// Declared inputs are checked when a spec compiles.
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
@@ -290,6 +296,26 @@ pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError
         };
         ParamError { path, message, unknown_key }
     })
+}
+
+/// `Op::resolve_params` for a typed params struct: parse (with the path of the
+/// first problem), run the op's own checks, and encode the parsed value back.
+pub fn resolve<P: DeserializeOwned + Serialize>(
+    params: &Value,
+    check: impl FnOnce(&P) -> Result<(), ParamError>,
+) -> Result<Value, ParamError> {
+    let parsed: P = parse_params(params)?;
+    check(&parsed)?;
+    serde_json::to_value(&parsed).map_err(|e| ParamError {
+        path: Vec::new(),
+        message: format!("the params could not be encoded: {e}"),
+        unknown_key: false,
+    })
+}
+
+/// No checks beyond the params type's own.
+pub fn no_checks<P>(_: &P) -> Result<(), ParamError> {
+    Ok(())
 }
 
 /// The schema of a params type, registered in the generator's definitions.

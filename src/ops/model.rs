@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
@@ -20,7 +20,7 @@ fn failed(e: impl std::fmt::Display) -> OpError {
 }
 
 /// Params of `tokenizer.build`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizerParams {
     /// Target vocabulary size, special tokens included (training may stop below it).
@@ -56,8 +56,8 @@ impl Op for TokenizerBuild {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<TokenizerParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<TokenizerParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<TokenizerParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![
@@ -91,7 +91,7 @@ impl Op for TokenizerBuild {
 }
 
 /// Params of `model.init`: the embedded default's size (about 0.9M parameters).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelInitParams {
     #[serde(default)]
@@ -164,8 +164,8 @@ impl Op for ModelInit {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ModelInitParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        let p: ModelInitParams = parse_params(params)?;
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &ModelInitParams| {
         let bad = |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
         if p.num_attention_heads % p.num_key_value_heads != 0 {
             return Err(bad("num_key_value_heads", "must divide num_attention_heads".into()));
@@ -174,6 +174,7 @@ impl Op for ModelInit {
             return Err(bad("hidden_size", "must be num_attention_heads × an even head size".into()));
         }
         Ok(())
+        })
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![InputDecl::required("tokenizer", "a tokenizer.json (tokenizer.build's output)")])
@@ -190,7 +191,7 @@ impl Op for ModelInit {
 }
 
 /// Params of `model.import`.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelImportParams {
     /// A local Hugging Face folder (relative to the spec's folder, or absolute).
@@ -239,8 +240,8 @@ impl Op for ModelImport {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ModelImportParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<ModelImportParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<ModelImportParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(Vec::new())

@@ -55,8 +55,8 @@ impl Op for ResultsTable {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ResultsParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<ResultsParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<ResultsParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![

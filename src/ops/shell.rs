@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{parse_params, schema_of, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 
 /// Params of the `shell` op.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShellParams {
     /// Run with `sh -c` in the spec's folder. Inputs are in the environment as
@@ -34,7 +34,7 @@ pub struct ShellParams {
 }
 
 /// An environment value as written in YAML.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum EnvValue {
     String(String),
@@ -92,8 +92,8 @@ impl Op for ShellOp {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ShellParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        let p: ShellParams = parse_params(params)?;
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &ShellParams| {
         for (field, list) in [("deps", &p.deps), ("outs", &p.outs)] {
             for (i, path) in list.iter().enumerate() {
                 if normalize_rel(path).is_none() {
@@ -118,6 +118,7 @@ impl Op for ShellOp {
             }
         }
         Ok(())
+        })
     }
     fn outputs(&self, params: &Value) -> Vec<OutputDecl> {
         let Ok(p) = parse_params::<ShellParams>(params) else {
@@ -205,7 +206,7 @@ mod tests {
 
     #[test]
     fn unknown_param_names_the_nearest_valid_one() {
-        let err = ShellOp.check_params(&serde_json::json!({"cmd": "true", "out": ["x"]})).unwrap_err();
+        let err = ShellOp.resolve_params(&serde_json::json!({"cmd": "true", "out": ["x"]})).unwrap_err();
         assert_eq!(err.path, vec!["out".to_string()]);
         assert!(err.message.contains("did you mean 'outs'"), "{}", err.message);
     }

@@ -303,8 +303,8 @@ impl Op for TrainSft {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<SftParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        let p: SftParams = parse_params(params)?;
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &SftParams| {
         if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
             return Err(ParamError {
                 path: vec!["interrupt_after_epochs".into()],
@@ -313,6 +313,7 @@ impl Op for TrainSft {
             });
         }
         Ok(())
+        })
     }
     fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
         let mode = parse_params::<SftParams>(params).map(|p| p.mode).unwrap_or_default();
@@ -358,8 +359,8 @@ impl Op for TrainGrpo {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<GrpoParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        let p: GrpoParams = parse_params(params)?;
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &GrpoParams| {
         if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
             return Err(ParamError {
                 path: vec!["interrupt_at".into()],
@@ -377,14 +378,8 @@ impl Op for TrainGrpo {
                 unknown_key: false,
             });
         }
-        if crate::data::verifier::VerifierRegistry::builtin().get(&p.verifier).is_none() {
-            return Err(ParamError {
-                path: vec!["verifier".into()],
-                message: format!("no verifier '{}' (see `orchestrate verifier list`)", p.verifier),
-                unknown_key: false,
-            });
-        }
-        Ok(())
+        known_verifier(&p.verifier)
+        })
     }
     fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
         let mode = parse_params::<GrpoParams>(params).map(|p| p.mode).unwrap_or_default();
@@ -411,6 +406,18 @@ impl Op for TrainGrpo {
     }
 }
 
+/// A `verifier` param must name a builtin verifier.
+fn known_verifier(name: &str) -> Result<(), ParamError> {
+    match crate::data::verifier::VerifierRegistry::builtin().get(name) {
+        Some(_) => Ok(()),
+        None => Err(ParamError {
+            path: vec!["verifier".into()],
+            message: format!("no verifier '{name}' (see `orchestrate verifier list`)"),
+            unknown_key: false,
+        }),
+    }
+}
+
 /// `check.resume`: a continuous state and a resumed one must be identical,
 /// tensor by tensor and field by field (wall-clock costs aside).
 pub struct CheckResume;
@@ -433,8 +440,8 @@ impl Op for CheckResume {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<EmptyParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<EmptyParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<EmptyParams>(params, super::no_checks)
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![
@@ -467,7 +474,7 @@ impl Op for CheckResume {
 }
 
 /// Params of ops that take none.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyParams {}
 
@@ -501,6 +508,12 @@ pub struct ReplayParams {
     pub constructed_rewards: bool,
     #[serde(default = "d_system")]
     pub system: String,
+    /// Prompts longer than this many tokens are refused (as in `train.grpo`).
+    #[serde(default = "d_prompt_tokens")]
+    pub max_prompt_tokens: usize,
+    /// The verifier that scores the responses (`orchestrate verifier list`).
+    #[serde(default = "d_verifier")]
+    pub verifier: String,
 }
 
 /// `replay`: clean and faulty update batches from the same frozen rollouts at the
@@ -520,8 +533,8 @@ impl Op for Replay {
     fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
         schema_of::<ReplayParams>(generator)
     }
-    fn check_params(&self, params: &Value) -> Result<(), ParamError> {
-        parse_params::<ReplayParams>(params).map(|_| ())
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &ReplayParams| known_verifier(&p.verifier))
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
         Some(vec![
