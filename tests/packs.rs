@@ -215,3 +215,25 @@ fn the_committed_example_pack_audits_clean() {
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("6 gates: 6 passed, 0 failed; pack intact"), "{text}");
 }
+
+/// A gate report that cannot be read is a failed check, never "0 gates failed".
+#[test]
+fn a_run_whose_gate_report_cannot_be_read_fails_naming_the_file() {
+    let p = Project::new();
+    p.write("s.yaml", SPEC);
+    p.write("gates.yaml", GATES);
+    p.run_json(&["s.yaml"], 0);
+    let out = p.run(&["path", "s.yaml", "gates:gates.json"]);
+    let object = std::path::PathBuf::from(stdout(&out).trim());
+    // Same size, so the cache still takes it: only reading it can tell.
+    let size = std::fs::metadata(&object).unwrap().len() as usize;
+    let mut perms = std::fs::metadata(&object).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&object, perms).unwrap();
+    std::fs::write(&object, "x".repeat(size)).unwrap();
+    let out = p.run(&["run", "s.yaml"]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("gates.json") && err.contains("node 'gates'"), "{err}");
+}

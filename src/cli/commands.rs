@@ -10,6 +10,7 @@ use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::exec::plan::{self, PlanEntry, PlanState};
 use crate::exec::report::{JsonReporter, PlainReporter, ProgressReporter, Reporter};
 use crate::exec::{self, RunOptions};
+use crate::gate;
 use crate::ops::Registry;
 use crate::runtime;
 use crate::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
@@ -55,15 +56,17 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if !json && !quiet {
                 print_tables(&ws, &dag, &result);
             }
-            let failed_gates = failed_gates(&ws, &dag, &result);
-            if failed_gates > 0 {
-                eprintln!("{failed_gates} gate(s) failed");
+            let gates = failed_gates(&ws, &dag, &result);
+            match &gates {
+                Ok(0) => {}
+                Ok(n) => eprintln!("{n} gate(s) failed"),
+                Err(e) => eprintln!("error: {e}"),
             }
             if exec::slurm::interrupted() {
                 eprintln!("interrupted: the run's Slurm jobs were cancelled; finished nodes stay cached");
                 return Ok(ExitCode::from(130));
             }
-            Ok(if result.stats.success() && failed_gates == 0 {
+            Ok(if result.stats.success() && gates == Ok(0) {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(GATE_FAILED)
@@ -586,19 +589,23 @@ fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
 }
 
 /// Gates evaluated in this run (ran or cached) that failed.
-fn failed_gates(ws: &Workspace, dag: &Dag, result: &exec::RunResult) -> usize {
+/// How many gates failed in this run's gate nodes. A gate report that cannot be
+/// read is an error naming the node and the file: it must never count as passed.
+fn failed_gates(ws: &Workspace, dag: &Dag, result: &exec::RunResult) -> Result<usize, String> {
     let mut failed = 0;
     for node in dag.nodes.iter().filter(|n| n.op.name() == "gate") {
         let outputs = match result.outcomes.get(node.id()) {
             Some(exec::Outcome::Ran { outputs, .. }) | Some(exec::Outcome::Cached { outputs, .. }) => outputs,
+            // A gate node that failed or was skipped is already a failed run.
             _ => continue,
         };
-        let Some(out) = outputs.iter().find(|o| o.name == "gates.json") else { continue };
-        let report: serde_json::Value = std::fs::read_to_string(ws.object_path(&out.object.hash))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        failed += report["results"].as_array().map(|r| r.iter().filter(|g| g["passed"] != true).count()).unwrap_or(0);
+        let out = outputs
+            .iter()
+            .find(|o| o.name == "gates.json")
+            .ok_or_else(|| format!("gate node '{}' has no gates.json output", node.id()))?;
+        let report = gate::GateReport::read(&ws.object_path(&out.object.hash))
+            .map_err(|e| format!("gate node '{}': gates.json {e}", node.id()))?;
+        failed += report.failed();
     }
-    failed
+    Ok(failed)
 }

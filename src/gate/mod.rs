@@ -86,6 +86,33 @@ pub struct GateResult {
     pub evidence: BTreeMap<String, (String, String)>,
 }
 
+/// What the `gate` op writes as `gates.json`, and what `run` and `audit` read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateReport {
+    /// The gate file's `name`.
+    pub gate_file: String,
+    pub all_passed: bool,
+    pub results: Vec<GateResult>,
+}
+
+impl GateReport {
+    pub fn new(gate_file: String, results: Vec<GateResult>) -> Self {
+        GateReport { gate_file, all_passed: results.iter().all(|r| r.passed), results }
+    }
+
+    /// Reads a `gates.json`; a missing, unreadable or ill-typed one is an error
+    /// naming the file and what is wrong, never an empty report.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| format!("{}: not a gate report: {e}", path.display()))
+    }
+
+    pub fn failed(&self) -> usize {
+        self.results.iter().filter(|r| !r.passed).count()
+    }
+}
+
 /// Reads and checks a gate file.
 pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -90,11 +90,7 @@ impl Op for GateOp {
                 evaluate(g, &evidence, &hashes)
             })
             .collect();
-        let report = serde_json::json!({
-            "gate_file": file.name,
-            "all_passed": results.iter().all(|r| r.passed),
-            "results": results,
-        });
+        let report = crate::gate::GateReport::new(file.name.clone(), results.clone());
         std::fs::write(ctx.output_path("gates.json"), serde_json::to_string_pretty(&report).unwrap_or_default() + "\n")
             .map_err(|e| OpError::io("writing gates.json", e))?;
         std::fs::write(ctx.output_path("gates.md"), table(&results)).map_err(|e| OpError::io("writing gates.md", e))
