@@ -520,9 +520,9 @@ impl Index {
         rows.collect::<Result<_, _>>().map_err(db("reading events"))
     }
 
-    /// Direct access for tests that tamper with the log.
-    #[doc(hidden)]
-    pub fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
+    /// Direct access for the unit tests that tamper with the log; not part of the API.
+    #[cfg(test)]
+    pub(crate) fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
         self.conn.execute(sql, []).map_err(db("raw statement"))
     }
 

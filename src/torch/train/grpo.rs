@@ -377,10 +377,21 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                         "update_prepared",
                         json!({"iteration": iteration, "update": updates, "guard": "off"}),
                     )?;
+                    // Unvalidated, but never a substitute: an envelope whose artifact
+                    // the store does not hold stops the run.
                     envelopes
                         .iter()
-                        .map(|e| store.get(&e.artifacts_hash).cloned().unwrap_or_else(|| recorded[0].artifacts.clone()))
-                        .collect()
+                        .map(|e| {
+                            store.get(&e.artifacts_hash).cloned().ok_or_else(|| {
+                                anyhow!(
+                                    "iteration {iteration}: rollout {}: its token artifact {} is not in the store; \
+                                     refusing to update on anything else",
+                                    e.rollout_id,
+                                    e.artifacts_hash
+                                )
+                            })
+                        })
+                        .collect::<Result<_>>()?
                 }
             };
             let batch = batch_from_artifacts(&rollouts, advantages.clone(), p.group_size);
@@ -435,10 +446,11 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 json!({"iteration": iteration, "checkpoint": iteration + 1}),
             )?;
         }
+        // No update ran (the guard refused the batch): there is no KL to report.
+        let kl = update_stats.last().map_or("- (no update)".to_string(), |s| format!("{:.3e}", s.kl));
         eprintln!(
-            "grpo iteration {iteration}: mean reward {mean_reward:.3}, zero-variance groups {zero_variance}/{}, kl {:.3e}",
+            "grpo iteration {iteration}: mean reward {mean_reward:.3}, zero-variance groups {zero_variance}/{}, kl {kl}",
             p.prompts_per_iteration,
-            update_stats.last().map(|s| s.kl).unwrap_or(0.0)
         );
         // The live progress line `orchestrate run` shows for this node.
         eprintln!(

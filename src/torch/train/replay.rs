@@ -61,13 +61,16 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let reference = load_reference(model_dir, device)?;
     let params = params_of(&policy);
     let reference_digest = digest(&params_of(&reference));
-    let verifier = VerifierRegistry::builtin().get("stock_arithmetic_v1").cloned().expect("builtin verifier");
+    let verifier = VerifierRegistry::builtin()
+        .get(&p.verifier)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no verifier {} (see `orchestrate verifier list`)", p.verifier))?;
     let eos = tokenizer.eos_id()?;
     let mut pool = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
     pool.retain(|e| e.label["warmstart"].as_bool() == Some(false));
     pool.truncate(p.prompts);
     let prompts: Vec<Vec<i64>> =
-        pool.iter().map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, 256, &e.id)).collect::<Result<_>>()?;
+        pool.iter().map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id)).collect::<Result<_>>()?;
     let batch_prompts: Vec<Vec<i64>> =
         prompts.iter().flat_map(|x| std::iter::repeat_n(x.clone(), p.group_size)).collect();
     let rollout_ids: Vec<u64> = (0..batch_prompts.len() as u64).collect();
