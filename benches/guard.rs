@@ -84,10 +84,10 @@ fn main() {
         let reps = 50;
         let start = Instant::now();
         for _ in 0..reps {
-            let (_, handle) =
+            let (batch, handle) =
                 materialize(&envs, &ctx, "policy", &serde_json::json!({"rewards": vec![0.0; n]}), &mut index)
                     .expect("allowed");
-            handle.consume(&mut index).expect("spent once");
+            handle.spend(batch, &mut index).expect("spent once");
         }
         let ms = start.elapsed().as_secs_f64() * 1000.0 / reps as f64;
         let share = iteration.map_or("n/a".to_string(), |it| format!("{:.2} %", 100.0 * ms / 1000.0 / it));

@@ -12,7 +12,10 @@ pub const PRODUCERS: [(&str, &[&str]); 4] = [
     ("rollout_engine", &["generation"]),
     ("verifier", &["reward"]),
     ("materializer", &["envelope", "decision"]),
-    ("control", &["sync", "update_prepared", "update_applied", "update_committed", "update_aborted"]),
+    (
+        "control",
+        &["sync", "update_prepared", "update_unguarded", "update_applied", "update_committed", "update_aborted"],
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -226,11 +226,85 @@ pub fn validate(env: &Envelope, ctx: &GuardContext<'_>) -> Verdict {
 }
 
 /// The update tensors' source, rebuilt from stored artifacts (never from text).
+/// Read-only outside this module: a batch cannot be edited after its handle was
+/// minted for it, nor built by hand to match another batch's hash.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MaterializedBatch {
-    pub rollouts: Vec<TokenArtifacts>,
-    pub batch_hash: String,
+    rollouts: Vec<TokenArtifacts>,
+    batch_hash: String,
 }
+
+impl MaterializedBatch {
+    pub fn rollouts(&self) -> &[TokenArtifacts] {
+        &self.rollouts
+    }
+    pub fn batch_hash(&self) -> &str {
+        &self.batch_hash
+    }
+}
+
+/// Why an [`UpdateBatch`] may update parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Authority {
+    /// Every envelope was validated, and the handle minted for this batch was spent.
+    Validated { batch_hash: String, nonce: String },
+    /// `guard: off`: nothing was validated; the guard log says so for this update.
+    Unguarded,
+}
+
+/// The only thing the optimizer step accepts: rollouts with the authority to
+/// update parameters. There are exactly two ways to get one, both here:
+/// [`ValidatedBatchHandle::spend`] on the batch its handle was minted for, or
+/// [`UpdateBatch::unguarded`], which first appends an `update_unguarded` event to
+/// the guard's sealed log. It cannot be built or edited anywhere else:
+///
+/// ```compile_fail
+/// let forged = orchestrate::guard::UpdateBatch {
+///     rollouts: vec![],
+///     authority: orchestrate::guard::Authority::Unguarded,
+/// };
+/// ```
+///
+/// and a materialized batch is not one (the handle must be spent on it):
+///
+/// ```compile_fail
+/// fn step(batch: orchestrate::guard::MaterializedBatch) -> orchestrate::guard::UpdateBatch {
+///     batch
+/// }
+/// ```
+#[derive(Debug)]
+pub struct UpdateBatch {
+    rollouts: Vec<TokenArtifacts>,
+    authority: Authority,
+}
+
+impl UpdateBatch {
+    /// The explicit way around the guard (`guard: off`): records an
+    /// `update_unguarded` event (lineage, producer `control`, with `payload`) in
+    /// the sealed log before handing out the batch, so every unvalidated step is
+    /// on record. Fails, and hands out nothing, if the event cannot be recorded.
+    pub fn unguarded(
+        rollouts: Vec<TokenArtifacts>,
+        index: &mut Index,
+        lineage: &str,
+        payload: &serde_json::Value,
+    ) -> Result<Self, events::EventError> {
+        events::append(index, lineage, "control", UNGUARDED_EVENT, payload)?;
+        Ok(UpdateBatch { rollouts, authority: Authority::Unguarded })
+    }
+
+    pub fn rollouts(&self) -> &[TokenArtifacts] {
+        &self.rollouts
+    }
+
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+}
+
+/// The guard-log event kind of an update made without validation.
+pub const UNGUARDED_EVENT: &str = "update_unguarded";
 
 mod sealed {
     /// Only this module can build one: the handle cannot be constructed elsewhere.
@@ -254,9 +328,10 @@ mod sealed {
 /// and a spent handle cannot be spent again:
 ///
 /// ```compile_fail
-/// fn twice(h: orchestrate::guard::ValidatedBatchHandle, index: &mut orchestrate::store::Index) {
-///     let _ = h.consume(index);
-///     let _ = h.consume(index); // use of a moved value
+/// use orchestrate::guard::{MaterializedBatch, ValidatedBatchHandle};
+/// fn twice(h: ValidatedBatchHandle, a: MaterializedBatch, b: MaterializedBatch, index: &mut orchestrate::store::Index) {
+///     let _ = h.spend(a, index);
+///     let _ = h.spend(b, index); // use of a moved value
 /// }
 /// ```
 #[derive(Debug)]
@@ -278,14 +353,21 @@ impl ValidatedBatchHandle {
         &self.nonce
     }
 
-    /// Spends the handle: marks its nonce used, exactly once. Call right before
-    /// the optimizer step; an error means the step must not happen.
-    pub fn consume(self, index: &mut Index) -> Result<(), GuardError> {
-        index
-            .consume_nonce(&self.nonce)
-            .map_err(GuardError::Store)?
-            .then_some(())
-            .ok_or(GuardError::NonceSpent(self.nonce))
+    /// Spends the handle on the batch it was minted for: marks its nonce used,
+    /// exactly once, and returns what the optimizer step accepts. An error (a
+    /// nonce already spent, or another batch than the handle's) means the step
+    /// must not happen.
+    pub fn spend(self, batch: MaterializedBatch, index: &mut Index) -> Result<UpdateBatch, GuardError> {
+        if batch.batch_hash != self.batch_hash {
+            return Err(GuardError::OtherBatch { handle: self.batch_hash, batch: batch.batch_hash });
+        }
+        if !index.consume_nonce(&self.nonce).map_err(GuardError::Store)? {
+            return Err(GuardError::NonceSpent(self.nonce));
+        }
+        Ok(UpdateBatch {
+            rollouts: batch.rollouts,
+            authority: Authority::Validated { batch_hash: self.batch_hash, nonce: self.nonce },
+        })
     }
 }
 
@@ -295,6 +377,8 @@ pub enum GuardError {
     Rejected(Vec<(u64, Verdict)>),
     #[error("nonce {0} was already spent: a validated batch updates parameters once")]
     NonceSpent(String),
+    #[error("the handle was minted for batch {handle}, not for batch {batch}")]
+    OtherBatch { handle: String, batch: String },
     #[error(transparent)]
     Store(StoreError),
 }

@@ -244,11 +244,56 @@ fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
         &mut index,
     )
     .unwrap();
-    assert_ne!(other.batch_hash, batch.batch_hash);
-    assert_eq!(batch.rollouts[0].response_ids, vec![7, 8, 2]);
-    assert_eq!(handle.batch_hash(), batch.batch_hash);
+    assert_ne!(other.batch_hash(), batch.batch_hash());
+    assert_eq!(batch.rollouts()[0].response_ids, vec![7, 8, 2]);
+    assert_eq!(handle.batch_hash(), batch.batch_hash());
     let nonce = handle.nonce().to_string();
-    handle.consume(&mut index).unwrap();
+    let update = handle.spend(batch, &mut index).unwrap();
+    assert_eq!(update.rollouts()[0].response_ids, vec![7, 8, 2]);
+    assert!(matches!(update.authority(), Authority::Validated { nonce: n, .. } if *n == nonce));
     // The handle is gone (moved); its nonce cannot be spent again either.
     assert!(!index.consume_nonce(&nonce).unwrap());
+}
+
+fn materialize_ctx(w: &World) -> GuardContext<'_> {
+    GuardContext {
+        mode: ProtocolMode::StrictOnPolicy,
+        trainer_policy_version: 5,
+        tokenizer_hash: "tok".into(),
+        artifacts: &w.artifacts,
+        trainable_splits: BTreeSet::from([Split::Train]),
+        prompt_registry: &w.registry,
+        verifiers: &w.verifiers,
+        verifier_aliases: &w.aliases,
+        canary: None,
+    }
+}
+
+#[test]
+fn a_handle_spent_on_another_batch_than_its_own_authorizes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = Index::open(&dir.path().join("cache.sqlite")).unwrap();
+    let w = world();
+    let ctx = materialize_ctx(&w);
+    let binding = |g: usize| serde_json::json!({"rewards": [1.0], "group_size": g});
+    let (mine, handle) = materialize(&[w.env.clone()], &ctx, "pol5", &binding(1), &mut index).unwrap();
+    let (other, _) = materialize(&[w.env.clone()], &ctx, "pol5", &binding(2), &mut index).unwrap();
+    let nonce = handle.nonce().to_string();
+    assert!(matches!(handle.spend(other, &mut index), Err(GuardError::OtherBatch { .. })));
+    drop(mine);
+    // Refused before the nonce was touched: nothing was spent.
+    assert!(index.consume_nonce(&nonce).unwrap());
+}
+
+#[test]
+fn an_unguarded_update_batch_is_on_the_guard_log_before_it_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut index = Index::open(&dir.path().join("cache.sqlite")).unwrap();
+    let w = world();
+    let rollouts: Vec<TokenArtifacts> = w.artifacts.values().cloned().collect();
+    let batch = UpdateBatch::unguarded(rollouts, &mut index, "lineage-a", &serde_json::json!({"update": 0})).unwrap();
+    assert_eq!(batch.authority(), &Authority::Unguarded);
+    let logged = index.guard_events("lineage-a").unwrap();
+    assert_eq!(logged.len(), 1);
+    assert!(format!("{logged:?}").contains(UNGUARDED_EVENT), "{logged:?}");
 }

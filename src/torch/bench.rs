@@ -68,7 +68,8 @@ pub fn run(
 pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -> Result<serde_json::Value> {
     use super::train::adamw::{digest, AdamW, AdamWConfig};
     use super::train::objective::group_advantages;
-    use super::train::update::{behavior_gap, grpo_update, GrpoHyper, RolloutBatch};
+    use super::train::update::{behavior_gap, grpo_update, GrpoHyper};
+    use orchestrate::guard::{TokenArtifacts, UpdateBatch};
     use std::collections::BTreeMap;
 
     let config = preset(preset_name)?;
@@ -82,6 +83,9 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
     let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 4096, max_grad_norm: 1.0 };
     let (prompts_n, group) = (4usize, 4usize);
     let mut totals: BTreeMap<&str, f64> = BTreeMap::new();
+    let scratch_dir = std::env::temp_dir().join(format!("orchestrate-bench-grpo-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch_dir)?;
+    let mut scratch = orchestrate::store::Index::open(&scratch_dir.join("cache.sqlite"))?;
     for it in 0..iterations {
         let loop_start = Instant::now();
         let prompts: Vec<Vec<i64>> = (0..prompts_n * group)
@@ -102,14 +106,33 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
         let verification = t.elapsed().as_secs_f64();
         anyhow::ensure!(gap <= 2e-4, "behavior gap {gap}");
         let rewards: Vec<f64> = (0..prompts_n * group).map(|r| ((r * 7 + it) % 3 == 0) as u8 as f64).collect();
-        let advantages = rewards.chunks(group).flat_map(group_advantages).collect();
-        let batch = RolloutBatch { prompts, responses, old_logprobs: behavior, advantages, group_size: group };
+        let advantages: Vec<f64> = rewards.chunks(group).flat_map(group_advantages).collect();
+        let rollouts: Vec<TokenArtifacts> = prompts
+            .iter()
+            .zip(&responses)
+            .zip(&behavior)
+            .map(|((p, r), b)| TokenArtifacts {
+                prompt_ids: p.clone(),
+                response_ids: r.clone(),
+                old_logprobs: b.clone(),
+                mask_start: p.len(),
+                mask_len: r.len(),
+            })
+            .collect();
         let t = Instant::now();
         let _ = digest(&params);
         let hashing = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        for _ in 0..2 {
-            grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, 1e-6)?;
+        for update in 0..2 {
+            // Constructed rewards on a random model: nothing to validate, so the
+            // benchmark's updates are unguarded, on its own scratch log.
+            let batch = UpdateBatch::unguarded(
+                rollouts.clone(),
+                &mut scratch,
+                "bench",
+                &serde_json::json!({"iteration": it, "update": update}),
+            )?;
+            grpo_update(&policy, &reference, &params, &mut adam, &batch, advantages.clone(), group, &hyper, 1e-6)?;
         }
         let optimization = t.elapsed().as_secs_f64();
         let whole = loop_start.elapsed().as_secs_f64();
@@ -127,6 +150,8 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
         }
     }
     let n = (iterations.max(2) - 1) as f64;
+    drop(scratch);
+    let _ = std::fs::remove_dir_all(&scratch_dir);
     Ok(serde_json::json!({
         "impl": "orchestrate",
         "threads": tch::get_num_threads(),

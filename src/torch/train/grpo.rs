@@ -20,13 +20,13 @@ use super::common::{
     restore_state, write_outputs,
 };
 use super::guarded::{
-    active, batch_from_artifacts, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS,
+    active, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS,
 };
 use super::objective::group_advantages;
 use super::update::{behavior_gap, grpo_update, GrpoHyper};
 use crate::torch::generate::{generate, pick_device, Sampling};
 use orchestrate::guard::{
-    materialize, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
+    materialize, UpdateBatch, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
 };
 use orchestrate::ops::{FaultFamily, GuardProtocol, GuardSwitch};
 use std::collections::BTreeMap;
@@ -301,7 +301,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         failpoint("prepared", iteration);
         for _ in 0..p.updates_per_iteration {
             let lr = learning_rate(updates, total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
-            let rollouts: Vec<TokenArtifacts> = match p.guard {
+            let update: UpdateBatch = match p.guard {
                 GuardSwitch::On => {
                     let ctx = GuardContext {
                         mode: match p.protocol {
@@ -334,9 +334,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                                 "update_prepared",
                                 json!({"iteration": iteration, "update": updates, "nonce": handle.nonce()}),
                             )?;
-                            // The optimizer step happens only after the handle is spent.
-                            handle.consume(&mut index)?;
-                            batch.rollouts
+                            // What the optimizer step takes exists only once the handle is spent.
+                            handle.spend(batch, &mut index)?
                         }
                         Err(GuardError::Rejected(refused)) => {
                             let decision = refused
@@ -371,15 +370,9 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                     if !faults.is_empty() {
                         bad_updates += 1;
                     }
-                    log(
-                        &mut index,
-                        "control",
-                        "update_prepared",
-                        json!({"iteration": iteration, "update": updates, "guard": "off"}),
-                    )?;
                     // Unvalidated, but never a substitute: an envelope whose artifact
                     // the store does not hold stops the run.
-                    envelopes
+                    let rollouts: Vec<TokenArtifacts> = envelopes
                         .iter()
                         .map(|e| {
                             store.get(&e.artifacts_hash).cloned().ok_or_else(|| {
@@ -391,11 +384,27 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                                 )
                             })
                         })
-                        .collect::<Result<_>>()?
+                        .collect::<Result<_>>()?;
+                    // The named way around the guard: the guard log records it first.
+                    UpdateBatch::unguarded(
+                        rollouts,
+                        &mut index,
+                        &lineage,
+                        &json!({"iteration": iteration, "update": updates, "guard": "off"}),
+                    )?
                 }
             };
-            let batch = batch_from_artifacts(&rollouts, advantages.clone(), p.group_size);
-            update_stats.push(grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, lr)?);
+            update_stats.push(grpo_update(
+                &policy,
+                &reference,
+                &params,
+                &mut adam,
+                &update,
+                advantages.clone(),
+                p.group_size,
+                &hyper,
+                lr,
+            )?);
             log(&mut index, "control", "update_applied", json!({"iteration": iteration, "update": updates}))?;
             updates += 1;
             log(&mut index, "control", "update_committed", json!({"iteration": iteration, "update": updates - 1}))?;
@@ -468,7 +477,11 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     if let Some(problem) = orchestrate::guard::events::verify(&index, &lineage)? {
         bail!("the guard's event log is broken: {problem}");
     }
-    let event_count = index.guard_events(&lineage)?.len();
+    let events = index.guard_events(&lineage)?;
+    let event_count = events.len();
+    // Counted from the sealed log itself, so an interrupted + resumed lineage
+    // counts the updates of both processes.
+    let unguarded_updates = events.iter().filter(|e| e.2 == orchestrate::guard::UNGUARDED_EVENT).count();
     let meta = json!({
         "kind": "grpo",
         "identity": identity,
@@ -489,6 +502,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             "faults": p.faults,
             "detections": detections,
             "bad_updates_applied": bad_updates,
+            "unguarded_updates": unguarded_updates,
             "event_log": {"events": event_count, "intact": true},
         },
         "final_model_digest": digest(&params),

@@ -10,7 +10,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::adamw::{AdamW, AdamWConfig};
 use super::objective::group_advantages;
-use super::update::{behavior_gap, grpo_update, GrpoHyper, RolloutBatch, UpdateStats};
+use super::update::{behavior_gap, step, GrpoHyper, RolloutBatch, UpdateStats};
 use crate::torch::generate::{generate, Sampling};
 use crate::torch::qwen2::Qwen2;
 use crate::torch::tests::{serial, tiny_config};
@@ -67,7 +67,7 @@ fn compare_update(lrs: &[f64]) -> Comparison {
     let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
     let stats = lrs
         .iter()
-        .map(|&lr| grpo_update(&policy, &reference, &params, &mut adam, &batch, &hyper, lr).unwrap())
+        .map(|&lr| step(&policy, &reference, &params, &mut adam, &batch, &hyper, lr).unwrap())
         .collect();
 
     let batch_json = serde_json::json!({

@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use anyhow::{bail, Result};
 use tch::{Kind, Tensor};
 
+use orchestrate::guard::UpdateBatch;
+
 use super::adamw::{clip_grad_norm, zero_grad, AdamW};
+use super::guarded::batch_from_artifacts;
 use super::objective::{clipped_surrogate, exact_kl, reduce_tokens_responses_prompts};
 use crate::torch::qwen2::{attention_mask, Qwen2};
 
@@ -162,8 +165,34 @@ pub fn grpo_gradients(
     })
 }
 
-/// One update of `policy` on `batch`: the gradients, clipping, an AdamW step.
+/// One update of `policy`: the gradients, clipping, an AdamW step, on exactly
+/// the rollouts of `batch`. This is the only way rollouts change parameters, and
+/// it takes an [`UpdateBatch`]: the guard's handle spent on that batch, or the
+/// explicit, logged `UpdateBatch::unguarded`. A batch built by hand does not
+/// type-check here (see `orchestrate::guard::UpdateBatch`).
+#[allow(clippy::too_many_arguments)]
 pub fn grpo_update(
+    policy: &Qwen2,
+    reference: &Qwen2,
+    params: &BTreeMap<String, Tensor>,
+    adam: &mut AdamW,
+    batch: &UpdateBatch,
+    advantages: Vec<f64>,
+    group_size: usize,
+    hyper: &GrpoHyper,
+    lr: f64,
+) -> Result<UpdateStats> {
+    if advantages.len() != batch.rollouts().len() {
+        bail!("{} advantages for {} authorized rollouts", advantages.len(), batch.rollouts().len());
+    }
+    let rollouts = batch_from_artifacts(batch.rollouts(), advantages, group_size);
+    step(policy, reference, params, adam, &rollouts, hyper, lr)
+}
+
+/// The step itself, on a batch that is already tensors' worth of ids. Visible
+/// only inside `train`, whose unit tests compare one step with PyTorch's on a
+/// hand-built batch; everything else goes through [`grpo_update`].
+pub(super) fn step(
     policy: &Qwen2,
     reference: &Qwen2,
     params: &BTreeMap<String, Tensor>,
