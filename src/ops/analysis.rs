@@ -150,7 +150,7 @@ fn moments(values: &[f64]) -> serde_json::Value {
 pub fn run_record(
     arm: &str,
     metrics: &serde_json::Value,
-    eval: Option<&serde_json::Value>,
+    eval: Option<&super::eval::EvalResults>,
     population: &str,
 ) -> Result<serde_json::Value, String> {
     if metrics["kind"] != "grpo" {
@@ -195,16 +195,22 @@ pub fn run_record(
     let reward: Vec<f64> = history.iter().filter_map(|h| h["mean_reward"].as_f64()).collect();
     let mean =
         |v: &[f64]| if v.is_empty() { serde_json::Value::Null } else { json!(v.iter().sum::<f64>() / v.len() as f64) };
-    let success = eval.map(|r| r["greedy"][population]["success_rate"].clone()).unwrap_or(serde_json::Value::Null);
-    if eval.is_some() && !success.is_number() {
-        return Err(format!("the evaluation has no greedy success rate for population '{population}'"));
+    let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
+        let Some(r) = eval else { return Ok(None) };
+        let m = if mode == "greedy" { &r.greedy } else { &r.sample };
+        m.population(population).map(Some).ok_or_else(|| format!("no population '{population}' (ALL, ID50, OOD100)"))
+    };
+    let (greedy, sample) = (scores("greedy")?, scores("sample")?);
+    let success = greedy.map(|g| g.success_rate);
+    if let Some(None) = success {
+        return Err(format!("the evaluation has no greedy success rate for population '{population}' (it is empty)"));
     }
     Ok(json!({
         "arm": arm,
         "seed": metrics["identity"]["seed"],
         "guard": guard["switch"],
         "success": success,
-        "per_draw_success": eval.map(|r| r["sample"][population]["success_rate"].clone()),
+        "per_draw_success": sample.map(|s| s.success_rate),
         "train_reward": mean(&reward),
         "step_seconds": mean(&step),
         "updates": metrics["updates"],
@@ -379,7 +385,7 @@ impl Op for Arms {
         for (i, (arm, input)) in p.arms.iter().zip(&training).enumerate() {
             let metrics = read_json(&input.path)?;
             let eval = match evals.get(i) {
-                Some(e) => Some(read_json(&e.path)?),
+                Some(e) => Some(super::eval::EvalResults::read(&e.path)?),
                 None => None,
             };
             records.push(

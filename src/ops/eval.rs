@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{parse_params, read_jsonl, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext};
 use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
@@ -78,6 +78,109 @@ pub struct EvalResponse {
     pub text: String,
     pub finish: FinishReason,
     pub undecodable: Vec<u32>,
+}
+
+/// What `eval.generate` writes as `summary` beside its responses, and `eval.score` reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSummary {
+    pub problems: usize,
+    pub draws: usize,
+    pub generation_seconds: f64,
+    /// `null` where the OS does not report it (not 0).
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+    pub device: String,
+}
+
+/// An `Option` field that must be present, as a value or as `null`: serde's
+/// derive would otherwise read a missing one as `None`, and a missing number
+/// would pass as "undefined" instead of failing.
+pub fn required<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(d)
+}
+
+/// One population's tally in one mode, as `eval.score` writes it. Rates are
+/// `null` (with `undefined_because`) for an empty population, never 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PopulationScore {
+    pub responses: usize,
+    pub problems: usize,
+    pub correct: usize,
+    #[serde(deserialize_with = "required")]
+    pub success_rate: Option<f64>,
+    pub valid_json: usize,
+    #[serde(deserialize_with = "required")]
+    pub json_validity: Option<f64>,
+    pub without_eos: usize,
+    #[serde(deserialize_with = "required")]
+    pub mean_response_tokens: Option<f64>,
+    #[serde(deserialize_with = "required")]
+    pub undefined_because: Option<String>,
+    pub zero_reasons: BTreeMap<String, usize>,
+}
+
+/// The three populations of one mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeScores {
+    #[serde(rename = "ALL")]
+    pub all: PopulationScore,
+    #[serde(rename = "ID50")]
+    pub id50: PopulationScore,
+    #[serde(rename = "OOD100")]
+    pub ood100: PopulationScore,
+}
+
+impl ModeScores {
+    /// A population by its name in specs and tables (`ALL`, `ID50`, `OOD100`).
+    pub fn population(&self, name: &str) -> Option<&PopulationScore> {
+        match name {
+            "ALL" => Some(&self.all),
+            "ID50" => Some(&self.id50),
+            "OOD100" => Some(&self.ood100),
+            _ => None,
+        }
+    }
+}
+
+/// The populations every table and analysis reports, in order.
+pub const POPULATIONS: [&str; 3] = ["ALL", "ID50", "OOD100"];
+
+/// The verifier that scored an evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifierRef {
+    pub name: String,
+    pub protocol_hash: String,
+}
+
+/// What `eval.score` writes as `results`, and `results.table`, `analysis.arms`
+/// and the report read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalResults {
+    pub verifier: VerifierRef,
+    pub greedy: ModeScores,
+    pub sample: ModeScores,
+    /// What each reported metric means, in words.
+    pub metrics: BTreeMap<String, String>,
+    pub generation_seconds: f64,
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+    pub device: String,
+    /// The evaluated policy's name, when the spec gave one.
+    #[serde(deserialize_with = "required")]
+    pub policy: Option<String>,
+}
+
+impl EvalResults {
+    /// Reads an `eval.score` result; a missing or ill-typed field is an error
+    /// naming the file and the field.
+    pub fn read(path: &std::path::Path) -> Result<Self, OpError> {
+        super::read_typed(path)
+    }
 }
 
 /// `eval.generate`.
@@ -162,17 +265,13 @@ impl Op for EvalScore {
     }
     fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
-        let summary: Value = serde_json::from_str(
-            &std::fs::read_to_string(ctx.input_path("summary")?).map_err(|e| OpError::io("reading the summary", e))?,
-        )
-        .map_err(failed)?;
+        let summary: EvalSummary = super::read_typed(ctx.input_path("summary")?)?;
         let labels: BTreeMap<String, Value> = read_jsonl::<Value>(ctx.input_path("labels")?)?
             .into_iter()
             .filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone())))
             .collect();
-        let mut results = score(&responses, &labels, &summary)?;
         let p: ScoreParams = parse_params(ctx.params).map_err(failed)?;
-        results["policy"] = json!(p.policy);
+        let results = score(&responses, &labels, &summary, p.policy)?;
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
         std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
     }
@@ -190,26 +289,30 @@ struct Tally {
 }
 
 impl Tally {
-    fn to_json(&self) -> Value {
-        let rate = |n: usize| if self.responses == 0 { Value::Null } else { json!(n as f64 / self.responses as f64) };
-        let undefined = if self.responses == 0 { json!("no responses in this population") } else { Value::Null };
-        json!({
-            "responses": self.responses,
-            "problems": self.problems.len(),
-            "correct": self.correct,
-            "success_rate": rate(self.correct),
-            "valid_json": self.valid,
-            "json_validity": rate(self.valid),
-            "without_eos": self.without_eos,
-            "mean_response_tokens": if self.responses == 0 { Value::Null } else { json!(self.tokens as f64 / self.responses as f64) },
-            "undefined_because": undefined,
-            "zero_reasons": self.reasons,
-        })
+    fn score(&self) -> PopulationScore {
+        let rate = |n: usize| (self.responses > 0).then(|| n as f64 / self.responses as f64);
+        PopulationScore {
+            responses: self.responses,
+            problems: self.problems.len(),
+            correct: self.correct,
+            success_rate: rate(self.correct),
+            valid_json: self.valid,
+            json_validity: rate(self.valid),
+            without_eos: self.without_eos,
+            mean_response_tokens: (self.responses > 0).then(|| self.tokens as f64 / self.responses as f64),
+            undefined_because: (self.responses == 0).then(|| "no responses in this population".to_string()),
+            zero_reasons: self.reasons.clone(),
+        }
     }
 }
 
 /// Scores evaluated responses against labels, per population and mode.
-pub fn score(responses: &[EvalResponse], labels: &BTreeMap<String, Value>, summary: &Value) -> Result<Value, OpError> {
+pub fn score(
+    responses: &[EvalResponse],
+    labels: &BTreeMap<String, Value>,
+    summary: &EvalSummary,
+    policy: Option<String>,
+) -> Result<EvalResults, OpError> {
     let registry = VerifierRegistry::builtin();
     let verifier = registry.get("stock_arithmetic_v1").expect("builtin verifier");
     let mut tallies: BTreeMap<(String, String), Tally> = BTreeMap::new();
@@ -236,25 +339,93 @@ pub fn score(responses: &[EvalResponse], labels: &BTreeMap<String, Value>, summa
             }
         }
     }
-    let mut by_mode = serde_json::Map::new();
-    for mode in ["greedy", "sample"] {
-        let mut pops = serde_json::Map::new();
-        for population in ["ALL", "ID50", "OOD100"] {
-            let t = tallies.remove(&(mode.to_string(), population.to_string())).unwrap_or_default();
-            pops.insert(population.to_string(), t.to_json());
-        }
-        by_mode.insert(mode.to_string(), Value::Object(pops));
+    let mut mode = |name: &str| {
+        let mut take = |population: &str| {
+            tallies.remove(&(name.to_string(), population.to_string())).unwrap_or_default().score()
+        };
+        ModeScores { all: take("ALL"), id50: take("ID50"), ood100: take("OOD100") }
+    };
+    let (greedy, sample) = (mode("greedy"), mode("sample"));
+    Ok(EvalResults {
+        verifier: VerifierRef { name: verifier.name().to_string(), protocol_hash: verifier.protocol_hash() },
+        greedy,
+        sample,
+        metrics: [
+            ("greedy_pass_at_1", "greedy.<population>.success_rate: one greedy response per problem"),
+            (
+                "per_draw_success",
+                "sample.<population>.success_rate: every sampled response counts (problems × draws); it is not best-of-k",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        generation_seconds: summary.generation_seconds,
+        peak_rss_bytes: summary.peak_rss_bytes,
+        device: summary.device.clone(),
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> EvalResults {
+        let response = |id: &str, population: &str, text: &str| EvalResponse {
+            id: id.into(),
+            population: population.into(),
+            mode: "greedy".into(),
+            draw: 0,
+            rollout_id: None,
+            ids: vec![1, 2, 3],
+            text: text.into(),
+            finish: FinishReason::Eos,
+            undecodable: vec![],
+        };
+        let counts = crate::data::generate::Counts {
+            train: 1,
+            validation: 1,
+            test_id50: 1,
+            test_ood100: 1,
+            warmstart: 0,
+            pretrain: 0,
+        };
+        let records = crate::data::generate::generate(0, &counts).unwrap();
+        let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
+        let labels: BTreeMap<String, Value> =
+            [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
+        let summary =
+            EvalSummary { problems: 1, draws: 0, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
+        score(&[response("t1", "ID50", "not json")], &labels, &summary, Some("sft".into())).unwrap()
     }
-    Ok(json!({
-        "verifier": {"name": verifier.name(), "protocol_hash": verifier.protocol_hash()},
-        "greedy": by_mode["greedy"],
-        "sample": by_mode["sample"],
-        "metrics": {
-            "greedy_pass_at_1": "greedy.<population>.success_rate: one greedy response per problem",
-            "per_draw_success": "sample.<population>.success_rate: every sampled response counts (problems × draws); it is not best-of-k",
-        },
-        "generation_seconds": summary["generation_seconds"],
-        "peak_rss_bytes": summary["peak_rss_bytes"],
-        "device": summary["device"],
-    }))
+
+    #[test]
+    fn an_empty_population_is_undefined_not_zero() {
+        let r = results();
+        assert_eq!(r.greedy.id50.responses, 1);
+        assert_eq!(r.greedy.id50.success_rate, Some(0.0));
+        assert_eq!(r.greedy.ood100.success_rate, None);
+        assert!(r.greedy.ood100.undefined_because.is_some());
+        assert_eq!(r.sample.all.responses, 0);
+    }
+
+    #[test]
+    fn a_results_file_missing_a_field_is_an_error_naming_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results");
+        let mut v = serde_json::to_value(results()).unwrap();
+        std::fs::write(&path, v.to_string()).unwrap();
+        assert_eq!(EvalResults::read(&path).unwrap(), results(), "what is written reads back");
+        v["greedy"]["ALL"].as_object_mut().unwrap().remove("responses");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = EvalResults::read(&path).unwrap_err().to_string();
+        assert!(err.contains("results") && err.contains("greedy.ALL") && err.contains("responses"), "{err}");
+        // A rate may be null (undefined), but not missing.
+        let mut v = serde_json::to_value(results()).unwrap();
+        v["sample"]["ID50"].as_object_mut().unwrap().remove("success_rate");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = EvalResults::read(&path).unwrap_err().to_string();
+        assert!(err.contains("sample.ID50") && err.contains("success_rate"), "{err}");
+    }
 }

@@ -186,6 +186,18 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, OpError> {
         .collect()
 }
 
+/// Reads a JSON artifact into its shared type. A missing or ill-typed field is
+/// an error naming the file and the field's path, never a default.
+pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, OpError> {
+    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
+    let de = &mut serde_json::Deserializer::from_str(&text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        let field = if at == "." { String::new() } else { format!(" field {at}") };
+        OpError::Failed(format!("{}:{field}: {}", path.display(), e.inner()))
+    })
+}
+
 /// A params problem at a path inside the node's `params`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]

@@ -6,6 +6,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::eval::{EvalResults, POPULATIONS};
 use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
 
 /// Params of `results.table`.
@@ -87,43 +88,38 @@ impl Op for ResultsTable {
         let mut md = String::from("| policy | population | greedy pass@1 | per-draw success | JSON validity | no EOS | mean tokens |\n|---|---|---|---|---|---|---|\n");
         let mut eval_costs = Vec::new();
         for (name, input) in p.policies.iter().zip(&evals) {
-            let r = read_json(&input.path)?;
-            for population in ["ALL", "ID50", "OOD100"] {
-                let (g, s) = (&r["greedy"][population], &r["sample"][population]);
-                let total = g["responses"].as_u64().unwrap_or(0) + s["responses"].as_u64().unwrap_or(0);
-                let of_all = |k: &str| {
-                    if total == 0 {
-                        Value::Null
-                    } else {
-                        json!((g[k].as_u64().unwrap_or(0) + s[k].as_u64().unwrap_or(0)) as f64 / total as f64)
-                    }
+            let r = EvalResults::read(&input.path)?;
+            for population in POPULATIONS {
+                let (Some(g), Some(s)) = (r.greedy.population(population), r.sample.population(population)) else {
+                    unreachable!("POPULATIONS are the populations ModeScores has")
                 };
-                let tokens = if total == 0 {
-                    Value::Null
-                } else {
-                    let sum = g["mean_response_tokens"].as_f64().unwrap_or(0.0)
-                        * g["responses"].as_f64().unwrap_or(0.0)
-                        + s["mean_response_tokens"].as_f64().unwrap_or(0.0) * s["responses"].as_f64().unwrap_or(0.0);
-                    json!(sum / total as f64)
-                };
+                let total = g.responses + s.responses;
+                // Over both modes; undefined (null) for an empty population, never 0.
+                let of_all = |greedy: usize, sample: usize| (total > 0).then(|| (greedy + sample) as f64 / total as f64);
+                let tokens = (total > 0).then(|| {
+                    let sum = g.mean_response_tokens.unwrap_or_default() * g.responses as f64
+                        + s.mean_response_tokens.unwrap_or_default() * s.responses as f64;
+                    sum / total as f64
+                });
                 let row = json!({
                     "policy": name, "population": population,
-                    "greedy_pass_at_1": g["success_rate"], "per_draw_success": s["success_rate"],
-                    "per_draw_responses": s["responses"],
-                    "json_validity": of_all("valid_json"), "no_eos": of_all("without_eos"), "mean_tokens": tokens,
+                    "greedy_pass_at_1": g.success_rate, "per_draw_success": s.success_rate,
+                    "per_draw_responses": s.responses,
+                    "json_validity": of_all(g.valid_json, s.valid_json), "no_eos": of_all(g.without_eos, s.without_eos),
+                    "mean_tokens": tokens,
                 });
                 md.push_str(&format!(
                     "| {name} | {population} | {} | {} ({} draws) | {} | {} | {} |\n",
                     pct(&row["greedy_pass_at_1"]),
                     pct(&row["per_draw_success"]),
-                    s["responses"],
+                    s.responses,
                     pct(&row["json_validity"]),
                     pct(&row["no_eos"]),
                     num(&row["mean_tokens"], 1)
                 ));
                 rows.push(row);
             }
-            eval_costs.push(json!({"policy": name, "generation_seconds": r["generation_seconds"], "peak_rss_bytes": r["peak_rss_bytes"]}));
+            eval_costs.push(json!({"policy": name, "generation_seconds": r.generation_seconds, "peak_rss_bytes": r.peak_rss_bytes}));
         }
         md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n\n| cost | seconds | peak RSS (MB) | updates | rollouts | zero-variance groups |\n|---|---|---|---|---|---|\n");
         let mut run_costs = Vec::new();

@@ -73,13 +73,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         }
     }
     out.flush()?;
-    let summary = serde_json::json!({
-        "problems": pages.len(),
-        "draws": p.draws,
-        "generation_seconds": started.elapsed().as_secs_f64(),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "device": format!("{device:?}"),
-    });
+    let summary = orchestrate::ops::eval::EvalSummary {
+        problems: pages.len(),
+        draws: p.draws,
+        generation_seconds: started.elapsed().as_secs_f64(),
+        peak_rss_bytes: peak_rss_bytes(),
+        device: format!("{device:?}"),
+    };
     std::fs::write(job.staging.join("summary"), serde_json::to_string_pretty(&summary)? + "\n")?;
     Ok(())
 }
