@@ -35,11 +35,116 @@ pub fn probe_env() -> Result<EnvPart, String> {
     worker_env(true)
 }
 
-/// `orchestrate-torch env --json`, with or without this process's `ORCHESTRATE_DEVICE`.
+/// `orchestrate-torch env --json`, with or without this process's `ORCHESTRATE_DEVICE`,
+/// served from the per-user env cache when nothing it depends on changed.
+///
+/// Starting the worker costs ~300 ms (libtorch's static initializers), which
+/// would be most of a fully cached run. Its answer depends only on the worker
+/// binary, the libtorch it loads, the host and boot (drivers, GPUs), and a few
+/// variables; the cache file is named after a blake3 of all of them (see
+/// [`env_fingerprint`]), so any change asks the worker again.
 fn worker_env(ignore_device_choice: bool) -> Result<EnvPart, String> {
     let worker = worker_binary().ok_or_else(|| {
         format!("{WORKER} was not found next to orchestrate: build with the default `torch` feature (scripts/setup.sh, then cargo build)")
     })?;
+    let cached =
+        env_cache_dir().map(|dir| dir.join(format!("{}.json", env_fingerprint(&worker, ignore_device_choice))));
+    if let Some(env) = cached.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice(&b).ok())
+    {
+        return Ok(env);
+    }
+    let env = ask_worker(&worker, ignore_device_choice)?;
+    if let (Some(path), Ok(bytes)) = (cached, serde_json::to_vec(&env)) {
+        // A cache that cannot be written only costs the next run a worker start.
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+            prune_env_cache(dir);
+        }
+        let _ = crate::store::write_atomic(&path, &bytes);
+    }
+    Ok(env)
+}
+
+/// Each rebuild of the worker leaves an entry behind; on a miss, entries unused
+/// (unread and unwritten) for a week go.
+fn prune_env_cache(dir: &std::path::Path) {
+    let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.accessed().or_else(|_| m.modified()))
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > week);
+        if old && entry.path().extension().is_some_and(|e| e == "json") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// `${ORCHESTRATE_CACHE:-${XDG_CACHE_HOME:-~/.cache}/orchestrate}/worker-env`, the
+/// per-user cache folder scripts/setup.sh uses too; `ORCHESTRATE_ENV_CACHE=off`
+/// disables it.
+fn env_cache_dir() -> Option<PathBuf> {
+    if std::env::var("ORCHESTRATE_ENV_CACHE").is_ok_and(|v| v == "off") {
+        return None;
+    }
+    let root = match std::env::var_os("ORCHESTRATE_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => match std::env::var_os("XDG_CACHE_HOME") {
+            Some(dir) => PathBuf::from(dir).join("orchestrate"),
+            None => PathBuf::from(std::env::var_os("HOME")?).join(".cache").join("orchestrate"),
+        },
+    };
+    Some(root.join("worker-env"))
+}
+
+/// Everything the worker's `env` answer depends on: the worker binary and the
+/// libtorch libraries it loads (path, size, mtime, ctime, inode: a rebuilt or
+/// reinstalled one differs), the host and its boot (GPUs and drivers), the
+/// NVIDIA driver version, the variables that change what libtorch sees, and
+/// whether `ORCHESTRATE_DEVICE` is honoured.
+fn env_fingerprint(worker: &std::path::Path, ignore_device_choice: bool) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let mut h = blake3::Hasher::new();
+    h.update(b"orchestrate.worker-env.v1\0");
+    let mut file = |path: &std::path::Path| {
+        h.update(path.as_os_str().as_encoded_bytes());
+        match std::fs::metadata(path) {
+            Ok(m) => {
+                for n in [m.len() as i64, m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec(), m.ino() as i64] {
+                    h.update(&n.to_le_bytes());
+                }
+            }
+            Err(_) => {
+                h.update(b"absent");
+            }
+        }
+        h.update(b"\0");
+    };
+    file(worker);
+    if let Some(lib) = option_env!("ORCHESTRATE_LIBTORCH_LIB") {
+        let lib = std::path::Path::new(lib);
+        for name in ["libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so", "libc10.so", "libc10_cuda.so"] {
+            file(&lib.join(name));
+        }
+    }
+    for path in ["/proc/sys/kernel/hostname", "/proc/sys/kernel/random/boot_id", "/proc/driver/nvidia/version"] {
+        h.update(&std::fs::read(path).unwrap_or_default());
+        h.update(b"\0");
+    }
+    for var in ["ORCHESTRATE_DEVICE", "CUDA_VISIBLE_DEVICES", "ATEN_CPU_CAPABILITY", "LD_LIBRARY_PATH", "LD_PRELOAD"] {
+        let value = if var == "ORCHESTRATE_DEVICE" && ignore_device_choice { None } else { std::env::var_os(var) };
+        h.update(value.as_ref().map_or(&b"unset"[..], |v| v.as_encoded_bytes()));
+        h.update(b"\0");
+    }
+    h.update(&[ignore_device_choice as u8]);
+    h.finalize().to_hex().to_string()
+}
+
+/// Starts the worker and reads its `env --json`.
+fn ask_worker(worker: &std::path::Path, ignore_device_choice: bool) -> Result<EnvPart, String> {
     let mut cmd = Command::new(&worker);
     cmd.args(["env", "--json"]);
     if ignore_device_choice {

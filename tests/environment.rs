@@ -1,7 +1,7 @@
 //! The numerical environment in node keys: libtorch's CPU capability, as
 //! libtorch itself reports it, and a cache that never serves bytes computed
-//! with other CPU kernels.
-#![cfg(feature = "torch")]
+//! with other CPU kernels; the worker's answer cached until what it depends on
+//! changes.
 
 mod common;
 
@@ -47,6 +47,7 @@ fn another(detected: &str) -> &'static str {
     }
 }
 
+#[cfg(feature = "torch")]
 #[test]
 fn the_keyed_cpu_capability_is_what_libtorch_itself_reports() {
     let detected = ours(None);
@@ -59,6 +60,7 @@ fn the_keyed_cpu_capability_is_what_libtorch_itself_reports() {
     }
 }
 
+#[cfg(feature = "torch")]
 #[test]
 fn a_node_cached_with_other_cpu_kernels_runs_again_and_plan_says_why() {
     let p = Project::new();
@@ -75,4 +77,49 @@ fn a_node_cached_with_other_cpu_kernels_runs_again_and_plan_says_why() {
     // And without the override, the same machine is a cache hit.
     let out = p.cmd(&["plan", "t.yaml"]).env_remove("ATEN_CPU_CAPABILITY").output().unwrap();
     assert!(stdout(&out).contains("3 cached, 0 to run"), "{}", stdout(&out));
+}
+
+/// A stand-in worker that answers `env --json` and counts how often it was asked.
+fn counting_worker(p: &Project) -> std::path::PathBuf {
+    let script = p.write(
+        "worker.sh",
+        "#!/bin/sh\necho asked >> \"$(dirname \"$0\")/asked\"\n\
+         echo '{\"device\":\"cpu\",\"libtorch\":\"9.9.9\",\"cpu\":\"AVX2\",\"cpu_vendor\":\"Test\"}'\n",
+    );
+    let mut perms = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).unwrap();
+    script
+}
+
+fn env_with(p: &Project, worker: &std::path::Path, cuda: &str) -> String {
+    let out = p
+        .cmd(&["env"])
+        .env("ORCHESTRATE_WORKER", worker)
+        .env("ORCHESTRATE_CACHE", p.path().join("cache"))
+        .env("CUDA_VISIBLE_DEVICES", cuda)
+        .env_remove("ORCHESTRATE_ENV_CACHE")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn the_worker_environment_is_asked_once_until_what_it_depends_on_changes() {
+    let p = Project::new();
+    let worker = counting_worker(&p);
+    let asked = || p.read("asked").lines().count();
+    assert!(env_with(&p, &worker, "0").contains("libtorch 9.9.9"));
+    assert!(env_with(&p, &worker, "0").contains("libtorch 9.9.9"));
+    assert_eq!(asked(), 1, "the second run is served from the cache");
+    // Another GPU selection may see another device: asked again.
+    env_with(&p, &worker, "1");
+    assert_eq!(asked(), 2);
+    // A rebuilt worker (new bytes, new mtime) is asked again.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let text = std::fs::read_to_string(&worker).unwrap();
+    std::fs::write(&worker, text.replace("9.9.9", "9.9.10")).unwrap();
+    assert!(env_with(&p, &worker, "0").contains("libtorch 9.9.10"));
+    assert_eq!(asked(), 3);
 }
