@@ -55,7 +55,7 @@ fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_up
             .filter(|h| h["guard"]["decision"] != "allow")
             .map(|h| h["iteration"].as_u64().unwrap())
             .collect();
-        let per_iteration = m["identity"]["updates_per_iteration"].as_u64().unwrap();
+        let per_iteration = m["identity"]["params"]["updates_per_iteration"].as_u64().unwrap();
         if guard == "on" {
             assert_eq!(refused, faulted, "the guard refuses exactly the faulted iterations");
             assert_eq!(run["bad_updates_applied"], 0);
@@ -67,14 +67,17 @@ fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_up
         } else {
             assert!(refused.is_empty());
             assert_eq!(run["bad_updates_applied"].as_u64().unwrap(), 2 * per_iteration);
-            let iterations = m["identity"]["iterations"].as_u64().unwrap();
+            let iterations = m["identity"]["params"]["iterations"].as_u64().unwrap();
             assert_eq!(run["wasted_iterations"].as_u64().unwrap(), iterations - faulted[0]);
         }
     }
 
     // A guard-off run labelled 'on' fails the guard-on criteria.
-    let off = json_at(&p, spec, "e1@guard=off,seed=0:metrics");
-    let on = json_at(&p, spec, "e1@guard=on,seed=1:metrics");
+    let typed = |v: serde_json::Value| -> orchestrate::train::metrics::TrainingMetrics {
+        serde_json::from_value(v).expect("metrics of the shared type")
+    };
+    let off = typed(json_at(&p, spec, "e1@guard=off,seed=0:metrics"));
+    let on = typed(json_at(&p, spec, "e1@guard=on,seed=1:metrics"));
     let records = vec![
         orchestrate::ops::analysis::run_record("on", &off, None, "ALL").unwrap(),
         orchestrate::ops::analysis::run_record("on", &on, None, "ALL").unwrap(),

@@ -61,7 +61,9 @@ impl Reporter for Collect {
 }
 
 fn env(device: &'static str) -> EnvProvider {
-    Box::new(move || Ok(EnvPart { device: device.into(), libtorch: "2.11.0".into(), cpu: Some("AVX2".into()), cpu_vendor: None }))
+    Box::new(move || {
+        Ok(EnvPart { device: device.into(), libtorch: "2.11.0".into(), cpu: Some("AVX2".into()), cpu_vendor: None })
+    })
 }
 
 fn setup() -> (tempfile::TempDir, spec::Spec, orchestrate::dag::Dag) {

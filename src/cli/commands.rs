@@ -66,11 +66,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 eprintln!("interrupted: the run's Slurm jobs were cancelled; finished nodes stay cached");
                 return Ok(ExitCode::from(130));
             }
-            Ok(if result.stats.success() && gates == Ok(0) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(GATE_FAILED)
-            })
+            Ok(if result.stats.success() && gates == Ok(0) { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::ExecNode { workspace, key } => exec_node(&workspace, &key, &registry),
         Command::Plan { spec, force, json } => {

@@ -114,25 +114,25 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
         let params = match op.resolve_params(&Value::Object(def.params.clone())) {
             Ok(resolved) => resolved,
             Err(e) => {
-            // A value that came from the matrix is reported where the matrix wrote it.
-            let dotted = e.path.join(".");
-            let axis = def.binding.keys().find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
-            let path = match axis {
-                Some(axis) => node_path(def, &["matrix", axis]),
-                None => {
-                    let mut p = node_path(def, &["params"]);
-                    p.extend(e.path.iter().cloned());
-                    p
-                }
-            };
-            let kind = if e.unknown_key { SpecErrorKind::UnknownKey } else { SpecErrorKind::WrongType };
-            let at = if e.unknown_key { spec.sources.locate(&path) } else { spec.sources.locate_value(&path) };
-            let field = if e.unknown_key || e.path.is_empty() {
-                String::new()
-            } else {
-                format!("params.{}: ", e.path.join("."))
-            };
-            return Err(SpecError::new(kind, at, format!("node '{}' ({}): {field}{}", def.id, def.op, e.message)));
+                // A value that came from the matrix is reported where the matrix wrote it.
+                let dotted = e.path.join(".");
+                let axis = def.binding.keys().find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
+                let path = match axis {
+                    Some(axis) => node_path(def, &["matrix", axis]),
+                    None => {
+                        let mut p = node_path(def, &["params"]);
+                        p.extend(e.path.iter().cloned());
+                        p
+                    }
+                };
+                let kind = if e.unknown_key { SpecErrorKind::UnknownKey } else { SpecErrorKind::WrongType };
+                let at = if e.unknown_key { spec.sources.locate(&path) } else { spec.sources.locate_value(&path) };
+                let field = if e.unknown_key || e.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("params.{}: ", e.path.join("."))
+                };
+                return Err(SpecError::new(kind, at, format!("node '{}' ({}): {field}{}", def.id, def.op, e.message)));
             }
         };
         if let Some(declared) = op.inputs(&params) {
@@ -491,7 +491,10 @@ mod tests {
         // Resolving twice must be a no-op, or a re-compiled spec (a Slurm job's
         // exec-node) would compute another key than its coordinator.
         let samples: &[(&str, Value)] = &[
-            ("shell", serde_json::json!({"cmd": "true", "outs": ["a"], "env": {"A": 1, "B": 1.5, "C": "x", "D": true}})),
+            (
+                "shell",
+                serde_json::json!({"cmd": "true", "outs": ["a"], "env": {"A": 1, "B": 1.5, "C": "x", "D": true}}),
+            ),
             ("dataset.stock_arithmetic", serde_json::json!({"seed": 3})),
             ("tokenizer.build", serde_json::json!({})),
             ("model.init", serde_json::json!({})),

@@ -112,9 +112,7 @@ fn cannot_run(tool: &str, e: &std::io::Error) -> String {
 pub fn node_env(executor: ExecutorKind, def: &NodeDef, base: &EnvPart) -> EnvPart {
     match executor {
         ExecutorKind::Local => base.clone(),
-        ExecutorKind::Slurm => {
-            EnvPart { device: device_for(&def.resources).to_string(), ..base.clone() }
-        }
+        ExecutorKind::Slurm => EnvPart { device: device_for(&def.resources).to_string(), ..base.clone() },
     }
 }
 
@@ -895,9 +893,8 @@ pub fn exec_node(
                     host()
                 ));
             }
-            let kind = |e: &EnvPart| {
-                format!("{} {}", e.cpu.as_deref().unwrap_or("-"), e.cpu_vendor.as_deref().unwrap_or("-"))
-            };
+            let kind =
+                |e: &EnvPart| format!("{} {}", e.cpu.as_deref().unwrap_or("-"), e.cpu_vendor.as_deref().unwrap_or("-"));
             if keyed.cpu.is_some() && (keyed.cpu != actual.cpu || keyed.cpu_vendor != actual.cpu_vendor) {
                 return fail(format!(
                     "node '{}' is keyed on CPU {} (the coordinator's machine) but {} has {}: libtorch would \

@@ -217,17 +217,7 @@ fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
     let ws = crate::store::Workspace::open(dir.path()).unwrap();
     let mut index = ws.index().unwrap();
     let w = world();
-    let ctx = GuardContext {
-        mode: w.mode,
-        trainer_policy_version: 5,
-        tokenizer_hash: "tok".into(),
-        artifacts: &w.artifacts,
-        trainable_splits: BTreeSet::from([Split::Train]),
-        prompt_registry: &w.registry,
-        verifiers: &w.verifiers,
-        verifier_aliases: &w.aliases,
-        canary: None,
-    };
+    let ctx = materialize_ctx(&w);
     let mut bad = w.env.clone();
     bad.tokenizer_hash = "other".into();
     let err =
@@ -255,9 +245,10 @@ fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
     assert!(!index.consume_nonce(&nonce).unwrap());
 }
 
+/// What `materialize` checks against in these tests: the world's registries, no canary.
 fn materialize_ctx(w: &World) -> GuardContext<'_> {
     GuardContext {
-        mode: ProtocolMode::StrictOnPolicy,
+        mode: w.mode,
         trainer_policy_version: 5,
         tokenizer_hash: "tok".into(),
         artifacts: &w.artifacts,

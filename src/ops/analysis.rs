@@ -9,6 +9,7 @@ use serde_json::json;
 use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
 use crate::data::rng::Stream;
 use crate::train::group_advantages;
+use crate::train::metrics::TrainingMetrics;
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -52,14 +53,14 @@ impl Op for ConstantGroups {
     }
     fn resolve_params(&self, params: &serde_json::Value) -> Result<serde_json::Value, ParamError> {
         super::resolve(params, |p: &ConstantGroupsParams| {
-        if let Some(bad) = p.success_rates.iter().find(|r| !(0.0..=1.0).contains(*r)) {
-            return Err(ParamError {
-                path: vec!["success_rates".into()],
-                message: format!("{bad} is not a probability"),
-                unknown_key: false,
-            });
-        }
-        Ok(())
+            if let Some(bad) = p.success_rates.iter().find(|r| !(0.0..=1.0).contains(*r)) {
+                return Err(ParamError {
+                    path: vec!["success_rates".into()],
+                    message: format!("{bad} is not a probability"),
+                    unknown_key: false,
+                });
+            }
+            Ok(())
         })
     }
     fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
@@ -126,11 +127,6 @@ fn d_population() -> String {
 /// injection-to-detection latency and wasted iterations. The evidence of E1 and E2.
 pub struct Arms;
 
-fn read_json(path: &std::path::Path) -> Result<serde_json::Value, OpError> {
-    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
-    serde_json::from_str(&text).map_err(|e| OpError::Failed(format!("{}: {e}", path.display())))
-}
-
 /// Mean and sample standard deviation (n − 1); the deviation is null below two values.
 fn moments(values: &[f64]) -> serde_json::Value {
     if values.is_empty() {
@@ -149,50 +145,44 @@ fn moments(values: &[f64]) -> serde_json::Value {
 /// One run's record, from its training metrics and (optionally) its evaluation.
 pub fn run_record(
     arm: &str,
-    metrics: &serde_json::Value,
+    metrics: &TrainingMetrics,
     eval: Option<&super::eval::EvalResults>,
     population: &str,
 ) -> Result<serde_json::Value, String> {
-    if metrics["kind"] != "grpo" {
-        return Err(format!("not the metrics of a GRPO run (kind {})", metrics["kind"]));
-    }
-    let history = metrics["history"].as_array().cloned().unwrap_or_default();
-    let iterations = metrics["identity"]["iterations"].as_u64().unwrap_or(history.len() as u64);
-    let per_iteration = metrics["identity"]["updates_per_iteration"].as_u64().unwrap_or(1);
-    let guard = &metrics["guard"];
-    let detections = guard["detections"].as_array().cloned().unwrap_or_default();
-    let detected_at: Vec<u64> = detections.iter().filter_map(|d| d["iteration"].as_u64()).collect();
+    let TrainingMetrics::Grpo(metrics) = metrics else {
+        return Err(format!("not the metrics of a GRPO run (kind {})", metrics.kind()));
+    };
+    let history = &metrics.history;
+    let iterations = metrics.identity.params.iterations as u64;
+    let per_iteration = metrics.identity.params.updates_per_iteration as u64;
+    let guard = &metrics.guard;
+    let detected_at: Vec<u64> = guard.detections.iter().map(|d| d.iteration as u64).collect();
     let mut faults = Vec::new();
     let mut latencies = Vec::new();
-    for f in guard["faults"].as_array().cloned().unwrap_or_default() {
-        let at = f["at_iteration"].as_u64().ok_or("a fault without at_iteration")?;
+    for f in &guard.faults {
+        let at = f.at_iteration as u64;
         let first = detected_at.iter().copied().filter(|&d| d >= at).min();
         let latency = first.map(|d| d - at);
         if let Some(l) = latency {
             latencies.push(l);
         }
-        faults.push(
-            json!({"family": f["family"], "at_iteration": at, "detected_at": first, "latency_iterations": latency}),
-        );
+        faults
+            .push(json!({"family": f.family, "at_iteration": at, "detected_at": first, "latency_iterations": latency}));
     }
-    let bad = guard["bad_updates_applied"].as_u64().unwrap_or(0);
-    let first_fault = faults.iter().filter_map(|f| f["at_iteration"].as_u64()).min();
+    let bad = guard.bad_updates_applied as u64;
+    let first_fault = guard.faults.iter().map(|f| f.at_iteration as u64).min();
     // Guard on: a refused iteration's rollouts are discarded. Guard off: every
     // update from the first bad one on builds on corrupted weights and has to be
     // redone from the last clean checkpoint.
-    let wasted = if bad > 0 {
-        iterations.saturating_sub(first_fault.unwrap_or(0))
-    } else {
-        detected_at.iter().collect::<std::collections::BTreeSet<_>>().len() as u64
+    let wasted = match (bad, first_fault) {
+        (0, _) => detected_at.iter().collect::<std::collections::BTreeSet<_>>().len() as u64,
+        (_, Some(first)) => iterations.saturating_sub(first),
+        (_, None) => return Err("bad updates were applied but no fault is listed".to_string()),
     };
     let faulted_updates = faults.len() as u64 * per_iteration;
     // Step time over the iterations no fault touched, so both arms time the same work.
-    let step: Vec<f64> = history
-        .iter()
-        .filter(|h| h["faults"].as_array().is_none_or(Vec::is_empty))
-        .filter_map(|h| h["costs"]["loop_seconds"].as_f64())
-        .collect();
-    let reward: Vec<f64> = history.iter().filter_map(|h| h["mean_reward"].as_f64()).collect();
+    let step: Vec<f64> = history.iter().filter(|h| h.faults.is_empty()).map(|h| h.costs.loop_seconds).collect();
+    let reward: Vec<f64> = history.iter().map(|h| h.mean_reward).collect();
     let mean =
         |v: &[f64]| if v.is_empty() { serde_json::Value::Null } else { json!(v.iter().sum::<f64>() / v.len() as f64) };
     let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
@@ -207,17 +197,17 @@ pub fn run_record(
     }
     Ok(json!({
         "arm": arm,
-        "seed": metrics["identity"]["seed"],
-        "guard": guard["switch"],
+        "seed": metrics.identity.params.seed,
+        "guard": guard.switch,
         "success": success,
         "per_draw_success": sample.map(|s| s.success_rate),
         "train_reward": mean(&reward),
         "step_seconds": mean(&step),
-        "updates": metrics["updates"],
+        "updates": metrics.updates,
         "bad_updates_applied": bad,
         "faulted_updates": faulted_updates,
         "faults": faults,
-        "detections": detections.len(),
+        "detections": guard.detections.len(),
         "detection_latency_max": latencies.iter().max(),
         "undetected_faults": faults.len() - latencies.len(),
         "wasted_iterations": wasted,
@@ -342,19 +332,23 @@ impl Op for Arms {
     }
     fn resolve_params(&self, params: &serde_json::Value) -> Result<serde_json::Value, ParamError> {
         super::resolve(params, |p: &ArmsParams| {
-        if p.arms.is_empty() {
-            return Err(ParamError { path: vec!["arms".into()], message: "no arms named".into(), unknown_key: false });
-        }
-        if let Some(b) = &p.baseline {
-            if !p.arms.contains(b) {
+            if p.arms.is_empty() {
                 return Err(ParamError {
-                    path: vec!["baseline".into()],
-                    message: format!("'{b}' is not one of the arms ({})", p.arms.join(", ")),
+                    path: vec!["arms".into()],
+                    message: "no arms named".into(),
                     unknown_key: false,
                 });
             }
-        }
-        Ok(())
+            if let Some(b) = &p.baseline {
+                if !p.arms.contains(b) {
+                    return Err(ParamError {
+                        path: vec!["baseline".into()],
+                        message: format!("'{b}' is not one of the arms ({})", p.arms.join(", ")),
+                        unknown_key: false,
+                    });
+                }
+            }
+            Ok(())
         })
     }
     fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
@@ -383,7 +377,7 @@ impl Op for Arms {
         }
         let mut records = Vec::new();
         for (i, (arm, input)) in p.arms.iter().zip(&training).enumerate() {
-            let metrics = read_json(&input.path)?;
+            let metrics = TrainingMetrics::read(&input.path)?;
             let eval = match evals.get(i) {
                 Some(e) => Some(super::eval::EvalResults::read(&e.path)?),
                 None => None,
@@ -408,20 +402,69 @@ impl Op for Arms {
 mod tests {
     use super::*;
 
-    fn metrics(guard: &str, faults: Value, detections: Value, bad: u64) -> Value {
-        json!({"kind": "grpo", "identity": {"seed": 3, "iterations": 6, "updates_per_iteration": 2},
-            "updates": 10, "history": [
-                {"iteration": 0, "mean_reward": 0.5, "faults": [], "costs": {"loop_seconds": 2.0}},
-                {"iteration": 1, "mean_reward": 0.25, "faults": ["F3"], "costs": {"loop_seconds": 9.0}},
-                {"iteration": 2, "mean_reward": 0.0, "faults": [], "costs": {"loop_seconds": 4.0}}],
-            "guard": {"switch": guard, "faults": faults, "detections": detections, "bad_updates_applied": bad}})
+    /// GRPO metrics of 6 iterations × 2 updates, 3 recorded, with these faults and detections.
+    fn metrics(guard: &str, faults: Value, detections: &[usize], bad: usize) -> TrainingMetrics {
+        use crate::train::metrics::*;
+        let params: crate::ops::GrpoParams =
+            crate::ops::parse_params(&json!({"seed": 3, "iterations": 6, "updates_per_iteration": 2})).unwrap();
+        let iteration = |i: usize, reward: f64, faults: &[&str], seconds: f64| GrpoIteration {
+            iteration: i,
+            prompts: vec![],
+            rollouts: [0, 0],
+            mean_reward: reward,
+            rewards: vec![],
+            zero_variance_groups: 0,
+            zero_variance_fraction: 0.0,
+            finish: FinishCounts { eos: 0, length: 0 },
+            behavior_max_gap: 0.0,
+            updates: vec![],
+            weights_changed: true,
+            guard: IterationGuard { decision: crate::guard::Decision::Allow, codes: vec![], rollouts: None },
+            canary: crate::guard::Canary { drift: 0.0, baseline: 0.0 },
+            faults: faults.iter().map(|f| f.to_string()).collect(),
+            costs: IterationCosts {
+                generation_seconds: 0.0,
+                behavior_verification_seconds: 0.0,
+                optimization_with_reference_seconds: 0.0,
+                state_hashing_seconds: 0.0,
+                loop_seconds: seconds,
+            },
+        };
+        TrainingMetrics::Grpo(GrpoMetrics {
+            identity: GrpoIdentity::new(&params, "d".into(), "v".into()),
+            lineage: "l".into(),
+            next_iteration: 6,
+            complete: true,
+            updates: 10,
+            adam_step: 10,
+            scheduler: Scheduler { next_update: 10, total: 12 },
+            cursor: Cursor { epoch: 0, offset: 0 },
+            consumed_rollouts: vec![],
+            rollouts_consumed: 0,
+            history: vec![iteration(0, 0.5, &[], 2.0), iteration(1, 0.25, &["F3"], 9.0), iteration(2, 0.0, &[], 4.0)],
+            reference_digest: "r".into(),
+            reference_unchanged: true,
+            guard: GuardSummary {
+                switch: serde_json::from_value(json!(guard)).unwrap(),
+                faults: serde_json::from_value(faults).unwrap(),
+                detections: detections
+                    .iter()
+                    .map(|&i| Detection { iteration: i, decision: crate::guard::Decision::Reject, codes: vec![] })
+                    .collect(),
+                bad_updates_applied: bad,
+                unguarded_updates: 0,
+                event_log: EventLogSummary { events: 0, intact: true },
+            },
+            final_model_digest: "f".into(),
+            costs: RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None },
+        })
     }
     use serde_json::Value;
 
     #[test]
     fn latency_is_counted_from_injection_and_an_undetected_fault_has_none() {
         let faults = json!([{"family": "F3", "at_iteration": 1}, {"family": "F2", "at_iteration": 4}]);
-        let on = run_record("on", &metrics("on", faults.clone(), json!([{"iteration": 2}]), 0), None, "ALL").unwrap();
+        let on = run_record("on", &metrics("on", faults.clone(), &[2], 0), None, "ALL").unwrap();
         assert_eq!(on["faults"][0]["latency_iterations"], 1);
         assert_eq!(on["faults"][1]["latency_iterations"], Value::Null);
         assert_eq!(on["undetected_faults"], 1);
@@ -430,13 +473,45 @@ mod tests {
         // Step time skips the faulted iteration; reward averages every one.
         assert_eq!(on["step_seconds"], 3.0);
         assert_eq!(on["train_reward"], 0.25);
-        let off = run_record("off", &metrics("off", faults, json!([]), 4), None, "ALL").unwrap();
+        let off = run_record("off", &metrics("off", faults, &[], 4), None, "ALL").unwrap();
         assert_eq!(off["faulted_updates"], 4);
         assert_eq!(off["wasted_iterations"], 5, "iterations 1..6 build on the first bad update");
         let s = summarize(&[on, off], Some("off"));
         assert_eq!(s["arms"]["on"]["step_seconds"]["std"], Value::Null, "one run has no deviation");
         assert_eq!(s["versus_baseline"]["on"]["step_time_ratio"], 1.0);
-        assert!(run_record("on", &json!({"kind": "sft"}), None, "ALL").is_err());
+        use crate::train::metrics::{RunCosts, Scheduler, SftIdentity, SftMetrics};
+        let sft_params: crate::ops::SftParams =
+            crate::ops::parse_params(&json!({"branch": "sft", "epochs": 1})).unwrap();
+        let sft = TrainingMetrics::Sft(SftMetrics {
+            identity: SftIdentity::new(&sft_params, "d".into(), 1),
+            next_epoch: 1,
+            complete: true,
+            updates: 1,
+            adam_step: 1,
+            scheduler: Scheduler { next_update: 1, total: 1 },
+            history: vec![],
+            validation_history: vec![],
+            final_model_digest: "f".into(),
+            costs: RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None },
+        });
+        assert!(run_record("on", &sft, None, "ALL").unwrap_err().contains("not the metrics of a GRPO run"));
+    }
+
+    /// Before the shared type, a metrics file without `bad_updates_applied` read
+    /// as 0 bad updates, which is what the guard-on gates check for.
+    #[test]
+    fn metrics_without_bad_updates_are_an_error_naming_the_field_never_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics");
+        let written = metrics("off", json!([{"family": "F3", "at_iteration": 1}]), &[], 2);
+        let mut v = serde_json::to_value(&written).unwrap();
+        std::fs::write(&path, v.to_string()).unwrap();
+        assert_eq!(TrainingMetrics::read(&path).unwrap(), written, "what is written reads back");
+        v["guard"].as_object_mut().unwrap().remove("bad_updates_applied");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = TrainingMetrics::read(&path).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("guard") && err.contains("bad_updates_applied"), "{err}");
     }
 
     #[test]

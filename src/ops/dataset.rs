@@ -95,14 +95,14 @@ impl Op for StockArithmeticDataset {
     }
     fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
         super::resolve(params, |p: &DatasetParams| {
-        if p.warmstart > p.train {
-            return Err(ParamError {
-                path: vec!["warmstart".into()],
-                message: format!("warmstart ({}) cannot exceed train ({})", p.warmstart, p.train),
-                unknown_key: false,
-            });
-        }
-        Ok(())
+            if p.warmstart > p.train {
+                return Err(ParamError {
+                    path: vec!["warmstart".into()],
+                    message: format!("warmstart ({}) cannot exceed train ({})", p.warmstart, p.train),
+                    unknown_key: false,
+                });
+            }
+            Ok(())
         })
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {

@@ -340,9 +340,8 @@ pub fn score(
         }
     }
     let mut mode = |name: &str| {
-        let mut take = |population: &str| {
-            tallies.remove(&(name.to_string(), population.to_string())).unwrap_or_default().score()
-        };
+        let mut take =
+            |population: &str| tallies.remove(&(name.to_string(), population.to_string())).unwrap_or_default().score();
         ModeScores { all: take("ALL"), id50: take("ID50"), ood100: take("OOD100") }
     };
     let (greedy, sample) = (mode("greedy"), mode("sample"));

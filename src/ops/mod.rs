@@ -193,8 +193,8 @@ pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, OpError> {
     let de = &mut serde_json::Deserializer::from_str(&text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let at = e.path().to_string();
-        let field = if at == "." { String::new() } else { format!(" field {at}") };
-        OpError::Failed(format!("{}:{field}: {}", path.display(), e.inner()))
+        let field = if at == "." { String::new() } else { format!(": field {at}") };
+        OpError::Failed(format!("{}{field}: {}", path.display(), e.inner()))
     })
 }
 

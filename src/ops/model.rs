@@ -166,14 +166,15 @@ impl Op for ModelInit {
     }
     fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
         super::resolve(params, |p: &ModelInitParams| {
-        let bad = |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
-        if p.num_attention_heads % p.num_key_value_heads != 0 {
-            return Err(bad("num_key_value_heads", "must divide num_attention_heads".into()));
-        }
-        if p.hidden_size % p.num_attention_heads != 0 || (p.hidden_size / p.num_attention_heads) % 2 != 0 {
-            return Err(bad("hidden_size", "must be num_attention_heads × an even head size".into()));
-        }
-        Ok(())
+            let bad =
+                |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
+            if p.num_attention_heads % p.num_key_value_heads != 0 {
+                return Err(bad("num_key_value_heads", "must divide num_attention_heads".into()));
+            }
+            if p.hidden_size % p.num_attention_heads != 0 || (p.hidden_size / p.num_attention_heads) % 2 != 0 {
+                return Err(bad("hidden_size", "must be num_attention_heads × an even head size".into()));
+            }
+            Ok(())
         })
     }
     fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {

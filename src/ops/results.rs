@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::eval::{EvalResults, POPULATIONS};
 use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
+use crate::train::metrics::TrainingMetrics;
 
 /// Params of `results.table`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -24,11 +25,6 @@ pub struct ResultsParams {
 }
 
 pub struct ResultsTable;
-
-fn read_json(path: &std::path::Path) -> Result<Value, OpError> {
-    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
-    serde_json::from_str(&text).map_err(|e| OpError::Failed(format!("{}: {e}", path.display())))
-}
 
 fn pct(v: &Value) -> String {
     v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{:.1} %", 100.0 * x))
@@ -95,7 +91,8 @@ impl Op for ResultsTable {
                 };
                 let total = g.responses + s.responses;
                 // Over both modes; undefined (null) for an empty population, never 0.
-                let of_all = |greedy: usize, sample: usize| (total > 0).then(|| (greedy + sample) as f64 / total as f64);
+                let of_all =
+                    |greedy: usize, sample: usize| (total > 0).then(|| (greedy + sample) as f64 / total as f64);
                 let tokens = (total > 0).then(|| {
                     let sum = g.mean_response_tokens.unwrap_or_default() * g.responses as f64
                         + s.mean_response_tokens.unwrap_or_default() * s.responses as f64;
@@ -119,30 +116,35 @@ impl Op for ResultsTable {
                 ));
                 rows.push(row);
             }
-            eval_costs.push(json!({"policy": name, "generation_seconds": r.generation_seconds, "peak_rss_bytes": r.peak_rss_bytes}));
+            eval_costs.push(
+                json!({"policy": name, "generation_seconds": r.generation_seconds, "peak_rss_bytes": r.peak_rss_bytes}),
+            );
         }
         md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n\n| cost | seconds | peak RSS (MB) | updates | rollouts | zero-variance groups |\n|---|---|---|---|---|---|\n");
         let mut run_costs = Vec::new();
         for (name, input) in p.runs.iter().zip(&training) {
-            let m = read_json(&input.path)?;
-            let history = m["history"].as_array().cloned().unwrap_or_default();
-            let zero: u64 = history.iter().filter_map(|h| h["zero_variance_groups"].as_u64()).sum();
-            let groups: usize = history.iter().filter(|h| h.get("zero_variance_groups").is_some()).count();
-            let zero_text = if m["kind"] == "grpo" {
-                format!("{zero} of {}", groups * m["identity"]["prompts_per_iteration"].as_u64().unwrap_or(0) as usize)
-            } else {
-                "-".into()
+            let m = TrainingMetrics::read(&input.path)?;
+            let (rollouts, zero, zero_text) = match &m {
+                TrainingMetrics::Grpo(g) => {
+                    let zero: usize = g.history.iter().map(|h| h.zero_variance_groups).sum();
+                    let groups = g.history.len() * g.identity.params.prompts_per_iteration;
+                    (Some(g.rollouts_consumed), Some(zero), format!("{zero} of {groups}"))
+                }
+                TrainingMetrics::Sft(_) => (None, None, "-".to_string()),
             };
-            let rss = mebibytes(&m["costs"]["peak_rss_bytes"]);
+            let costs = m.costs();
+            let rss = mebibytes(&json!(costs.peak_rss_bytes));
             md.push_str(&format!(
                 "| {name} ({}) | {} | {rss} | {} | {} | {zero_text} |\n",
-                m["kind"].as_str().unwrap_or("?"),
-                num(&m["costs"]["seconds"], 1),
-                m["updates"],
-                m["rollouts_consumed"].as_u64().map_or("-".into(), |r| r.to_string())
+                m.kind(),
+                num(&json!(costs.seconds), 1),
+                m.updates(),
+                rollouts.map_or("-".into(), |r| r.to_string())
             ));
-            run_costs.push(json!({"run": name, "kind": m["kind"], "seconds": m["costs"]["seconds"], "peak_rss_bytes": m["costs"]["peak_rss_bytes"],
-                "updates": m["updates"], "rollouts": m["rollouts_consumed"], "zero_variance_groups": zero}));
+            run_costs.push(
+                json!({"run": name, "kind": m.kind(), "seconds": costs.seconds, "peak_rss_bytes": costs.peak_rss_bytes,
+                "updates": m.updates(), "rollouts": rollouts, "zero_variance_groups": zero}),
+            );
         }
         for c in &eval_costs {
             let rss = mebibytes(&c["peak_rss_bytes"]);

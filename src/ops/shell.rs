@@ -94,30 +94,30 @@ impl Op for ShellOp {
     }
     fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
         super::resolve(params, |p: &ShellParams| {
-        for (field, list) in [("deps", &p.deps), ("outs", &p.outs)] {
-            for (i, path) in list.iter().enumerate() {
-                if normalize_rel(path).is_none() {
-                    return Err(ParamError {
+            for (field, list) in [("deps", &p.deps), ("outs", &p.outs)] {
+                for (i, path) in list.iter().enumerate() {
+                    if normalize_rel(path).is_none() {
+                        return Err(ParamError {
                         path: vec![field.to_string(), i.to_string()],
                         message: format!(
                             "'{path}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
                         ),
                         unknown_key: false,
                     });
+                    }
                 }
             }
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for (i, out) in p.outs.iter().enumerate() {
-            if !seen.insert(normalize_rel(out)) {
-                return Err(ParamError {
-                    path: vec!["outs".into(), i.to_string()],
-                    message: format!("out '{out}' is declared twice"),
-                    unknown_key: false,
-                });
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, out) in p.outs.iter().enumerate() {
+                if !seen.insert(normalize_rel(out)) {
+                    return Err(ParamError {
+                        path: vec!["outs".into(), i.to_string()],
+                        message: format!("out '{out}' is declared twice"),
+                        unknown_key: false,
+                    });
+                }
             }
-        }
-        Ok(())
+            Ok(())
         })
     }
     fn outputs(&self, params: &Value) -> Vec<OutputDecl> {

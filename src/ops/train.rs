@@ -61,7 +61,7 @@ fn d_response_tokens() -> usize {
 }
 
 /// Params of `train.sft`.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SftParams {
     pub branch: SftBranch,
@@ -106,7 +106,7 @@ fn d_usize_one() -> usize {
 }
 
 /// Params of `train.grpo`.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrpoParams {
     /// Responses per prompt (G).
@@ -295,7 +295,8 @@ impl Op for TrainSft {
         "train.sft"
     }
     fn version(&self) -> u32 {
-        1
+        // 2: metrics and state metadata are the shared `TrainingMetrics` type.
+        2
     }
     fn summary(&self) -> &'static str {
         "SFT on reference responses (warm-start or SFT branch), resumable (runs in the worker)"
@@ -305,14 +306,14 @@ impl Op for TrainSft {
     }
     fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
         super::resolve(params, |p: &SftParams| {
-        if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
-            return Err(ParamError {
-                path: vec!["interrupt_after_epochs".into()],
-                message: format!("must be below epochs ({}) to interrupt anything", p.epochs),
-                unknown_key: false,
-            });
-        }
-        Ok(())
+            if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
+                return Err(ParamError {
+                    path: vec!["interrupt_after_epochs".into()],
+                    message: format!("must be below epochs ({}) to interrupt anything", p.epochs),
+                    unknown_key: false,
+                });
+            }
+            Ok(())
         })
     }
     fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
@@ -351,7 +352,9 @@ impl Op for TrainGrpo {
     }
     fn version(&self) -> u32 {
         // 2: the guard in the loop (rollout engine, envelopes, event log, WAL).
-        2
+        // 3: metrics, state metadata and WAL checkpoints are the shared
+        // `TrainingMetrics` type; updates go through `UpdateBatch`.
+        3
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
@@ -361,24 +364,24 @@ impl Op for TrainGrpo {
     }
     fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
         super::resolve(params, |p: &GrpoParams| {
-        if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
-            return Err(ParamError {
-                path: vec!["interrupt_at".into()],
-                message: format!("must be in 1..{} to interrupt anything", p.iterations),
-                unknown_key: false,
-            });
-        }
-        if p.protocol == GuardProtocol::Strict && p.updates_per_iteration != 1 {
-            return Err(ParamError {
-                path: vec!["protocol".into()],
-                message: format!(
-                    "strict on-policy allows one update per rollout set, but updates_per_iteration is {}",
-                    p.updates_per_iteration
-                ),
-                unknown_key: false,
-            });
-        }
-        known_verifier(&p.verifier)
+            if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
+                return Err(ParamError {
+                    path: vec!["interrupt_at".into()],
+                    message: format!("must be in 1..{} to interrupt anything", p.iterations),
+                    unknown_key: false,
+                });
+            }
+            if p.protocol == GuardProtocol::Strict && p.updates_per_iteration != 1 {
+                return Err(ParamError {
+                    path: vec!["protocol".into()],
+                    message: format!(
+                        "strict on-policy allows one update per rollout set, but updates_per_iteration is {}",
+                        p.updates_per_iteration
+                    ),
+                    unknown_key: false,
+                });
+            }
+            known_verifier(&p.verifier)
         })
     }
     fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {

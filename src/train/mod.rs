@@ -2,6 +2,7 @@
 //! their comparison (`check.resume`). The training loops themselves run in the
 //! worker (`src/torch/train/`).
 
+pub mod metrics;
 pub mod state;
 
 /// A = (r − mean) / (std + 1e-8) with the population std (correction 0).

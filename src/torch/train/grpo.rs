@@ -5,6 +5,12 @@
 //! prefix KL to a frozen reference. No critic.
 
 use std::collections::BTreeSet;
+
+use orchestrate::guard::Decision;
+use orchestrate::train::metrics::{
+    Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
+    IterationCosts, IterationGuard, RunCosts, Scheduler, TrainingMetrics,
+};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
@@ -19,14 +25,13 @@ use super::common::{
     examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, prompt_ids, read,
     restore_state, write_outputs,
 };
-use super::guarded::{
-    active, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS,
-};
+use super::guarded::{active, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS};
 use super::objective::group_advantages;
 use super::update::{behavior_gap, grpo_update, GrpoHyper};
 use crate::torch::generate::{generate, pick_device, Sampling};
 use orchestrate::guard::{
-    materialize, UpdateBatch, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
+    materialize, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
+    UpdateBatch,
 };
 use orchestrate::ops::{FaultFamily, GuardProtocol, GuardSwitch};
 use std::collections::BTreeMap;
@@ -36,32 +41,33 @@ use super::guarded::{load_artifact, publish_artifact};
 use super::wal::{failpoint, Wal};
 use orchestrate::guard::Canary;
 
-/// Where the prompt order stands: epoch of the pool permutation, and position in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-struct Cursor {
-    epoch: usize,
-    offset: usize,
-}
-
-/// Where a run stands: next iteration, updates made, prompt cursor, history, consumed rollouts.
-type Position = (usize, usize, Cursor, Vec<Value>, Vec<[u64; 2]>);
-
-/// Restores weights and AdamW from a state (a resume input or a WAL checkpoint)
-/// and returns the run's position in it.
+/// Where a run stands, restored from a state (a resume input or a WAL
+/// checkpoint): weights and AdamW into `params` and `adam`, the rest returned.
 fn restore_position(
     state: &orchestrate::train::state::StateFile,
+    what: &str,
     params: &BTreeMap<String, tch::Tensor>,
     adam: &mut AdamW,
-) -> Result<Position> {
+) -> Result<GrpoMetrics> {
+    let metrics = match TrainingMetrics::from_meta(&state.meta, what).map_err(|e| anyhow!(e))? {
+        TrainingMetrics::Grpo(m) => m,
+        other => bail!("{what} is the state of a {} run, not of a GRPO run", other.kind()),
+    };
     restore_state(state, params, adam)?;
-    let m = &state.meta;
-    Ok((
-        m["next_iteration"].as_u64().unwrap_or(0) as usize,
-        m["updates"].as_u64().unwrap_or(0) as usize,
-        serde_json::from_value(m["cursor"].clone())?,
-        m["history"].as_array().cloned().unwrap_or_default(),
-        serde_json::from_value(m["consumed_rollouts"].clone())?,
-    ))
+    Ok(metrics)
+}
+
+/// The moving parts of a run at one point, for [`GrpoMetrics`].
+struct Snapshot<'a> {
+    next_iteration: usize,
+    updates: usize,
+    adam_step: i64,
+    cursor: Cursor,
+    consumed: &'a [[u64; 2]],
+    history: &'a [GrpoIteration],
+    detections: &'a [Detection],
+    bad_updates: usize,
+    final_model_digest: String,
 }
 
 pub fn run(job: &WorkerJob) -> Result<()> {
@@ -91,30 +97,31 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let mut adam = AdamW::new(AdamWConfig::new(p.weight_decay), &params);
     let total_updates = p.iterations * p.updates_per_iteration;
     let hyper = GrpoHyper { clip_eps: p.clip_eps, beta: p.beta, kl_block: p.kl_block, max_grad_norm: p.max_grad_norm };
-    let mut identity = serde_json::to_value(&p)?;
-    for k in ["mode", "interrupt_at"] {
-        identity.as_object_mut().expect("params are an object").remove(k);
-    }
-    identity["initial_model_digest"] = json!(digest(&params));
-    identity["verifier_protocol"] = json!(verifier.protocol_hash());
+    let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
+    let identity_text = serde_json::to_string(&identity)?;
     // Rollouts belong to a lineage: an interrupted run and its resume share one;
     // a continuous run replays the same ids in a lineage of its own.
-    let lineage_of = |mode: &str| blake3::hash(format!("{identity}|{mode}").as_bytes()).to_hex().to_string();
+    let lineage_of = |mode: &str| blake3::hash(format!("{identity_text}|{mode}").as_bytes()).to_hex().to_string();
 
     let (mut next_iteration, mut updates) = (0usize, 0usize);
     let mut cursor = Cursor { epoch: 0, offset: 0 };
-    let mut history: Vec<Value> = Vec::new();
+    let mut history: Vec<GrpoIteration> = Vec::new();
+    let mut bad_updates = 0usize;
+    let mut detections: Vec<Detection> = Vec::new();
     let mut consumed: Vec<[u64; 2]> = Vec::new();
     let lineage = match p.mode {
         Mode::Continuous => lineage_of("continuous"),
         Mode::Interrupt => lineage_of("interrupted"),
         Mode::Resume => {
             let state = read(input_path(job, "resume_from")?)?;
-            if state.meta["kind"] != "grpo" || state.meta["identity"] != identity {
+            let m = restore_position(&state, "the resume state", &params, &mut adam)?;
+            if m.identity != identity {
                 bail!("the resume state belongs to another GRPO run (identity differs): refusing to resume");
             }
-            (next_iteration, updates, cursor, history, consumed) = restore_position(&state, &params, &mut adam)?;
-            state.meta["lineage"].as_str().ok_or_else(|| anyhow!("the state has no lineage"))?.to_string()
+            (next_iteration, updates, cursor, history, consumed) =
+                (m.next_iteration, m.updates, m.cursor, m.history, m.consumed_rollouts);
+            (bad_updates, detections) = (m.guard.bad_updates_applied, m.guard.detections);
+            m.lineage
         }
     };
     let mut index = Index::open(&job.workspace.join("cache.sqlite"))?;
@@ -124,10 +131,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let wal = Wal::new(&job.workspace, &job.key);
     if p.mode != Mode::Resume {
         if let Some(state) = wal.last_committed()? {
-            if state.meta["identity"] != identity {
+            let m = restore_position(&state, "the committed checkpoint", &params, &mut adam)?;
+            if m.identity != identity {
                 bail!("the committed checkpoint belongs to another run (identity differs)");
             }
-            (next_iteration, updates, cursor, history, consumed) = restore_position(&state, &params, &mut adam)?;
+            (next_iteration, updates, cursor, history, consumed) =
+                (m.next_iteration, m.updates, m.cursor, m.history, m.consumed_rollouts);
+            (bad_updates, detections) = (m.guard.bad_updates_applied, m.guard.detections);
             eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");
         }
     }
@@ -147,13 +157,68 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     // The canary's fixed prompts, and its baseline right after the first sync.
     let canary_prompts: Vec<Vec<i64>> = prompts.iter().take(2).cloned().collect();
     let canary_baseline = canary_drift(&engine.model, &policy, &canary_prompts);
-    let mut bad_updates = 0usize;
     let log = |index: &mut Index, producer: &str, kind: &str, payload: Value| -> Result<()> {
         orchestrate::guard::events::append(index, &lineage, producer, kind, &payload)?;
         Ok(())
     };
-    let mut detections: Vec<Value> = Vec::new();
     let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
+    // The run as of a point: what a WAL checkpoint and the final state hold.
+    let snapshot = |index: &Index, at: Snapshot<'_>| -> Result<GrpoMetrics> {
+        if let Some(problem) = orchestrate::guard::events::verify(index, &lineage)? {
+            bail!("the guard's event log is broken: {problem}");
+        }
+        let events = index.guard_events(&lineage)?;
+        // Counted from the sealed log itself, so an interrupted + resumed lineage
+        // counts the updates of both processes.
+        let unguarded_updates = events.iter().filter(|e| e.2 == orchestrate::guard::UNGUARDED_EVENT).count();
+        let distinct: BTreeSet<u64> = at.consumed.iter().flat_map(|[a, b]| *a..*b).collect();
+        Ok(GrpoMetrics {
+            identity: identity.clone(),
+            lineage: lineage.clone(),
+            next_iteration: at.next_iteration,
+            complete: at.next_iteration == p.iterations,
+            updates: at.updates,
+            adam_step: at.adam_step,
+            scheduler: Scheduler { next_update: at.updates, total: total_updates },
+            cursor: at.cursor,
+            consumed_rollouts: at.consumed.to_vec(),
+            rollouts_consumed: distinct.len(),
+            history: at.history.to_vec(),
+            reference_digest: reference_digest.clone(),
+            reference_unchanged: digest(&reference_params) == reference_digest,
+            guard: GuardSummary {
+                switch: p.guard,
+                faults: p.faults.clone(),
+                detections: at.detections.to_vec(),
+                bad_updates_applied: at.bad_updates,
+                unguarded_updates,
+                event_log: EventLogSummary { events: events.len(), intact: true },
+            },
+            final_model_digest: at.final_model_digest,
+            costs: RunCosts {
+                seconds: started.elapsed().as_secs_f64(),
+                optimization_seconds: None,
+                peak_rss_bytes: peak_rss_bytes(),
+            },
+        })
+    };
+    // (A macro, not a closure: the loop keeps mutating what it reads.)
+    macro_rules! snapshot_at {
+        ($next_iteration:expr) => {{
+            let at = Snapshot {
+                next_iteration: $next_iteration,
+                updates,
+                adam_step: adam.step,
+                cursor,
+                consumed: &consumed,
+                history: &history,
+                detections: &detections,
+                bad_updates,
+                final_model_digest: digest(&params),
+            };
+            serde_json::to_value(TrainingMetrics::Grpo(snapshot(&index, at)?))?
+        }};
+    }
     let per_iteration = (p.prompts_per_iteration * p.group_size) as u64;
     let mut order = permutation(pool.len(), p.seed, "grpo/prompts", cursor.epoch);
 
@@ -297,7 +362,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let hashing_before = t.elapsed().as_secs_f64();
         let t = Instant::now();
         let mut update_stats = Vec::new();
-        let mut guard_record = json!({"decision": "allow", "codes": []});
+        let mut guard_record = IterationGuard { decision: Decision::Allow, codes: Vec::new(), rollouts: None };
         failpoint("prepared", iteration);
         for _ in 0..p.updates_per_iteration {
             let lr = learning_rate(updates, total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
@@ -344,10 +409,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                                 .max()
                                 .unwrap_or(orchestrate::guard::Decision::Reject);
                             guard_record =
-                                json!({"decision": decision, "codes": codes_of(&refused), "rollouts": refused.len()});
-                            detections.push(
-                                json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
-                            );
+                                IterationGuard { decision, codes: codes_of(&refused), rollouts: Some(refused.len()) };
+                            detections.push(Detection { iteration, decision, codes: codes_of(&refused) });
                             eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
                             log(
                                 &mut index,
@@ -415,38 +478,35 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         let after = digest(&params);
         let hashing_seconds = hashing_before + t.elapsed().as_secs_f64();
         let mean_reward = rewards.iter().sum::<f64>() / rewards.len() as f64;
-        history.push(json!({
-            "iteration": iteration,
-            "prompts": chosen.iter().map(|&i| pool[i].id.clone()).collect::<Vec<_>>(),
-            "rollouts": [first, first + per_iteration],
-            "mean_reward": mean_reward,
-            "rewards": rewards,
-            "zero_variance_groups": zero_variance,
-            "zero_variance_fraction": zero_variance as f64 / p.prompts_per_iteration as f64,
-            "finish": {"eos": finishes.0, "length": finishes.1},
-            "behavior_max_gap": behavior_gap,
-            "updates": update_stats,
-            "weights_changed": before != after,
-            "guard": guard_record,
-            "canary": {"drift": canary.drift, "baseline": canary.baseline},
-            "faults": faults.iter().map(|f| format!("{:?}", f.family)).collect::<Vec<_>>(),
-            "costs": {
-                "generation_seconds": generation_seconds,
-                "behavior_verification_seconds": verification_seconds,
-                "optimization_with_reference_seconds": optimization_seconds,
-                "state_hashing_seconds": hashing_seconds,
-                "loop_seconds": t_loop.elapsed().as_secs_f64(),
+        history.push(GrpoIteration {
+            iteration,
+            prompts: chosen.iter().map(|&i| pool[i].id.clone()).collect(),
+            rollouts: [first, first + per_iteration],
+            mean_reward,
+            rewards,
+            zero_variance_groups: zero_variance,
+            zero_variance_fraction: zero_variance as f64 / p.prompts_per_iteration as f64,
+            finish: FinishCounts { eos: finishes.0, length: finishes.1 },
+            behavior_max_gap: behavior_gap,
+            updates: update_stats.clone(),
+            weights_changed: before != after,
+            guard: guard_record,
+            canary,
+            faults: faults.iter().map(|f| format!("{:?}", f.family)).collect(),
+            costs: IterationCosts {
+                generation_seconds,
+                behavior_verification_seconds: verification_seconds,
+                optimization_with_reference_seconds: optimization_seconds,
+                state_hashing_seconds: hashing_seconds,
+                loop_seconds: t_loop.elapsed().as_secs_f64(),
             },
-        }));
+        });
         // A boundary of the whole run is a committed checkpoint, whether or not this
         // process stops there: an interrupt at a boundary commits it exactly as the
         // continuous run does, so both lineages log the same events. Only the run's
         // last iteration has none (the final state is the node's output).
         if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < p.iterations {
-            let meta = json!({
-                "kind": "grpo", "identity": identity, "lineage": lineage, "next_iteration": iteration + 1,
-                "updates": updates, "adam_step": adam.step, "cursor": cursor, "consumed_rollouts": consumed, "history": history,
-            });
+            let meta = snapshot_at!(iteration + 1);
             wal.checkpoint(&params, &adam, &meta, iteration)?;
             log(
                 &mut index,
@@ -473,41 +533,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     if digest(&reference_params) != reference_digest {
         bail!("the reference model changed during training");
     }
-    let distinct: BTreeSet<u64> = consumed.iter().flat_map(|[a, b]| *a..*b).collect();
-    if let Some(problem) = orchestrate::guard::events::verify(&index, &lineage)? {
-        bail!("the guard's event log is broken: {problem}");
-    }
-    let events = index.guard_events(&lineage)?;
-    let event_count = events.len();
-    // Counted from the sealed log itself, so an interrupted + resumed lineage
-    // counts the updates of both processes.
-    let unguarded_updates = events.iter().filter(|e| e.2 == orchestrate::guard::UNGUARDED_EVENT).count();
-    let meta = json!({
-        "kind": "grpo",
-        "identity": identity,
-        "lineage": lineage,
-        "next_iteration": stop,
-        "complete": stop == p.iterations,
-        "updates": updates,
-        "adam_step": adam.step,
-        "scheduler": {"next_update": updates, "total": total_updates},
-        "cursor": cursor,
-        "consumed_rollouts": consumed,
-        "rollouts_consumed": distinct.len(),
-        "history": history,
-        "reference_digest": reference_digest,
-        "reference_unchanged": true,
-        "guard": {
-            "switch": p.guard,
-            "faults": p.faults,
-            "detections": detections,
-            "bad_updates_applied": bad_updates,
-            "unguarded_updates": unguarded_updates,
-            "event_log": {"events": event_count, "intact": true},
-        },
-        "final_model_digest": digest(&params),
-        "costs": {"seconds": started.elapsed().as_secs_f64(), "peak_rss_bytes": peak_rss_bytes()},
-    });
+    let meta = snapshot_at!(stop);
     write_outputs(job, &policy, model_dir, &params, &adam, &meta)?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();

@@ -69,8 +69,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let mut pool = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
     pool.retain(|e| e.label["warmstart"].as_bool() == Some(false));
     pool.truncate(p.prompts);
-    let prompts: Vec<Vec<i64>> =
-        pool.iter().map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id)).collect::<Result<_>>()?;
+    let prompts: Vec<Vec<i64>> = pool
+        .iter()
+        .map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id))
+        .collect::<Result<_>>()?;
     let batch_prompts: Vec<Vec<i64>> =
         prompts.iter().flat_map(|x| std::iter::repeat_n(x.clone(), p.group_size)).collect();
     let rollout_ids: Vec<u64> = (0..batch_prompts.len() as u64).collect();

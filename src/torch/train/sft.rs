@@ -3,12 +3,14 @@
 //! (not a mean of per-response means). Validation NLL after each epoch is
 //! recorded and never used to pick a checkpoint.
 
+use orchestrate::train::metrics::{
+    RunCosts, Scheduler, SftIdentity, SftMetrics, SftUpdate, SftValidation, TrainingMetrics,
+};
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use orchestrate::ops::worker::WorkerJob;
 use orchestrate::ops::{parse_params, Mode, SftBranch, SftParams};
-use serde_json::{json, Value};
 use tch::Kind;
 
 use super::adamw::{clip_grad_norm, digest, learning_rate, zero_grad, AdamW, AdamWConfig};
@@ -77,25 +79,22 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let params = params(&model);
     let mut adam = AdamW::new(AdamWConfig::new(p.weight_decay), &params);
     let total = rows.len().div_ceil(p.batch_size) * p.epochs;
-    let mut identity = serde_json::to_value(&p)?;
-    for k in ["mode", "interrupt_after_epochs"] {
-        identity.as_object_mut().expect("params are an object").remove(k);
-    }
-    identity["initial_model_digest"] = json!(digest(&params));
-    identity["examples"] = json!(rows.len());
+    let identity = SftIdentity::new(&p, digest(&params), rows.len());
     let (mut start_epoch, mut updates) = (0usize, 0usize);
-    let (mut history, mut validation_history): (Vec<Value>, Vec<Value>) = (Vec::new(), Vec::new());
+    let (mut history, mut validation_history): (Vec<SftUpdate>, Vec<SftValidation>) = (Vec::new(), Vec::new());
     if p.mode == Mode::Resume {
         let state = read(input_path(job, "resume_from")?)?;
-        if state.meta["kind"] != "sft" || state.meta["identity"] != identity {
+        let m = match TrainingMetrics::from_meta(&state.meta, "the resume state").map_err(|e| anyhow::anyhow!(e))? {
+            TrainingMetrics::Sft(m) => m,
+            other => bail!("the resume state is the state of a {} run, not of an SFT run", other.kind()),
+        };
+        if m.identity != identity {
             bail!("the resume state belongs to another SFT run (identity differs): refusing to resume");
         }
         restore_state(&state, &params, &mut adam)?;
-        start_epoch = state.meta["next_epoch"].as_u64().unwrap_or(0) as usize;
-        updates = state.meta["updates"].as_u64().unwrap_or(0) as usize;
-        history = state.meta["history"].as_array().cloned().unwrap_or_default();
-        validation_history = state.meta["validation_history"].as_array().cloned().unwrap_or_default();
-        if state.meta["scheduler"] != json!({"next_update": updates, "total": total}) {
+        (start_epoch, updates, history, validation_history) =
+            (m.next_epoch, m.updates, m.history, m.validation_history);
+        if m.scheduler != (Scheduler { next_update: updates, total }) {
             bail!("the scheduler position in the state does not match this run");
         }
     }
@@ -119,7 +118,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             adam.step(&params, lr);
             updates += 1;
             optimization_seconds += t.elapsed().as_secs_f64();
-            history.push(json!({"update": updates, "epoch": epoch, "loss": loss_value, "tokens": tokens, "lr": lr, "grad_norm": grad_norm}));
+            history.push(SftUpdate { update: updates, epoch, loss: loss_value, tokens, lr, grad_norm });
         }
         let (mut nll, mut count) = (0.0, 0.0);
         tch::no_grad(|| {
@@ -130,7 +129,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 count += tokens;
             }
         });
-        validation_history.push(json!({"epoch": epoch, "validation_nll": nll / count.max(1.0), "tokens": count}));
+        validation_history.push(SftValidation { epoch, validation_nll: nll / count.max(1.0), tokens: count });
         eprintln!("sft {:?} epoch {epoch}: {updates} updates, validation NLL {:.4}", p.branch, nll / count.max(1.0));
         eprintln!(
             "{}epoch {}/{}  validation NLL {:.4}",
@@ -140,18 +139,21 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             nll / count.max(1.0)
         );
     }
-    let meta = json!({
-        "kind": "sft",
-        "identity": identity,
-        "next_epoch": stop,
-        "complete": stop == p.epochs,
-        "updates": updates,
-        "adam_step": adam.step,
-        "scheduler": {"next_update": updates, "total": total},
-        "history": history,
-        "validation_history": validation_history,
-        "final_model_digest": digest(&params),
-        "costs": {"seconds": started.elapsed().as_secs_f64(), "optimization_seconds": optimization_seconds, "peak_rss_bytes": peak_rss_bytes()},
-    });
+    let meta = serde_json::to_value(TrainingMetrics::Sft(SftMetrics {
+        identity,
+        next_epoch: stop,
+        complete: stop == p.epochs,
+        updates,
+        adam_step: adam.step,
+        scheduler: Scheduler { next_update: updates, total },
+        history,
+        validation_history,
+        final_model_digest: digest(&params),
+        costs: RunCosts {
+            seconds: started.elapsed().as_secs_f64(),
+            optimization_seconds: Some(optimization_seconds),
+            peak_rss_bytes: peak_rss_bytes(),
+        },
+    }))?;
     write_outputs(job, &model, model_dir, &params, &adam, &meta)
 }

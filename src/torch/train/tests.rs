@@ -65,10 +65,8 @@ fn compare_update(lrs: &[f64]) -> Comparison {
     let params: BTreeMap<String, Tensor> = policy.vs.variables().into_iter().collect();
     let before: BTreeMap<String, Tensor> = params.iter().map(|(k, v)| (k.clone(), v.detach().copy())).collect();
     let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
-    let stats = lrs
-        .iter()
-        .map(|&lr| step(&policy, &reference, &params, &mut adam, &batch, &hyper, lr).unwrap())
-        .collect();
+    let stats =
+        lrs.iter().map(|&lr| step(&policy, &reference, &params, &mut adam, &batch, &hyper, lr).unwrap()).collect();
 
     let batch_json = serde_json::json!({
         "prompts": batch.prompts, "responses": batch.responses, "old_logprobs": batch.old_logprobs,

@@ -34,16 +34,8 @@ pub struct GrpoHyper {
     pub max_grad_norm: f64,
 }
 
-/// What one update measured.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct UpdateStats {
-    pub loss: f64,
-    pub surrogate: f64,
-    pub kl: f64,
-    pub clip_fraction: f64,
-    pub grad_norm: f64,
-    pub lr: f64,
-}
+/// What one update measured (the metrics' own type).
+pub use orchestrate::train::metrics::UpdateStats;
 
 /// Logits at the response positions of each row: (rows, tokens, vocab), with
 /// the response ids and a mask, from one right-padded forward pass.

@@ -1,0 +1,297 @@
+//! What a training node writes as `metrics` (and as its `state`'s metadata),
+//! and what `results.table`, `analysis.arms`, the report, `check.resume` and a
+//! resuming run read: one type for writer and readers. A missing or ill-typed
+//! field is an error naming the file and the field, never a default.
+
+use serde::{Deserialize, Serialize};
+
+use crate::guard::{Canary, Decision};
+use crate::ops::eval::required;
+use crate::ops::{FaultSpec, GrpoParams, GuardSwitch, Mode, SftParams};
+
+/// A training node's metrics, by kind.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum TrainingMetrics {
+    Sft(SftMetrics),
+    Grpo(GrpoMetrics),
+}
+
+impl TrainingMetrics {
+    /// Reads a `metrics` file.
+    pub fn read(path: &std::path::Path) -> Result<Self, crate::ops::OpError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| crate::ops::OpError::io(format!("reading {}", path.display()), e))?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| crate::ops::OpError::Failed(format!("{}: not JSON: {e}", path.display())))?;
+        Self::from_meta(&value, &path.display().to_string()).map_err(crate::ops::OpError::Failed)
+    }
+
+    /// Reads metrics (a `metrics` file's or a state file's metadata); `what`
+    /// names them in errors, which give the full path of the field.
+    pub fn from_meta(meta: &serde_json::Value, what: &str) -> Result<Self, String> {
+        // The kind is dispatched by hand: serde's internally tagged enums buffer
+        // their content and lose the path of an error inside it.
+        let kind = meta.get("kind").and_then(serde_json::Value::as_str);
+        let mut body = meta.clone();
+        if let Some(fields) = body.as_object_mut() {
+            fields.remove("kind");
+        }
+        let fail = |e: serde_path_to_error::Error<serde_json::Error>| {
+            format!("{what}: field {}: {}", e.path(), e.inner())
+        };
+        match kind {
+            Some("sft") => serde_path_to_error::deserialize(body).map(TrainingMetrics::Sft).map_err(fail),
+            Some("grpo") => serde_path_to_error::deserialize(body).map(TrainingMetrics::Grpo).map_err(fail),
+            Some(other) => Err(format!("{what}: field kind: '{other}' is not a training kind (sft, grpo)")),
+            None => Err(format!("{what}: field kind: missing (expected sft or grpo)")),
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TrainingMetrics::Sft(_) => "sft",
+            TrainingMetrics::Grpo(_) => "grpo",
+        }
+    }
+
+    pub fn costs(&self) -> &RunCosts {
+        match self {
+            TrainingMetrics::Sft(m) => &m.costs,
+            TrainingMetrics::Grpo(m) => &m.costs,
+        }
+    }
+
+    pub fn updates(&self) -> usize {
+        match self {
+            TrainingMetrics::Sft(m) => m.updates,
+            TrainingMetrics::Grpo(m) => m.updates,
+        }
+    }
+}
+
+/// What makes two processes one run: their settings except the mode and the
+/// interrupt point (an interrupted run and its resume are one run, and the
+/// continuous run is the same run again), and the starting weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoIdentity {
+    /// The run's params with `mode: continuous` and `interrupt_at: 0`.
+    pub params: GrpoParams,
+    pub initial_model_digest: String,
+    pub verifier_protocol: String,
+}
+
+impl GrpoIdentity {
+    pub fn new(params: &GrpoParams, initial_model_digest: String, verifier_protocol: String) -> Self {
+        let params = GrpoParams { mode: Mode::Continuous, interrupt_at: 0, ..params.clone() };
+        GrpoIdentity { params, initial_model_digest, verifier_protocol }
+    }
+}
+
+/// The SFT counterpart of [`GrpoIdentity`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftIdentity {
+    /// The run's params with `mode: continuous` and `interrupt_after_epochs: 0`.
+    pub params: SftParams,
+    pub initial_model_digest: String,
+    pub examples: usize,
+}
+
+impl SftIdentity {
+    pub fn new(params: &SftParams, initial_model_digest: String, examples: usize) -> Self {
+        let params = SftParams { mode: Mode::Continuous, interrupt_after_epochs: 0, ..params.clone() };
+        SftIdentity { params, initial_model_digest, examples }
+    }
+}
+
+/// Where the learning-rate schedule stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scheduler {
+    pub next_update: usize,
+    pub total: usize,
+}
+
+/// Wall-clock and memory of one process (not compared by `check.resume`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunCosts {
+    pub seconds: f64,
+    /// SFT only: the time in forward, backward and optimizer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimization_seconds: Option<f64>,
+    /// `null` where the OS does not report it.
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// `train.sft`'s metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftMetrics {
+    pub identity: SftIdentity,
+    pub next_epoch: usize,
+    pub complete: bool,
+    pub updates: usize,
+    pub adam_step: i64,
+    pub scheduler: Scheduler,
+    pub history: Vec<SftUpdate>,
+    pub validation_history: Vec<SftValidation>,
+    pub final_model_digest: String,
+    pub costs: RunCosts,
+}
+
+/// One SFT update.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftUpdate {
+    pub update: usize,
+    pub epoch: usize,
+    pub loss: f64,
+    pub tokens: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+}
+
+/// Validation NLL after one epoch (recorded, never used to pick a checkpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftValidation {
+    pub epoch: usize,
+    pub validation_nll: f64,
+    pub tokens: f64,
+}
+
+/// Where the prompt order stands: epoch of the pool permutation, and position in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cursor {
+    pub epoch: usize,
+    pub offset: usize,
+}
+
+/// `train.grpo`'s metrics; a WAL checkpoint holds the same, as of its iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoMetrics {
+    pub identity: GrpoIdentity,
+    /// The rollout lineage (not compared by `check.resume`: a continuous run
+    /// replays the same rollout ids in a lineage of its own).
+    pub lineage: String,
+    pub next_iteration: usize,
+    pub complete: bool,
+    pub updates: usize,
+    pub adam_step: i64,
+    pub scheduler: Scheduler,
+    pub cursor: Cursor,
+    /// Rollout id ranges `[first, end)` consumed so far.
+    pub consumed_rollouts: Vec<[u64; 2]>,
+    /// Distinct rollout ids consumed.
+    pub rollouts_consumed: usize,
+    pub history: Vec<GrpoIteration>,
+    pub reference_digest: String,
+    pub reference_unchanged: bool,
+    pub guard: GuardSummary,
+    pub final_model_digest: String,
+    pub costs: RunCosts,
+}
+
+/// One GRPO iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoIteration {
+    pub iteration: usize,
+    /// The prompt ids of the iteration, in order.
+    pub prompts: Vec<String>,
+    pub rollouts: [u64; 2],
+    pub mean_reward: f64,
+    pub rewards: Vec<f64>,
+    pub zero_variance_groups: usize,
+    pub zero_variance_fraction: f64,
+    pub finish: FinishCounts,
+    pub behavior_max_gap: f64,
+    /// The updates made (none when the guard refused the batch).
+    pub updates: Vec<UpdateStats>,
+    pub weights_changed: bool,
+    pub guard: IterationGuard,
+    pub canary: Canary,
+    /// Fault families injected at this iteration.
+    pub faults: Vec<String>,
+    pub costs: IterationCosts,
+}
+
+/// How the responses of an iteration ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinishCounts {
+    pub eos: usize,
+    pub length: usize,
+}
+
+/// What one update measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateStats {
+    pub loss: f64,
+    pub surrogate: f64,
+    pub kl: f64,
+    pub clip_fraction: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+}
+
+/// The guard's decision on an iteration's batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IterationGuard {
+    pub decision: Decision,
+    pub codes: Vec<String>,
+    /// How many rollouts were refused (absent when the batch was allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollouts: Option<usize>,
+}
+
+/// An iteration's cost categories, in seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IterationCosts {
+    pub generation_seconds: f64,
+    pub behavior_verification_seconds: f64,
+    pub optimization_with_reference_seconds: f64,
+    pub state_hashing_seconds: f64,
+    pub loop_seconds: f64,
+}
+
+/// What the guard did over the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardSummary {
+    pub switch: GuardSwitch,
+    pub faults: Vec<FaultSpec>,
+    pub detections: Vec<Detection>,
+    /// Updates applied on a faulted batch (guard off).
+    pub bad_updates_applied: usize,
+    /// Updates made without validation, counted from the sealed log.
+    pub unguarded_updates: usize,
+    pub event_log: EventLogSummary,
+}
+
+/// A refused batch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Detection {
+    pub iteration: usize,
+    pub decision: Decision,
+    pub codes: Vec<String>,
+}
+
+/// The lineage's sealed event log as of this state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventLogSummary {
+    pub events: usize,
+    /// The chain verified (a broken one stops the run instead).
+    pub intact: bool,
+}
