@@ -37,9 +37,8 @@ impl TrainingMetrics {
         if let Some(fields) = body.as_object_mut() {
             fields.remove("kind");
         }
-        let fail = |e: serde_path_to_error::Error<serde_json::Error>| {
-            format!("{what}: field {}: {}", e.path(), e.inner())
-        };
+        let fail =
+            |e: serde_path_to_error::Error<serde_json::Error>| format!("{what}: field {}: {}", e.path(), e.inner());
         match kind {
             Some("sft") => serde_path_to_error::deserialize(body).map(TrainingMetrics::Sft).map_err(fail),
             Some("grpo") => serde_path_to_error::deserialize(body).map(TrainingMetrics::Grpo).map_err(fail),
