@@ -159,3 +159,28 @@ fn keys_do_not_depend_on_key_order_or_number_spelling() {
     assert!(key("one.yaml").is_some());
     assert_eq!(key("one.yaml"), key("two.yaml"));
 }
+
+/// A node whose last attempt failed is not a "new node": plan names the run
+/// it failed in and the error, until it changes or succeeds.
+#[test]
+fn plan_says_in_which_run_an_unchanged_node_failed() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        "name: f\nnodes:\n  flaky:\n    op: shell\n    params: {cmd: \"test -f ok || { echo not yet >&2; exit 3; }; echo done > out.txt\", outs: [out.txt]}\n",
+    );
+    let ev = p.run_json(&["spec.yaml"], 1);
+    let run_id = ev.iter().find_map(|e| e["run_id"].as_str()).expect("the run names its id").to_string();
+    let out = p.run(&["plan", "spec.yaml"]);
+    let text = stdout(&out);
+    assert!(text.contains(&format!("failed in run {run_id}")) && text.contains("exit code 3"), "{text}");
+    // The same key run again says so too, and once it succeeds it is cached.
+    p.write("ok", "");
+    let ev = p.run_json(&["spec.yaml"], 0);
+    let started = ev.iter().find(|e| e["event"] == "node_started").unwrap();
+    assert!(started["reason"].as_str().unwrap().starts_with(&format!("failed in run {run_id}")), "{started}");
+    assert!(stdout(&p.run(&["plan", "spec.yaml"])).contains("1 cached, 0 to run"));
+    // A changed node is described by its change, not by an old failure.
+    let out = p.run(&["plan", "spec.yaml", "--set", "nodes.flaky.params.cmd=echo other > out.txt"]);
+    assert!(stdout(&out).contains("params.cmd"), "{}", stdout(&out));
+}

@@ -100,24 +100,62 @@ pub fn hash_inputs(
     })
 }
 
-/// Says why a node with this record is not a cache hit, from its last record.
-pub fn why_run(index: &Index, node_id: &str, record: &HashInputs) -> Result<String, StoreError> {
+/// Why a node runs instead of being a cache hit, as Cargo's dirty reasons say
+/// why a unit rebuilds. Computed once, from the index; shown by `plan`, `run`
+/// and the Slurm executor through `Display`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DirtyReason {
+    /// No completed record of this node id, and no failed attempt of this key.
+    New,
+    /// This exact key failed in an earlier run (nothing changed since).
+    FailedIn { run_id: String, error: String },
+    /// The fields of the hash-input record that changed since the node's last completed record.
+    Changed(Vec<crate::dag::key::Change>),
+    /// The record is the same, but its outputs are missing or were modified.
+    OutputsMissing,
+}
+
+impl std::fmt::Display for DirtyReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirtyReason::New => write!(f, "new node"),
+            DirtyReason::FailedIn { run_id, error } => {
+                let first = error.lines().next().unwrap_or_default();
+                let short: String = first.chars().take(120).collect();
+                let more = if short.len() < error.len() { "…" } else { "" };
+                write!(f, "failed in run {run_id}: {short}{more}")
+            }
+            DirtyReason::Changed(changes) => {
+                let parts: Vec<String> = changes
+                    .iter()
+                    .map(|c| match c.field.split_once('.') {
+                        Some(("inputs", name)) => format!("input '{name}' changed"),
+                        Some(("files", name)) => format!("dep '{name}' changed"),
+                        _ => c.to_string(),
+                    })
+                    .collect();
+                write!(f, "{}", parts.join("; "))
+            }
+            DirtyReason::OutputsMissing => write!(f, "outputs missing or modified"),
+        }
+    }
+}
+
+/// Says why a node with this record is not a cache hit: its key's last failure,
+/// or what changed since its last completed record.
+pub fn why_run(index: &Index, node_id: &str, record: &HashInputs) -> Result<DirtyReason, StoreError> {
+    let key = record.key();
+    // A key that completed since it failed is not "failed": it lost its outputs.
+    if index.lookup(&key)?.is_none() {
+        if let Some((run_id, error)) = index.last_failure(node_id, &key)? {
+            return Ok(DirtyReason::FailedIn { run_id, error });
+        }
+    }
     let Some(last) = index.latest_for_node(node_id)? else {
-        return Ok("new node".to_string());
+        return Ok(DirtyReason::New);
     };
     let changes = diff(&last.record, record);
-    if changes.is_empty() {
-        return Ok("outputs missing or modified".to_string());
-    }
-    let parts: Vec<String> = changes
-        .iter()
-        .map(|c| match c.field.split_once('.') {
-            Some(("inputs", name)) => format!("input '{name}' changed"),
-            Some(("files", name)) => format!("dep '{name}' changed"),
-            _ => c.to_string(),
-        })
-        .collect();
-    Ok(parts.join("; "))
+    Ok(if changes.is_empty() { DirtyReason::OutputsMissing } else { DirtyReason::Changed(changes) })
 }
 
 /// What the caller hears about while a node resolves.
@@ -166,7 +204,7 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
         r
     } else {
         match why_run(job.index, job.node.id(), &record) {
-            Ok(r) => r,
+            Ok(r) => r.to_string(),
             Err(e) => return failed(Some(key), e.to_string()),
         }
     };

@@ -167,7 +167,7 @@ fn state_of(
             Some(why) => PlanState::Run { key: Some(key), reason: why },
         });
     }
-    let reason = why_run(index, node.id(), &record)?;
+    let reason = why_run(index, node.id(), &record)?.to_string();
     Ok(PlanState::Run { key: Some(key), reason })
 }
 

@@ -293,6 +293,19 @@ impl Index {
         raw.map(Self::cached).transpose()
     }
 
+    /// The most recent run in which this node id failed with exactly this key:
+    /// (run id, error). For `plan`'s "failed in run R".
+    pub fn last_failure(&self, node_id: &str, key: &str) -> Result<Option<(String, String)>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT n.run_id, COALESCE(n.detail, '') FROM run_nodes n JOIN runs r ON r.run_id = n.run_id
+                 WHERE n.node_id = ?1 AND n.key = ?2 AND n.outcome = 'failed'
+                 ORDER BY r.started_at DESC, r.rowid DESC LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row(params![node_id, key], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+            .map_err(db("looking up a node's last failure"))
+    }
+
     /// Commits a completed node: the last step of publishing.
     pub fn insert_node(&self, n: &CachedNode) -> Result<(), StoreError> {
         self.conn
