@@ -141,13 +141,13 @@ impl std::fmt::Display for DirtyReason {
     }
 }
 
-/// Says why a node with this record is not a cache hit: its key's last failure,
-/// or what changed since its last completed record.
-pub fn why_run(index: &Index, node_id: &str, record: &HashInputs) -> Result<DirtyReason, StoreError> {
-    let key = record.key();
+/// Says why a node with this record (whose key is `key`, already computed by
+/// the caller) is not a cache hit: its key's last failure, or what changed since
+/// its last completed record.
+pub fn why_run(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> Result<DirtyReason, StoreError> {
     // A key that completed since it failed is not "failed": it lost its outputs.
-    if index.lookup(&key)?.is_none() {
-        if let Some((run_id, error)) = index.last_failure(node_id, &key)? {
+    if index.lookup(key)?.is_none() {
+        if let Some((run_id, error)) = index.last_failure(node_id, key)? {
             return Ok(DirtyReason::FailedIn { run_id, error });
         }
     }
@@ -203,7 +203,7 @@ pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     } else if let Some(r) = stale_reason {
         r
     } else {
-        match why_run(job.index, job.node.id(), &record) {
+        match why_run(job.index, job.node.id(), &key, &record) {
             Ok(r) => r.to_string(),
             Err(e) => return failed(Some(key), e.to_string()),
         }

@@ -167,7 +167,7 @@ fn state_of(
             Some(why) => PlanState::Run { key: Some(key), reason: why },
         });
     }
-    let reason = why_run(index, node.id(), &record)?.to_string();
+    let reason = why_run(index, node.id(), &key, &record)?.to_string();
     Ok(PlanState::Run { key: Some(key), reason })
 }
 

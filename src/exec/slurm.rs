@@ -619,7 +619,7 @@ pub fn resolve(job: &NodeJob<'_>, run: &SlurmRun<'_>, observer: &mut dyn NodeObs
             let reason = if job.force {
                 "forced".to_string()
             } else {
-                why_run(job.index, job.node.id(), &record).map_or_else(|e| e.to_string(), |r| r.to_string())
+                why_run(job.index, job.node.id(), &key, &record).map_or_else(|e| e.to_string(), |r| r.to_string())
             };
             observer.started(&key, &format!("{reason}; Slurm job {job_id}"));
         }
