@@ -68,6 +68,8 @@ struct Snapshot<'a> {
     detections: &'a [Detection],
     bad_updates: usize,
     final_model_digest: String,
+    /// The reference weights' digest at this point (the run's start digest if unchanged).
+    reference_digest_now: String,
 }
 
 pub fn run(job: &WorkerJob) -> Result<()> {
@@ -185,7 +187,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             rollouts_consumed: distinct.len(),
             history: at.history.to_vec(),
             reference_digest: reference_digest.clone(),
-            reference_unchanged: digest(&reference_params) == reference_digest,
+            reference_unchanged: at.reference_digest_now == reference_digest,
             guard: GuardSummary {
                 switch: p.guard,
                 faults: p.faults.clone(),
@@ -204,7 +206,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     };
     // (A macro, not a closure: the loop keeps mutating what it reads.)
     macro_rules! snapshot_at {
-        ($next_iteration:expr) => {{
+        ($next_iteration:expr, $model_digest:expr, $reference_digest_now:expr) => {{
             let at = Snapshot {
                 next_iteration: $next_iteration,
                 updates,
@@ -214,7 +216,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 history: &history,
                 detections: &detections,
                 bad_updates,
-                final_model_digest: digest(&params),
+                final_model_digest: $model_digest,
+                reference_digest_now: $reference_digest_now,
             };
             serde_json::to_value(TrainingMetrics::Grpo(snapshot(&index, at)?))?
         }};
@@ -506,7 +509,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         // continuous run does, so both lineages log the same events. Only the run's
         // last iteration has none (the final state is the node's output).
         if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < p.iterations {
-            let meta = snapshot_at!(iteration + 1);
+            // The digests this iteration already took (weights after its updates, reference).
+            let meta = snapshot_at!(iteration + 1, after.clone(), reference_now.clone());
             wal.checkpoint(&params, &adam, &meta, iteration)?;
             log(
                 &mut index,
@@ -530,10 +534,11 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             update_stats.last().map_or("-".to_string(), |s| format!("{:.2e}", s.kl))
         );
     }
-    if digest(&reference_params) != reference_digest {
+    let reference_now = digest(&reference_params);
+    if reference_now != reference_digest {
         bail!("the reference model changed during training");
     }
-    let meta = snapshot_at!(stop);
+    let meta = snapshot_at!(stop, digest(&params), reference_now);
     write_outputs(job, &policy, model_dir, &params, &adam, &meta)?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
