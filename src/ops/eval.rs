@@ -9,7 +9,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{parse_params, read_jsonl, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext};
+use super::{
+    parse_params, read_jsonl, required, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext,
+};
 use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::model::DEFAULT_SYSTEM;
 
@@ -91,13 +93,6 @@ pub struct EvalSummary {
     #[serde(deserialize_with = "required")]
     pub peak_rss_bytes: Option<u64>,
     pub device: String,
-}
-
-/// An `Option` field that must be present, as a value or as `null`: serde's
-/// derive would otherwise read a missing one as `None`, and a missing number
-/// would pass as "undefined" instead of failing.
-pub fn required<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    Option::<T>::deserialize(d)
 }
 
 /// One population's tally in one mode, as `eval.score` writes it. Rates are

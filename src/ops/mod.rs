@@ -198,6 +198,13 @@ pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, OpError> {
     })
 }
 
+/// For an `Option` field of a shared artifact type that must be present, as a
+/// value or as `null`: serde's derive would otherwise read a missing one as
+/// `None`, and a missing number would pass as "undefined" instead of failing.
+pub fn required<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    <Option<T> as serde::Deserialize>::deserialize(d)
+}
+
 /// A params problem at a path inside the node's `params`.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]

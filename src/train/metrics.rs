@@ -6,8 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::guard::{Canary, Decision};
-use crate::ops::eval::required;
-use crate::ops::{FaultSpec, GrpoParams, GuardSwitch, Mode, SftParams};
+use crate::ops::{required, FaultSpec, GrpoParams, GuardSwitch, Mode, SftParams};
 
 /// A training node's metrics, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
