@@ -56,7 +56,7 @@ fn batch(n: usize) -> (Vec<Envelope>, BTreeMap<String, TokenArtifacts>, BTreeMap
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let ws = orchestrate::store::Workspace::open(dir.path()).unwrap();
-    let mut index = ws.index().unwrap();
+    let mut index = orchestrate::guard::Ledger::open(&ws).unwrap();
     let verifiers = VerifierRegistry::builtin();
     let aliases = BTreeMap::new();
     let iteration = Command::new(env!("CARGO_BIN_EXE_orchestrate-torch"))

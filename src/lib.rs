@@ -8,6 +8,7 @@
 //! and is compiled into the `orchestrate-torch` worker binary only (see
 //! [`runtime`] for why).
 
+pub mod canonical;
 pub mod cli;
 pub mod dag;
 pub mod data;
@@ -21,4 +22,5 @@ pub mod report;
 pub mod runtime;
 pub mod spec;
 pub mod store;
+pub mod suggest;
 pub mod train;

@@ -40,7 +40,7 @@ fn read_json(path: &Path) -> Option<Value> {
 /// A run of the workspace (default: the latest). Edges come from the recorded
 /// input hashes: a node depends on the run's nodes that produced them.
 pub fn from_run(ws: &Workspace, run: Option<String>) -> Result<Source> {
-    let run = crate::cli::events::resolve_run(ws, run)?;
+    let run = ws.resolve_run(run)?;
     let index = ws.index()?;
     let row = index.recent_runs(usize::MAX >> 1)?.into_iter().find(|r| r.run_id == run).context("run vanished")?;
     let mut nodes = Vec::new();
@@ -58,10 +58,11 @@ pub fn from_run(ws: &Workspace, run: Option<String>) -> Result<Source> {
                 outputs.insert(o.name.clone(), ws.object_path(&o.object.hash));
             }
         }
-        records.push(cached.as_ref().map(|c| c.record.inputs.clone()).unwrap_or_default());
+        let record = cached.as_ref().map(|c| crate::dag::key::HashInputs::from_stored(&c.record)).transpose()?;
+        records.push(record.as_ref().map(|r| r.inputs.clone()).unwrap_or_default());
         nodes.push(Node {
             id: n.node_id.clone(),
-            op: cached.as_ref().map(|c| c.record.op.clone()).unwrap_or_default(),
+            op: record.as_ref().map(|r| r.op.clone()).unwrap_or_default(),
             key: n.key.clone(),
             outcome: n.outcome.clone(),
             seconds: n.seconds,

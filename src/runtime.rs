@@ -7,8 +7,29 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-use crate::dag::key::EnvPart;
-use crate::exec::EnvProvider;
+use serde::{Deserialize, Serialize};
+
+/// The numerical environment a result depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvPart {
+    /// `cpu` or `cuda`.
+    pub device: String,
+    pub libtorch: String,
+    /// libtorch's CPU capability (`AVX512`, `AVX2`, `DEFAULT`): the same libtorch
+    /// computes other bytes with other vectorized kernels. Absent only in records
+    /// written before orchestrate keyed it; every environment computed now has it
+    /// (see `runtime::cpu_capability`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    /// The processor's vendor (`GenuineIntel`, `AuthenticAMD`): MKL picks its
+    /// kernels by vendor too. Absent only in records from before it was keyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_vendor: Option<String>,
+}
+
+/// Supplies the numerical environment, asked at most once and only if a
+/// numerical node is resolved.
+pub type EnvProvider = Box<dyn Fn() -> Result<EnvPart, String> + Send + Sync>;
 
 /// Name of the libtorch-linked worker binary, installed next to `orchestrate`.
 pub const WORKER: &str = "orchestrate-torch";

@@ -8,7 +8,7 @@ use common::Project;
 fn thirty_two_processes_race_for_one_nonce_and_exactly_one_wins() {
     let p = Project::new();
     let ws = orchestrate::store::Workspace::open(&p.path().join(".orchestrate")).unwrap();
-    ws.index().unwrap().register_nonce("n-1", "batch", "policy").unwrap();
+    orchestrate::guard::Ledger::open(&ws).unwrap().register_nonce("n-1", "batch", "policy").unwrap();
     let children: Vec<_> = (0..32)
         .map(|_| p.cmd(&["guard", "spend-nonce", "n-1"]).stdout(std::process::Stdio::piped()).spawn().unwrap())
         .collect();

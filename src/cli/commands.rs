@@ -237,7 +237,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Guard(GuardCommand::SpendNonce { nonce }) => {
             let ws = Workspace::open(&cli.workspace)?;
-            let won = ws.index()?.consume_nonce(&nonce)?;
+            let won = crate::guard::Ledger::open(&ws)?.consume_nonce(&nonce)?;
             println!("{}", if won { "won" } else { "lost" });
             Ok(if won { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }

@@ -10,17 +10,7 @@ use crate::store::Workspace;
 
 /// The run to look at: the given one (which must exist) or the latest.
 pub fn resolve_run(ws: &Workspace, run: Option<String>) -> Result<String> {
-    let index = ws.index()?;
-    let runs = index.recent_runs(usize::MAX >> 1)?;
-    match run {
-        Some(r) => {
-            if runs.iter().all(|x| x.run_id != r) {
-                bail!("no run '{r}' in {}", ws.root().display());
-            }
-            Ok(r)
-        }
-        None => runs.first().map(|r| r.run_id.clone()).context("no runs yet"),
-    }
+    Ok(ws.resolve_run(run)?)
 }
 
 /// Every event of a run, engine events first (in order), then, for each node of
@@ -36,14 +26,16 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
             "codes": [], "event": e,
         }));
     }
+    let ledger = crate::guard::Ledger::open_read_only(ws)?;
     for n in index.run_nodes(run)? {
+        let Some(ledger) = &ledger else { break };
         let Some(key) = &n.key else { continue };
         let Some(cached) = index.lookup(key)? else { continue };
         let Some(metrics) = cached.outputs.iter().find(|o| o.name == "metrics") else { continue };
         let Ok(text) = std::fs::read_to_string(ws.object_path(&metrics.object.hash)) else { continue };
         let Ok(m) = serde_json::from_str::<Value>(&text) else { continue };
         let Some(lineage) = m["lineage"].as_str() else { continue };
-        for (seq, producer, kind, payload, _prev, seal) in index.guard_events(lineage)? {
+        for crate::guard::ledger::StoredEvent { seq, producer, kind, payload, seal, .. } in ledger.events(lineage)? {
             let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::String(payload));
             let codes = payload["codes"].clone();
             out.push(json!({

@@ -20,28 +20,11 @@
 //! field changed and how.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The numerical environment a result depends on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvPart {
-    /// `cpu` or `cuda`.
-    pub device: String,
-    pub libtorch: String,
-    /// libtorch's CPU capability (`AVX512`, `AVX2`, `DEFAULT`): the same libtorch
-    /// computes other bytes with other vectorized kernels. Absent only in records
-    /// written before orchestrate keyed it; every environment computed now has it
-    /// (see `runtime::cpu_capability`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<String>,
-    /// The processor's vendor (`GenuineIntel`, `AuthenticAMD`): MKL picks its
-    /// kernels by vendor too. Absent only in records from before it was keyed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_vendor: Option<String>,
-}
+pub use crate::runtime::EnvPart;
 
 /// Everything a node key is computed from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +41,12 @@ pub struct HashInputs {
 const DOMAIN: &str = "orchestrate.node-key.v1\n";
 
 impl HashInputs {
+    /// The record a cache row keeps, read back (the store keeps it opaque).
+    pub fn from_stored(record: &Value) -> Result<HashInputs, crate::store::StoreError> {
+        serde_json::from_value(record.clone())
+            .map_err(|e| crate::store::StoreError::Invalid(format!("corrupt hash-input record in the index: {e}")))
+    }
+
     /// The node key: 64 hex digits.
     pub fn key(&self) -> String {
         let record = serde_json::to_value(self).expect("HashInputs serializes to JSON");
@@ -68,53 +57,7 @@ impl HashInputs {
     }
 }
 
-/// JSON with object keys sorted at every level and no whitespace. Independent
-/// of how the map type orders its keys, so the encoding cannot drift with a
-/// dependency's feature flags.
-pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(v, &mut out);
-    out
-}
-
-fn write_canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
-                write_canonical(&map[*k], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        Value::Number(n) => {
-            // 1.0 and 1 are the same param value; integers print as integers.
-            match n.as_f64() {
-                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                    let _ = write!(out, "{}", f as i64);
-                }
-                _ => out.push_str(&n.to_string()),
-            }
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
+pub use crate::canonical::canonical_json;
 
 /// One field that differs between two records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -26,9 +26,7 @@ use crate::dag::Dag;
 use crate::spec::Spec;
 use crate::store::{now_rfc3339, OutputRecord, RunNodeRow, RunRow, StoreError, Workspace};
 
-/// Supplies the numerical environment, asked at most once and only if a
-/// numerical node is resolved.
-pub type EnvProvider = Box<dyn Fn() -> Result<EnvPart, String> + Send + Sync>;
+pub use crate::runtime::EnvProvider;
 
 /// How to run.
 pub struct RunOptions {

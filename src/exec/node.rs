@@ -154,7 +154,7 @@ pub fn why_run(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> 
     let Some(last) = index.latest_for_node(node_id)? else {
         return Ok(DirtyReason::New);
     };
-    let changes = diff(&last.record, record);
+    let changes = diff(&HashInputs::from_stored(&last.record)?, record);
     Ok(if changes.is_empty() { DirtyReason::OutputsMissing } else { DirtyReason::Changed(changes) })
 }
 
@@ -292,7 +292,7 @@ fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<Outp
             key: key.to_string(),
             node_id: job.node.id().to_string(),
             spec: job.spec_name.to_string(),
-            record: record.clone(),
+            record: serde_json::to_value(record).expect("a key record serializes"),
             outputs: outputs.clone(),
             seconds: started.elapsed().as_secs_f64(),
             finished_at: now_rfc3339(),

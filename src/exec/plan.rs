@@ -135,7 +135,8 @@ fn state_of(
         for p in unknown_parents {
             upstream.insert(p.clone(), Vec::new());
         }
-        let mut partial = last.record.clone();
+        let last_record = HashInputs::from_stored(&last.record)?;
+        let mut partial = last_record.clone();
         if let Ok(own) = own_fields(ws, index, node, spec, env) {
             partial.op = own.op;
             partial.op_version = own.op_version;
@@ -143,7 +144,7 @@ fn state_of(
             partial.files = own.files;
             partial.env = own.env;
         }
-        let changes = diff(&last.record, &partial);
+        let changes = diff(&last_record, &partial);
         if forced {
             return Ok(PlanState::Run { key: None, reason: "forced".into() });
         }
@@ -255,7 +256,10 @@ pub fn explain(
         Ok(record) => {
             out.key = Some(record.key());
             if let Some(l) = &last {
-                out.changes = diff(&l.record, &record);
+                match HashInputs::from_stored(&l.record) {
+                    Ok(old) => out.changes = diff(&old, &record),
+                    Err(e) => out.notes.push(e.to_string()),
+                }
             }
             out.record = Some(record);
         }

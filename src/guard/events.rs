@@ -4,8 +4,9 @@
 
 use serde_json::Value;
 
-use crate::dag::key::canonical_json;
-use crate::store::{Index, StoreError};
+use super::ledger::Ledger;
+use crate::canonical::canonical_json;
+use crate::store::StoreError;
 
 /// Who may write which kind of event.
 pub const PRODUCERS: [(&str, &[&str]); 4] = [
@@ -39,7 +40,7 @@ fn seal(prev: &str, seq: i64, producer: &str, kind: &str, payload: &str) -> Stri
 
 /// Appends an event, refusing a kind its producer does not own. Returns the seal.
 pub fn append(
-    index: &mut Index,
+    ledger: &mut Ledger,
     lineage: &str,
     producer: &str,
     kind: &str,
@@ -53,16 +54,15 @@ pub fn append(
     if owner != producer {
         return Err(EventError::NotOwner { producer: producer.into(), kind: kind.into(), owner: owner.into() });
     }
-    Ok(index.append_guard_event(lineage, producer, kind, &canonical_json(payload), seal)?)
+    Ok(ledger.append_event(lineage, producer, kind, &canonical_json(payload), seal)?)
 }
 
 /// Checks a lineage's chain: contiguous order, links and seals. The first
 /// problem found, precisely, or `None` when intact.
-pub fn verify(index: &Index, lineage: &str) -> Result<Option<String>, StoreError> {
+pub fn verify(ledger: &Ledger, lineage: &str) -> Result<Option<String>, StoreError> {
     let mut prev = "genesis".to_string();
-    for (i, (seq, producer, kind, payload, stored_prev, stored_seal)) in
-        index.guard_events(lineage)?.into_iter().enumerate()
-    {
+    for (i, event) in ledger.events(lineage)?.into_iter().enumerate() {
+        let super::ledger::StoredEvent { seq, producer, kind, payload, prev: stored_prev, seal: stored_seal } = event;
         let expected_seq = i as i64 + 1;
         if seq != expected_seq {
             return Ok(Some(format!("event {expected_seq} is missing or out of order (found {seq})")));
@@ -86,10 +86,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn log() -> (tempfile::TempDir, Index) {
+    fn log() -> (tempfile::TempDir, Ledger) {
         let dir = tempfile::tempdir().unwrap();
         let ws = crate::store::Workspace::open(dir.path()).unwrap();
-        let mut index = ws.index().unwrap();
+        let mut index = Ledger::open(&ws).unwrap();
         for (producer, kind, v) in [
             ("control", "sync", 1),
             ("rollout_engine", "generation", 2),

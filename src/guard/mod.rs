@@ -7,6 +7,7 @@
 
 pub mod codes;
 pub mod events;
+pub mod ledger;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,10 +15,11 @@ use serde::{Deserialize, Serialize};
 
 pub use codes::{Code, Decision};
 
-use crate::dag::key::canonical_json;
+use crate::canonical::canonical_json;
 use crate::data::verifier::VerifierRegistry;
 use crate::data::Split;
-use crate::store::{Index, StoreError};
+use crate::store::StoreError;
+pub use ledger::Ledger;
 
 /// The token artifacts of one rollout, as the generation side stored them.
 /// The update path consumes these ids, never text: giving it text does not compile.
@@ -286,11 +288,11 @@ impl UpdateBatch {
     /// on record. Fails, and hands out nothing, if the event cannot be recorded.
     pub fn unguarded(
         rollouts: Vec<TokenArtifacts>,
-        index: &mut Index,
+        ledger: &mut Ledger,
         lineage: &str,
         payload: &serde_json::Value,
     ) -> Result<Self, events::EventError> {
-        events::append(index, lineage, "control", UNGUARDED_EVENT, payload)?;
+        events::append(ledger, lineage, "control", UNGUARDED_EVENT, payload)?;
         Ok(UpdateBatch { rollouts, authority: Authority::Unguarded })
     }
 
@@ -357,11 +359,11 @@ impl ValidatedBatchHandle {
     /// exactly once, and returns what the optimizer step accepts. An error (a
     /// nonce already spent, or another batch than the handle's) means the step
     /// must not happen.
-    pub fn spend(self, batch: MaterializedBatch, index: &mut Index) -> Result<UpdateBatch, GuardError> {
+    pub fn spend(self, batch: MaterializedBatch, ledger: &mut Ledger) -> Result<UpdateBatch, GuardError> {
         if batch.batch_hash != self.batch_hash {
             return Err(GuardError::OtherBatch { handle: self.batch_hash, batch: batch.batch_hash });
         }
-        if !index.consume_nonce(&self.nonce).map_err(GuardError::Store)? {
+        if !ledger.consume_nonce(&self.nonce).map_err(GuardError::Store)? {
             return Err(GuardError::NonceSpent(self.nonce));
         }
         Ok(UpdateBatch {
@@ -395,7 +397,7 @@ pub fn materialize(
     ctx: &GuardContext<'_>,
     policy_digest: &str,
     binding: &serde_json::Value,
-    index: &mut Index,
+    ledger: &mut Ledger,
 ) -> Result<(MaterializedBatch, ValidatedBatchHandle), GuardError> {
     let verdicts: Vec<(u64, Verdict)> = envelopes.iter().map(|e| (e.rollout_id, validate(e, ctx))).collect();
     let refused: Vec<(u64, Verdict)> = verdicts.into_iter().filter(|(_, v)| v.decision != Decision::Allow).collect();
@@ -406,7 +408,7 @@ pub fn materialize(
     let bound = serde_json::json!({"rollouts": rollouts, "binding": binding, "policy": policy_digest});
     let batch_hash = blake3::hash(canonical_json(&bound).as_bytes()).to_hex().to_string();
     let nonce = format!("{}-{}", &batch_hash[..32], crate::store::objects::unique_suffix());
-    index.register_nonce(&nonce, &batch_hash, policy_digest).map_err(GuardError::Store)?;
+    ledger.register_nonce(&nonce, &batch_hash, policy_digest).map_err(GuardError::Store)?;
     let handle = ValidatedBatchHandle {
         batch_hash: batch_hash.clone(),
         policy_digest: policy_digest.to_string(),

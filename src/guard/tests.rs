@@ -215,7 +215,7 @@ fn r006_and_r008_reward_identity() {
 fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
     let dir = tempfile::tempdir().unwrap();
     let ws = crate::store::Workspace::open(dir.path()).unwrap();
-    let mut index = ws.index().unwrap();
+    let mut index = Ledger::open(&ws).unwrap();
     let w = world();
     let ctx = materialize_ctx(&w);
     let mut bad = w.env.clone();
@@ -263,7 +263,7 @@ fn materialize_ctx(w: &World) -> GuardContext<'_> {
 #[test]
 fn a_handle_spent_on_another_batch_than_its_own_authorizes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut index = Index::open(&dir.path().join("cache.sqlite")).unwrap();
+    let mut index = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
     let w = world();
     let ctx = materialize_ctx(&w);
     let binding = |g: usize| serde_json::json!({"rewards": [1.0], "group_size": g});
@@ -279,12 +279,12 @@ fn a_handle_spent_on_another_batch_than_its_own_authorizes_nothing() {
 #[test]
 fn an_unguarded_update_batch_is_on_the_guard_log_before_it_exists() {
     let dir = tempfile::tempdir().unwrap();
-    let mut index = Index::open(&dir.path().join("cache.sqlite")).unwrap();
+    let mut index = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
     let w = world();
     let rollouts: Vec<TokenArtifacts> = w.artifacts.values().cloned().collect();
     let batch = UpdateBatch::unguarded(rollouts, &mut index, "lineage-a", &serde_json::json!({"update": 0})).unwrap();
     assert_eq!(batch.authority(), &Authority::Unguarded);
-    let logged = index.guard_events("lineage-a").unwrap();
+    let logged = index.events("lineage-a").unwrap();
     assert_eq!(logged.len(), 1);
     assert!(format!("{logged:?}").contains(UNGUARDED_EVENT), "{logged:?}");
 }

@@ -89,13 +89,7 @@ impl Role {
     }
 }
 
-/// Whether an output is one file or a folder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputKind {
-    File,
-    Dir,
-}
+pub use crate::store::OutputKind;
 
 /// An output an op promises to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,24 +180,12 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, OpError> {
         .collect()
 }
 
-/// Reads a JSON artifact into its shared type. A missing or ill-typed field is
-/// an error naming the file and the field's path, never a default.
+/// Reads a JSON artifact into its shared type (see [`crate::canonical::read_typed`]).
 pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, OpError> {
-    let text = std::fs::read_to_string(path).map_err(|e| OpError::io(format!("reading {}", path.display()), e))?;
-    let de = &mut serde_json::Deserializer::from_str(&text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let at = e.path().to_string();
-        let field = if at == "." { String::new() } else { format!(": field {at}") };
-        OpError::Failed(format!("{}{field}: {}", path.display(), e.inner()))
-    })
+    Ok(crate::canonical::read_typed(path)?)
 }
 
-/// For an `Option` field of a shared artifact type that must be present, as a
-/// value or as `null`: serde's derive would otherwise read a missing one as
-/// `None`, and a missing number would pass as "undefined" instead of failing.
-pub fn required<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    <Option<T> as serde::Deserialize>::deserialize(d)
-}
+pub use crate::canonical::required;
 
 /// A params problem at a path inside the node's `params`.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -227,6 +209,17 @@ pub enum OpError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<crate::canonical::ArtifactError> for OpError {
+    fn from(e: crate::canonical::ArtifactError) -> Self {
+        match e {
+            crate::canonical::ArtifactError::Io { path, source } => {
+                OpError::Io { context: format!("reading {path}"), source }
+            }
+            crate::canonical::ArtifactError::Invalid(message) => OpError::Failed(message),
+        }
+    }
 }
 
 impl OpError {
@@ -305,7 +298,7 @@ pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError
             }
             format!(
                 "unknown param '{name}'{}; expected one of: {}",
-                crate::spec::did_you_mean(&name, expected.iter().copied()),
+                crate::suggest::did_you_mean(&name, expected.iter().copied()),
                 expected.join(", ")
             )
         } else if let Some(rest) = inner.strip_prefix("missing field `") {

@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use super::objects::ObjectInfo;
 use super::StoreError;
-use crate::dag::key::HashInputs;
 
 /// `stat` facts of a file in the user's tree, used only to skip re-hashing an
 /// unchanged file; never part of a key.
@@ -48,7 +47,9 @@ pub struct CachedNode {
     pub key: String,
     pub node_id: String,
     pub spec: String,
-    pub record: HashInputs,
+    /// The record the key was computed from, as its writer encoded it: the
+    /// store keeps it whole and never looks inside (see `dag::key::HashInputs`).
+    pub record: serde_json::Value,
     pub outputs: Vec<OutputRecord>,
     pub seconds: f64,
     pub finished_at: String,
@@ -116,28 +117,6 @@ CREATE TABLE IF NOT EXISTS events (
     seq INTEGER NOT NULL,
     event TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS rollout_claims (
-    lineage TEXT NOT NULL,
-    rollout_id INTEGER NOT NULL,
-    owner TEXT NOT NULL,
-    PRIMARY KEY (lineage, rollout_id)
-);
-CREATE TABLE IF NOT EXISTS nonces (
-    nonce TEXT PRIMARY KEY,
-    batch_hash TEXT NOT NULL,
-    policy_digest TEXT NOT NULL,
-    spent INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS guard_events (
-    lineage TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    producer TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    prev TEXT NOT NULL,
-    seal TEXT NOT NULL,
-    PRIMARY KEY (lineage, seq)
 );
 CREATE TABLE IF NOT EXISTS file_stats (
     path TEXT PRIMARY KEY,
@@ -207,38 +186,47 @@ fn on_network_fs(dir: &Path) -> bool {
     NETWORK_FS.contains(&((st.f_type as i64) & 0xFFFF_FFFF))
 }
 
+/// Opens (and if needed creates) one of the workspace's SQLite databases, shared
+/// by every process of the workspace: a 60 s busy timeout, the journal mode
+/// [`journal_mode_for`] picks, and `schema` applied when the file's
+/// `user_version` is older than `version` (a newer one is refused). Other
+/// modules keep their own tables this way (the guard's ledger).
+pub fn open_database(path: &Path, what: &str, schema: &str, version: i64) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)
+        .map_err(|source| StoreError::Db { context: format!("opening {what} {}", path.display()), source })?;
+    conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
+    // WAL: readers never block the writer; NORMAL: a killed process loses
+    // nothing committed (only power loss could drop the last commits).
+    // WAL needs memory shared by every process using the database, so on a
+    // network filesystem (Slurm jobs on several hosts) the rollback journal
+    // is used instead, with FULL sync; it relies only on POSIX locks.
+    let want = journal_mode_for(path)?;
+    let mode: String =
+        conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(db("reading journal mode"))?;
+    if !mode.eq_ignore_ascii_case(want) {
+        // Switching modes takes an exclusive lock; callers serialize first opens (Workspace::open).
+        conn.pragma_update(None, "journal_mode", want).map_err(db("setting the journal mode"))?;
+    }
+    let sync = if want == "WAL" { "NORMAL" } else { "FULL" };
+    conn.pragma_update(None, "synchronous", sync).map_err(db("setting synchronous"))?;
+    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db("reading version"))?;
+    if found > version {
+        return Err(StoreError::Invalid(format!(
+            "{} was written by a newer orchestrate ({what} version {found}, this one knows {version})",
+            path.display()
+        )));
+    }
+    if found < version {
+        conn.execute_batch(schema).map_err(db("creating tables"))?;
+        conn.pragma_update(None, "user_version", version).map_err(db("setting version"))?;
+    }
+    Ok(conn)
+}
+
 impl Index {
     /// Opens (and if needed creates) the index.
     pub fn open(path: &Path) -> Result<Index, StoreError> {
-        let conn = Connection::open(path).map_err(db("opening the index"))?;
-        conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
-        // WAL: readers never block the writer; NORMAL: a killed process loses
-        // nothing committed (only power loss could drop the last commits).
-        // WAL needs memory shared by every process using the database, so on a
-        // network filesystem (Slurm jobs on several hosts) the rollback journal
-        // is used instead, with FULL sync; it relies only on POSIX locks.
-        let want = journal_mode_for(path)?;
-        let mode: String =
-            conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(db("reading journal mode"))?;
-        if !mode.eq_ignore_ascii_case(want) {
-            // Switching modes takes an exclusive lock; callers serialize first opens (Workspace::open).
-            conn.pragma_update(None, "journal_mode", want).map_err(db("setting the journal mode"))?;
-        }
-        let sync = if want == "WAL" { "NORMAL" } else { "FULL" };
-        conn.pragma_update(None, "synchronous", sync).map_err(db("setting synchronous"))?;
-        let version: i64 =
-            conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db("reading version"))?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::Invalid(format!(
-                "{} was written by a newer orchestrate (index version {version}, this one knows {SCHEMA_VERSION})",
-                path.display()
-            )));
-        }
-        if version < SCHEMA_VERSION {
-            conn.execute_batch(SCHEMA).map_err(db("creating tables"))?;
-            conn.pragma_update(None, "user_version", SCHEMA_VERSION).map_err(db("setting version"))?;
-        }
-        Ok(Index { conn })
+        Ok(Index { conn: open_database(path, "the index", SCHEMA, SCHEMA_VERSION)? })
     }
 
     /// Opens an existing index read-only (for `plan`, `--dry-run`: changes nothing).
@@ -443,121 +431,6 @@ impl Index {
             .collect::<Result<_, _>>()
             .map_err(db("listing nodes"))?;
         raw.into_iter().map(Self::cached).collect()
-    }
-
-    /// Claims rollout ids of a lineage for `owner` (a node key), in one
-    /// transaction: ids another owner already consumed are refused, so a rollout
-    /// is never consumed twice, across processes and resumes. Re-claiming one's
-    /// own ids (a retried node) is allowed.
-    pub fn claim_rollouts(&mut self, lineage: &str, owner: &str, ids: &[u64]) -> Result<(), StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(db("claiming rollouts"))?;
-        {
-            let mut get = tx
-                .prepare_cached("SELECT owner FROM rollout_claims WHERE lineage = ?1 AND rollout_id = ?2")
-                .map_err(db("claiming rollouts"))?;
-            let mut put = tx
-                .prepare_cached("INSERT OR IGNORE INTO rollout_claims (lineage, rollout_id, owner) VALUES (?1, ?2, ?3)")
-                .map_err(db("claiming rollouts"))?;
-            for &id in ids {
-                let existing: Option<String> = get
-                    .query_row(params![lineage, id as i64], |r| r.get(0))
-                    .optional()
-                    .map_err(db("claiming rollouts"))?;
-                match existing {
-                    Some(o) if o != owner => {
-                        return Err(StoreError::Invalid(format!(
-                            "rollout {id} of lineage {} was already consumed by node key {}: a rollout is never consumed twice",
-                            &lineage[..lineage.len().min(12)],
-                            &o[..o.len().min(12)]
-                        )))
-                    }
-                    Some(_) => {}
-                    None => {
-                        put.execute(params![lineage, id as i64, owner]).map_err(db("claiming rollouts"))?;
-                    }
-                }
-            }
-        }
-        tx.commit().map_err(db("claiming rollouts"))
-    }
-
-    /// Appends a sealed event to a lineage's chain (in one transaction) and returns its seal.
-    pub fn append_guard_event(
-        &mut self,
-        lineage: &str,
-        producer: &str,
-        kind: &str,
-        payload: &str,
-        seal_of: impl Fn(&str, i64, &str, &str, &str) -> String,
-    ) -> Result<String, StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(db("appending an event"))?;
-        let last: Option<(i64, String)> = tx
-            .query_row(
-                "SELECT seq, seal FROM guard_events WHERE lineage = ?1 ORDER BY seq DESC LIMIT 1",
-                params![lineage],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(db("appending an event"))?;
-        let (seq, prev) = last.map(|(s, seal)| (s + 1, seal)).unwrap_or((1, "genesis".to_string()));
-        let seal = seal_of(&prev, seq, producer, kind, payload);
-        tx.execute(
-            "INSERT INTO guard_events (lineage, seq, producer, kind, payload, prev, seal) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![lineage, seq, producer, kind, payload, prev, seal],
-        )
-        .map_err(db("appending an event"))?;
-        tx.commit().map_err(db("appending an event"))?;
-        Ok(seal)
-    }
-
-    /// A lineage's events in stored order: (seq, producer, kind, payload, prev, seal).
-    pub fn guard_events(
-        &self,
-        lineage: &str,
-    ) -> Result<Vec<(i64, String, String, String, String, String)>, StoreError> {
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT seq, producer, kind, payload, prev, seal FROM guard_events WHERE lineage = ?1 ORDER BY rowid",
-            )
-            .map_err(db("reading events"))?;
-        let rows = stmt
-            .query_map(params![lineage], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
-            .map_err(db("reading events"))?;
-        rows.collect::<Result<_, _>>().map_err(db("reading events"))
-    }
-
-    /// Direct access for the unit tests that tamper with the log; not part of the API.
-    #[cfg(test)]
-    pub(crate) fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
-        self.conn.execute(sql, []).map_err(db("raw statement"))
-    }
-
-    /// Records a freshly minted nonce (unspent).
-    pub fn register_nonce(&self, nonce: &str, batch_hash: &str, policy_digest: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute(
-                "INSERT INTO nonces (nonce, batch_hash, policy_digest) VALUES (?1, ?2, ?3)",
-                params![nonce, batch_hash, policy_digest],
-            )
-            .map_err(db("registering a nonce"))?;
-        Ok(())
-    }
-
-    /// Spends a nonce: true for the one caller that flips it, false for everyone
-    /// else (also across processes: one conditional UPDATE, atomic in SQLite).
-    pub fn consume_nonce(&mut self, nonce: &str) -> Result<bool, StoreError> {
-        let changed = self
-            .conn
-            .execute("UPDATE nonces SET spent = 1 WHERE nonce = ?1 AND spent = 0", params![nonce])
-            .map_err(db("spending a nonce"))?;
-        Ok(changed == 1)
     }
 
     pub fn file_hash(&self, path: &str, stat: &FileStat) -> Result<Option<String>, StoreError> {

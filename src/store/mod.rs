@@ -13,10 +13,10 @@ pub mod objects;
 use std::fs::{self, File, TryLockError};
 use std::path::{Path, PathBuf};
 
-pub use index::{CachedNode, FileStat, Index, OutputRecord, RunNodeRow, RunRow};
+pub use index::{open_database, CachedNode, FileStat, Index, OutputRecord, RunNodeRow, RunRow};
 pub use objects::{hash_file, ObjectInfo};
 
-use crate::ops::OutputKind;
+pub use objects::OutputKind;
 
 /// The store's error type.
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +143,16 @@ impl Workspace {
 
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// The run to look at: the given one (which must exist) or the latest.
+    pub fn resolve_run(&self, run: Option<String>) -> Result<String, StoreError> {
+        let runs = self.index()?.recent_runs(usize::MAX >> 1)?;
+        match run {
+            Some(r) if runs.iter().any(|x| x.run_id == r) => Ok(r),
+            Some(r) => Err(StoreError::Invalid(format!("no run '{r}' in {}", self.root().display()))),
+            None => runs.first().map(|r| r.run_id.clone()).ok_or_else(|| StoreError::Invalid("no runs yet".into())),
+        }
     }
 
     /// A new connection to the index.

@@ -14,7 +14,14 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use crate::ops::OutputKind;
+
+/// Whether an output is one file or a folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    File,
+    Dir,
+}
 
 /// What publishing an output recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -85,7 +85,7 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
     let mut totals: BTreeMap<&str, f64> = BTreeMap::new();
     let scratch_dir = std::env::temp_dir().join(format!("orchestrate-bench-grpo-{}", std::process::id()));
     std::fs::create_dir_all(&scratch_dir)?;
-    let mut scratch = orchestrate::store::Index::open(&scratch_dir.join("cache.sqlite"))?;
+    let mut scratch = orchestrate::guard::Ledger::open_at(&scratch_dir.join("guard.sqlite"))?;
     for it in 0..iterations {
         let loop_start = Instant::now();
         let prompts: Vec<Vec<i64>> = (0..prompts_n * group)

@@ -5,8 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::canonical::{required, ArtifactError};
 use crate::guard::{Canary, Decision};
-use crate::ops::{required, FaultSpec, GrpoParams, GuardSwitch, Mode, SftParams};
+use crate::train::params::{FaultSpec, GrpoParams, GuardSwitch, Mode, SftParams};
 
 /// A training node's metrics, by kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,12 +19,12 @@ pub enum TrainingMetrics {
 
 impl TrainingMetrics {
     /// Reads a `metrics` file.
-    pub fn read(path: &std::path::Path) -> Result<Self, crate::ops::OpError> {
+    pub fn read(path: &std::path::Path) -> Result<Self, ArtifactError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| crate::ops::OpError::io(format!("reading {}", path.display()), e))?;
+            .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })?;
         let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| crate::ops::OpError::Failed(format!("{}: not JSON: {e}", path.display())))?;
-        Self::from_meta(&value, &path.display().to_string()).map_err(crate::ops::OpError::Failed)
+            .map_err(|e| ArtifactError::Invalid(format!("{}: not JSON: {e}", path.display())))?;
+        Self::from_meta(&value, &path.display().to_string()).map_err(ArtifactError::Invalid)
     }
 
     /// Reads metrics (a `metrics` file's or a state file's metadata); `what`

@@ -3,6 +3,7 @@
 //! worker (`src/torch/train/`).
 
 pub mod metrics;
+pub mod params;
 pub mod state;
 
 /// A = (r − mean) / (std + 1e-8) with the population std (correction 0).

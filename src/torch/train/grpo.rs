@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use orchestrate::data::verifier::{FinishReason, VerifierRegistry};
+use orchestrate::guard::Ledger;
 use orchestrate::ops::worker::WorkerJob;
 use orchestrate::ops::{parse_params, GrpoParams, Mode};
-use orchestrate::store::Index;
 use serde_json::{json, Value};
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
@@ -126,7 +126,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             m.lineage
         }
     };
-    let mut index = Index::open(&job.workspace.join("cache.sqlite"))?;
+    let mut ledger = Ledger::open_at(&job.workspace.join(orchestrate::guard::ledger::FILE))?;
     let ws = orchestrate::store::Workspace::open(&job.workspace)?;
     // The update WAL's checkpoints live beside the workspace, by node key: a
     // re-run of a crashed node recovers from its last committed checkpoint.
@@ -159,20 +159,20 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     // The canary's fixed prompts, and its baseline right after the first sync.
     let canary_prompts: Vec<Vec<i64>> = prompts.iter().take(2).cloned().collect();
     let canary_baseline = canary_drift(&engine.model, &policy, &canary_prompts);
-    let log = |index: &mut Index, producer: &str, kind: &str, payload: Value| -> Result<()> {
-        orchestrate::guard::events::append(index, &lineage, producer, kind, &payload)?;
+    let log = |ledger: &mut Ledger, producer: &str, kind: &str, payload: Value| -> Result<()> {
+        orchestrate::guard::events::append(ledger, &lineage, producer, kind, &payload)?;
         Ok(())
     };
     let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
     // The run as of a point: what a WAL checkpoint and the final state hold.
-    let snapshot = |index: &Index, at: Snapshot<'_>| -> Result<GrpoMetrics> {
-        if let Some(problem) = orchestrate::guard::events::verify(index, &lineage)? {
+    let snapshot = |ledger: &Ledger, at: Snapshot<'_>| -> Result<GrpoMetrics> {
+        if let Some(problem) = orchestrate::guard::events::verify(ledger, &lineage)? {
             bail!("the guard's event log is broken: {problem}");
         }
-        let events = index.guard_events(&lineage)?;
+        let events = ledger.events(&lineage)?;
         // Counted from the sealed log itself, so an interrupted + resumed lineage
         // counts the updates of both processes.
-        let unguarded_updates = events.iter().filter(|e| e.2 == orchestrate::guard::UNGUARDED_EVENT).count();
+        let unguarded_updates = events.iter().filter(|e| e.kind == orchestrate::guard::UNGUARDED_EVENT).count();
         let distinct: BTreeSet<u64> = at.consumed.iter().flat_map(|[a, b]| *a..*b).collect();
         Ok(GrpoMetrics {
             identity: identity.clone(),
@@ -219,7 +219,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 final_model_digest: $model_digest,
                 reference_digest_now: $reference_digest_now,
             };
-            serde_json::to_value(TrainingMetrics::Grpo(snapshot(&index, at)?))?
+            serde_json::to_value(TrainingMetrics::Grpo(snapshot(&ledger, at)?))?
         }};
     }
     let per_iteration = (p.prompts_per_iteration * p.group_size) as u64;
@@ -236,7 +236,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         cursor.offset += p.prompts_per_iteration;
         let first = iteration as u64 * per_iteration;
         let rollout_ids: Vec<u64> = (first..first + per_iteration).collect();
-        index.claim_rollouts(&lineage, &job.key, &rollout_ids)?;
+        ledger.claim_rollouts(&lineage, &job.key, &rollout_ids)?;
         if consumed.iter().any(|[a, b]| first < *b && *a < first + per_iteration) {
             bail!("rollouts {first}..{} were already consumed in this run's state", first + per_iteration);
         }
@@ -253,7 +253,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         } else {
             engine.sync(&params, updates as u64);
         }
-        log(&mut index, "control", "sync", json!({"iteration": iteration, "trainer_version": updates}))?;
+        log(&mut ledger, "control", "sync", json!({"iteration": iteration, "trainer_version": updates}))?;
         let canary = Canary { drift: canary_drift(&engine.model, &policy, &canary_prompts), baseline: canary_baseline };
         let generated = generate(
             &engine.model,
@@ -337,7 +337,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             recorded.push(Recorded { envelope, artifacts });
         }
         log(
-            &mut index,
+            &mut ledger,
             "rollout_engine",
             "generation",
             json!({"iteration": iteration, "rollouts": [first, first + per_iteration],
@@ -345,7 +345,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             "artifacts": recorded.iter().map(|r| r.envelope.artifacts_hash.clone()).collect::<Vec<_>>()}),
         )?;
         log(
-            &mut index,
+            &mut ledger,
             "verifier",
             "reward",
             json!({"iteration": iteration, "verifier": verifier.name(), "protocol_hash": verifier.protocol_hash(), "rewards": rewards}),
@@ -354,7 +354,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         inject(&faults, &mut recorded, &mut store, &tokenizer, &reference_now)?;
         let envelopes: Vec<Envelope> = recorded.iter().map(|r| r.envelope.clone()).collect();
         log(
-            &mut index,
+            &mut ledger,
             "materializer",
             "envelope",
             json!({"iteration": iteration,
@@ -388,22 +388,22 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                         canary: Some(canary),
                     };
                     let binding = json!({"rewards": rewards, "advantages": advantages, "group_size": p.group_size, "reference": reference_now});
-                    match materialize(&envelopes, &ctx, &digest(&params), &binding, &mut index) {
+                    match materialize(&envelopes, &ctx, &digest(&params), &binding, &mut ledger) {
                         Ok((batch, handle)) => {
                             log(
-                                &mut index,
+                                &mut ledger,
                                 "materializer",
                                 "decision",
                                 json!({"iteration": iteration, "decision": "allow", "batch": handle.batch_hash()}),
                             )?;
                             log(
-                                &mut index,
+                                &mut ledger,
                                 "control",
                                 "update_prepared",
                                 json!({"iteration": iteration, "update": updates, "nonce": handle.nonce()}),
                             )?;
                             // What the optimizer step takes exists only once the handle is spent.
-                            handle.spend(batch, &mut index)?
+                            handle.spend(batch, &mut ledger)?
                         }
                         Err(GuardError::Rejected(refused)) => {
                             let decision = refused
@@ -416,13 +416,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                             detections.push(Detection { iteration, decision, codes: codes_of(&refused) });
                             eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
                             log(
-                                &mut index,
+                                &mut ledger,
                                 "materializer",
                                 "decision",
                                 json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
                             )?;
                             log(
-                                &mut index,
+                                &mut ledger,
                                 "control",
                                 "update_aborted",
                                 json!({"iteration": iteration, "update": updates}),
@@ -454,7 +454,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                     // The named way around the guard: the guard log records it first.
                     UpdateBatch::unguarded(
                         rollouts,
-                        &mut index,
+                        &mut ledger,
                         &lineage,
                         &json!({"iteration": iteration, "update": updates, "guard": "off"}),
                     )?
@@ -471,9 +471,9 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 &hyper,
                 lr,
             )?);
-            log(&mut index, "control", "update_applied", json!({"iteration": iteration, "update": updates}))?;
+            log(&mut ledger, "control", "update_applied", json!({"iteration": iteration, "update": updates}))?;
             updates += 1;
-            log(&mut index, "control", "update_committed", json!({"iteration": iteration, "update": updates - 1}))?;
+            log(&mut ledger, "control", "update_committed", json!({"iteration": iteration, "update": updates - 1}))?;
         }
         let optimization_seconds = t.elapsed().as_secs_f64();
         failpoint("applied", iteration);
@@ -513,7 +513,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             let meta = snapshot_at!(iteration + 1, after.clone(), reference_now.clone());
             wal.checkpoint(&params, &adam, &meta, iteration)?;
             log(
-                &mut index,
+                &mut ledger,
                 "control",
                 "update_committed",
                 json!({"iteration": iteration, "checkpoint": iteration + 1}),

@@ -1,0 +1,216 @@
+//! The guard's ledger: what must hold across processes and resumes for the
+//! guard's promises, in its own database (`guard.sqlite` in the workspace),
+//! apart from the cache index: rollout claims (a rollout is consumed once),
+//! single-use nonces (a validated batch updates parameters once), and the
+//! sealed event chain of each lineage.
+
+use std::fs::File;
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::store::{open_database, StoreError, Workspace};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS rollout_claims (
+    lineage TEXT NOT NULL,
+    rollout_id INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    PRIMARY KEY (lineage, rollout_id)
+);
+CREATE TABLE IF NOT EXISTS nonces (
+    nonce TEXT PRIMARY KEY,
+    batch_hash TEXT NOT NULL,
+    policy_digest TEXT NOT NULL,
+    spent INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS guard_events (
+    lineage TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    producer TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    prev TEXT NOT NULL,
+    seal TEXT NOT NULL,
+    PRIMARY KEY (lineage, seq)
+);
+";
+
+/// The ledger file in a workspace.
+pub const FILE: &str = "guard.sqlite";
+
+fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
+    move |source| StoreError::Db { context: context.to_string(), source }
+}
+
+/// One event of a lineage's chain, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub seq: i64,
+    pub producer: String,
+    pub kind: String,
+    /// Canonical JSON.
+    pub payload: String,
+    pub prev: String,
+    pub seal: String,
+}
+
+/// A connection to a workspace's guard ledger. Each thread opens its own.
+pub struct Ledger {
+    conn: Connection,
+}
+
+impl Ledger {
+    /// Opens (creating if needed) the ledger of a workspace.
+    pub fn open(ws: &Workspace) -> Result<Ledger, StoreError> {
+        if ws.is_read_only() {
+            return Err(StoreError::Invalid(format!("the workspace {} is open read-only", ws.root().display())));
+        }
+        Self::open_at(&ws.root().join(FILE))
+    }
+
+    /// Opens (creating if needed) a ledger file. Creation (tables, journal mode)
+    /// is serialized between processes that open a new one at the same moment.
+    pub fn open_at(path: &Path) -> Result<Ledger, StoreError> {
+        let lock_path = path.with_extension("lock");
+        let lock = File::create(&lock_path)
+            .map_err(|source| StoreError::Io { context: format!("creating {}", lock_path.display()), source })?;
+        lock.lock().map_err(|source| StoreError::Io { context: format!("locking {}", lock_path.display()), source })?;
+        Ok(Ledger { conn: open_database(path, "the guard ledger", SCHEMA, SCHEMA_VERSION)? })
+    }
+
+    /// The ledger of a workspace for reading, or `None` if nothing was ever written to it.
+    pub fn open_read_only(ws: &Workspace) -> Result<Option<Ledger>, StoreError> {
+        let path = ws.root().join(FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(db("opening the guard ledger read-only"))?;
+        conn.busy_timeout(std::time::Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
+        Ok(Some(Ledger { conn }))
+    }
+
+    /// Claims rollout ids of a lineage for `owner` (a node key), in one
+    /// transaction: ids another owner already consumed are refused, so a rollout
+    /// is never consumed twice, across processes and resumes. Re-claiming one's
+    /// own ids (a retried node) is allowed.
+    pub fn claim_rollouts(&mut self, lineage: &str, owner: &str, ids: &[u64]) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db("claiming rollouts"))?;
+        {
+            let mut get = tx
+                .prepare_cached("SELECT owner FROM rollout_claims WHERE lineage = ?1 AND rollout_id = ?2")
+                .map_err(db("claiming rollouts"))?;
+            let mut put = tx
+                .prepare_cached("INSERT OR IGNORE INTO rollout_claims (lineage, rollout_id, owner) VALUES (?1, ?2, ?3)")
+                .map_err(db("claiming rollouts"))?;
+            for &id in ids {
+                let existing: Option<String> = get
+                    .query_row(params![lineage, id as i64], |r| r.get(0))
+                    .optional()
+                    .map_err(db("claiming rollouts"))?;
+                match existing {
+                    Some(o) if o != owner => {
+                        return Err(StoreError::Invalid(format!(
+                            "rollout {id} of lineage {} was already consumed by node key {}: a rollout is never consumed twice",
+                            &lineage[..lineage.len().min(12)],
+                            &o[..o.len().min(12)]
+                        )))
+                    }
+                    Some(_) => {}
+                    None => {
+                        put.execute(params![lineage, id as i64, owner]).map_err(db("claiming rollouts"))?;
+                    }
+                }
+            }
+        }
+        tx.commit().map_err(db("claiming rollouts"))
+    }
+
+    /// Appends a sealed event to a lineage's chain (in one transaction) and returns its seal.
+    pub fn append_event(
+        &mut self,
+        lineage: &str,
+        producer: &str,
+        kind: &str,
+        payload: &str,
+        seal_of: impl Fn(&str, i64, &str, &str, &str) -> String,
+    ) -> Result<String, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db("appending an event"))?;
+        let last: Option<(i64, String)> = tx
+            .query_row(
+                "SELECT seq, seal FROM guard_events WHERE lineage = ?1 ORDER BY seq DESC LIMIT 1",
+                params![lineage],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(db("appending an event"))?;
+        let (seq, prev) = last.map(|(s, seal)| (s + 1, seal)).unwrap_or((1, "genesis".to_string()));
+        let seal = seal_of(&prev, seq, producer, kind, payload);
+        tx.execute(
+            "INSERT INTO guard_events (lineage, seq, producer, kind, payload, prev, seal) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![lineage, seq, producer, kind, payload, prev, seal],
+        )
+        .map_err(db("appending an event"))?;
+        tx.commit().map_err(db("appending an event"))?;
+        Ok(seal)
+    }
+
+    /// A lineage's events in stored order.
+    pub fn events(&self, lineage: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, producer, kind, payload, prev, seal FROM guard_events WHERE lineage = ?1 ORDER BY rowid",
+            )
+            .map_err(db("reading events"))?;
+        let rows = stmt
+            .query_map(params![lineage], |r| {
+                Ok(StoredEvent {
+                    seq: r.get(0)?,
+                    producer: r.get(1)?,
+                    kind: r.get(2)?,
+                    payload: r.get(3)?,
+                    prev: r.get(4)?,
+                    seal: r.get(5)?,
+                })
+            })
+            .map_err(db("reading events"))?;
+        rows.collect::<Result<_, _>>().map_err(db("reading events"))
+    }
+
+    /// Direct access for the unit tests that tamper with the log; not part of the API.
+    #[cfg(test)]
+    pub(crate) fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
+        self.conn.execute(sql, []).map_err(db("raw statement"))
+    }
+
+    /// Records a freshly minted nonce (unspent).
+    pub fn register_nonce(&self, nonce: &str, batch_hash: &str, policy_digest: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO nonces (nonce, batch_hash, policy_digest) VALUES (?1, ?2, ?3)",
+                params![nonce, batch_hash, policy_digest],
+            )
+            .map_err(db("registering a nonce"))?;
+        Ok(())
+    }
+
+    /// Spends a nonce: true for the one caller that flips it, false for everyone
+    /// else (also across processes: one conditional UPDATE, atomic in SQLite).
+    pub fn consume_nonce(&mut self, nonce: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn
+            .execute("UPDATE nonces SET spent = 1 WHERE nonce = ?1 AND spent = 0", params![nonce])
+            .map_err(db("spending a nonce"))?;
+        Ok(changed == 1)
+    }
+}
