@@ -73,23 +73,23 @@ fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_up
     }
 
     // A guard-off run labelled 'on' fails the guard-on criteria.
-    let typed = |v: serde_json::Value| -> orchestrate::train::metrics::TrainingMetrics {
+    let typed = |v: serde_json::Value| -> orchestrate_core::train::metrics::TrainingMetrics {
         serde_json::from_value(v).expect("metrics of the shared type")
     };
     let off = typed(json_at(&p, spec, "e1@guard=off,seed=0:metrics"));
     let on = typed(json_at(&p, spec, "e1@guard=on,seed=1:metrics"));
     let records = vec![
-        orchestrate::ops::analysis::run_record("on", &off, None, "ALL").unwrap(),
-        orchestrate::ops::analysis::run_record("on", &on, None, "ALL").unwrap(),
-        orchestrate::ops::analysis::run_record("off", &off, None, "ALL").unwrap(),
+        orchestrate_core::ops::analysis::run_record("on", &off, None, "ALL").unwrap(),
+        orchestrate_core::ops::analysis::run_record("on", &on, None, "ALL").unwrap(),
+        orchestrate_core::ops::analysis::run_record("off", &off, None, "ALL").unwrap(),
     ];
-    let mislabelled = orchestrate::ops::analysis::summarize(&records, Some("off"));
-    let gates = orchestrate::gate::read_gate_file(&p.path().join("gates/e1-fault-survival.yaml")).unwrap();
+    let mislabelled = orchestrate_core::ops::analysis::summarize(&records, Some("off"));
+    let gates = orchestrate_core::gate::read_gate_file(&p.path().join("gates/e1-fault-survival.yaml")).unwrap();
     let evidence = BTreeMap::from([("s".to_string(), mislabelled)]);
     let failed: Vec<String> = gates
         .gates
         .iter()
-        .map(|g| orchestrate::gate::evaluate(g, &evidence, &BTreeMap::new()))
+        .map(|g| orchestrate_core::gate::evaluate(g, &evidence, &BTreeMap::new()))
         .filter(|r| !r.passed)
         .map(|r| r.name)
         .collect();
@@ -124,13 +124,13 @@ fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
     assert_eq!(summary["versus_baseline"]["on"]["success_difference"].as_f64().unwrap(), diff);
 
     // The margin gate fails when the guard-on arm is worse by more than 1/16.
-    let gates = orchestrate::gate::read_gate_file(&p.path().join("gates/e2-non-inferiority.yaml")).unwrap();
+    let gates = orchestrate_core::gate::read_gate_file(&p.path().join("gates/e2-non-inferiority.yaml")).unwrap();
     let margin = gates.gates.iter().find(|g| g.name == "non-inferior-within-one-sixteenth").unwrap();
     let mut worse = summary.clone();
     let off_mean = summary["arms"]["off"]["success"]["mean"].as_f64().unwrap();
     worse["arms"]["on"]["success"]["mean"] = serde_json::json!(off_mean - 0.07);
     let evidence = BTreeMap::from([("s".to_string(), worse)]);
-    assert!(!orchestrate::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
+    assert!(!orchestrate_core::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
     let evidence = BTreeMap::from([("s".to_string(), summary)]);
-    assert!(orchestrate::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
+    assert!(orchestrate_core::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
 }

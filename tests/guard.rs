@@ -7,8 +7,8 @@ use common::Project;
 #[test]
 fn thirty_two_processes_race_for_one_nonce_and_exactly_one_wins() {
     let p = Project::new();
-    let ws = orchestrate::store::Workspace::open(&p.path().join(".orchestrate")).unwrap();
-    orchestrate::guard::Ledger::open(&ws).unwrap().register_nonce("n-1", "batch", "policy").unwrap();
+    let ws = orchestrate_core::store::Workspace::open(&p.path().join(".orchestrate")).unwrap();
+    orchestrate_core::guard::Ledger::open(&ws).unwrap().register_nonce("n-1", "batch", "policy").unwrap();
     let children: Vec<_> = (0..32)
         .map(|_| p.cmd(&["guard", "spend-nonce", "n-1"]).stdout(std::process::Stdio::piped()).spawn().unwrap())
         .collect();
@@ -24,7 +24,7 @@ fn thirty_two_processes_race_for_one_nonce_and_exactly_one_wins() {
 fn the_codes_table_lists_every_code_with_its_decision() {
     let p = Project::new();
     let text = common::stdout(&p.run(&["guard", "codes"]));
-    for code in orchestrate::guard::Code::ALL {
+    for code in orchestrate_core::guard::Code::ALL {
         assert!(text.contains(&format!("`{}`", code.id())), "{}", code.id());
     }
     assert!(text.contains("| `R006_EVALUATOR_ALIAS` | reward | Quarantine |"), "{text}");

@@ -17,10 +17,10 @@ fn spec() -> String {
     )
 }
 
-fn final_state(p: &Project) -> orchestrate::train::state::StateFile {
+fn final_state(p: &Project) -> orchestrate_core::train::state::StateFile {
     let out = p.run(&["path", "spec.yaml", "grpo:state"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    orchestrate::train::state::read_state(std::path::Path::new(stdout(&out).trim())).unwrap()
+    orchestrate_core::train::state::read_state(std::path::Path::new(stdout(&out).trim())).unwrap()
 }
 
 #[test]
@@ -54,7 +54,7 @@ fn a_crash_at_any_update_phase_recovers_to_the_uncrashed_result() {
         );
         let recovered = final_state(&p);
         let difference =
-            orchestrate::train::state::first_difference(&expected, &recovered, &["costs", "lineage", "event_log"]);
+            orchestrate_core::train::state::first_difference(&expected, &recovered, &["costs", "lineage", "event_log"]);
         assert_eq!(difference, None, "{phase}: recovery must end where the uncrashed run ends");
         assert!(
             !p.path().join(".orchestrate/checkpoints").read_dir().unwrap().any(|_| true),

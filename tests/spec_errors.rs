@@ -55,7 +55,7 @@ fn an_unknown_op_lists_the_known_ones() {
         err.contains("unknown op 'shel'")
             && err.contains(&format!(
                 "known ops: {}",
-                orchestrate::ops::Registry::builtin().names().collect::<Vec<_>>().join(", ")
+                orchestrate_core::ops::Registry::builtin().names().collect::<Vec<_>>().join(", ")
             ))
             && err.contains("did you mean 'shell'"),
         "{err}"

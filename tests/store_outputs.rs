@@ -4,13 +4,13 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use orchestrate::dag::key::EnvPart;
-use orchestrate::exec::plan::{plan, PlanState};
-use orchestrate::exec::report::Reporter;
-use orchestrate::exec::{self, EnvProvider, Event, Outcome, RunOptions};
-use orchestrate::ops::{Op, OpError, OutputDecl, OutputKind, ParamError, Registry, RunContext};
-use orchestrate::spec::{self, LoadOptions};
-use orchestrate::store::Workspace;
+use orchestrate_core::dag::key::EnvPart;
+use orchestrate_core::exec::plan::{plan, PlanState};
+use orchestrate_core::exec::report::Reporter;
+use orchestrate_core::exec::{self, EnvProvider, Event, Outcome, RunOptions};
+use orchestrate_core::ops::{Op, OpError, OutputDecl, OutputKind, ParamError, Registry, RunContext};
+use orchestrate_core::spec::{self, LoadOptions};
+use orchestrate_core::store::Workspace;
 use schemars::{Schema, SchemaGenerator};
 use serde_json::Value;
 
@@ -66,14 +66,14 @@ fn env(device: &'static str) -> EnvProvider {
     })
 }
 
-fn setup() -> (tempfile::TempDir, spec::Spec, orchestrate::dag::Dag) {
+fn setup() -> (tempfile::TempDir, spec::Spec, orchestrate_core::dag::Dag) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.yaml");
     std::fs::write(&path, "name: s\nnodes:\n  train:\n    op: fake.train\n    params: {scale: 3}\n").unwrap();
     let mut registry = Registry::builtin();
     registry.register(Arc::new(FakeTrain));
     let spec = spec::load(&path, &LoadOptions::default()).unwrap();
-    let dag = orchestrate::dag::compile(&spec, &registry).unwrap();
+    let dag = orchestrate_core::dag::compile(&spec, &registry).unwrap();
     (dir, spec, dag)
 }
 
@@ -136,7 +136,7 @@ fn a_missing_store_object_is_noticed_and_the_node_reruns() {
 trait StateKey {
     fn state_key(&self) -> Option<String>;
 }
-impl StateKey for orchestrate::exec::plan::PlanEntry {
+impl StateKey for orchestrate_core::exec::plan::PlanEntry {
     fn state_key(&self) -> Option<String> {
         match &self.state {
             PlanState::Run { key, .. } => key.clone(),

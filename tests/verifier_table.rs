@@ -1,7 +1,7 @@
 //! The strict StockArithmetic verifier on a table of responses: every rejection
 //! reason, and the forms that are accepted.
 
-use orchestrate::data::verifier::{FinishReason, Reason, Response, StockArithmetic, Verifier};
+use orchestrate_core::data::verifier::{FinishReason, Reason, Response, StockArithmetic, Verifier};
 use serde_json::json;
 
 /// 5 + 3 + 2 - 3 - 1 = 6.

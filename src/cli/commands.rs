@@ -5,16 +5,16 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 use super::{Cli, Command, Finish, GuardCommand, PackCommand, SpecArgs, VerifierCommand};
-use crate::dag::{self, Dag};
-use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
-use crate::exec::plan::{self, PlanEntry, PlanState};
-use crate::exec::report::{JsonReporter, PlainReporter, ProgressReporter, Reporter};
-use crate::exec::{self, RunOptions};
-use crate::gate;
-use crate::ops::Registry;
-use crate::runtime;
-use crate::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
-use crate::store::{hash_file, write_atomic, Workspace};
+use orchestrate_core::dag::{self, Dag};
+use orchestrate_core::data::verifier::{FinishReason, Response, VerifierRegistry};
+use orchestrate_core::exec::plan::{self, PlanEntry, PlanState};
+use orchestrate_core::exec::report::{JsonReporter, PlainReporter, ProgressReporter, Reporter};
+use orchestrate_core::exec::{self, RunOptions};
+use orchestrate_core::gate;
+use orchestrate_core::ops::Registry;
+use orchestrate_core::runtime;
+use orchestrate_core::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
+use orchestrate_core::store::{hash_file, write_atomic, Workspace};
 
 const GATE_FAILED: u8 = 1;
 
@@ -203,7 +203,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Report { target, out } => {
             let source = match &target {
                 Some(t) if std::path::Path::new(t).join("MANIFEST.json").exists() => {
-                    crate::report::from_pack(std::path::Path::new(t))?
+                    orchestrate_core::report::from_pack(std::path::Path::new(t))?
                 }
                 _ => {
                     let ws = Workspace::open_read_only(&cli.workspace)?.with_context(|| {
@@ -213,10 +213,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                             target.as_deref().unwrap_or("-")
                         )
                     })?;
-                    crate::report::from_run(&ws, target)?
+                    orchestrate_core::report::from_run(&ws, target)?
                 }
             };
-            let html = crate::report::render(&source);
+            let html = orchestrate_core::report::render(&source);
             // Never a half-written report.
             write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {} ({} nodes)", out.display(), source.nodes.len());
@@ -232,12 +232,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Verify => verify(&cli.workspace),
         Command::Verifier(cmd) => verifier(cmd),
         Command::Guard(GuardCommand::Codes) => {
-            print!("{}", crate::guard::codes::table());
+            print!("{}", orchestrate_core::guard::codes::table());
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard(GuardCommand::SpendNonce { nonce }) => {
             let ws = Workspace::open(&cli.workspace)?;
-            let won = crate::guard::Ledger::open(&ws)?.consume_nonce(&nonce)?;
+            let won = orchestrate_core::guard::Ledger::open(&ws)?.consume_nonce(&nonce)?;
             println!("{}", if won { "won" } else { "lost" });
             Ok(if won { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
@@ -246,8 +246,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let Some(ws) = Workspace::open_read_only(&cli.workspace)? else {
                 bail!("no workspace at {}: run the spec first", cli.workspace.display());
             };
-            let opts = crate::pack::FreezeOptions { with_models, with_states, max_output_bytes };
-            let manifest = crate::pack::freeze(&ws, &spec, &dag, &runtime::env_provider(), &out, opts)?;
+            let opts = orchestrate_core::pack::FreezeOptions { with_models, with_states, max_output_bytes };
+            let manifest = orchestrate_core::pack::freeze(&ws, &spec, &dag, &runtime::env_provider(), &out, opts)?;
             let omitted = manifest["nodes"]
                 .as_array()
                 .map(|n| {
@@ -270,7 +270,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Pack(PackCommand::Verify { dir }) => {
-            let problems = crate::pack::verify(&dir)?;
+            let problems = orchestrate_core::pack::verify(&dir)?;
             for p in &problems {
                 println!("FAIL  {p}");
             }
@@ -282,12 +282,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Audit { dir } => {
-            let problems = crate::pack::verify(&dir)?;
+            let problems = orchestrate_core::pack::verify(&dir)?;
             for p in &problems {
                 println!("FAIL  {p}");
             }
-            let results = crate::pack::audit_gates(&dir)?;
-            print!("{}", crate::pack::gate_table(&results));
+            let results = orchestrate_core::pack::audit_gates(&dir)?;
+            print!("{}", orchestrate_core::pack::gate_table(&results));
             let failed = results.iter().filter(|r| !r.passed).count();
             println!(
                 "{} gates: {} passed, {failed} failed; pack {}",
@@ -298,9 +298,9 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(if problems.is_empty() && failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Generate(args) => {
-            let mut full = vec!["generate".to_string()];
-            full.extend(args.to_args());
-            runtime::exec_worker(&full)
+            let request = serde_json::to_string(&args.request())?;
+            runtime::exec_worker(&["generate".to_string(), "--request".to_string(), request])
+                .map_err(anyhow::Error::msg)
         }
         Command::Env => {
             let env = (runtime::env_provider())().map_err(anyhow::Error::msg)?;
@@ -325,7 +325,7 @@ fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
     let mut spec = spec::load(&args.spec, &opts)?;
     let x = &args.executor;
     if let Some(kind) = x.executor {
-        spec.executor = kind;
+        spec.executor = kind.into();
     }
     let cli = spec::SlurmResources {
         partition: x.partition.clone(),
@@ -506,8 +506,10 @@ fn verify(root: &std::path::Path) -> Result<ExitCode> {
             checked += 1;
             let path = ws.object_path(&out.object.hash);
             let actual = match out.object.kind {
-                crate::ops::OutputKind::File => hash_file(&path).map(|(h, _)| h),
-                crate::ops::OutputKind::Dir => crate::store::objects::hash_dir(&path).map(|i| i.hash),
+                orchestrate_core::ops::OutputKind::File => hash_file(&path).map(|(h, _)| h),
+                orchestrate_core::ops::OutputKind::Dir => {
+                    orchestrate_core::store::objects::hash_dir(&path).map(|i| i.hash)
+                }
             };
             match actual {
                 Ok(h) if h == out.object.hash => {}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::store::Workspace;
+use orchestrate_core::store::Workspace;
 
 /// The run to look at: the given one (which must exist) or the latest.
 pub fn resolve_run(ws: &Workspace, run: Option<String>) -> Result<String> {
@@ -26,7 +26,7 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
             "codes": [], "event": e,
         }));
     }
-    let ledger = crate::guard::Ledger::open_read_only(ws)?;
+    let ledger = orchestrate_core::guard::Ledger::open_read_only(ws)?;
     for n in index.run_nodes(run)? {
         let Some(ledger) = &ledger else { break };
         let Some(key) = &n.key else { continue };
@@ -35,7 +35,9 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
         let Ok(text) = std::fs::read_to_string(ws.object_path(&metrics.object.hash)) else { continue };
         let Ok(m) = serde_json::from_str::<Value>(&text) else { continue };
         let Some(lineage) = m["lineage"].as_str() else { continue };
-        for crate::guard::ledger::StoredEvent { seq, producer, kind, payload, seal, .. } in ledger.events(lineage)? {
+        for orchestrate_core::guard::ledger::StoredEvent { seq, producer, kind, payload, seal, .. } in
+            ledger.events(lineage)?
+        {
             let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::String(payload));
             let codes = payload["codes"].clone();
             out.push(json!({

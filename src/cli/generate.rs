@@ -1,9 +1,10 @@
-//! `orchestrate generate`: the arguments, shared by the CLI (which forwards
-//! them) and the worker (which runs the model).
+//! `orchestrate generate`: the arguments, which the CLI parses and hands to
+//! the worker (which runs the model) as a [`GenerateRequest`].
 
 use std::path::PathBuf;
 
 use clap::Args;
+use orchestrate_core::model::GenerateRequest;
 
 /// Try a policy by hand: one response to one prompt.
 #[derive(Debug, Clone, Args)]
@@ -18,7 +19,7 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "IDS", value_delimiter = ',')]
     pub prompt_ids: Option<Vec<i64>>,
     /// The system message for `--prompt`.
-    #[arg(long, value_name = "TEXT", default_value = crate::model::DEFAULT_SYSTEM)]
+    #[arg(long, value_name = "TEXT", default_value = orchestrate_core::model::DEFAULT_SYSTEM)]
     pub system: String,
     /// Greedy decoding (the default unless --seed is given).
     #[arg(long, conflicts_with = "seed")]
@@ -29,10 +30,10 @@ pub struct GenerateArgs {
     /// The rollout id of the draw (with --seed).
     #[arg(long, value_name = "N", default_value_t = 0, requires = "seed")]
     pub rollout_id: u64,
-    #[arg(long, value_name = "N", default_value_t = crate::model::MAX_RESPONSE_TOKENS)]
+    #[arg(long, value_name = "N", default_value_t = orchestrate_core::model::MAX_RESPONSE_TOKENS)]
     pub max_new_tokens: usize,
     /// Refuse prompts longer than this (nothing is truncated).
-    #[arg(long, value_name = "N", default_value_t = crate::model::MAX_PROMPT_TOKENS)]
+    #[arg(long, value_name = "N", default_value_t = orchestrate_core::model::MAX_PROMPT_TOKENS)]
     pub max_prompt_tokens: usize,
     /// Recompute the whole prefix at every step instead of using the KV cache.
     #[arg(long)]
@@ -43,30 +44,20 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    /// The arguments again, to hand to the worker.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut a = vec!["--model".to_string(), self.model.display().to_string()];
-        if let Some(p) = &self.prompt {
-            a.extend(["--prompt".into(), p.clone()]);
+    /// What the worker runs.
+    pub fn request(&self) -> GenerateRequest {
+        GenerateRequest {
+            model: self.model.clone(),
+            prompt: self.prompt.clone(),
+            prompt_ids: self.prompt_ids.clone(),
+            system: self.system.clone(),
+            greedy: self.greedy,
+            seed: self.seed,
+            rollout_id: self.rollout_id,
+            max_new_tokens: self.max_new_tokens,
+            max_prompt_tokens: self.max_prompt_tokens,
+            no_cache: self.no_cache,
+            json: self.json,
         }
-        if let Some(ids) = &self.prompt_ids {
-            a.extend(["--prompt-ids".into(), ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")]);
-        }
-        a.extend(["--system".into(), self.system.clone()]);
-        if self.greedy {
-            a.push("--greedy".into());
-        }
-        if let Some(s) = self.seed {
-            a.extend(["--seed".into(), s.to_string(), "--rollout-id".into(), self.rollout_id.to_string()]);
-        }
-        a.extend(["--max-new-tokens".into(), self.max_new_tokens.to_string()]);
-        a.extend(["--max-prompt-tokens".into(), self.max_prompt_tokens.to_string()]);
-        if self.no_cache {
-            a.push("--no-cache".into());
-        }
-        if self.json {
-            a.push("--json".into());
-        }
-        a
     }
 }

@@ -38,6 +38,24 @@ pub struct SpecArgs {
     pub executor: ExecutorArgs,
 }
 
+/// `--executor`: the spec's [`ExecutorKind`](orchestrate_core::spec::ExecutorKind) on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecutorArg {
+    /// On this machine, as child processes of `orchestrate run`.
+    Local,
+    /// As Slurm jobs (`sbatch`), each running `orchestrate exec-node` on the shared workspace.
+    Slurm,
+}
+
+impl From<ExecutorArg> for orchestrate_core::spec::ExecutorKind {
+    fn from(kind: ExecutorArg) -> Self {
+        match kind {
+            ExecutorArg::Local => orchestrate_core::spec::ExecutorKind::Local,
+            ExecutorArg::Slurm => orchestrate_core::spec::ExecutorKind::Slurm,
+        }
+    }
+}
+
 /// Where nodes run; these override the spec's `executor:` and `slurm:` (and
 /// every node's `resources:`). GPUs decide the device numerical nodes are keyed
 /// on under Slurm, so `plan`, `explain` and `pack freeze` take them too.
@@ -45,7 +63,7 @@ pub struct SpecArgs {
 pub struct ExecutorArgs {
     /// `local` (this machine) or `slurm` (one sbatch job per node).
     #[arg(long, value_enum, value_name = "KIND", help_heading = "Executor")]
-    pub executor: Option<crate::spec::ExecutorKind>,
+    pub executor: Option<ExecutorArg>,
     /// Slurm partition of every job.
     #[arg(long, value_name = "NAME", help_heading = "Executor")]
     pub partition: Option<String>,

@@ -1,0 +1,360 @@
+//! The scheduler: runs a [`Dag`]'s nodes in dependency order, independent ones
+//! in parallel up to `jobs`, and reports through [`Event`]s only.
+//!
+//! A node becomes ready when every node it reads has resolved; its key is
+//! computed then (keys need the upstream outputs' content hashes). A failed
+//! node skips its descendants; every other node still runs.
+
+pub mod events;
+pub mod node;
+pub mod plan;
+pub mod report;
+pub mod slurm;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+pub use events::{Event, RunStats};
+pub use node::Outcome;
+pub use report::Reporter;
+
+use crate::dag::key::EnvPart;
+use crate::dag::Dag;
+use crate::spec::Spec;
+use crate::store::{now_rfc3339, NodeOutcome, OutputRecord, RunNodeRow, RunRow, StoreError, Workspace};
+
+pub use crate::runtime::EnvProvider;
+
+/// How to run.
+pub struct RunOptions {
+    pub jobs: usize,
+    /// Node ids to run even if cached.
+    pub force: BTreeSet<String>,
+    pub env: EnvProvider,
+    /// The command line, recorded with the run.
+    pub argv: String,
+    /// How jobs are submitted when the spec's executor is `slurm` (default:
+    /// this executable, polling every 2 s).
+    pub slurm: Option<slurm::SlurmSettings>,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub run_id: String,
+    pub stats: RunStats,
+    pub outcomes: BTreeMap<String, Outcome>,
+}
+
+enum Msg {
+    Event(Event),
+    Done(usize, Outcome),
+}
+
+struct Observer<'a> {
+    tx: &'a mpsc::Sender<Msg>,
+    node: String,
+}
+
+impl node::NodeObserver for Observer<'_> {
+    fn started(&mut self, key: &str, reason: &str) {
+        let _ = self.tx.send(Msg::Event(Event::NodeStarted {
+            node: self.node.clone(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        }));
+    }
+    fn waiting(&mut self, key: &str, reason: &str) {
+        let _ = self.tx.send(Msg::Event(Event::Waiting {
+            node: self.node.clone(),
+            key: key.to_string(),
+            reason: reason.to_string(),
+        }));
+    }
+}
+
+/// A fresh run id: UTC time and process id, readable and unique on a machine.
+pub fn new_run_id() -> String {
+    let t = now_rfc3339().replace(['-', ':'], "");
+    format!("{}-{}", t.trim_end_matches('Z').replace('.', ""), std::process::id())
+}
+
+/// Runs every node of the DAG.
+pub fn run(
+    ws: &Workspace,
+    spec: &Spec,
+    dag: &Dag,
+    opts: &RunOptions,
+    reporter: &mut dyn Reporter,
+) -> Result<RunResult, StoreError> {
+    let started = Instant::now();
+    let run_id = new_run_id();
+    let mut index = ws.index()?;
+    index.start_run(
+        &RunRow {
+            run_id: run_id.clone(),
+            spec: spec.name.clone(),
+            profile: spec.profile.clone(),
+            started_at: now_rfc3339(),
+            finished_at: None,
+            status: "running".into(),
+            summary: None,
+        },
+        &opts.argv,
+    )?;
+    let mut log: Vec<(u64, String)> = Vec::new();
+    let emit = |e: Event, reporter: &mut dyn Reporter, log: &mut Vec<(u64, String)>| {
+        reporter.on_event(&e);
+        log.push((log.len() as u64, e.to_json()));
+    };
+    let jobs = opts.jobs.max(1);
+    emit(
+        Event::RunStarted { run_id: run_id.clone(), spec: spec.name.clone(), nodes: dag.nodes.len(), jobs },
+        reporter,
+        &mut log,
+    );
+
+    let n = dag.nodes.len();
+    let mut waiting_on: Vec<usize> = (0..n).map(|i| dag.parents(i).len()).collect();
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+    let mut outputs: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
+    let mut blocked_by: Vec<Option<String>> = vec![None; n];
+    let env_cache: Mutex<Option<Result<EnvPart, String>>> = Mutex::new(None);
+    let cancel = AtomicBool::new(false);
+    let (job_tx, job_rx) = mpsc::channel::<(usize, BTreeMap<String, Vec<OutputRecord>>)>();
+    let job_rx = Arc::new(Mutex::new(job_rx));
+    let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
+    let mut stats = RunStats::default();
+    let slurm_settings =
+        (spec.executor == crate::spec::ExecutorKind::Slurm).then(|| opts.slurm.clone().unwrap_or_default());
+    let tracker = slurm::Tracker::default();
+    let slurm_run = slurm_settings.as_ref().map(|settings| slurm::SlurmRun { settings, tracker: &tracker, spec });
+
+    std::thread::scope(|scope| -> Result<(), StoreError> {
+        if let Some(settings) = &slurm_settings {
+            let tracker = &tracker;
+            scope.spawn(move || tracker.run(settings.poll));
+        }
+        for _ in 0..jobs.min(n.max(1)) {
+            let job_rx = Arc::clone(&job_rx);
+            let msg_tx = msg_tx.clone();
+            let (env_cache, cancel, run_id, slurm_run) = (&env_cache, &cancel, run_id.as_str(), slurm_run.as_ref());
+            scope.spawn(move || {
+                let index = match ws.index() {
+                    Ok(i) => i,
+                    Err(e) => {
+                        // Report every job this worker takes as failed rather than hang.
+                        while let Ok((pos, _)) = {
+                            let rx = job_rx.lock().expect("job queue");
+                            rx.recv()
+                        } {
+                            let _ = msg_tx.send(Msg::Done(
+                                pos,
+                                Outcome::Failed { key: None, error: e.to_string(), seconds: 0.0 },
+                            ));
+                        }
+                        return;
+                    }
+                };
+                loop {
+                    let next = { job_rx.lock().expect("job queue").recv() };
+                    let Ok((pos, upstream)) = next else { return };
+                    let node = &dag.nodes[pos];
+                    let env = if node.op.numerical() {
+                        let mut cached = env_cache.lock().expect("env cache");
+                        match cached.get_or_insert_with(|| (opts.env)()) {
+                            Ok(e) => Some(slurm::node_env(spec.executor, &node.def, e)),
+                            Err(e) => {
+                                let error = format!("cannot determine the numerical environment: {e}");
+                                let _ = msg_tx.send(Msg::Done(pos, Outcome::Failed { key: None, error, seconds: 0.0 }));
+                                continue;
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    let job = node::NodeJob {
+                        ws,
+                        index: &index,
+                        node,
+                        spec_name: &spec.name,
+                        spec_dir: &spec.base_dir,
+                        run_id,
+                        upstream: &upstream,
+                        env,
+                        force: opts.force.contains(node.id()),
+                        cancel,
+                    };
+                    let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
+                    let outcome = match slurm_run {
+                        Some(run) => slurm::resolve(&job, run, &mut observer),
+                        None => node::resolve(&job, &mut observer),
+                    };
+                    let _ = msg_tx.send(Msg::Done(pos, outcome));
+                }
+            });
+        }
+        drop(msg_tx);
+
+        let dispatch = |pos: usize, outputs: &BTreeMap<String, Vec<OutputRecord>>| {
+            let mut upstream = BTreeMap::new();
+            for p in dag.parents(pos) {
+                let id = dag.nodes[p].id();
+                upstream.insert(id.to_string(), outputs[id].clone());
+            }
+            let _ = job_tx.send((pos, upstream));
+        };
+        let mut pending = n;
+        for &pos in &dag.order {
+            if waiting_on[pos] == 0 {
+                dispatch(pos, &outputs);
+            }
+        }
+        while pending > 0 {
+            let Ok(msg) = msg_rx.recv() else { break };
+            let (pos, outcome) = match msg {
+                Msg::Event(e) => {
+                    emit(e, reporter, &mut log);
+                    continue;
+                }
+                Msg::Done(pos, outcome) => (pos, outcome),
+            };
+            pending -= 1;
+            let id = dag.nodes[pos].id().to_string();
+            match &outcome {
+                Outcome::Cached { key, outputs: outs } => {
+                    stats.cached += 1;
+                    outputs.insert(id.clone(), outs.clone());
+                    emit(Event::CacheHit { node: id.clone(), key: key.clone() }, reporter, &mut log);
+                }
+                Outcome::Ran { key, outputs: outs, seconds, .. } => {
+                    stats.ran += 1;
+                    outputs.insert(id.clone(), outs.clone());
+                    emit(
+                        Event::NodeFinished { node: id.clone(), key: key.clone(), seconds: *seconds },
+                        reporter,
+                        &mut log,
+                    );
+                }
+                Outcome::Skipped { .. } => unreachable!("workers never skip; the coordinator does"),
+                Outcome::Failed { key, error, seconds } => {
+                    stats.failed += 1;
+                    emit(
+                        Event::NodeFailed {
+                            node: id.clone(),
+                            key: key.clone(),
+                            seconds: *seconds,
+                            error: error.clone(),
+                        },
+                        reporter,
+                        &mut log,
+                    );
+                }
+            }
+            let failed = matches!(outcome, Outcome::Failed { .. });
+            outcomes[pos] = Some(outcome);
+            // Children: skipped (with their whole subtree) if this failed, else one step closer to ready.
+            for child in dag.children(pos) {
+                if failed || blocked_by[pos].is_some() {
+                    let root = blocked_by[pos].clone().unwrap_or_else(|| id.clone());
+                    blocked_by[child].get_or_insert(root);
+                }
+                waiting_on[child] -= 1;
+                if waiting_on[child] == 0 {
+                    if let Some(root) = blocked_by[child].clone() {
+                        // Mark the skipped subtree as resolved without running it.
+                        let mut stack = vec![child];
+                        while let Some(c) = stack.pop() {
+                            if outcomes[c].is_some() {
+                                continue;
+                            }
+                            pending -= 1;
+                            stats.skipped += 1;
+                            let because = format!("'{root}' failed");
+                            outcomes[c] = Some(Outcome::Skipped { because: because.clone() });
+                            emit(
+                                Event::NodeSkipped { node: dag.nodes[c].id().to_string(), because },
+                                reporter,
+                                &mut log,
+                            );
+                            for gc in dag.children(c) {
+                                blocked_by[gc].get_or_insert(root.clone());
+                                waiting_on[gc] -= 1;
+                                if waiting_on[gc] == 0 {
+                                    stack.push(gc);
+                                }
+                            }
+                        }
+                    } else {
+                        dispatch(child, &outputs);
+                    }
+                }
+            }
+        }
+        drop(job_tx);
+        tracker.stop();
+        Ok(())
+    })?;
+
+    let seconds = started.elapsed().as_secs_f64();
+    emit(
+        Event::RunFinished {
+            run_id: run_id.clone(),
+            ran: stats.ran,
+            cached: stats.cached,
+            failed: stats.failed,
+            skipped: stats.skipped,
+            seconds,
+        },
+        reporter,
+        &mut log,
+    );
+    reporter.finish();
+
+    let mut rows = Vec::with_capacity(n);
+    let mut result = BTreeMap::new();
+    for (pos, outcome) in outcomes.into_iter().enumerate() {
+        let Some(outcome) = outcome else { continue };
+        let node_id = dag.nodes[pos].id().to_string();
+        let row = match &outcome {
+            Outcome::Cached { key, .. } => RunNodeRow {
+                node_id: node_id.clone(),
+                key: Some(key.clone()),
+                outcome: NodeOutcome::Cached,
+                seconds: None,
+                detail: None,
+            },
+            Outcome::Ran { key, seconds, job, .. } => RunNodeRow {
+                node_id: node_id.clone(),
+                key: Some(key.clone()),
+                outcome: NodeOutcome::Ran,
+                seconds: Some(*seconds),
+                detail: job.clone(),
+            },
+            Outcome::Failed { key, error, seconds } => RunNodeRow {
+                node_id: node_id.clone(),
+                key: key.clone(),
+                outcome: NodeOutcome::Failed,
+                seconds: Some(*seconds),
+                detail: Some(error.clone()),
+            },
+            Outcome::Skipped { because } => RunNodeRow {
+                node_id: node_id.clone(),
+                key: None,
+                outcome: NodeOutcome::Skipped,
+                seconds: None,
+                detail: Some(because.clone()),
+            },
+        };
+        rows.push(row);
+        result.insert(node_id, outcome);
+    }
+    let status = if stats.success() { "ok" } else { "failed" };
+    let summary =
+        format!("{} ran, {} cached, {} failed, {} skipped", stats.ran, stats.cached, stats.failed, stats.skipped);
+    index.finish_run(&run_id, status, &summary, &rows, &log)?;
+    Ok(RunResult { run_id, stats, outcomes: result })
+}

@@ -1,0 +1,29 @@
+//! orchestrate-core: the engine of orchestrate, reproducible and auditable
+//! GRPO post-training experiments.
+//!
+//! A YAML spec ([`spec`]) compiles into a content-hashed DAG ([`dag`]); the
+//! scheduler ([`exec`]) runs each node's op ([`ops`]) and publishes its outputs
+//! into a content-addressed store ([`store`]). See `docs/engine.md` for the
+//! layers and the key record.
+//!
+//! No clap and no libtorch here: the command line is the `orchestrate` binary
+//! (the workspace's root package), and code that calls libtorch is the
+//! `orchestrate-torch` crate and worker (crates/torch), a separate process (see
+//! [`runtime`] for why). The modules form layers without a cycle
+//! (`tests/layers.rs` fails on a new one).
+
+pub mod canonical;
+pub mod dag;
+pub mod data;
+pub mod exec;
+pub mod gate;
+pub mod guard;
+pub mod model;
+pub mod ops;
+pub mod pack;
+pub mod report;
+pub mod runtime;
+pub mod spec;
+pub mod store;
+pub mod suggest;
+pub mod train;

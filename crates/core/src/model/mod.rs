@@ -1,0 +1,169 @@
+//! Model files without libtorch: the Hugging Face folder layout, the Qwen2
+//! config, ChatML prompts, the tokenizer, and the BPE tokenizer the embedded
+//! default builds. The network itself is in `crates/torch/src/` (the worker binary).
+
+pub mod config;
+pub mod tokenizer;
+
+use std::path::{Path, PathBuf};
+
+pub use config::Qwen2Config;
+pub use tokenizer::{build_bpe, TextTokenizer, TokenizerError};
+
+/// ChatML special tokens (as in Qwen2.5).
+pub const IM_START: &str = "<|im_start|>";
+pub const IM_END: &str = "<|im_end|>";
+pub const ENDOFTEXT: &str = "<|endoftext|>";
+
+/// The system message Qwen2.5's chat template inserts when none is given.
+pub const DEFAULT_SYSTEM: &str = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+
+/// The protocol's token budgets (shared/seeds/003): prompt ≤ 256, response ≤ 64, total ≤ 320.
+pub const MAX_PROMPT_TOKENS: usize = 256;
+pub const MAX_RESPONSE_TOKENS: usize = 64;
+
+/// A system + user conversation rendered in ChatML with the generation prompt,
+/// written out explicitly rather than through a Jinja template.
+pub fn chat_prompt(system: &str, user: &str) -> String {
+    format!("{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n")
+}
+
+/// Files of a Hugging Face model folder.
+#[derive(Debug, Clone)]
+pub struct HfFolder {
+    pub dir: PathBuf,
+}
+
+/// A folder that is not a loadable model, with what to do about it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FolderError {
+    #[error(
+        "{0}: no such folder. Real runs load Qwen2.5-0.5B-Instruct from a local Hugging Face folder \
+         (config.json, model.safetensors, tokenizer.json); nothing is downloaded at run time. Get it on a \
+         machine with network access, e.g. `huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --revision \
+         7ae557604adf67be50417f59c2c2f167def9a775 --local-dir DIR`, and copy DIR here"
+    )]
+    Missing(PathBuf),
+    #[error("{dir}: missing {file} (a Hugging Face model folder needs config.json, tokenizer.json and model.safetensors or model.safetensors.index.json)")]
+    MissingFile { dir: PathBuf, file: &'static str },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl HfFolder {
+    /// Checks that a folder has what loading needs.
+    pub fn open(dir: &Path) -> Result<HfFolder, FolderError> {
+        if !dir.is_dir() {
+            return Err(FolderError::Missing(dir.to_path_buf()));
+        }
+        for file in ["config.json", "tokenizer.json"] {
+            if !dir.join(file).is_file() {
+                return Err(FolderError::MissingFile { dir: dir.to_path_buf(), file });
+            }
+        }
+        let f = HfFolder { dir: dir.to_path_buf() };
+        if f.weight_files()?.is_empty() {
+            return Err(FolderError::MissingFile { dir: dir.to_path_buf(), file: "model.safetensors" });
+        }
+        Ok(f)
+    }
+
+    pub fn config(&self) -> Result<Qwen2Config, FolderError> {
+        let path = self.dir.join("config.json");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
+        Qwen2Config::from_json(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// The weight files: `model.safetensors`, or the shards listed by the index.
+    pub fn weight_files(&self) -> Result<Vec<PathBuf>, FolderError> {
+        let single = self.dir.join("model.safetensors");
+        if single.is_file() {
+            return Ok(vec![single]);
+        }
+        let index = self.dir.join("model.safetensors.index.json");
+        if !index.is_file() {
+            return Ok(Vec::new());
+        }
+        let text =
+            std::fs::read_to_string(&index).map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| FolderError::Invalid(format!("{}: no weight_map", index.display())))?;
+        let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
+        files.sort();
+        files.dedup();
+        let paths: Vec<PathBuf> = files.iter().map(|f| self.dir.join(f)).collect();
+        if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
+            return Err(FolderError::Invalid(format!("{}: shard {} is missing", index.display(), missing.display())));
+        }
+        Ok(paths)
+    }
+
+    /// Unique parameters stored in the weight files (read from the safetensors headers).
+    pub fn stored_parameter_count(&self) -> Result<u64, FolderError> {
+        let mut total = 0u64;
+        for path in self.weight_files()? {
+            let bytes = std::fs::read(&path).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
+            let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+                .map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
+            for info in meta.tensors().values() {
+                total += info.shape.iter().map(|d| *d as u64).product::<u64>();
+            }
+        }
+        Ok(total)
+    }
+
+    pub fn tokenizer(&self) -> Result<TextTokenizer, TokenizerError> {
+        TextTokenizer::from_file(&self.dir.join("tokenizer.json"))
+    }
+}
+
+/// One hand-made generation (`orchestrate generate`), as the CLI hands it to
+/// the worker: the CLI parses the command line, the worker runs the model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateRequest {
+    /// A Hugging Face model folder.
+    pub model: PathBuf,
+    /// A user message (the ChatML format is applied), or `prompt_ids`.
+    pub prompt: Option<String>,
+    /// Raw prompt ids, fed untouched.
+    pub prompt_ids: Option<Vec<i64>>,
+    /// The system message for `prompt`.
+    pub system: String,
+    /// Greedy decoding, even if `seed` is given.
+    pub greedy: bool,
+    /// Sample at temperature 1, reproducibly from (seed, rollout id, position).
+    pub seed: Option<u64>,
+    pub rollout_id: u64,
+    pub max_new_tokens: usize,
+    /// Prompts longer than this are refused (nothing is truncated).
+    pub max_prompt_tokens: usize,
+    /// Recompute the whole prefix at every step instead of using the KV cache.
+    pub no_cache: bool,
+    /// Print ids, behavior log-probs and the finish reason as JSON.
+    pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_prompts_are_chatml_with_the_generation_prompt() {
+        assert_eq!(
+            chat_prompt("sys", "hi"),
+            "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn a_missing_folder_says_how_to_get_the_weights() {
+        let err = HfFolder::open(Path::new("/nonexistent/qwen")).unwrap_err().to_string();
+        assert!(err.contains("huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct"), "{err}");
+    }
+}

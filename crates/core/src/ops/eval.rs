@@ -1,0 +1,426 @@
+//! Evaluation: `eval.generate` (no labels: one greedy response per test problem
+//! and `draws` sampled ones, with seeds common to every policy) and
+//! `eval.score` (with labels: per-population success, JSON validity, no-EOS,
+//! lengths). Every output is kept, invalid ones included.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::worker::WorkerOp;
+use super::{
+    parse_params, read_jsonl, required, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext,
+};
+use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
+use crate::model::DEFAULT_SYSTEM;
+
+fn failed(e: impl std::fmt::Display) -> OpError {
+    OpError::Failed(e.to_string())
+}
+
+/// Params of `eval.generate`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EvalGenerateParams {
+    /// Sampled draws per problem (besides the greedy one).
+    #[serde(default = "d_draws")]
+    pub draws: usize,
+    /// The sampling seed; with the draw's rollout id it fixes every sample, the
+    /// same for every policy evaluated with it.
+    #[serde(default = "d_eval_seed")]
+    pub seed: u64,
+    #[serde(default = "d_tokens")]
+    pub max_new_tokens: usize,
+    #[serde(default = "d_prompt")]
+    pub max_prompt_tokens: usize,
+    /// Rows generated together.
+    #[serde(default = "d_batch")]
+    #[schemars(range(min = 1))]
+    pub batch_size: usize,
+    /// Evaluate only the first N problems (small budgets for tests); all by default.
+    #[serde(default)]
+    pub limit: Option<usize>,
+    #[serde(default = "d_system")]
+    pub system: String,
+    /// A name for the evaluated policy (recorded; handy as a matrix axis).
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+fn d_draws() -> usize {
+    4
+}
+fn d_eval_seed() -> u64 {
+    20_000
+}
+fn d_tokens() -> usize {
+    crate::model::MAX_RESPONSE_TOKENS
+}
+fn d_prompt() -> usize {
+    crate::model::MAX_PROMPT_TOKENS
+}
+fn d_batch() -> usize {
+    100
+}
+fn d_system() -> String {
+    DEFAULT_SYSTEM.to_string()
+}
+
+/// One evaluated response, as `eval.generate` writes it (JSON lines).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalResponse {
+    pub id: String,
+    pub population: String,
+    /// "greedy" or "sample".
+    pub mode: String,
+    pub draw: usize,
+    pub rollout_id: Option<u64>,
+    pub ids: Vec<i64>,
+    pub text: String,
+    pub finish: FinishReason,
+    pub undecodable: Vec<u32>,
+}
+
+/// What `eval.generate` writes as `summary` beside its responses, and `eval.score` reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSummary {
+    pub problems: usize,
+    pub draws: usize,
+    pub generation_seconds: f64,
+    /// `null` where the OS does not report it (not 0).
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+    pub device: String,
+}
+
+/// One population's tally in one mode, as `eval.score` writes it. Rates are
+/// `null` (with `undefined_because`) for an empty population, never 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PopulationScore {
+    pub responses: usize,
+    pub problems: usize,
+    pub correct: usize,
+    #[serde(deserialize_with = "required")]
+    pub success_rate: Option<f64>,
+    pub valid_json: usize,
+    #[serde(deserialize_with = "required")]
+    pub json_validity: Option<f64>,
+    pub without_eos: usize,
+    #[serde(deserialize_with = "required")]
+    pub mean_response_tokens: Option<f64>,
+    #[serde(deserialize_with = "required")]
+    pub undefined_because: Option<String>,
+    pub zero_reasons: BTreeMap<String, usize>,
+}
+
+/// The three populations of one mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModeScores {
+    #[serde(rename = "ALL")]
+    pub all: PopulationScore,
+    #[serde(rename = "ID50")]
+    pub id50: PopulationScore,
+    #[serde(rename = "OOD100")]
+    pub ood100: PopulationScore,
+}
+
+impl ModeScores {
+    /// A population by its name in specs and tables (`ALL`, `ID50`, `OOD100`).
+    pub fn population(&self, name: &str) -> Option<&PopulationScore> {
+        match name {
+            "ALL" => Some(&self.all),
+            "ID50" => Some(&self.id50),
+            "OOD100" => Some(&self.ood100),
+            _ => None,
+        }
+    }
+}
+
+/// The populations every table and analysis reports, in order.
+pub const POPULATIONS: [&str; 3] = ["ALL", "ID50", "OOD100"];
+
+/// The verifier that scored an evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VerifierRef {
+    pub name: String,
+    pub protocol_hash: String,
+}
+
+/// What `eval.score` writes as `results`, and `results.table`, `analysis.arms`
+/// and the report read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalResults {
+    pub verifier: VerifierRef,
+    pub greedy: ModeScores,
+    pub sample: ModeScores,
+    /// What each reported metric means, in words.
+    pub metrics: BTreeMap<String, String>,
+    pub generation_seconds: f64,
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+    pub device: String,
+    /// The evaluated policy's name, when the spec gave one.
+    #[serde(deserialize_with = "required")]
+    pub policy: Option<String>,
+}
+
+impl EvalResults {
+    /// Reads an `eval.score` result; a missing or ill-typed field is an error
+    /// naming the file and the field.
+    pub fn read(path: &std::path::Path) -> Result<Self, OpError> {
+        super::read_typed(path)
+    }
+}
+
+/// `eval.generate`.
+pub struct EvalGenerate;
+
+impl Op for EvalGenerate {
+    fn name(&self) -> &'static str {
+        WorkerOp::EvalGenerate.name()
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "greedy and sampled responses of a policy to test problems; no labels (runs in the worker)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<EvalGenerateParams>(generator)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<EvalGenerateParams>(params, super::no_checks)
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("model", "the policy's model folder"),
+            InputDecl::required("pages", "the pages to answer (data:pages.test)"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("responses"), OutputDecl::file("summary")]
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Inference
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerOp::EvalGenerate, ctx)
+    }
+}
+
+/// Params of `eval.score`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScoreParams {
+    /// A name for the evaluated policy (recorded).
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+/// `eval.score`.
+pub struct EvalScore;
+
+impl Op for EvalScore {
+    fn name(&self) -> &'static str {
+        "eval.score"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "per-population success, JSON validity, no-EOS and lengths of evaluated responses"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<ScoreParams>(generator)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<ScoreParams>(params, super::no_checks)
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("responses", "eval.generate's responses"),
+            InputDecl::required("summary", "eval.generate's summary (costs)"),
+            InputDecl::required("labels", "the labels of the same split (data:labels.test)"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("results")]
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Scoring
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
+        let summary: EvalSummary = super::read_typed(ctx.input_path("summary")?)?;
+        let labels: BTreeMap<String, Value> = read_jsonl::<Value>(ctx.input_path("labels")?)?
+            .into_iter()
+            .filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone())))
+            .collect();
+        let p: ScoreParams = parse_params(ctx.params).map_err(failed)?;
+        let results = score(&responses, &labels, &summary, p.policy)?;
+        let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
+        std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    responses: usize,
+    problems: BTreeSet<String>,
+    correct: usize,
+    valid: usize,
+    without_eos: usize,
+    tokens: usize,
+    reasons: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    fn score(&self) -> PopulationScore {
+        let rate = |n: usize| (self.responses > 0).then(|| n as f64 / self.responses as f64);
+        PopulationScore {
+            responses: self.responses,
+            problems: self.problems.len(),
+            correct: self.correct,
+            success_rate: rate(self.correct),
+            valid_json: self.valid,
+            json_validity: rate(self.valid),
+            without_eos: self.without_eos,
+            mean_response_tokens: (self.responses > 0).then(|| self.tokens as f64 / self.responses as f64),
+            undefined_because: (self.responses == 0).then(|| "no responses in this population".to_string()),
+            zero_reasons: self.reasons.clone(),
+        }
+    }
+}
+
+/// Scores evaluated responses against labels, per population and mode.
+pub fn score(
+    responses: &[EvalResponse],
+    labels: &BTreeMap<String, Value>,
+    summary: &EvalSummary,
+    policy: Option<String>,
+) -> Result<EvalResults, OpError> {
+    let registry = VerifierRegistry::builtin();
+    let verifier = registry.get("stock_arithmetic_v1").expect("builtin verifier");
+    let mut tallies: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    for r in responses {
+        let label = labels.get(&r.id).ok_or_else(|| failed(format!("response for {} has no label", r.id)))?;
+        let verdict = verifier
+            .verify(
+                &label["problem"],
+                &Response { text: &r.text, finish: r.finish, tokenization_valid: r.undecodable.is_empty() },
+            )
+            .map_err(failed)?;
+        for population in ["ALL".to_string(), r.population.clone()] {
+            let t = tallies.entry((r.mode.clone(), population)).or_default();
+            t.responses += 1;
+            t.problems.insert(r.id.clone());
+            t.correct += usize::from(verdict.reward);
+            t.valid += usize::from(verdict.valid);
+            t.without_eos += usize::from(r.finish != FinishReason::Eos);
+            t.tokens += r.ids.len();
+            if let Some(reason) = verdict.reason {
+                let name =
+                    serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+                *t.reasons.entry(name).or_default() += 1;
+            }
+        }
+    }
+    let mut mode = |name: &str| {
+        let mut take =
+            |population: &str| tallies.remove(&(name.to_string(), population.to_string())).unwrap_or_default().score();
+        ModeScores { all: take("ALL"), id50: take("ID50"), ood100: take("OOD100") }
+    };
+    let (greedy, sample) = (mode("greedy"), mode("sample"));
+    Ok(EvalResults {
+        verifier: VerifierRef { name: verifier.name().to_string(), protocol_hash: verifier.protocol_hash() },
+        greedy,
+        sample,
+        metrics: [
+            ("greedy_pass_at_1", "greedy.<population>.success_rate: one greedy response per problem"),
+            (
+                "per_draw_success",
+                "sample.<population>.success_rate: every sampled response counts (problems × draws); it is not best-of-k",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        generation_seconds: summary.generation_seconds,
+        peak_rss_bytes: summary.peak_rss_bytes,
+        device: summary.device.clone(),
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn results() -> EvalResults {
+        let response = |id: &str, population: &str, text: &str| EvalResponse {
+            id: id.into(),
+            population: population.into(),
+            mode: "greedy".into(),
+            draw: 0,
+            rollout_id: None,
+            ids: vec![1, 2, 3],
+            text: text.into(),
+            finish: FinishReason::Eos,
+            undecodable: vec![],
+        };
+        let counts = crate::data::generate::Counts {
+            train: 1,
+            validation: 1,
+            test_id50: 1,
+            test_ood100: 1,
+            warmstart: 0,
+            pretrain: 0,
+        };
+        let records = crate::data::generate::generate(0, &counts).unwrap();
+        let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
+        let labels: BTreeMap<String, Value> =
+            [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
+        let summary =
+            EvalSummary { problems: 1, draws: 0, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
+        score(&[response("t1", "ID50", "not json")], &labels, &summary, Some("sft".into())).unwrap()
+    }
+
+    #[test]
+    fn an_empty_population_is_undefined_not_zero() {
+        let r = results();
+        assert_eq!(r.greedy.id50.responses, 1);
+        assert_eq!(r.greedy.id50.success_rate, Some(0.0));
+        assert_eq!(r.greedy.ood100.success_rate, None);
+        assert!(r.greedy.ood100.undefined_because.is_some());
+        assert_eq!(r.sample.all.responses, 0);
+    }
+
+    #[test]
+    fn a_results_file_missing_a_field_is_an_error_naming_file_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results");
+        let mut v = serde_json::to_value(results()).unwrap();
+        std::fs::write(&path, v.to_string()).unwrap();
+        assert_eq!(EvalResults::read(&path).unwrap(), results(), "what is written reads back");
+        v["greedy"]["ALL"].as_object_mut().unwrap().remove("responses");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = EvalResults::read(&path).unwrap_err().to_string();
+        assert!(err.contains("results") && err.contains("greedy.ALL") && err.contains("responses"), "{err}");
+        // A rate may be null (undefined), but not missing.
+        let mut v = serde_json::to_value(results()).unwrap();
+        v["sample"]["ID50"].as_object_mut().unwrap().remove("success_rate");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let err = EvalResults::read(&path).unwrap_err().to_string();
+        assert!(err.contains("sample.ID50") && err.contains("success_rate"), "{err}");
+    }
+}

@@ -1,0 +1,305 @@
+//! Training ops. `train.sft` and `train.grpo` run in the worker; `check.resume`
+//! compares two state files here. Defaults are the protocol's numbers
+//! (shared/seeds/003: "Trois politiques différentes", "Du groupe à l'avantage",
+//! "Budget, coûts et reprise").
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::worker::WorkerOp;
+use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+
+pub use crate::train::params::*;
+
+/// A model trained on train labels is a model, not labels: training outputs
+/// carry no taint. (A training node cannot read test data at all, so nothing
+/// derived from the test split can flow through one.)
+fn train_outputs() -> Vec<OutputDecl> {
+    let clean = || Some(std::collections::BTreeSet::new());
+    vec![
+        OutputDecl { kind: OutputKind::Dir, taint: clean(), ..OutputDecl::file("model") },
+        OutputDecl { taint: clean(), ..OutputDecl::file("state") },
+        OutputDecl { taint: clean(), ..OutputDecl::file("metrics") },
+    ]
+}
+
+fn mode_inputs(mode: Mode, mut inputs: Vec<InputDecl>) -> Vec<InputDecl> {
+    if mode == Mode::Resume {
+        inputs.push(InputDecl::required("resume_from", "the state written by the interrupt node (NODE:state)"));
+    }
+    inputs
+}
+
+/// `train.sft`: supervised fine-tuning on reference responses.
+pub struct TrainSft;
+
+impl Op for TrainSft {
+    fn name(&self) -> &'static str {
+        WorkerOp::TrainSft.name()
+    }
+    fn version(&self) -> u32 {
+        // 2: metrics and state metadata are the shared `TrainingMetrics` type.
+        2
+    }
+    fn summary(&self) -> &'static str {
+        "SFT on reference responses (warm-start or SFT branch), resumable (runs in the worker)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<SftParams>(generator)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &SftParams| {
+            if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
+                return Err(ParamError {
+                    path: vec!["interrupt_after_epochs".into()],
+                    message: format!("must be below epochs ({}) to interrupt anything", p.epochs),
+                    unknown_key: false,
+                });
+            }
+            Ok(())
+        })
+    }
+    fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
+        let mode = parse_params::<SftParams>(params).map(|p| p.mode).unwrap_or_default();
+        Some(mode_inputs(
+            mode,
+            vec![
+                InputDecl::required("model", "the starting model folder"),
+                InputDecl::required("pages", "train pages"),
+                InputDecl::required("labels", "train labels (reference responses)"),
+                InputDecl::required("validation_pages", "validation pages"),
+                InputDecl::required("validation_labels", "validation labels (for the NLL, never for selection)"),
+            ],
+        ))
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        train_outputs()
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Training
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerOp::TrainSft, ctx)
+    }
+}
+
+/// `train.grpo`: GRPO with the exact prefix KL, from the warm-start model.
+pub struct TrainGrpo;
+
+impl Op for TrainGrpo {
+    fn name(&self) -> &'static str {
+        WorkerOp::TrainGrpo.name()
+    }
+    fn version(&self) -> u32 {
+        // 2: the guard in the loop (rollout engine, envelopes, event log, WAL).
+        // 3: metrics, state metadata and WAL checkpoints are the shared
+        // `TrainingMetrics` type; updates go through `UpdateBatch`.
+        3
+    }
+    fn summary(&self) -> &'static str {
+        "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<GrpoParams>(generator)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &GrpoParams| {
+            if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
+                return Err(ParamError {
+                    path: vec!["interrupt_at".into()],
+                    message: format!("must be in 1..{} to interrupt anything", p.iterations),
+                    unknown_key: false,
+                });
+            }
+            if p.protocol == GuardProtocol::Strict && p.updates_per_iteration != 1 {
+                return Err(ParamError {
+                    path: vec!["protocol".into()],
+                    message: format!(
+                        "strict on-policy allows one update per rollout set, but updates_per_iteration is {}",
+                        p.updates_per_iteration
+                    ),
+                    unknown_key: false,
+                });
+            }
+            known_verifier(&p.verifier)
+        })
+    }
+    fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
+        let mode = parse_params::<GrpoParams>(params).map(|p| p.mode).unwrap_or_default();
+        Some(mode_inputs(
+            mode,
+            vec![
+                InputDecl::required("model", "the warm-start model folder (also the frozen reference)"),
+                InputDecl::required("pages", "train pages (the prompts)"),
+                InputDecl::required("labels", "train labels (the verifier's problems)"),
+            ],
+        ))
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        train_outputs()
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Training
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerOp::TrainGrpo, ctx)
+    }
+}
+
+/// A `verifier` param must name a builtin verifier.
+fn known_verifier(name: &str) -> Result<(), ParamError> {
+    match crate::data::verifier::VerifierRegistry::builtin().get(name) {
+        Some(_) => Ok(()),
+        None => Err(ParamError {
+            path: vec!["verifier".into()],
+            message: format!("no verifier '{name}' (see `orchestrate verifier list`)"),
+            unknown_key: false,
+        }),
+    }
+}
+
+/// `check.resume`: a continuous state and a resumed one must be identical,
+/// tensor by tensor and field by field (wall-clock costs aside).
+pub struct CheckResume;
+
+/// Fields never compared: wall-clock measurements, and the rollout lineage
+/// (which run consumed the rollouts: by design a continuous run and an
+/// interrupted one replay the same rollout ids in lineages of their own).
+pub const UNCOMPARED: [&str; 2] = ["costs", "lineage"];
+
+impl Op for CheckResume {
+    fn name(&self) -> &'static str {
+        "check.resume"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "fails with the first difference between a continuous and a resumed training state"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<EmptyParams>(generator)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve::<EmptyParams>(params, super::no_checks)
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("continuous", "the continuous run's state"),
+            InputDecl::required("resumed", "the resumed run's state"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("report")]
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let read = |name: &str| {
+            crate::train::state::read_state(ctx.input_path(name)?).map_err(|e| OpError::Failed(e.to_string()))
+        };
+        let (a, b) = (read("continuous")?, read("resumed")?);
+        let difference = crate::train::state::first_difference(&a, &b, &UNCOMPARED);
+        let report = serde_json::json!({
+            "identical": difference.is_none(),
+            "first_difference": difference,
+            "tensors": a.tensors.len(),
+            "ignored_fields": UNCOMPARED,
+        });
+        let text = serde_json::to_string_pretty(&report).map_err(|e| OpError::Failed(e.to_string()))? + "\n";
+        std::fs::write(ctx.output_path("report"), text).map_err(|e| OpError::io("writing the report", e))?;
+        match difference {
+            None => Ok(()),
+            Some(d) => Err(OpError::Failed(format!("resumed state differs from continuous: {d}"))),
+        }
+    }
+}
+
+/// Params of ops that take none.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyParams {}
+
+/// Params of `replay`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayParams {
+    /// The fault families to compare against the clean batch.
+    pub faults: Vec<FaultFamily>,
+    /// F4's mask shift.
+    #[serde(default)]
+    pub shift: Option<usize>,
+    #[serde(default = "d_group")]
+    pub group_size: usize,
+    #[serde(default = "d_group")]
+    pub prompts: usize,
+    #[serde(default = "d_response_tokens")]
+    pub max_new_tokens: usize,
+    #[serde(default = "d_clip")]
+    pub clip_eps: f64,
+    #[serde(default = "d_beta")]
+    pub beta: f64,
+    #[serde(default = "d_block")]
+    pub kl_block: i64,
+    #[serde(default)]
+    pub seed: u64,
+    /// Use constructed rewards (1, 0, 1, 0, … in each group, labelled as such)
+    /// instead of the verifier's, so that a model that never succeeds still has
+    /// a reward gradient to compare.
+    #[serde(default)]
+    pub constructed_rewards: bool,
+    #[serde(default = "d_system")]
+    pub system: String,
+    /// Prompts longer than this many tokens are refused (as in `train.grpo`).
+    #[serde(default = "d_prompt_tokens")]
+    pub max_prompt_tokens: usize,
+    /// The verifier that scores the responses (`orchestrate verifier list`).
+    #[serde(default = "d_verifier")]
+    pub verifier: String,
+}
+
+/// `replay`: clean and faulty update batches from the same frozen rollouts at the
+/// same weights, and how their gradients differ.
+pub struct Replay;
+
+impl Op for Replay {
+    fn name(&self) -> &'static str {
+        WorkerOp::Replay.name()
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "paired gradient replay: clean vs faulty batch at the same weights (cosine, relative L2, norms, ratios)"
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<ReplayParams>(generator)
+    }
+    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
+        super::resolve(params, |p: &ReplayParams| known_verifier(&p.verifier))
+    }
+    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+        Some(vec![
+            InputDecl::required("model", "the policy (also the reference)"),
+            InputDecl::required("pages", "train pages"),
+            InputDecl::required("labels", "train labels (the verifier's problems)"),
+        ])
+    }
+    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        vec![OutputDecl { taint: Some(std::collections::BTreeSet::new()), ..OutputDecl::file("replay.json") }]
+    }
+    fn numerical(&self) -> bool {
+        true
+    }
+    fn role(&self, _params: &Value) -> Role {
+        Role::Training
+    }
+    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerOp::Replay, ctx)
+    }
+}

@@ -1,0 +1,124 @@
+//! Numerical ops run in the `orchestrate-torch` worker process: the library
+//! declares them (params, inputs, outputs), the worker implements them. The
+//! job travels as JSON on the worker's stdin; outputs land in the staging folder.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{process, OpError, RunContext};
+use crate::runtime::{worker_binary, WORKER};
+
+/// The ops the worker implements: the one table of their names, shared by the
+/// engine (whose ops declare them and hand the job over) and the worker (which
+/// matches on it exhaustively, so an op declared here and not implemented
+/// there does not compile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerOp {
+    #[serde(rename = "model.init")]
+    ModelInit,
+    #[serde(rename = "train.sft")]
+    TrainSft,
+    #[serde(rename = "train.grpo")]
+    TrainGrpo,
+    #[serde(rename = "eval.generate")]
+    EvalGenerate,
+    #[serde(rename = "replay")]
+    Replay,
+}
+
+impl WorkerOp {
+    pub const ALL: [WorkerOp; 5] =
+        [WorkerOp::ModelInit, WorkerOp::TrainSft, WorkerOp::TrainGrpo, WorkerOp::EvalGenerate, WorkerOp::Replay];
+
+    /// The op's name in specs, keys and the registry.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WorkerOp::ModelInit => "model.init",
+            WorkerOp::TrainSft => "train.sft",
+            WorkerOp::TrainGrpo => "train.grpo",
+            WorkerOp::EvalGenerate => "eval.generate",
+            WorkerOp::Replay => "replay",
+        }
+    }
+}
+
+/// What the worker needs to run one node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerJob {
+    pub op: WorkerOp,
+    pub node_id: String,
+    pub params: Value,
+    pub spec_dir: PathBuf,
+    pub inputs: BTreeMap<String, Vec<PathBuf>>,
+    /// Outputs are written here under their names.
+    pub staging: PathBuf,
+    pub workspace: PathBuf,
+    /// The node's key (the owner of the rollouts it consumes).
+    pub key: String,
+}
+
+/// Runs `op` for this node in the worker; its stdout and stderr go to the node's log.
+pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    let worker = worker_binary().ok_or_else(|| {
+        OpError::Failed(format!(
+            "op '{}' needs {WORKER}, which was not found next to orchestrate: build the workspace's crates/torch",
+            op.name()
+        ))
+    })?;
+    let job = WorkerJob {
+        op,
+        node_id: ctx.node_id.to_string(),
+        params: ctx.params.clone(),
+        spec_dir: ctx.spec_dir.to_path_buf(),
+        inputs: ctx.inputs.iter().map(|(k, v)| (k.clone(), v.iter().map(|a| a.path.clone()).collect())).collect(),
+        staging: ctx.staging.to_path_buf(),
+        workspace: ctx.workspace.to_path_buf(),
+        key: ctx.key.to_string(),
+    };
+    let log = std::fs::File::create(ctx.log_path)
+        .map_err(|e| OpError::io(format!("creating {}", ctx.log_path.display()), e))?;
+    let log_err = log.try_clone().map_err(|e| OpError::io("duplicating the log handle", e))?;
+    let mut cmd = Command::new(&worker);
+    cmd.arg("run-op").stdin(Stdio::piped()).stdout(log).stderr(log_err);
+    let mut child =
+        process::spawn_tied(&mut cmd).map_err(|e| OpError::io(format!("starting {}", worker.display()), e))?;
+    let body = serde_json::to_vec(&job).map_err(|e| OpError::Failed(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(&body).map_err(|e| OpError::io("sending the job to the worker", e))?;
+    }
+    let status = process::wait(&mut child, ctx.cancel)?;
+    if !status.success() {
+        return Err(OpError::Failed(format!(
+            "{WORKER} failed with {}{}",
+            process::describe(status),
+            super::shell::log_tail(ctx.log_path)
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerOp;
+
+    #[test]
+    fn the_worker_ops_are_exactly_the_registrys_numerical_ops() {
+        let registry = super::super::Registry::builtin();
+        let numerical: Vec<&str> = registry.iter().filter(|op| op.numerical()).map(|op| op.name()).collect();
+        let table: Vec<&str> = WorkerOp::ALL.iter().map(|op| op.name()).collect();
+        let mut a = numerical.clone();
+        let mut b = table.clone();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "numerical ops in the registry vs the worker's table");
+        // The name on the wire is the name in specs and keys.
+        for op in WorkerOp::ALL {
+            assert_eq!(serde_json::to_value(op).unwrap(), serde_json::json!(op.name()));
+        }
+    }
+}

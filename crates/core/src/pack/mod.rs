@@ -1,0 +1,410 @@
+//! Frozen release packs: `pack freeze` writes a self-contained folder (outputs,
+//! MANIFEST.json, the sealed event log, gate definitions and results, and
+//! SHA256SUMS that `sha256sum -c` accepts); `pack verify` and `audit` check it
+//! from its own files alone, with no workspace and no libtorch. A pack is never
+//! appended to: freezing refuses an existing path (shared/seeds/000 documents
+//! the mistake of appending to a released pack).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::dag::key::canonical_json;
+use crate::dag::Dag;
+use crate::exec::plan::{plan, PlanState};
+use crate::exec::EnvProvider;
+use crate::gate::{evaluate, read_gate_file, table, GateResult};
+use crate::ops::OutputKind;
+use crate::spec::Spec;
+use crate::store::Workspace;
+
+pub const FORMAT: &str = "orchestrate-pack/1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> PackError {
+    let context = context.into();
+    move |source| PackError::Io { context, source }
+}
+
+/// What goes into a pack besides the always-included outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct FreezeOptions {
+    /// Include model folders (large).
+    pub with_models: bool,
+    /// Include training states (large).
+    pub with_states: bool,
+    /// Outputs larger than this are listed with their hash but not copied.
+    pub max_output_bytes: u64,
+}
+
+fn sha256_file(path: &Path) -> Result<String, PackError> {
+    let bytes = fs::read(path).map_err(io(format!("reading {}", path.display())))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+fn copy_object(src: &Path, dst: &Path) -> Result<(), PackError> {
+    if src.is_dir() {
+        fs::create_dir_all(dst).map_err(io(format!("creating {}", dst.display())))?;
+        for entry in fs::read_dir(src).map_err(io(format!("listing {}", src.display())))? {
+            let entry = entry.map_err(io("listing"))?;
+            copy_object(&entry.path(), &dst.join(entry.file_name()))?;
+        }
+        Ok(())
+    } else {
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        }
+        fs::copy(src, dst).map_err(io(format!("copying {}", src.display())))?;
+        // Packs are read-write copies; objects in the store are read-only.
+        let mut perms = fs::metadata(dst).map_err(io("reading permissions"))?.permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perms.set_readonly(false);
+        fs::set_permissions(dst, perms).map_err(io("setting permissions"))
+    }
+}
+
+/// Files under a folder, relative, sorted.
+fn list_files(root: &Path) -> Result<Vec<String>, PackError> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        for entry in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
+            let entry = entry.map_err(io("listing"))?;
+            let child = rel.join(entry.file_name());
+            if entry.file_type().map_err(io("reading a file type"))?.is_dir() {
+                stack.push(child);
+            } else {
+                out.push(child.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The seal of an event: blake3 over the previous seal, its position and its canonical JSON.
+fn seal(prev: &str, seq: usize, event: &Value) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(prev.as_bytes());
+    h.update(format!("\n{seq}\n").as_bytes());
+    h.update(canonical_json(event).as_bytes());
+    h.finalize().to_hex().to_string()
+}
+
+/// Freezes the cached results of a spec into `out`.
+pub fn freeze(
+    ws: &Workspace,
+    spec: &Spec,
+    dag: &Dag,
+    env: &EnvProvider,
+    out: &Path,
+    opts: FreezeOptions,
+) -> Result<Value, PackError> {
+    if out.exists() {
+        return Err(PackError::Refused(format!(
+            "{} already exists: a pack is never appended to or overwritten after release; freeze into a new version folder",
+            out.display()
+        )));
+    }
+    let entries = plan(Some(ws), spec, dag, &BTreeSet::new(), env)?;
+    let stale: Vec<&str> =
+        entries.iter().filter(|e| !matches!(e.state, PlanState::Cached { .. })).map(|e| e.node.as_str()).collect();
+    if !stale.is_empty() {
+        return Err(PackError::Refused(format!(
+            "not everything is cached as the spec stands ({}): run `orchestrate run {}` first",
+            stale.join(", "),
+            spec.path.display()
+        )));
+    }
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+    let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pack".into());
+    let tmp = parent.join(format!(".{name}.partial-{}", crate::store::objects::unique_suffix()));
+    let result = (|| -> Result<Value, PackError> {
+        fs::create_dir_all(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        let index = ws.index()?;
+        let mut nodes = Vec::new();
+        let mut gate_nodes = Vec::new();
+        let mut packed: BTreeMap<(String, String), String> = BTreeMap::new();
+        for &pos in &dag.order {
+            let node = &dag.nodes[pos];
+            let key = match &entries.iter().find(|e| e.node == node.id()).map(|e| &e.state) {
+                Some(PlanState::Cached { key }) => key.clone(),
+                _ => unreachable!("checked above"),
+            };
+            let cached = index
+                .lookup(&key)?
+                .ok_or_else(|| PackError::Refused(format!("cache row of {} vanished", node.id())))?;
+            let mut outs = Vec::new();
+            for o in &cached.outputs {
+                let omitted = match (o.object.kind, o.name.as_str()) {
+                    (OutputKind::Dir, _) if !opts.with_models => Some("a folder (model): use --with-models"),
+                    (_, "state") if !opts.with_states => Some("a training state: use --with-states"),
+                    _ if o.object.size > opts.max_output_bytes => Some("larger than --max-output-bytes"),
+                    _ => None,
+                };
+                let path = format!("outputs/{}/{}", node.id(), o.name);
+                if omitted.is_none() {
+                    copy_object(&ws.object_path(&o.object.hash), &tmp.join(&path))?;
+                    packed.insert((node.id().to_string(), o.name.clone()), path.clone());
+                }
+                outs.push(
+                    json!({"name": o.name, "blake3": o.object.hash, "size": o.object.size, "kind": o.object.kind,
+                    "path": omitted.is_none().then_some(&path), "omitted": omitted}),
+                );
+            }
+            if node.op.name() == "gate" {
+                let file = node.params["file"].as_str().unwrap_or_default();
+                let gate_path = spec.base_dir.join(file);
+                let file_name =
+                    Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                let pack_gate = format!("gates/{file_name}");
+                copy_object(&gate_path, &tmp.join(&pack_gate))?;
+                let evidence: BTreeMap<String, String> = node
+                    .inputs
+                    .iter()
+                    .filter_map(|(k, refs)| k.strip_prefix("evidence:").map(|r| (r.to_string(), refs[0].clone())))
+                    .map(|(r, o)| (r, packed.get(&(o.node, o.output)).cloned().unwrap_or_default()))
+                    .collect();
+                if let Some((r, _)) = evidence.iter().find(|(_, p)| p.is_empty()) {
+                    return Err(PackError::Refused(format!(
+                        "gate evidence {r} was omitted from the pack; it must be included"
+                    )));
+                }
+                gate_nodes.push(json!({"node": node.id(), "definition": pack_gate,
+                    "results": packed.get(&(node.id().to_string(), "gates.json".to_string())), "evidence": evidence}));
+            }
+            nodes.push(json!({"id": node.id(), "op": node.op.name(), "op_version": node.op.version(), "key": key,
+                "inputs": node.inputs, "hash_inputs": cached.record, "outputs": outs, "finished_at": cached.finished_at}));
+        }
+        // The event log of the latest run of this spec, sealed into a chain.
+        let run = index.recent_runs(usize::MAX >> 1)?.into_iter().find(|r| r.spec == spec.name);
+        let mut events = String::new();
+        let mut prev = String::from("genesis");
+        if let Some(run) = &run {
+            for (seq, text) in index.run_events(&run.run_id)?.iter().enumerate() {
+                let event: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+                let s = seal(&prev, seq, &event);
+                events.push_str(
+                    &serde_json::to_string(&json!({"seq": seq, "prev": prev, "event": event, "seal": s}))
+                        .unwrap_or_default(),
+                );
+                events.push('\n');
+                prev = s;
+            }
+        }
+        fs::write(tmp.join("events.jsonl"), &events).map_err(io("writing events.jsonl"))?;
+        let numerical = dag.nodes.iter().any(|n| n.op.numerical());
+        let torch = if numerical { env().ok() } else { None };
+        let git = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(&spec.base_dir)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let manifest = json!({
+            "format": FORMAT,
+            "spec": {"name": spec.name, "path": spec.path, "profile": spec.profile, "resolved": spec.resolved},
+            "nodes": nodes,
+            "gates": gate_nodes,
+            "events": {"run_id": run.as_ref().map(|r| &r.run_id), "file": "events.jsonl", "last_seal": prev},
+            "environment": {
+                "orchestrate_version": env!("CARGO_PKG_VERSION"),
+                "git_commit": git,
+                "libtorch": torch.as_ref().map(|e| &e.libtorch),
+                "device": torch.as_ref().map(|e| &e.device),
+                "cpu_capability": torch.as_ref().and_then(|e| e.cpu.as_ref()),
+                "cpu_vendor": torch.as_ref().and_then(|e| e.cpu_vendor.as_ref()),
+                "cpu_model": torch.as_ref().and(crate::runtime::cpu_model()),
+                "os": format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+            },
+            "frozen_at": crate::store::now_rfc3339(),
+            "options": {"with_models": opts.with_models, "with_states": opts.with_states, "max_output_bytes": opts.max_output_bytes},
+        });
+        fs::write(tmp.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n")
+            .map_err(io("writing MANIFEST.json"))?;
+        // The pack's own HTML report, made from the pack's files alone and sealed with them.
+        let mut report = crate::report::from_pack(&tmp).map_err(|e| PackError::Refused(format!("the report: {e}")))?;
+        report.title = format!(
+            "pack {} (frozen {})",
+            manifest["spec"]["name"].as_str().unwrap_or("?"),
+            manifest["frozen_at"].as_str().unwrap_or("?")
+        );
+        fs::write(tmp.join("report.html"), crate::report::render(&report)).map_err(io("writing report.html"))?;
+        let mut sums = String::new();
+        for f in list_files(&tmp)? {
+            sums.push_str(&format!("{}  {f}\n", sha256_file(&tmp.join(&f))?));
+        }
+        fs::write(tmp.join("SHA256SUMS"), sums).map_err(io("writing SHA256SUMS"))?;
+        Ok(manifest)
+    })();
+    match result {
+        Ok(manifest) => {
+            fs::rename(&tmp, out).map_err(io(format!("publishing {}", out.display())))?;
+            Ok(manifest)
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Everything wrong with a pack, one precise message each; empty when intact.
+pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
+    let mut problems = Vec::new();
+    let sums_path = dir.join("SHA256SUMS");
+    let sums = fs::read_to_string(&sums_path).map_err(io(format!("{}: not a pack (no SHA256SUMS)", dir.display())))?;
+    let mut listed: BTreeMap<String, String> = BTreeMap::new();
+    for (i, line) in sums.lines().enumerate() {
+        match line.split_once("  ") {
+            Some((hash, path)) => {
+                listed.insert(path.to_string(), hash.to_string());
+            }
+            None => problems.push(format!("SHA256SUMS line {} is malformed", i + 1)),
+        }
+    }
+    let present: BTreeSet<String> = list_files(dir)?.into_iter().filter(|f| f != "SHA256SUMS").collect();
+    for (path, expected) in &listed {
+        if !present.contains(path) {
+            problems.push(format!("missing: {path} is listed in SHA256SUMS but absent from the pack"));
+            continue;
+        }
+        let actual = sha256_file(&dir.join(path))?;
+        if &actual != expected {
+            let what = if path == "MANIFEST.json" {
+                "the manifest was edited after freezing".to_string()
+            } else if path.starts_with("gates/") {
+                format!("gate definition {path} was edited after freezing")
+            } else if path == "events.jsonl" {
+                "the event log was edited after freezing".to_string()
+            } else {
+                format!("{path} was edited after freezing")
+            };
+            problems.push(format!("checksum mismatch: {what} (sha256 {actual}, SHA256SUMS says {expected})"));
+        }
+    }
+    for extra in present.iter().filter(|p| !listed.contains_key(*p)) {
+        problems.push(format!("extra: {extra} is in the pack but not in SHA256SUMS (a pack is never appended to)"));
+    }
+    // The event chain: order, links and seals.
+    if let Ok(text) = fs::read_to_string(dir.join("events.jsonl")) {
+        let mut prev = String::from("genesis");
+        for (i, line) in text.lines().enumerate() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                problems.push(format!("event line {} is not JSON", i + 1));
+                break;
+            };
+            if v["seq"].as_u64() != Some(i as u64) {
+                problems.push(format!("events reordered or removed: line {} holds event {}", i + 1, v["seq"]));
+                break;
+            }
+            if v["prev"].as_str() != Some(prev.as_str()) {
+                problems.push(format!("event chain broken at event {i}: it does not follow the previous seal"));
+                break;
+            }
+            let expected = seal(&prev, i, &v["event"]);
+            if v["seal"].as_str() != Some(expected.as_str()) {
+                problems.push(format!("event {i} was edited: its seal does not match its content"));
+                break;
+            }
+            prev = expected;
+        }
+        if let Ok(manifest) = read_manifest(dir) {
+            if manifest["events"]["last_seal"].as_str() != Some(prev.as_str()) {
+                problems.push(
+                    "the event chain's last seal differs from the manifest's: events were removed or appended".into(),
+                );
+            }
+        }
+    }
+    // Packed outputs against the manifest's content hashes.
+    if let Ok(manifest) = read_manifest(dir) {
+        for node in manifest["nodes"].as_array().cloned().unwrap_or_default() {
+            for o in node["outputs"].as_array().cloned().unwrap_or_default() {
+                let Some(path) = o["path"].as_str() else { continue };
+                let p = dir.join(path);
+                if !p.is_file() {
+                    continue; // reported above (or a folder, checked by its files' sums)
+                }
+                let actual = crate::store::hash_file(&p).map(|(h, _)| h).unwrap_or_default();
+                if Some(actual.as_str()) != o["blake3"].as_str() {
+                    problems.push(format!("{path} does not match the content hash recorded in the manifest"));
+                }
+            }
+        }
+    } else {
+        problems.push("MANIFEST.json is missing or not JSON".into());
+    }
+    Ok(problems)
+}
+
+fn read_manifest(dir: &Path) -> Result<Value, PackError> {
+    let text = fs::read_to_string(dir.join("MANIFEST.json")).map_err(io("reading MANIFEST.json"))?;
+    serde_json::from_str(&text).map_err(|e| PackError::Refused(format!("MANIFEST.json: {e}")))
+}
+
+/// Re-evaluates every gate from the pack's own files and definitions.
+pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
+    let manifest = read_manifest(dir)?;
+    let mut results = Vec::new();
+    for g in manifest["gates"].as_array().cloned().unwrap_or_default() {
+        let definition = dir.join(g["definition"].as_str().unwrap_or_default());
+        let file = read_gate_file(&definition).map_err(PackError::Refused)?;
+        let evidence_paths: BTreeMap<String, String> =
+            serde_json::from_value(g["evidence"].clone()).unwrap_or_default();
+        for gate in &file.gates {
+            let mut loaded = BTreeMap::new();
+            let mut hashes = BTreeMap::new();
+            let mut unreadable = None;
+            for (alias, reference) in &gate.evidence {
+                let text = evidence_paths.get(reference).and_then(|path| fs::read_to_string(dir.join(path)).ok());
+                let Some(text) = text else {
+                    unreadable = Some(format!("cannot evaluate: evidence {reference} is missing from the pack"));
+                    break;
+                };
+                let path = &evidence_paths[reference];
+                loaded.insert(alias.clone(), serde_json::from_str(&text).unwrap_or(Value::Null));
+                hashes.insert(
+                    alias.clone(),
+                    (reference.clone(), crate::store::hash_file(&dir.join(path)).map(|(h, _)| h).unwrap_or_default()),
+                );
+            }
+            // Missing evidence fails the gate (verify names the missing file); it is not an error.
+            results.push(match unreadable {
+                Some(detail) => GateResult {
+                    name: gate.name.clone(),
+                    description: gate.description.clone(),
+                    passed: false,
+                    detail,
+                    evidence: hashes,
+                },
+                None => evaluate(gate, &loaded, &hashes),
+            });
+        }
+    }
+    Ok(results)
+}
+
+/// A printable gate table.
+pub fn gate_table(results: &[GateResult]) -> String {
+    table(results)
+}

@@ -1,0 +1,122 @@
+//! The JSON Schema of specs, generated from the same Rust types that read them.
+//!
+//! `schemas/experiment.schema.json` is this output, checked in so editors can
+//! complete specs (`# yaml-language-server: $schema=../schemas/experiment.schema.json`);
+//! a test fails when it is stale. Each op's params schema is attached to nodes
+//! whose `op` names it, so completion works inside `params:` too.
+
+use std::collections::BTreeMap;
+
+use schemars::generate::SchemaSettings;
+use serde_json::{json, Value};
+
+use super::{Spec, SpecDoc, SpecError, SpecErrorKind};
+use crate::ops::Registry;
+
+/// File name of the generated schema inside `schemas/`.
+pub const SCHEMA_FILE: &str = "experiment.schema.json";
+
+/// The full spec schema, op params included.
+pub fn spec_schema(registry: &Registry) -> Value {
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    let mut op_params = BTreeMap::new();
+    for op in registry.iter() {
+        op_params.insert(op.name(), op.params_schema(&mut generator).to_value());
+    }
+    let mut root = generator.root_schema_for::<SpecDoc>().to_value();
+    if let Some(node) = root.pointer_mut("/$defs/NodeSpec").and_then(Value::as_object_mut) {
+        let names: Vec<&str> = op_params.keys().copied().collect();
+        if let Some(op) = node.get_mut("properties").and_then(|p| p.get_mut("op")).and_then(Value::as_object_mut) {
+            op.insert("enum".into(), json!(names));
+        }
+        let branches: Vec<Value> = op_params
+            .iter()
+            .map(|(name, params)| {
+                json!({
+                    "if": {"properties": {"op": {"const": name}}, "required": ["op"]},
+                    "then": {"properties": {"params": params}}
+                })
+            })
+            .collect();
+        node.insert("allOf".into(), Value::Array(branches));
+    }
+    root
+}
+
+/// The schema of one op's params as a standalone document.
+fn op_params_schema(registry: &Registry, op: &str) -> Option<Value> {
+    let op = registry.get(op)?;
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    let mut schema = op.params_schema(&mut generator).to_value();
+    let defs = generator.take_definitions(true);
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert("$defs".into(), Value::Object(defs));
+    }
+    Some(schema)
+}
+
+/// Checks each node's params (after matrix expansion) against its op's schema:
+/// the constraints serde does not express (ranges, patterns, enums).
+pub fn check_constraints(spec: &Spec, registry: &Registry) -> Result<(), SpecError> {
+    let mut validators: BTreeMap<&str, Option<jsonschema::Validator>> = BTreeMap::new();
+    for def in &spec.nodes {
+        let validator = validators
+            .entry(def.op.as_str())
+            .or_insert_with(|| op_params_schema(registry, &def.op).and_then(|s| jsonschema::validator_for(&s).ok()));
+        let Some(validator) = validator else { continue };
+        let params = Value::Object(def.params.clone());
+        let first = validator.iter_errors(&params).next().map(|e| (e.instance_path().to_string(), e.to_string()));
+        if let Some((pointer, err)) = first {
+            let inner: Vec<String> = pointer_segments(&pointer);
+            let dotted = inner.join(".");
+            let axis = def.binding.keys().find(|a| dotted == **a || dotted.starts_with(&format!("{a}.")));
+            let path: Vec<String> = match axis {
+                Some(axis) => vec!["nodes".into(), def.base_id.clone(), "matrix".into(), axis.clone()],
+                _ => {
+                    ["nodes".to_string(), def.base_id.clone(), "params".to_string()].into_iter().chain(inner).collect()
+                }
+            };
+            return Err(SpecError::new(
+                SpecErrorKind::Constraint,
+                spec.sources.locate_value(&path),
+                format!("node '{}' ({}): params.{}: {}", def.id, def.op, path[3..].join("."), err),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn pointer_segments(pointer: &str) -> Vec<String> {
+    pointer.split('/').skip(1).map(|s| s.replace("~1", "/").replace("~0", "~")).collect()
+}
+
+/// The schema as written to `schemas/`: pretty JSON with a trailing newline.
+pub fn render(registry: &Registry) -> String {
+    let mut text = serde_json::to_string_pretty(&spec_schema(registry)).expect("schema serializes");
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checked_in_schema_is_current() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas").join(SCHEMA_FILE);
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == render(&Registry::builtin()),
+            "{} is stale: run `cargo run -- schema --out schemas` and commit it",
+            path.display()
+        );
+    }
+
+    #[test]
+    fn the_schema_attaches_each_ops_params_to_its_nodes() {
+        let schema = spec_schema(&Registry::builtin());
+        let all_of = schema.pointer("/$defs/NodeSpec/allOf").and_then(Value::as_array).expect("allOf");
+        assert!(all_of.iter().any(|b| b.pointer("/if/properties/op/const") == Some(&json!("shell"))));
+        assert!(jsonschema::validator_for(&schema).is_ok());
+    }
+}

@@ -1,0 +1,512 @@
+//! The SQLite index (WAL mode): node key → outputs and the record that made the
+//! key, plus runs, their nodes and their events, and a stat cache for hashing.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+
+use super::objects::ObjectInfo;
+use super::StoreError;
+
+/// `stat` facts of a file in the user's tree, used only to skip re-hashing an
+/// unchanged file; never part of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ino: u64,
+}
+
+impl FileStat {
+    pub fn of(path: &Path) -> std::io::Result<FileStat> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path)?;
+        Ok(FileStat { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(), ino: m.ino() })
+    }
+}
+
+/// One published output of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputRecord {
+    pub name: String,
+    #[serde(flatten)]
+    pub object: ObjectInfo,
+    /// For outputs that live in the user's tree: the path relative to the spec's
+    /// folder and the stat it had when published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stat: Option<FileStat>,
+}
+
+/// A completed node in the cache.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CachedNode {
+    pub key: String,
+    pub node_id: String,
+    pub spec: String,
+    /// The record the key was computed from, as its writer encoded it: the
+    /// store keeps it whole and never looks inside (see `dag::key::HashInputs`).
+    pub record: serde_json::Value,
+    pub outputs: Vec<OutputRecord>,
+    pub seconds: f64,
+    pub finished_at: String,
+    pub run_id: String,
+}
+
+/// A run as listed by `orchestrate status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub run_id: String,
+    pub spec: String,
+    pub profile: Option<String>,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub status: String,
+    pub summary: Option<String>,
+}
+
+/// How a node ended in one run: the one vocabulary of the index, the Slurm
+/// result files, `status`, `events` and the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeOutcome {
+    /// Served from the cache.
+    Cached,
+    /// Executed, and its outputs published.
+    Ran,
+    /// Executed, and failed.
+    Failed,
+    /// Not executed, because something it needs failed.
+    Skipped,
+}
+
+impl NodeOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            NodeOutcome::Cached => "cached",
+            NodeOutcome::Ran => "ran",
+            NodeOutcome::Failed => "failed",
+            NodeOutcome::Skipped => "skipped",
+        }
+    }
+
+    /// Parses a stored outcome; anything else is not an outcome.
+    pub fn parse(text: &str) -> Option<Self> {
+        [NodeOutcome::Cached, NodeOutcome::Ran, NodeOutcome::Failed, NodeOutcome::Skipped]
+            .into_iter()
+            .find(|o| o.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for NodeOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl rusqlite::types::ToSql for NodeOutcome {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(self.as_str().into())
+    }
+}
+
+impl rusqlite::types::FromSql for NodeOutcome {
+    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        let text = value.as_str()?;
+        NodeOutcome::parse(text).ok_or_else(|| {
+            rusqlite::types::FromSqlError::Other(
+                format!("'{text}' is not a node outcome (cached, ran, failed, skipped)").into(),
+            )
+        })
+    }
+}
+
+/// A node's outcome in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunNodeRow {
+    pub node_id: String,
+    pub key: Option<String>,
+    pub outcome: NodeOutcome,
+    pub seconds: Option<f64>,
+    pub detail: Option<String>,
+}
+
+const SCHEMA_VERSION: i64 = 4;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS nodes (
+    key TEXT PRIMARY KEY,
+    node_id TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    record TEXT NOT NULL,
+    outputs TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    finished_at TEXT NOT NULL,
+    run_id TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS nodes_by_id ON nodes(node_id, finished_at);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    profile TEXT,
+    argv TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    status TEXT NOT NULL,
+    summary TEXT
+);
+CREATE TABLE IF NOT EXISTS run_nodes (
+    run_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    key TEXT,
+    outcome TEXT NOT NULL,
+    seconds REAL,
+    detail TEXT,
+    PRIMARY KEY (run_id, node_id)
+);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS file_stats (
+    path TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    hash TEXT NOT NULL
+);
+";
+
+/// A connection to the index. Each thread opens its own.
+pub struct Index {
+    conn: Connection,
+}
+
+fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
+    move |source| StoreError::Db { context: context.to_string(), source }
+}
+
+fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("index rows serialize")
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(text: &str, what: &str) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Invalid(format!("corrupt {what} in the index: {e}")))
+}
+
+/// Filesystems whose files are shared between hosts (statfs `f_type`): NFS,
+/// SMB/CIFS, Lustre, GPFS, BeeGFS, CephFS, AFS, 9p and FUSE (sshfs, JuiceFS, ...).
+const NETWORK_FS: &[i64] = &[
+    0x6969,
+    0x517B,
+    0xFF53_4D42,
+    0xFE53_4D42,
+    0x0BD0_0BD0,
+    0x4750_4653,
+    0x1983_0326,
+    0x00C3_6400,
+    0x5346_414F,
+    0x0102_1997,
+    0x6573_5546,
+];
+
+/// `WAL` on a local filesystem, `DELETE` (the rollback journal) on a network
+/// one; `ORCHESTRATE_SQLITE_JOURNAL=wal|delete` decides instead.
+pub fn journal_mode_for(db_path: &Path) -> Result<&'static str, StoreError> {
+    match std::env::var("ORCHESTRATE_SQLITE_JOURNAL").ok().as_deref() {
+        None | Some("") => {}
+        Some(v) if v.eq_ignore_ascii_case("wal") => return Ok("WAL"),
+        Some(v) if v.eq_ignore_ascii_case("delete") => return Ok("DELETE"),
+        Some(other) => {
+            return Err(StoreError::Invalid(format!("ORCHESTRATE_SQLITE_JOURNAL={other}: expected wal or delete")))
+        }
+    }
+    let dir = db_path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Ok(if on_network_fs(dir) { "DELETE" } else { "WAL" })
+}
+
+fn on_network_fs(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    // f_type is signed on some targets; compare the low 32 bits.
+    NETWORK_FS.contains(&((st.f_type as i64) & 0xFFFF_FFFF))
+}
+
+/// Opens (and if needed creates) one of the workspace's SQLite databases, shared
+/// by every process of the workspace: a 60 s busy timeout, the journal mode
+/// [`journal_mode_for`] picks, and `schema` applied when the file's
+/// `user_version` is older than `version` (a newer one is refused). Other
+/// modules keep their own tables this way (the guard's ledger).
+pub fn open_database(path: &Path, what: &str, schema: &str, version: i64) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)
+        .map_err(|source| StoreError::Db { context: format!("opening {what} {}", path.display()), source })?;
+    conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
+    // WAL: readers never block the writer; NORMAL: a killed process loses
+    // nothing committed (only power loss could drop the last commits).
+    // WAL needs memory shared by every process using the database, so on a
+    // network filesystem (Slurm jobs on several hosts) the rollback journal
+    // is used instead, with FULL sync; it relies only on POSIX locks.
+    let want = journal_mode_for(path)?;
+    let mode: String =
+        conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).map_err(db("reading journal mode"))?;
+    if !mode.eq_ignore_ascii_case(want) {
+        // Switching modes takes an exclusive lock; callers serialize first opens (Workspace::open).
+        conn.pragma_update(None, "journal_mode", want).map_err(db("setting the journal mode"))?;
+    }
+    let sync = if want == "WAL" { "NORMAL" } else { "FULL" };
+    conn.pragma_update(None, "synchronous", sync).map_err(db("setting synchronous"))?;
+    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(db("reading version"))?;
+    if found > version {
+        return Err(StoreError::Invalid(format!(
+            "{} was written by a newer orchestrate ({what} version {found}, this one knows {version})",
+            path.display()
+        )));
+    }
+    if found < version {
+        conn.execute_batch(schema).map_err(db("creating tables"))?;
+        conn.pragma_update(None, "user_version", version).map_err(db("setting version"))?;
+    }
+    Ok(conn)
+}
+
+impl Index {
+    /// Opens (and if needed creates) the index.
+    pub fn open(path: &Path) -> Result<Index, StoreError> {
+        Ok(Index { conn: open_database(path, "the index", SCHEMA, SCHEMA_VERSION)? })
+    }
+
+    /// Opens an existing index read-only (for `plan`, `--dry-run`: changes nothing).
+    pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(db("opening the index read-only"))?;
+        conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
+        Ok(Index { conn })
+    }
+
+    fn row_to_cached(
+        row: &rusqlite::Row<'_>,
+    ) -> rusqlite::Result<(String, String, String, String, String, f64, String, String)> {
+        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
+    }
+
+    fn cached(raw: (String, String, String, String, String, f64, String, String)) -> Result<CachedNode, StoreError> {
+        let (key, node_id, spec, record, outputs, seconds, finished_at, run_id) = raw;
+        Ok(CachedNode {
+            record: parse(&record, "hash-input record")?,
+            outputs: parse(&outputs, "outputs manifest")?,
+            key,
+            node_id,
+            spec,
+            seconds,
+            finished_at,
+            run_id,
+        })
+    }
+
+    const COLUMNS: &'static str = "key, node_id, spec, record, outputs, seconds, finished_at, run_id";
+
+    pub fn lookup(&self, key: &str) -> Result<Option<CachedNode>, StoreError> {
+        let raw = self
+            .conn
+            .prepare_cached(&format!("SELECT {} FROM nodes WHERE key = ?1", Self::COLUMNS))
+            .and_then(|mut s| s.query_row(params![key], Self::row_to_cached).optional())
+            .map_err(db("looking up a key"))?;
+        raw.map(Self::cached).transpose()
+    }
+
+    /// The most recent completed record of a node id, for "why" and `explain`.
+    pub fn latest_for_node(&self, node_id: &str) -> Result<Option<CachedNode>, StoreError> {
+        let raw = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {} FROM nodes WHERE node_id = ?1 ORDER BY finished_at DESC, rowid DESC LIMIT 1",
+                Self::COLUMNS
+            ))
+            .and_then(|mut s| s.query_row(params![node_id], Self::row_to_cached).optional())
+            .map_err(db("looking up a node's last record"))?;
+        raw.map(Self::cached).transpose()
+    }
+
+    /// The most recent run in which this node id failed with exactly this key:
+    /// (run id, error). For `plan`'s "failed in run R".
+    pub fn last_failure(&self, node_id: &str, key: &str) -> Result<Option<(String, String)>, StoreError> {
+        self.conn
+            .prepare_cached(
+                "SELECT n.run_id, COALESCE(n.detail, '') FROM run_nodes n JOIN runs r ON r.run_id = n.run_id
+                 WHERE n.node_id = ?1 AND n.key = ?2 AND n.outcome = ?3
+                 ORDER BY r.started_at DESC, r.rowid DESC LIMIT 1",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![node_id, key, NodeOutcome::Failed], |r| Ok((r.get(0)?, r.get(1)?))).optional()
+            })
+            .map_err(db("looking up a node's last failure"))
+    }
+
+    /// Commits a completed node: the last step of publishing.
+    pub fn insert_node(&self, n: &CachedNode) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    n.key,
+                    n.node_id,
+                    n.spec,
+                    json(&n.record),
+                    json(&n.outputs),
+                    n.seconds,
+                    n.finished_at,
+                    n.run_id
+                ],
+            )
+            .map_err(db("committing a node"))?;
+        Ok(())
+    }
+
+    /// Refreshes the stats of a node's outputs after a re-hash proved them unchanged.
+    pub fn update_outputs(&self, key: &str, outputs: &[OutputRecord]) -> Result<(), StoreError> {
+        self.conn
+            .execute("UPDATE nodes SET outputs = ?2 WHERE key = ?1", params![key, json(&outputs)])
+            .map_err(db("updating output stats"))?;
+        Ok(())
+    }
+
+    pub fn start_run(&self, run: &RunRow, argv: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO runs (run_id, spec, profile, argv, pid, started_at, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![run.run_id, run.spec, run.profile, argv, std::process::id(), run.started_at, run.status],
+            )
+            .map_err(db("recording a run"))?;
+        Ok(())
+    }
+
+    /// Records the end of a run together with its node outcomes and events, in one transaction.
+    pub fn finish_run(
+        &mut self,
+        run_id: &str,
+        status: &str,
+        summary: &str,
+        nodes: &[RunNodeRow],
+        events: &[(u64, String)],
+    ) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(db("starting a transaction"))?;
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO run_nodes (run_id, node_id, key, outcome, seconds, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .map_err(db("recording run nodes"))?;
+            for n in nodes {
+                ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail])
+                    .map_err(db("recording run nodes"))?;
+            }
+            let mut ev = tx
+                .prepare_cached("INSERT OR REPLACE INTO events (run_id, seq, event) VALUES (?1, ?2, ?3)")
+                .map_err(db("recording events"))?;
+            for (seq, e) in events {
+                ev.execute(params![run_id, *seq as i64, e]).map_err(db("recording events"))?;
+            }
+            tx.execute(
+                "UPDATE runs SET finished_at = ?2, status = ?3, summary = ?4 WHERE run_id = ?1",
+                params![run_id, super::now_rfc3339(), status, summary],
+            )
+            .map_err(db("finishing a run"))?;
+        }
+        tx.commit().map_err(db("committing a run"))
+    }
+
+    pub fn recent_runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT run_id, spec, profile, started_at, finished_at, status, summary FROM runs
+                 ORDER BY started_at DESC, rowid DESC LIMIT ?1",
+            )
+            .map_err(db("listing runs"))?;
+        let rows = stmt
+            .query_map(params![limit as i64], |r| {
+                Ok(RunRow {
+                    run_id: r.get(0)?,
+                    spec: r.get(1)?,
+                    profile: r.get(2)?,
+                    started_at: r.get(3)?,
+                    finished_at: r.get(4)?,
+                    status: r.get(5)?,
+                    summary: r.get(6)?,
+                })
+            })
+            .map_err(db("listing runs"))?;
+        rows.collect::<Result<_, _>>().map_err(db("listing runs"))
+    }
+
+    pub fn run_nodes(&self, run_id: &str) -> Result<Vec<RunNodeRow>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT node_id, key, outcome, seconds, detail FROM run_nodes WHERE run_id = ?1 ORDER BY node_id")
+            .map_err(db("listing run nodes"))?;
+        let rows = stmt
+            .query_map(params![run_id], |r| {
+                Ok(RunNodeRow {
+                    node_id: r.get(0)?,
+                    key: r.get(1)?,
+                    outcome: r.get(2)?,
+                    seconds: r.get(3)?,
+                    detail: r.get(4)?,
+                })
+            })
+            .map_err(db("listing run nodes"))?;
+        rows.collect::<Result<_, _>>().map_err(db("listing run nodes"))
+    }
+
+    /// The events of a run, in order.
+    pub fn run_events(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT event FROM events WHERE run_id = ?1 ORDER BY seq")
+            .map_err(db("reading events"))?;
+        let rows = stmt.query_map(params![run_id], |r| r.get(0)).map_err(db("reading events"))?;
+        rows.collect::<Result<_, _>>().map_err(db("reading events"))
+    }
+
+    /// Every completed node, for `store verify`.
+    pub fn all_nodes(&self) -> Result<Vec<CachedNode>, StoreError> {
+        let mut stmt =
+            self.conn.prepare(&format!("SELECT {} FROM nodes", Self::COLUMNS)).map_err(db("listing nodes"))?;
+        let raw: Vec<_> = stmt
+            .query_map([], Self::row_to_cached)
+            .map_err(db("listing nodes"))?
+            .collect::<Result<_, _>>()
+            .map_err(db("listing nodes"))?;
+        raw.into_iter().map(Self::cached).collect()
+    }
+
+    pub fn file_hash(&self, path: &str, stat: &FileStat) -> Result<Option<String>, StoreError> {
+        self.conn
+            .prepare_cached("SELECT hash FROM file_stats WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3 AND ino = ?4")
+            .and_then(|mut s| {
+                s.query_row(params![path, stat.size as i64, stat.mtime_ns, stat.ino as i64], |r| r.get(0)).optional()
+            })
+            .map_err(db("reading the stat cache"))
+    }
+
+    pub fn put_file_hash(&self, path: &str, stat: &FileStat, hash: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO file_stats (path, size, mtime_ns, ino, hash) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![path, stat.size as i64, stat.mtime_ns, stat.ino as i64, hash],
+            )
+            .map_err(db("writing the stat cache"))?;
+        Ok(())
+    }
+}

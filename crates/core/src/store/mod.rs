@@ -1,0 +1,307 @@
+//! The workspace: `.orchestrate/` (or `--workspace DIR`) holding
+//!
+//! - `objects/`: content-addressed, write-once outputs ([`objects`]),
+//! - `cache.sqlite`: the index ([`index`]), committed last when a node completes,
+//! - `tmp/`: staging for outputs being written, one folder per live process,
+//! - `locks/`: one lock file per node key, held with an OS lock, so a killed
+//!   process releases it and nothing ever needs a manual unlock,
+//! - `logs/`: each node's log by key.
+
+pub mod index;
+pub mod objects;
+
+use std::fs::{self, File, TryLockError};
+use std::path::{Path, PathBuf};
+
+pub use index::{open_database, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow};
+pub use objects::{hash_file, ObjectInfo};
+
+pub use objects::OutputKind;
+
+/// The store's error type.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{context}: {source}")]
+    Db {
+        context: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+/// Writes a file whole or not at all: a temporary file beside it (named after
+/// this process, so concurrent writers do not meet), synced, then renamed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes).and_then(|()| f.sync_all())?;
+    fs::rename(&tmp, path)
+}
+
+/// The last `lines` lines of a file, reading at most its last `max_bytes`
+/// (logs can be large); `None` if it cannot be read.
+pub fn last_lines(path: &Path, max_bytes: u64, lines: usize) -> Option<Vec<String>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    f.seek(SeekFrom::Start(len.saturating_sub(max_bytes))).ok()?;
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    Some(all[all.len().saturating_sub(lines)..].iter().map(|l| l.to_string()).collect())
+}
+
+/// Now as RFC 3339 UTC with milliseconds; for records, never for keys.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// An opened workspace.
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    root: PathBuf,
+    read_only: bool,
+}
+
+/// A held node lock; released on drop or when the process dies.
+pub struct NodeLock {
+    _file: File,
+}
+
+/// A staging folder for one process's in-flight outputs; removed on drop, and
+/// by the next process if this one was killed (its lock is gone then).
+pub struct Staging {
+    dir: PathBuf,
+    _lock: File,
+}
+
+impl Staging {
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = objects::remove_any(&self.dir);
+        let _ = fs::remove_file(self.dir.with_extension("lock"));
+    }
+}
+
+impl Workspace {
+    /// Opens a workspace, creating it if needed, and clears staging left by killed processes.
+    pub fn open(root: &Path) -> Result<Workspace, StoreError> {
+        // Absolute, because ops run in other folders (a shell node runs in its spec's).
+        let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
+        for sub in ["objects", "tmp", "locks", "logs"] {
+            let p = root.join(sub);
+            fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
+        }
+        let ws = Workspace { root: root.to_path_buf(), read_only: false };
+        {
+            // Creating the index (tables, WAL mode) is serialized between processes
+            // that open a new workspace at the same moment.
+            let path = root.join("index.lock");
+            let lock = File::create(&path).map_err(io(format!("creating {}", path.display())))?;
+            lock.lock().map_err(io(format!("locking {}", path.display())))?;
+            ws.index()?;
+        }
+        ws.clear_dead_staging()?;
+        Ok(ws)
+    }
+
+    /// Opens an existing workspace without creating or changing anything, or
+    /// `None` if there is none yet.
+    pub fn open_read_only(root: &Path) -> Result<Option<Workspace>, StoreError> {
+        if !root.join("cache.sqlite").is_file() {
+            return Ok(None);
+        }
+        let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
+        Ok(Some(Workspace { root: root.to_path_buf(), read_only: true }))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The run to look at: the given one (which must exist) or the latest.
+    pub fn resolve_run(&self, run: Option<String>) -> Result<String, StoreError> {
+        let runs = self.index()?.recent_runs(usize::MAX >> 1)?;
+        match run {
+            Some(r) if runs.iter().any(|x| x.run_id == r) => Ok(r),
+            Some(r) => Err(StoreError::Invalid(format!("no run '{r}' in {}", self.root().display()))),
+            None => runs.first().map(|r| r.run_id.clone()).ok_or_else(|| StoreError::Invalid("no runs yet".into())),
+        }
+    }
+
+    /// A new connection to the index.
+    pub fn index(&self) -> Result<Index, StoreError> {
+        let path = self.root.join("cache.sqlite");
+        if self.read_only {
+            Index::open_read_only(&path)
+        } else {
+            Index::open(&path)
+        }
+    }
+
+    pub fn objects_dir(&self) -> PathBuf {
+        self.root.join("objects")
+    }
+
+    pub fn object_path(&self, hash: &str) -> PathBuf {
+        self.objects_dir().join(objects::object_rel(hash))
+    }
+
+    pub fn log_path(&self, key: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{key}.log"))
+    }
+
+    /// A fresh staging folder for this process.
+    pub fn staging(&self) -> Result<Staging, StoreError> {
+        let dir = self.root.join("tmp").join(objects::unique_suffix());
+        let lock_path = dir.with_extension("lock");
+        let lock = File::create(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+        lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
+        fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        Ok(Staging { dir, _lock: lock })
+    }
+
+    /// Removes staging folders whose owner is gone (its lock can be taken).
+    fn clear_dead_staging(&self) -> Result<(), StoreError> {
+        let tmp = self.root.join("tmp");
+        let entries = fs::read_dir(&tmp).map_err(io(format!("listing {}", tmp.display())))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "lock") {
+                continue;
+            }
+            let lock_path = path.with_extension("lock");
+            let owner_alive = match File::options().write(true).create(true).truncate(false).open(&lock_path) {
+                Ok(f) => matches!(f.try_lock(), Err(TryLockError::WouldBlock)),
+                Err(_) => true,
+            };
+            if !owner_alive {
+                objects::remove_any(&path)?;
+                let _ = fs::remove_file(&lock_path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the lock of a node key. If another process holds it, `waiting` is
+    /// called once (to say so) and this blocks until it is released.
+    pub fn lock_node(&self, key: &str, waiting: impl FnOnce()) -> Result<NodeLock, StoreError> {
+        let path = self.root.join("locks").join(format!("{key}.lock"));
+        let file = File::options()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io(format!("opening {}", path.display())))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                waiting();
+                file.lock().map_err(io(format!("locking {}", path.display())))?;
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(StoreError::Io { context: format!("locking {}", path.display()), source: e })
+            }
+        }
+        Ok(NodeLock { _file: file })
+    }
+
+    /// Publishes a file from the user's tree (copied; it stays where it is).
+    pub fn publish_copy(&self, src: &Path, staging: &Staging) -> Result<ObjectInfo, StoreError> {
+        objects::publish_copy(&self.objects_dir(), staging.path(), src)
+    }
+
+    /// Publishes a staged output (moved into the store).
+    pub fn publish_move(&self, staged: &Path, kind: OutputKind) -> Result<ObjectInfo, StoreError> {
+        objects::publish_move(&self.objects_dir(), staged, kind)
+    }
+
+    /// The blake3 of a file in the user's tree, re-hashed only when its stat changed.
+    pub fn hash_user_file(&self, index: &Index, path: &Path) -> Result<String, StoreError> {
+        let stat = FileStat::of(path).map_err(io(format!("reading {}", path.display())))?;
+        let abs = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        let key = abs.to_string_lossy();
+        if let Some(h) = index.file_hash(&key, &stat)? {
+            return Ok(h);
+        }
+        let (h, _) = hash_file(path)?;
+        if !self.read_only {
+            index.put_file_hash(&key, &stat, &h)?;
+        }
+        Ok(h)
+    }
+
+    /// Why a cached node's outputs can no longer be trusted, or `None` if they can.
+    /// Outputs in the user's tree are re-hashed only when their stat changed; a
+    /// stat-only change (touch) that leaves the bytes equal is refreshed, not a miss.
+    pub fn check_outputs(
+        &self,
+        index: &Index,
+        node: &CachedNode,
+        spec_dir: &Path,
+    ) -> Result<Option<String>, StoreError> {
+        let mut refreshed = node.outputs.clone();
+        let mut changed = false;
+        for out in refreshed.iter_mut() {
+            let obj = self.object_path(&out.object.hash);
+            let present = match out.object.kind {
+                OutputKind::File => {
+                    fs::metadata(&obj).map(|m| m.is_file() && m.len() == out.object.size).unwrap_or(false)
+                }
+                OutputKind::Dir => obj.is_dir(),
+            };
+            if !present {
+                return Ok(Some(format!("output '{}' is missing from the store", out.name)));
+            }
+            let Some(rel) = &out.workspace_path else {
+                continue;
+            };
+            let path = spec_dir.join(rel);
+            let Ok(stat) = FileStat::of(&path) else {
+                return Ok(Some(format!("output '{rel}' is missing")));
+            };
+            if Some(stat) == out.stat {
+                continue;
+            }
+            if stat.size != out.object.size {
+                return Ok(Some(format!("output '{rel}' was modified (size {} → {})", out.object.size, stat.size)));
+            }
+            let (h, _) = hash_file(&path)?;
+            if h != out.object.hash {
+                return Ok(Some(format!("output '{rel}' was modified (content changed)")));
+            }
+            out.stat = Some(stat);
+            changed = true;
+        }
+        if changed && !self.read_only {
+            index.update_outputs(&node.key, &refreshed)?;
+        }
+        Ok(None)
+    }
+}

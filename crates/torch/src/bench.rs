@@ -1,0 +1,161 @@
+//! `orchestrate-torch bench`: generation and scoring speed on a random model,
+//! printed as JSON for `benches/model.rs`, which runs transformers beside it.
+
+use std::time::Instant;
+
+use crate::error::{bail, Result};
+use orchestrate_core::model::Qwen2Config;
+
+use super::generate::{generate, score, Sampling};
+use super::qwen2::Qwen2;
+
+pub fn preset(name: &str) -> Result<Qwen2Config> {
+    let v = match name {
+        "tiny" => {
+            serde_json::json!({"vocab_size": 832, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "rope_theta": 10000.0})
+        }
+        "qwen2.5-0.5b" => serde_json::json!({"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+            "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}),
+        other => bail!("unknown preset '{other}'; presets: tiny, qwen2.5-0.5b"),
+    };
+    Ok(serde_json::from_value(v)?)
+}
+
+pub fn run(
+    preset_name: &str,
+    batch: usize,
+    prompt_len: usize,
+    new_tokens: usize,
+    no_cache: bool,
+) -> Result<serde_json::Value> {
+    let config = preset(preset_name)?;
+    let device = super::generate::pick_device()?;
+    let mut model = Qwen2::new(&config, device)?;
+    model.init_weights(0);
+    let prompts: Vec<Vec<i64>> = (0..batch)
+        .map(|b| (0..prompt_len).map(|i| ((i * 31 + b * 7) % (config.vocab_size - 1) + 1) as i64).collect())
+        .collect();
+    // Warm-up, then the timed runs. EOS -1 never matches: every row runs to the budget.
+    generate(&model, &prompts, 2, -1, &Sampling::Greedy, true)?;
+    let timed = |use_cache: bool| -> Result<f64> {
+        let start = Instant::now();
+        let out = generate(&model, &prompts, new_tokens, -1, &Sampling::Greedy, use_cache)?;
+        assert!(out.iter().all(|g| g.ids.len() == new_tokens));
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let cached = timed(true)?;
+    let full = if no_cache { Some(timed(false)?) } else { None };
+    let responses: Vec<Vec<i64>> = prompts.iter().map(|p| p.iter().rev().take(new_tokens).copied().collect()).collect();
+    score(&model, &prompts, &responses)?;
+    let start = Instant::now();
+    score(&model, &prompts, &responses)?;
+    let scoring = start.elapsed().as_secs_f64();
+    let tokens = (batch * new_tokens) as f64;
+    Ok(serde_json::json!({
+        "impl": "orchestrate",
+        "device": format!("{device:?}"),
+        "threads": tch::get_num_threads(),
+        "parameters": config.parameter_count(),
+        "kv_cache_tokens_per_s": tokens / cached,
+        "no_cache_tokens_per_s": full.map(|f| tokens / f),
+        "scoring_s": scoring,
+    }))
+}
+
+/// One GRPO iteration's cost categories on a random model (constructed rewards).
+pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -> Result<serde_json::Value> {
+    use super::train::adamw::{digest, AdamW, AdamWConfig};
+    use super::train::objective::group_advantages;
+    use super::train::update::{behavior_gap, grpo_update, GrpoHyper};
+    use orchestrate_core::guard::{TokenArtifacts, UpdateBatch};
+    use std::collections::BTreeMap;
+
+    let config = preset(preset_name)?;
+    let device = super::generate::pick_device()?;
+    let mut policy = Qwen2::new(&config, device)?;
+    policy.init_weights(0);
+    let mut reference = Qwen2::new(&config, device)?;
+    reference.init_weights(0);
+    let params: BTreeMap<String, tch::Tensor> = policy.vs.variables().into_iter().collect();
+    let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
+    let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 4096, max_grad_norm: 1.0 };
+    let (prompts_n, group) = (4usize, 4usize);
+    let mut totals: BTreeMap<&str, f64> = BTreeMap::new();
+    let scratch_dir = std::env::temp_dir().join(format!("orchestrate-bench-grpo-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch_dir)?;
+    let mut scratch = orchestrate_core::guard::Ledger::open_at(&scratch_dir.join("guard.sqlite"))?;
+    for it in 0..iterations {
+        let loop_start = Instant::now();
+        let prompts: Vec<Vec<i64>> = (0..prompts_n * group)
+            .map(|r| {
+                (0..prompt_len)
+                    .map(|i| ((i * 31 + (r / group) * 7 + it) % (config.vocab_size - 1) + 1) as i64)
+                    .collect()
+            })
+            .collect();
+        let ids: Vec<u64> = (0..(prompts_n * group) as u64).map(|r| it as u64 * 16 + r).collect();
+        let t = Instant::now();
+        let out = generate(&policy, &prompts, 64, -1, &Sampling::Sample { seed: 0, rollout_ids: ids }, true)?;
+        let generation = t.elapsed().as_secs_f64();
+        let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
+        let behavior: Vec<Vec<f32>> = out.iter().map(|g| g.behavior_logprobs.clone()).collect();
+        let t = Instant::now();
+        let gap = behavior_gap(&policy, &prompts, &responses, &behavior)?;
+        let verification = t.elapsed().as_secs_f64();
+        crate::error::ensure!(gap <= 2e-4, "behavior gap {gap}");
+        let rewards: Vec<f64> = (0..prompts_n * group).map(|r| ((r * 7 + it) % 3 == 0) as u8 as f64).collect();
+        let advantages: Vec<f64> = rewards.chunks(group).flat_map(group_advantages).collect();
+        let rollouts: Vec<TokenArtifacts> = prompts
+            .iter()
+            .zip(&responses)
+            .zip(&behavior)
+            .map(|((p, r), b)| TokenArtifacts {
+                prompt_ids: p.clone(),
+                response_ids: r.clone(),
+                old_logprobs: b.clone(),
+                mask_start: p.len(),
+                mask_len: r.len(),
+            })
+            .collect();
+        let t = Instant::now();
+        let _ = digest(&params);
+        let hashing = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for update in 0..2 {
+            // Constructed rewards on a random model: nothing to validate, so the
+            // benchmark's updates are unguarded, on its own scratch log.
+            let batch = UpdateBatch::unguarded(
+                rollouts.clone(),
+                &mut scratch,
+                "bench",
+                &serde_json::json!({"iteration": it, "update": update}),
+            )?;
+            grpo_update(&policy, &reference, &params, &mut adam, &batch, advantages.clone(), group, &hyper, 1e-6)?;
+        }
+        let optimization = t.elapsed().as_secs_f64();
+        let whole = loop_start.elapsed().as_secs_f64();
+        if it > 0 {
+            // The first iteration is a warm-up.
+            for (k, v) in [
+                ("generation", generation),
+                ("behavior_verification", verification),
+                ("optimization_with_reference", optimization),
+                ("state_hashing", hashing),
+                ("loop", whole),
+            ] {
+                *totals.entry(k).or_default() += v;
+            }
+        }
+    }
+    let n = (iterations.max(2) - 1) as f64;
+    drop(scratch);
+    let _ = std::fs::remove_dir_all(&scratch_dir);
+    Ok(serde_json::json!({
+        "impl": "orchestrate",
+        "threads": tch::get_num_threads(),
+        "seconds_per_iteration": totals.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v / n))).collect::<serde_json::Map<_, _>>(),
+        "peak_rss_bytes": super::train::common::peak_rss_bytes(),
+    }))
+}

@@ -1,0 +1,85 @@
+//! The worker side of `eval.generate`.
+
+use std::io::Write;
+use std::time::Instant;
+
+use crate::error::Result;
+use orchestrate_core::data::verifier::FinishReason;
+use orchestrate_core::ops::eval::{EvalGenerateParams, EvalResponse};
+use orchestrate_core::ops::parse_params;
+use orchestrate_core::ops::worker::WorkerJob;
+
+use super::generate::{generate, pick_device, Sampling};
+use super::train::common::{input_path, load_model, peak_rss_bytes, prompt_ids};
+
+pub fn run(job: &WorkerJob) -> Result<()> {
+    let p: EvalGenerateParams = parse_params(&job.params)?;
+    let device = pick_device()?;
+    let model_dir = input_path(job, "model")?;
+    let (model, tokenizer) = load_model(model_dir, device)?;
+    let eos = tokenizer.eos_id()?;
+    let text = std::fs::read_to_string(input_path(job, "pages")?)?;
+    let mut pages: Vec<serde_json::Value> = text.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    if let Some(n) = p.limit {
+        pages.truncate(n);
+    }
+    // (page index, mode, draw): one greedy row, then `draws` sampled rows per problem.
+    let mut rows: Vec<(usize, bool, usize)> = Vec::new();
+    for i in 0..pages.len() {
+        rows.push((i, true, 0));
+        rows.extend((0..p.draws).map(|d| (i, false, d)));
+    }
+    let prompts: Vec<Vec<i64>> = pages
+        .iter()
+        .map(|pg| {
+            prompt_ids(
+                &tokenizer,
+                &p.system,
+                pg["statement"].as_str().unwrap_or_default(),
+                p.max_prompt_tokens,
+                pg["id"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect::<Result<_>>()?;
+    let started = Instant::now();
+    let mut out = std::io::BufWriter::new(std::fs::File::create(job.staging.join("responses"))?);
+    let (mut greedy_rows, mut sampled_rows): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.1);
+    for (greedy, rows) in [(true, &mut greedy_rows), (false, &mut sampled_rows)] {
+        for chunk in rows.chunks(p.batch_size) {
+            let batch: Vec<Vec<i64>> = chunk.iter().map(|(i, _, _)| prompts[*i].clone()).collect();
+            // Rollout ids depend on (problem, draw) only: every policy gets the same draws.
+            let ids: Vec<u64> = chunk.iter().map(|(i, _, d)| (*i * p.draws.max(1) + d) as u64).collect();
+            let sampling =
+                if greedy { Sampling::Greedy } else { Sampling::Sample { seed: p.seed, rollout_ids: ids.clone() } };
+            let generated = generate(&model, &batch, p.max_new_tokens, eos, &sampling, true)?;
+            for ((row, g), rid) in chunk.iter().zip(generated).zip(ids) {
+                let page = &pages[row.0];
+                let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
+                let decoded = tokenizer.decode(body)?;
+                let r = EvalResponse {
+                    id: page["id"].as_str().unwrap_or_default().to_string(),
+                    population: page["population"].as_str().unwrap_or_default().to_string(),
+                    mode: if greedy { "greedy".into() } else { "sample".into() },
+                    draw: row.2,
+                    rollout_id: (!greedy).then_some(rid),
+                    ids: g.ids,
+                    text: decoded.text,
+                    finish: g.finish,
+                    undecodable: decoded.undecodable,
+                };
+                serde_json::to_writer(&mut out, &r)?;
+                out.write_all(b"\n")?;
+            }
+        }
+    }
+    out.flush()?;
+    let summary = orchestrate_core::ops::eval::EvalSummary {
+        problems: pages.len(),
+        draws: p.draws,
+        generation_seconds: started.elapsed().as_secs_f64(),
+        peak_rss_bytes: peak_rss_bytes(),
+        device: format!("{device:?}"),
+    };
+    std::fs::write(job.staging.join("summary"), serde_json::to_string_pretty(&summary)? + "\n")?;
+    Ok(())
+}

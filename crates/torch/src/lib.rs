@@ -1,0 +1,33 @@
+//! Everything that calls libtorch. This module tree is compiled into the
+//! `orchestrate-torch` worker binary only, never into the library: if any
+//! library code referenced tch, the `orchestrate` binary would load libtorch
+//! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
+//! checks that the CLI does not link it.
+
+pub mod bench;
+pub mod cli;
+pub mod error;
+pub mod eval;
+pub mod generate;
+pub mod ops;
+pub mod qwen2;
+pub mod train;
+
+use orchestrate_core::dag::key::EnvPart;
+
+/// The environment of this process's libtorch: what numerical node keys include.
+pub fn env() -> EnvPart {
+    let device = match generate::pick_device() {
+        Ok(tch::Device::Cuda(_)) => "cuda".to_string(),
+        _ => "cpu".to_string(),
+    };
+    EnvPart {
+        device,
+        libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string(),
+        cpu: Some(orchestrate_core::runtime::cpu_capability()),
+        cpu_vendor: Some(orchestrate_core::runtime::cpu_vendor()),
+    }
+}
+
+#[cfg(test)]
+pub mod tests;

@@ -1,0 +1,119 @@
+//! The libtorch-linked worker behind `orchestrate`: numerical nodes and
+//! commands run here, in their own process (see `orchestrate_core::runtime`).
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use orchestrate_torch as torch;
+
+/// The libtorch worker of orchestrate (started by `orchestrate`; run that instead).
+#[derive(Parser)]
+#[command(name = "orchestrate-torch", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The libtorch version and device.
+    Env {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one numerical node; the job is JSON on stdin.
+    RunOp,
+    /// Generate a response: `orchestrate generate` hands its request over as JSON.
+    Generate {
+        #[arg(long, value_name = "JSON")]
+        request: String,
+    },
+    /// Generation and scoring speed on a random model (JSON; used by benches/model.rs).
+    #[command(hide = true)]
+    Bench {
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 64)]
+        new_tokens: usize,
+        /// Also time generation without the KV cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Seconds per GRPO iteration by cost category (JSON; used by benches/grpo.rs).
+    #[command(hide = true)]
+    BenchGrpo {
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        #[arg(long, default_value_t = 96)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 4)]
+        iterations: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    // Deterministic cuBLAS, set before CUDA initialises (TF32 for matmuls is off by default).
+    if std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+    }
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Env { json } => {
+            let env = torch::env();
+            if json {
+                let answer = orchestrate_core::runtime::WorkerEnv {
+                    env,
+                    libtorch_lib: option_env!("ORCHESTRATE_LIBTORCH_LIB").map(std::path::PathBuf::from),
+                };
+                println!("{}", serde_json::to_string(&answer).expect("env serializes"));
+            } else {
+                println!(
+                    "libtorch {}\ndevice   {}\ncpu      {} {}",
+                    env.libtorch,
+                    env.device,
+                    env.cpu.as_deref().unwrap_or("-"),
+                    env.cpu_vendor.as_deref().unwrap_or("-")
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::RunOp => run_op(),
+        Command::Generate { request } => serde_json::from_str::<orchestrate_core::model::GenerateRequest>(&request)
+            .context("the generate request (JSON from orchestrate)")
+            .and_then(|request| Ok(torch::cli::generate_command(&request)?)),
+        Command::BenchGrpo { preset, prompt_len, iterations } => {
+            torch::bench::grpo_iteration(&preset, prompt_len, iterations).map_err(anyhow::Error::from).map(|v| {
+                println!("{v}");
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Bench { preset, batch, prompt_len, new_tokens, no_cache } => {
+            torch::bench::run(&preset, batch, prompt_len, new_tokens, no_cache).map_err(anyhow::Error::from).map(|v| {
+                println!("{v}");
+                ExitCode::SUCCESS
+            })
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_op() -> anyhow::Result<ExitCode> {
+    let mut body = String::new();
+    std::io::stdin().read_to_string(&mut body)?;
+    let job: orchestrate_core::ops::worker::WorkerJob = serde_json::from_str(&body)?;
+    torch::ops::run(&job)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,371 @@
+//! Qwen2 in tch, following Hugging Face's eager `Qwen2ForCausalLM`: RMSNorm
+//! computed in float, rotary embeddings (rotate-half) from explicit position ids,
+//! grouped-query attention with a float32 softmax, SwiGLU MLP, q/k/v with bias
+//! and o_proj without, and the LM head tied to the embeddings when the config
+//! says so. Weight names follow from the structure (`model.layers.{i}.self_attn.q_proj`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::{bail, err, Context, Result};
+use orchestrate_core::model::{HfFolder, Qwen2Config};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+/// The value masked attention scores are set to (as transformers does: finfo.min,
+/// not -inf, so a fully masked row gives a uniform distribution, not NaN).
+const MASKED: f64 = f32::MIN as f64;
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(p: nn::Path, size: i64, eps: f64) -> Self {
+        RmsNorm { weight: p.var("weight", &[size], nn::Init::Const(1.0)), eps }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let xf = x.to_kind(Kind::Float);
+        let variance = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
+        let normed = xf * (variance + self.eps).rsqrt();
+        &self.weight * normed.to_kind(x.kind())
+    }
+}
+
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[x.dim() - 1] / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[-x2, x1], -1)
+}
+
+/// cos and sin of shape (batch, 1, seq, head_dim) for explicit positions.
+pub struct Rotary {
+    inv_freq: Tensor,
+}
+
+impl Rotary {
+    fn new(head_dim: i64, theta: f64, device: Device) -> Self {
+        let exponents =
+            Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / head_dim as f64;
+        let inv_freq = (Tensor::from(theta).to_kind(Kind::Float).to_device(device).pow(&exponents)).reciprocal();
+        Rotary { inv_freq }
+    }
+
+    fn cos_sin(&self, positions: &Tensor) -> (Tensor, Tensor) {
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * self.inv_freq.view([1, 1, -1]);
+        let emb = Tensor::cat(&[&freqs, &freqs], -1);
+        (emb.cos().unsqueeze(1), emb.sin().unsqueeze(1))
+    }
+}
+
+struct Attention {
+    q_proj: nn::Linear,
+    k_proj: nn::Linear,
+    v_proj: nn::Linear,
+    o_proj: nn::Linear,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn new(p: nn::Path, c: &Qwen2Config) -> Self {
+        let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
+        let (nh, nkv) = (c.num_attention_heads as i64, c.num_key_value_heads as i64);
+        let with_bias = nn::LinearConfig { bias: true, ..Default::default() };
+        let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
+        Attention {
+            q_proj: nn::linear(&p / "q_proj", h, nh * hd, with_bias),
+            k_proj: nn::linear(&p / "k_proj", h, nkv * hd, with_bias),
+            v_proj: nn::linear(&p / "v_proj", h, nkv * hd, with_bias),
+            o_proj: nn::linear(&p / "o_proj", nh * hd, h, no_bias),
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+        }
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Tensor {
+        let (b, t) = (x.size()[0], x.size()[1]);
+        let q = self.q_proj.forward(x).view([b, t, self.heads, self.head_dim]).transpose(1, 2);
+        let k = self.k_proj.forward(x).view([b, t, self.kv_heads, self.head_dim]).transpose(1, 2);
+        let v = self.v_proj.forward(x).view([b, t, self.kv_heads, self.head_dim]).transpose(1, 2);
+        let q = &q * cos + rotate_half(&q) * sin;
+        let k = &k * cos + rotate_half(&k) * sin;
+        let (k, v) = match cache.take() {
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+            None => (k, v),
+        };
+        *cache = Some((k.shallow_clone(), v.shallow_clone()));
+        // Grouped-query attention without copying K and V: the query heads that
+        // share a key/value head are stacked along the query axis instead
+        // (head h = kv * groups + g, the order of transformers' repeat_kv).
+        let groups = self.heads / self.kv_heads;
+        let tk = k.size()[2];
+        let qg = q.reshape([b, self.kv_heads, groups * t, self.head_dim]);
+        let scores =
+            qg.matmul(&k.transpose(-2, -1)).view([b, self.heads, t, tk]) * (1.0 / (self.head_dim as f64).sqrt()) + mask;
+        let probs = scores.softmax(-1, Kind::Float).to_kind(q.kind());
+        let y = probs
+            .view([b, self.kv_heads, groups * t, tk])
+            .matmul(&v)
+            .view([b, self.heads, t, self.head_dim])
+            .transpose(1, 2)
+            .contiguous()
+            .view([b, t, self.heads * self.head_dim]);
+        self.o_proj.forward(&y)
+    }
+}
+
+struct Mlp {
+    gate_proj: nn::Linear,
+    up_proj: nn::Linear,
+    down_proj: nn::Linear,
+}
+
+impl Mlp {
+    fn new(p: nn::Path, c: &Qwen2Config) -> Self {
+        let (h, i) = (c.hidden_size as i64, c.intermediate_size as i64);
+        let cfg = nn::LinearConfig { bias: false, ..Default::default() };
+        Mlp {
+            gate_proj: nn::linear(&p / "gate_proj", h, i, cfg),
+            up_proj: nn::linear(&p / "up_proj", h, i, cfg),
+            down_proj: nn::linear(&p / "down_proj", i, h, cfg),
+        }
+    }
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.down_proj.forward(&(self.gate_proj.forward(x).silu() * self.up_proj.forward(x)))
+    }
+}
+
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// Per-layer key/value cache for incremental decoding.
+pub type KvCache = Vec<Option<(Tensor, Tensor)>>;
+
+/// A loaded Qwen2 causal LM.
+pub struct Qwen2 {
+    pub config: Qwen2Config,
+    pub vs: nn::VarStore,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Option<Tensor>,
+    rotary: Rotary,
+}
+
+impl Qwen2 {
+    /// A model with freshly created (default-initialised) weights.
+    pub fn new(config: &Qwen2Config, device: Device) -> Result<Self> {
+        config.check()?;
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let m = &root / "model";
+        let (v, h) = (config.vocab_size as i64, config.hidden_size as i64);
+        let embed_tokens = (&m / "embed_tokens").var("weight", &[v, h], nn::Init::Randn { mean: 0.0, stdev: 0.02 });
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| {
+                let p = &m / "layers" / i;
+                DecoderLayer {
+                    input_layernorm: RmsNorm::new(&p / "input_layernorm", h, config.rms_norm_eps),
+                    self_attn: Attention::new(&p / "self_attn", config),
+                    post_attention_layernorm: RmsNorm::new(&p / "post_attention_layernorm", h, config.rms_norm_eps),
+                    mlp: Mlp::new(&p / "mlp", config),
+                }
+            })
+            .collect();
+        let norm = RmsNorm::new(&m / "norm", h, config.rms_norm_eps);
+        let lm_head = (!config.tie_word_embeddings)
+            .then(|| (&root / "lm_head").var("weight", &[v, h], nn::Init::Randn { mean: 0.0, stdev: 0.02 }));
+        let rotary = Rotary::new(config.head_dim() as i64, config.rope_theta(), device);
+        Ok(Qwen2 { config: config.clone(), vs, embed_tokens, layers, norm, lm_head, rotary })
+    }
+
+    /// Re-initialises every weight as transformers does for Qwen2 (normal(0, 0.02)
+    /// for matrices, zero biases, unit norms), from a seed, on the CPU generator.
+    pub fn init_weights(&mut self, seed: u64) {
+        tch::manual_seed(seed as i64);
+        let mut vars: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        tch::no_grad(|| {
+            for (name, mut t) in vars {
+                let fresh = if name.ends_with("norm.weight") {
+                    Tensor::ones(t.size(), (Kind::Float, Device::Cpu))
+                } else if name.ends_with(".bias") {
+                    Tensor::zeros(t.size(), (Kind::Float, Device::Cpu))
+                } else {
+                    Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.02
+                };
+                t.copy_(&fresh);
+            }
+        });
+    }
+
+    /// Loads a Hugging Face folder (single or sharded safetensors), strictly:
+    /// every weight must be present with its shape, and no unknown weight may be left over.
+    pub fn load(folder: &HfFolder, device: Device) -> Result<Self> {
+        let config = folder.config()?;
+        let model = Qwen2::new(&config, device)?;
+        let mut vars = model.vs.variables();
+        let mut seen = std::collections::BTreeSet::new();
+        for file in folder.weight_files()? {
+            let tensors = Tensor::read_safetensors(&file).with_context(|| format!("reading {}", file.display()))?;
+            for (name, t) in tensors {
+                if name == "lm_head.weight" && config.tie_word_embeddings {
+                    continue; // tied: the embedding is the head
+                }
+                let Some(var) = vars.get_mut(&name) else {
+                    bail!("{}: unexpected weight '{name}' for this Qwen2 config", file.display());
+                };
+                if var.size() != t.size() {
+                    bail!(
+                        "{}: weight '{name}' has shape {:?}, the config implies {:?}",
+                        file.display(),
+                        t.size(),
+                        var.size()
+                    );
+                }
+                tch::no_grad(|| var.copy_(&t.to_kind(Kind::Float)));
+                seen.insert(name);
+            }
+        }
+        let missing: Vec<&String> = vars.keys().filter(|n| !seen.contains(*n)).collect();
+        if !missing.is_empty() {
+            bail!("{}: missing weights: {:?}", folder.dir.display(), missing);
+        }
+        Ok(model)
+    }
+
+    /// Writes config.json and model.safetensors (FP32, sorted names) in HF layout.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let mut vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
+        let tensors: Vec<(String, Tensor)> =
+            vars.iter_mut().map(|(k, v)| (k.clone(), v.detach().to_device(Device::Cpu).contiguous())).collect();
+        Tensor::write_safetensors(&tensors, dir.join("model.safetensors")).context("writing model.safetensors")?;
+        let mut config = self.config.clone();
+        config.extra.insert("torch_dtype".into(), "float32".into());
+        config.extra.entry("model_type").or_insert_with(|| "qwen2".into());
+        config.extra.entry("architectures").or_insert_with(|| serde_json::json!(["Qwen2ForCausalLM"]));
+        std::fs::write(dir.join("config.json"), config.to_json())?;
+        Ok(())
+    }
+
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// Logits at every position: (batch, seq, vocab). `positions` are the
+    /// rotary positions of `input_ids`; `mask` is additive, (batch, 1, seq, keys).
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.forward_logits(input_ids, positions, mask, cache, false)
+    }
+
+    /// Logits at the last position only, (batch, 1, vocab): generation needs no
+    /// more, and the LM head is the largest matmul of a step (as transformers'
+    /// `logits_to_keep=1`).
+    pub fn forward_last(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Tensor {
+        self.forward_logits(input_ids, positions, mask, cache, true)
+    }
+
+    fn forward_logits(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+        last_only: bool,
+    ) -> Tensor {
+        let mut local: KvCache = Vec::new();
+        let cache = match cache {
+            Some(c) => c,
+            None => &mut local,
+        };
+        if cache.len() != self.layers.len() {
+            cache.clear();
+            cache.resize_with(self.layers.len(), || None);
+        }
+        let (cos, sin) = self.rotary.cos_sin(positions);
+        let mut h = self.embed_tokens.embedding_for(input_ids);
+        for (layer, slot) in self.layers.iter().zip(cache.iter_mut()) {
+            let a = layer.self_attn.forward(&layer.input_layernorm.forward(&h), &cos, &sin, mask, slot);
+            h = h + a;
+            let m = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h));
+            h = h + m;
+        }
+        let h = if last_only { h.narrow(1, h.size()[1] - 1, 1) } else { h };
+        let h = self.norm.forward(&h);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        h.matmul(&head.tr())
+    }
+}
+
+trait EmbeddingFor {
+    fn embedding_for(&self, ids: &Tensor) -> Tensor;
+}
+
+impl EmbeddingFor for Tensor {
+    fn embedding_for(&self, ids: &Tensor) -> Tensor {
+        Tensor::embedding(self, ids, -1, false, false)
+    }
+}
+
+/// The additive mask for `query_len` new queries after `past` cached keys:
+/// causal, and keys where `key_valid` (batch, past + query_len) is 0 masked.
+pub fn attention_mask(key_valid: &Tensor, query_len: i64) -> Tensor {
+    let device = key_valid.device();
+    let (b, keys) = (key_valid.size()[0], key_valid.size()[1]);
+    if query_len == 1 {
+        // One new token sees every valid key: only padding is masked.
+        return ((key_valid.to_kind(Kind::Float) - 1.0) * (-MASKED)).view([b, 1, 1, keys]);
+    }
+    let past = keys - query_len;
+    let q = Tensor::arange(query_len, (Kind::Int64, device)).view([query_len, 1]) + past;
+    let k = Tensor::arange(keys, (Kind::Int64, device)).view([1, keys]);
+    let causal = k.le_tensor(&q); // (q, k)
+    let allowed =
+        causal.view([1, 1, query_len, keys]).logical_and(&key_valid.to_kind(Kind::Bool).view([b, 1, 1, keys]));
+    Tensor::zeros([b, 1, query_len, keys], (Kind::Float, device)).masked_fill(&allowed.logical_not(), MASKED)
+}
+
+/// Errors from a model folder, for the CLI.
+pub fn load_folder(dir: &Path, device: Device) -> Result<(Qwen2, orchestrate_core::model::TextTokenizer)> {
+    let folder = HfFolder::open(dir)?;
+    let tokenizer = folder.tokenizer()?;
+    let model = Qwen2::load(&folder, device)?;
+    if (tokenizer.vocab_size() as usize) > model.config.vocab_size {
+        return Err(err!(
+            "{}: the tokenizer has {} tokens but the model's vocab_size is {}",
+            dir.display(),
+            tokenizer.vocab_size(),
+            model.config.vocab_size
+        ));
+    }
+    Ok((model, tokenizer))
+}

@@ -1,0 +1,283 @@
+//! Tests of the model against an independent reference (Hugging Face
+//! transformers, run through the venv's Python) and of its own invariants.
+
+use std::path::Path;
+use std::process::Command;
+
+use orchestrate_core::data::verifier::FinishReason;
+use orchestrate_core::model::{HfFolder, Qwen2Config};
+use serde_json::Value;
+use tch::{Device, Kind, Tensor};
+
+use super::generate::{generate, score, Sampling};
+use super::qwen2::{attention_mask, Qwen2};
+
+/// libtorch's intra-op thread pool is shared by the whole process: tests that
+/// ran side by side would split it and change reduction order (and rounding).
+/// Each test holds this lock, so its figures are the same on every run.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn python() -> String {
+    std::env::var("ORCHESTRATE_PYTHON").unwrap_or_else(|_| {
+        panic!("ORCHESTRATE_PYTHON is not set: run `bash scripts/setup.sh` and `. .setup/env.sh` (the parity tests need transformers)")
+    })
+}
+
+fn hf_reference(dir: &Path) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/hf_reference.py");
+    let out = Command::new(python()).arg(&script).arg(dir).output().expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+fn ids_tensor(v: &Value) -> Tensor {
+    let rows: Vec<Vec<i64>> = serde_json::from_value(v.clone()).unwrap();
+    let (b, t) = (rows.len() as i64, rows[0].len() as i64);
+    Tensor::from_slice(&rows.concat()).view([b, t])
+}
+
+pub fn tiny_config(vocab: usize) -> Qwen2Config {
+    serde_json::from_value(serde_json::json!({
+        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "model_type": "qwen2"
+    }))
+    .unwrap()
+}
+
+fn tiny_model(seed: u64) -> Qwen2 {
+    let mut m = Qwen2::new(&tiny_config(96), Device::Cpu).unwrap();
+    m.init_weights(seed);
+    // Larger weights than the 0.02 init so the distributions are far from uniform.
+    tch::no_grad(|| {
+        for (_, mut t) in m.vs.variables() {
+            let scaled = &t * 8.0;
+            t.copy_(&scaled);
+        }
+    });
+    m
+}
+
+#[test]
+fn logits_match_transformers_including_a_left_padded_batch() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = hf_reference(dir.path());
+    let model = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    for case in reference["cases"].as_array().unwrap() {
+        let ids = ids_tensor(&case["ids"]);
+        let mask = ids_tensor(&case["mask"]);
+        let positions = (mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
+        let ours = tch::no_grad(|| model.forward(&ids, &positions, &attention_mask(&mask, ids.size()[1]), None));
+        let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(case["logits"].clone()).unwrap();
+        let masks: Vec<Vec<i64>> = serde_json::from_value(case["mask"].clone()).unwrap();
+        let mut worst = 0f32;
+        for (b, rows) in theirs.iter().enumerate() {
+            for (t, row) in rows.iter().enumerate() {
+                if masks[b][t] == 0 {
+                    continue; // padding positions are not part of the contract
+                }
+                let ours_row = Vec::<f32>::try_from(&ours.get(b as i64).get(t as i64)).unwrap();
+                for (a, e) in ours_row.iter().zip(row) {
+                    worst = worst.max((a - e).abs());
+                }
+            }
+        }
+        eprintln!("parity: max |ours - transformers| = {worst:e} over {} rows", masks.len());
+        assert!(worst <= 1e-4, "max |ours - transformers| = {worst}");
+    }
+}
+
+#[test]
+fn a_sharded_checkpoint_loads_to_the_same_weights() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    hf_reference(dir.path());
+    let sharded = dir.path().join("sharded");
+    assert!(sharded.join("model.safetensors.index.json").is_file(), "transformers wrote an index");
+    let shards = HfFolder { dir: sharded.clone() }.weight_files().unwrap();
+    assert!(shards.len() > 1, "several shards: {shards:?}");
+    let a = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let b = Qwen2::load(&HfFolder { dir: sharded }, Device::Cpu).unwrap();
+    let (va, vb) = (a.vs.variables(), b.vs.variables());
+    for (name, t) in va {
+        assert!(t.equal(&vb[&name]), "{name}");
+    }
+}
+
+#[test]
+fn greedy_generation_matches_transformers_token_for_token() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let reference = hf_reference(dir.path());
+    let model = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let eos = reference["eos"].as_i64().unwrap();
+    for case in reference["greedy"].as_array().unwrap() {
+        let ids: Vec<Vec<i64>> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let masks: Vec<Vec<i64>> = serde_json::from_value(case["mask"].clone()).unwrap();
+        let prompts: Vec<Vec<i64>> = ids
+            .iter()
+            .zip(&masks)
+            .map(|(r, m)| r.iter().zip(m).filter(|(_, v)| **v == 1).map(|(i, _)| *i).collect())
+            .collect();
+        let expected: Vec<Vec<i64>> = serde_json::from_value(case["generated"].clone()).unwrap();
+        for use_cache in [true, false] {
+            let got = generate(&model, &prompts, 16, eos, &Sampling::Greedy, use_cache).unwrap();
+            for (g, e) in got.iter().zip(&expected) {
+                let until_eos: Vec<i64> = match e.iter().position(|t| *t == eos) {
+                    Some(p) => e[..=p].to_vec(),
+                    None => e.clone(),
+                };
+                assert_eq!(g.ids, until_eos, "use_cache={use_cache}");
+            }
+        }
+    }
+}
+
+#[test]
+fn behavior_logprobs_from_kv_cache_generation_equal_teacher_forced_scores() {
+    let _serial = serial();
+    let model = tiny_model(1);
+    let prompts = vec![vec![5, 6, 7, 8, 9, 10], vec![11, 12, 13]];
+    let sampling = Sampling::Sample { seed: 42, rollout_ids: vec![0, 1] };
+    let out = generate(&model, &prompts, 24, 3, &sampling, true).unwrap();
+    let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
+    let scored = score(&model, &prompts, &responses).unwrap();
+    let mut worst = 0f32;
+    for (g, s) in out.iter().zip(&scored) {
+        assert_eq!(g.behavior_logprobs.len(), s.len());
+        for (a, b) in g.behavior_logprobs.iter().zip(s) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    eprintln!("behavior vs teacher-forced: max |diff| = {worst:e}");
+    assert!(worst <= 2e-4, "max |behavior - teacher forced| = {worst}");
+}
+
+#[test]
+fn sampling_depends_only_on_seed_rollout_id_and_position() {
+    let _serial = serial();
+    let model = tiny_model(2);
+    let prompt = vec![vec![4, 5, 6, 7]];
+    let run = |seed: u64, rollout: u64| {
+        generate(&model, &prompt, 20, -1, &Sampling::Sample { seed, rollout_ids: vec![rollout] }, true)
+            .unwrap()
+            .remove(0)
+    };
+    assert_eq!(run(9, 0), run(9, 0), "same seed and rollout id: identical samples");
+    assert_ne!(run(9, 0).ids, run(9, 1).ids, "another rollout id: an independent draw");
+    assert_ne!(run(9, 0).ids, run(10, 0).ids, "another seed: an independent draw");
+    assert_eq!(run(9, 0).finish, FinishReason::Length);
+}
+
+#[test]
+fn a_batch_of_one_equals_the_same_row_in_a_batch_of_many() {
+    let _serial = serial();
+    let model = tiny_model(3);
+    let prompts = vec![vec![4, 5, 6], vec![7, 8, 9, 10, 11, 12, 13], vec![14]];
+    let all =
+        generate(&model, &prompts, 16, -1, &Sampling::Sample { seed: 5, rollout_ids: vec![10, 11, 12] }, true).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let alone = generate(
+            &model,
+            &[p.clone()],
+            16,
+            -1,
+            &Sampling::Sample { seed: 5, rollout_ids: vec![10 + i as u64] },
+            true,
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(alone.ids, all[i].ids, "row {i}");
+        for (a, b) in alone.behavior_logprobs.iter().zip(&all[i].behavior_logprobs) {
+            assert!((a - b).abs() <= 2e-4, "row {i}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn kv_cache_and_full_recompute_choose_the_same_tokens() {
+    let _serial = serial();
+    let model = tiny_model(4);
+    let prompts = vec![vec![4, 5, 6, 7, 8], vec![9, 10]];
+    let s = Sampling::Sample { seed: 1, rollout_ids: vec![0, 1] };
+    let cached = generate(&model, &prompts, 20, -1, &s, true).unwrap();
+    let full = generate(&model, &prompts, 20, -1, &s, false).unwrap();
+    for (a, b) in cached.iter().zip(&full) {
+        assert_eq!(a.ids, b.ids);
+    }
+}
+
+#[test]
+fn saving_then_loading_round_trips_bit_exactly() {
+    let _serial = serial();
+    let model = tiny_model(5);
+    let dir = tempfile::tempdir().unwrap();
+    model.save(dir.path()).unwrap();
+    let back = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let (a, b) = (model.vs.variables(), back.vs.variables());
+    assert_eq!(a.len(), b.len());
+    for (name, t) in a {
+        assert!(t.equal(&b[&name]), "{name} differs after a round trip");
+    }
+    assert_eq!(back.config.vocab_size, 96);
+}
+
+#[test]
+fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
+    let _serial = serial();
+    let model = tiny_model(6);
+    let dir = tempfile::tempdir().unwrap();
+    model.save(dir.path()).unwrap();
+    let mut config = tiny_config(96);
+    config.intermediate_size = 64;
+    std::fs::write(dir.path().join("config.json"), config.to_json()).unwrap();
+    let err = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).err().unwrap().to_string();
+    assert!(err.contains("has shape"), "{err}");
+}
+
+#[test]
+fn transformers_loads_what_we_write_and_computes_the_same_logits() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(7);
+    model.save(dir.path()).unwrap();
+    let texts: Vec<String> = (0..50).map(|i| format!("stock {i} boxes {{\"final_stock\": {i}}}")).collect();
+    orchestrate_core::model::build_bpe(&texts, 96, &dir.path().join("tokenizer.json")).unwrap();
+    let ids: Vec<Vec<i64>> = vec![vec![3, 17, 40, 41, 90, 5, 6, 7]];
+    std::fs::write(dir.path().join("ids.json"), serde_json::to_string(&ids).unwrap()).unwrap();
+    let text = "<|im_start|>stock 12 boxes<|im_end|>";
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/hf_load.py");
+    let out = Command::new(python())
+        .arg(&script)
+        .arg(dir.path())
+        .arg(dir.path().join("ids.json"))
+        .arg(text)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(v["logits"].clone()).unwrap();
+    let t = ids_tensor(&serde_json::to_value(&ids).unwrap());
+    let positions = Tensor::arange(8, (Kind::Int64, Device::Cpu)).view([1, 8]);
+    let ours = tch::no_grad(|| {
+        model.forward(&t, &positions, &attention_mask(&Tensor::ones([1, 8], (Kind::Int64, Device::Cpu)), 8), None)
+    });
+    let mut worst = 0f32;
+    for (p, row) in theirs[0].iter().enumerate() {
+        let o = Vec::<f32>::try_from(&ours.get(0).get(p as i64)).unwrap();
+        for (a, b) in o.iter().zip(row) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    eprintln!("transformers on our folder: max |diff| = {worst:e}");
+    assert!(worst <= 1e-4, "{worst}");
+    let tokenizer = orchestrate_core::model::TextTokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+    let ours_ids = tokenizer.encode(text).unwrap();
+    let theirs_ids: Vec<i64> = serde_json::from_value(v["encoded"].clone()).unwrap();
+    assert_eq!(ours_ids, theirs_ids, "the tokenizers agree on the encoding");
+}

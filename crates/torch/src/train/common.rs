@@ -1,0 +1,175 @@
+//! What the SFT and GRPO runs share: data, prompts, state files, outputs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use crate::error::{bail, err, Context, Result};
+use orchestrate_core::data::rng::Stream;
+use orchestrate_core::model::{chat_prompt, HfFolder, TextTokenizer};
+use orchestrate_core::ops::worker::WorkerJob;
+use orchestrate_core::train::state::{read_state, write_state, StateFile};
+use serde_json::Value;
+use tch::{Device, Kind, Tensor};
+
+use super::adamw::AdamW;
+use crate::qwen2::Qwen2;
+
+/// One example: its page (statement) joined with its label by id.
+#[derive(Debug, Clone)]
+pub struct Example {
+    pub id: String,
+    pub statement: String,
+    pub label: Value,
+}
+
+pub fn input_path<'a>(job: &'a WorkerJob, name: &str) -> Result<&'a PathBuf> {
+    job.inputs.get(name).and_then(|v| v.first()).ok_or_else(|| err!("input '{name}' is missing"))
+}
+
+fn jsonl(path: &Path) -> Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines().map(|l| serde_json::from_str(l).with_context(|| format!("{}: bad line", path.display()))).collect()
+}
+
+/// Joins pages and labels by id, in the pages' order.
+pub fn examples(pages: &Path, labels: &Path) -> Result<Vec<Example>> {
+    let labels: HashMap<String, Value> =
+        jsonl(labels)?.into_iter().filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone()))).collect();
+    jsonl(pages)?
+        .into_iter()
+        .map(|p| {
+            let id = p["id"].as_str().ok_or_else(|| err!("a page without id"))?.to_string();
+            let statement = p["statement"].as_str().ok_or_else(|| err!("page {id} has no statement"))?.to_string();
+            let label = labels.get(&id).cloned().ok_or_else(|| err!("page {id} has no label"))?;
+            Ok(Example { id, statement, label })
+        })
+        .collect()
+}
+
+/// The chat prompt's ids, refused (not truncated) over the budget.
+pub fn prompt_ids(
+    tokenizer: &TextTokenizer,
+    system: &str,
+    statement: &str,
+    budget: usize,
+    id: &str,
+) -> Result<Vec<i64>> {
+    let ids = tokenizer.encode(&chat_prompt(system, statement))?;
+    if ids.len() > budget {
+        bail!("example {id}: the prompt is {} tokens, over the budget of {budget}; nothing is truncated", ids.len());
+    }
+    Ok(ids)
+}
+
+/// A permutation of 0..n that depends only on (seed, purpose, epoch).
+pub fn permutation(n: usize, seed: u64, purpose: &str, epoch: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = Stream::new(seed, &format!("{purpose}/epoch/{epoch}"));
+    for i in (1..n).rev() {
+        let j = rng.int_inclusive(0, i as u32) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+pub fn load_model(dir: &Path, device: Device) -> Result<(Qwen2, TextTokenizer)> {
+    let folder = HfFolder::open(dir)?;
+    let tokenizer = folder.tokenizer()?;
+    let model = Qwen2::load(&folder, device)?;
+    Ok((model, tokenizer))
+}
+
+/// The reference policy: a strict reload of the starting weights, frozen (no
+/// gradients), for the KL term.
+pub fn load_reference(dir: &Path, device: Device) -> Result<Qwen2> {
+    let (reference, _) = load_model(dir, device)?;
+    for (_, mut t) in reference.vs.variables() {
+        let _ = t.requires_grad_(false);
+    }
+    Ok(reference)
+}
+
+pub fn params(model: &Qwen2) -> BTreeMap<String, Tensor> {
+    model.vs.variables().into_iter().collect()
+}
+
+fn to_f32(t: &Tensor) -> (Vec<usize>, Vec<f32>) {
+    let shape = t.size().iter().map(|d| *d as usize).collect();
+    let flat = t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous().view([-1]);
+    (shape, Vec::<f32>::try_from(&flat).unwrap_or_default())
+}
+
+/// Writes model, AdamW moments and `meta` as one state file.
+pub fn save_state(path: &Path, params: &BTreeMap<String, Tensor>, adam: &AdamW, meta: &Value) -> Result<()> {
+    let mut tensors = Vec::with_capacity(params.len() * 3);
+    for (name, p) in params {
+        let (shape, v) = to_f32(p);
+        tensors.push((format!("model/{name}"), shape, v));
+        let (shape, v) = to_f32(&adam.exp_avg[name]);
+        tensors.push((format!("adam_m/{name}"), shape, v));
+        let (shape, v) = to_f32(&adam.exp_avg_sq[name]);
+        tensors.push((format!("adam_v/{name}"), shape, v));
+    }
+    write_state(path, meta, &tensors)?;
+    Ok(())
+}
+
+fn tensor_of(state: &StateFile, name: &str, device: Device) -> Result<Tensor> {
+    let raw = state.tensors.get(name).ok_or_else(|| err!("the state has no tensor {name}"))?;
+    let values: Vec<f32> = raw.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let shape: Vec<i64> = raw.shape.iter().map(|d| *d as i64).collect();
+    Ok(Tensor::from_slice(&values).view(shape.as_slice()).to_device(device))
+}
+
+/// Restores model parameters and AdamW moments from a state, bit for bit.
+pub fn restore_state(state: &StateFile, params: &BTreeMap<String, Tensor>, adam: &mut AdamW) -> Result<()> {
+    tch::no_grad(|| -> Result<()> {
+        for (name, p) in params {
+            let device = p.device();
+            p.shallow_clone().copy_(&tensor_of(state, &format!("model/{name}"), device)?);
+            adam.exp_avg.get_mut(name).expect("moments").copy_(&tensor_of(state, &format!("adam_m/{name}"), device)?);
+            adam.exp_avg_sq.get_mut(name).expect("moments").copy_(&tensor_of(
+                state,
+                &format!("adam_v/{name}"),
+                device,
+            )?);
+        }
+        Ok(())
+    })?;
+    adam.step = state.meta["adam_step"].as_i64().ok_or_else(|| err!("the state has no adam_step"))?;
+    Ok(())
+}
+
+pub fn read(path: &Path) -> Result<StateFile> {
+    Ok(read_state(path)?)
+}
+
+/// Writes the node's outputs: the model folder (with the tokenizer), the state, the metrics.
+pub fn write_outputs(
+    job: &WorkerJob,
+    model: &Qwen2,
+    model_dir: &Path,
+    params: &BTreeMap<String, Tensor>,
+    adam: &AdamW,
+    meta: &Value,
+) -> Result<()> {
+    let out = job.staging.join("model");
+    model.save(&out)?;
+    for extra in ["tokenizer.json", "generation_config.json"] {
+        let src = model_dir.join(extra);
+        if src.is_file() {
+            std::fs::copy(&src, out.join(extra))?;
+        }
+    }
+    save_state(&job.staging.join("state"), params, adam, meta)?;
+    std::fs::write(job.staging.join("metrics"), serde_json::to_string_pretty(meta)? + "\n")?;
+    Ok(())
+}
+
+/// Peak resident memory of this process in bytes (CPU runs), from /proc.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

@@ -1,0 +1,207 @@
+//! One GRPO update: the policy (with gradients) and the frozen reference
+//! (without) on the same sequences, the clipped surrogate against the old
+//! (behavior) log-probs, plus β × the exact prefix KL, reduced tokens →
+//! responses → prompts, then gradient clipping and an AdamW step.
+
+use std::collections::BTreeMap;
+
+use crate::error::{bail, Result};
+use tch::{Kind, Tensor};
+
+use orchestrate_core::guard::UpdateBatch;
+
+use super::adamw::{clip_grad_norm, zero_grad, AdamW};
+use super::guarded::batch_from_artifacts;
+use super::objective::{clipped_surrogate, exact_kl, reduce_tokens_responses_prompts};
+use crate::qwen2::{attention_mask, Qwen2};
+
+/// A rollout set ready for updates: rows in group order, `group_size` per prompt.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RolloutBatch {
+    pub prompts: Vec<Vec<i64>>,
+    pub responses: Vec<Vec<i64>>,
+    /// Behavior log-probs captured at sampling time: never recomputed.
+    pub old_logprobs: Vec<Vec<f32>>,
+    pub advantages: Vec<f64>,
+    pub group_size: usize,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub struct GrpoHyper {
+    pub clip_eps: f64,
+    pub beta: f64,
+    pub kl_block: i64,
+    pub max_grad_norm: f64,
+}
+
+/// What one update measured (the metrics' own type).
+pub use orchestrate_core::train::metrics::UpdateStats;
+
+/// Logits at the response positions of each row: (rows, tokens, vocab), with
+/// the response ids and a mask, from one right-padded forward pass.
+pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> (Tensor, Tensor, Tensor) {
+    let device = model.device();
+    let b = prompts.len() as i64;
+    let width = prompts.iter().zip(responses).map(|(p, r)| p.len() + r.len()).max().unwrap_or(1) as i64;
+    let t_max = responses.iter().map(Vec::len).max().unwrap_or(1).max(1) as i64;
+    let (mut ids, mut valid, mut index, mut targets, mut mask) = (vec![], vec![], vec![], vec![], vec![]);
+    for (p, r) in prompts.iter().zip(responses) {
+        let n = (p.len() + r.len()) as i64;
+        ids.extend(p.iter().chain(r).copied().chain(std::iter::repeat_n(0, (width - n) as usize)));
+        valid.extend(std::iter::repeat_n(1i64, n as usize).chain(std::iter::repeat_n(0, (width - n) as usize)));
+        for j in 0..t_max {
+            let inside = (j as usize) < r.len();
+            // Logits at position t predict token t + 1.
+            index.push(if inside { p.len() as i64 - 1 + j } else { 0 });
+            targets.push(if inside { r[j as usize] } else { 0 });
+            mask.push(if inside { 1.0f32 } else { 0.0 });
+        }
+    }
+    let seq = Tensor::from_slice(&ids).view([b, width]).to_device(device);
+    let key_valid = Tensor::from_slice(&valid).view([b, width]).to_device(device);
+    let positions = Tensor::arange(width, (Kind::Int64, device)).view([1, width]).expand([b, width], false);
+    let logits = model.forward(&seq, &positions, &attention_mask(&key_valid, width), None);
+    let v = logits.size()[2];
+    let index = Tensor::from_slice(&index).view([b, t_max, 1]).to_device(device).expand([b, t_max, v], false);
+    let picked = logits.gather(1, &index, false);
+    let targets = Tensor::from_slice(&targets).view([b, t_max]).to_device(device);
+    let mask = Tensor::from_slice(&mask).view([b, t_max]).to_device(device);
+    (picked, targets, mask)
+}
+
+/// The largest gap between captured behavior log-probs and a full teacher-forced
+/// re-scoring of the same sequences by `policy`. Before the first update of an
+/// iteration it must be within tolerance, or old log-probs are misbound.
+pub fn behavior_gap(
+    policy: &Qwen2,
+    prompts: &[Vec<i64>],
+    responses: &[Vec<i64>],
+    behavior: &[Vec<f32>],
+) -> Result<f64> {
+    let rescored = crate::generate::score(policy, prompts, responses)?;
+    let mut gap = 0f64;
+    for (b, r) in behavior.iter().zip(&rescored) {
+        if b.len() != r.len() {
+            return Ok(f64::INFINITY);
+        }
+        for (x, y) in b.iter().zip(r) {
+            gap = gap.max(f64::from((x - y).abs()));
+        }
+    }
+    Ok(gap)
+}
+
+/// What one backward pass of the GRPO loss measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LossStats {
+    pub loss: f64,
+    pub surrogate: f64,
+    pub kl: f64,
+    pub clip_fraction: f64,
+    /// Mean and largest ρ = exp(logp − logp_old) over response tokens.
+    pub ratio_mean: f64,
+    pub ratio_max: f64,
+}
+
+/// The GRPO loss of `batch` for `policy`, backpropagated: after this, each
+/// parameter's `.grad()` holds its gradient (nothing is clipped or stepped).
+pub fn grpo_gradients(
+    policy: &Qwen2,
+    reference: &Qwen2,
+    params: &BTreeMap<String, Tensor>,
+    batch: &RolloutBatch,
+    hyper: &GrpoHyper,
+) -> Result<LossStats> {
+    let rows = batch.prompts.len();
+    if rows == 0 || rows % batch.group_size != 0 || batch.responses.len() != rows || batch.old_logprobs.len() != rows {
+        bail!(
+            "a rollout batch needs whole groups of {} with one response and old log-probs per prompt",
+            batch.group_size
+        );
+    }
+    let device = policy.device();
+    let (logits, targets, mask) = response_logits(policy, &batch.prompts, &batch.responses);
+    let (ref_logits, _, _) = tch::no_grad(|| response_logits(reference, &batch.prompts, &batch.responses));
+    let logp_all = logits.log_softmax(-1, Kind::Float);
+    let logp = logp_all.gather(2, &targets.unsqueeze(2), false).squeeze_dim(2);
+    let t_max = targets.size()[1] as usize;
+    let old: Vec<f32> = batch
+        .old_logprobs
+        .iter()
+        .flat_map(|o| o.iter().copied().chain(std::iter::repeat_n(0.0, t_max - o.len())))
+        .collect();
+    let old = Tensor::from_slice(&old).view([rows as i64, t_max as i64]).to_device(device);
+    let advantages = Tensor::from_slice(&batch.advantages).to_kind(Kind::Float).to_device(device);
+    let (surrogate, clipped) = clipped_surrogate(&logp, &old, &advantages, hyper.clip_eps);
+    let kl = exact_kl(&logits, &ref_logits, hyper.kl_block);
+    let per_token = -&surrogate + &kl * hyper.beta;
+    let g = batch.group_size as i64;
+    let loss = reduce_tokens_responses_prompts(&per_token, &mask, g);
+    let loss_value = loss.double_value(&[]);
+    if !loss_value.is_finite() {
+        bail!("non-finite GRPO loss");
+    }
+    zero_grad(params);
+    loss.backward();
+    tch::no_grad(|| {
+        let tokens = mask.sum(Kind::Float).double_value(&[]).max(1.0);
+        let ratio = (&logp - &old).exp() * &mask;
+        Ok(LossStats {
+            loss: loss_value,
+            surrogate: reduce_tokens_responses_prompts(&surrogate, &mask, g).double_value(&[]),
+            kl: reduce_tokens_responses_prompts(&kl, &mask, g).double_value(&[]),
+            clip_fraction: (clipped.to_kind(Kind::Float) * &mask).sum(Kind::Float).double_value(&[]) / tokens,
+            ratio_mean: ratio.sum(Kind::Float).double_value(&[]) / tokens,
+            ratio_max: ratio.max().double_value(&[]),
+        })
+    })
+}
+
+/// One update of `policy`: the gradients, clipping, an AdamW step, on exactly
+/// the rollouts of `batch`. This is the only way rollouts change parameters, and
+/// it takes an [`UpdateBatch`]: the guard's handle spent on that batch, or the
+/// explicit, logged `UpdateBatch::unguarded`. A batch built by hand does not
+/// type-check here (see `orchestrate_core::guard::UpdateBatch`).
+#[allow(clippy::too_many_arguments)]
+pub fn grpo_update(
+    policy: &Qwen2,
+    reference: &Qwen2,
+    params: &BTreeMap<String, Tensor>,
+    adam: &mut AdamW,
+    batch: &UpdateBatch,
+    advantages: Vec<f64>,
+    group_size: usize,
+    hyper: &GrpoHyper,
+    lr: f64,
+) -> Result<UpdateStats> {
+    if advantages.len() != batch.rollouts().len() {
+        bail!("{} advantages for {} authorized rollouts", advantages.len(), batch.rollouts().len());
+    }
+    let rollouts = batch_from_artifacts(batch.rollouts(), advantages, group_size);
+    step(policy, reference, params, adam, &rollouts, hyper, lr)
+}
+
+/// The step itself, on a batch that is already tensors' worth of ids. Visible
+/// only inside `train`, whose unit tests compare one step with PyTorch's on a
+/// hand-built batch; everything else goes through [`grpo_update`].
+pub(super) fn step(
+    policy: &Qwen2,
+    reference: &Qwen2,
+    params: &BTreeMap<String, Tensor>,
+    adam: &mut AdamW,
+    batch: &RolloutBatch,
+    hyper: &GrpoHyper,
+    lr: f64,
+) -> Result<UpdateStats> {
+    let stats = grpo_gradients(policy, reference, params, batch, hyper)?;
+    let grad_norm = clip_grad_norm(params, hyper.max_grad_norm);
+    adam.step(params, lr);
+    Ok(UpdateStats {
+        loss: stats.loss,
+        surrogate: stats.surrogate,
+        kl: stats.kl,
+        clip_fraction: stats.clip_fraction,
+        grad_norm,
+        lr,
+    })
+}
