@@ -168,6 +168,38 @@ fn each_kind_of_tampering_gets_its_own_message() {
     }
 }
 
+/// Rewrites SHA256SUMS's line for `file` to its current content (what a
+/// careless or hostile editor of a pack would do).
+fn reseal(dir: &Path, file: &str) {
+    let out = std::process::Command::new("sha256sum").arg(file).current_dir(dir).output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let sums = std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap();
+    let sums: String = sums
+        .lines()
+        .map(|l| if l.ends_with(&format!("  {file}")) { line.clone() } else { l.to_string() })
+        .map(|l| l + "\n")
+        .collect();
+    std::fs::write(dir.join("SHA256SUMS"), sums).unwrap();
+}
+
+#[test]
+fn a_manifest_missing_a_field_fails_the_audit_naming_the_file_and_the_field() {
+    let (code, text) = tampered(|d: &Path| {
+        // The packed output loses its path (resealed, so only the manifest's
+        // own shape can tell): it would otherwise be skipped, unchecked.
+        let manifest = d.join("MANIFEST.json");
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+        let outputs = v["nodes"][0]["outputs"].as_array_mut().unwrap();
+        assert!(outputs[0].as_object_mut().unwrap().remove("path").is_some());
+        std::fs::write(&manifest, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+        reseal(d, "MANIFEST.json");
+    });
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("MANIFEST.json") && text.contains("nodes[0].outputs[0]"), "{text}");
+    assert!(text.contains("path"), "{text}");
+}
+
 #[test]
 fn a_failing_gate_is_reported_as_failed_with_its_evidence_not_as_an_error() {
     let p = Project::new();

@@ -8,13 +8,22 @@ use orchestrate_core::dag::key::EnvPart;
 use orchestrate_core::exec::plan::{plan, PlanState};
 use orchestrate_core::exec::report::Reporter;
 use orchestrate_core::exec::{self, EnvProvider, Event, Outcome, RunOptions};
-use orchestrate_core::ops::{Op, OpError, OutputDecl, OutputKind, ParamError, Registry, RunContext};
+use orchestrate_core::ops::{Op, OpError, OutputDecl, OutputKind, Registry, RunContext};
 use orchestrate_core::spec::{self, LoadOptions};
 use orchestrate_core::store::Workspace;
-use schemars::{Schema, SchemaGenerator};
-use serde_json::Value;
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct FakeParams {
+    #[serde(default = "one")]
+    scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
 
 /// Writes a file `report` and a folder `weights/` whose content depends on the `scale` param.
 struct FakeTrain;
@@ -29,21 +38,16 @@ impl Op for FakeTrain {
     fn summary(&self) -> &'static str {
         "test op"
     }
-    fn params_schema(&self, _g: &mut SchemaGenerator) -> Schema {
-        schemars::json_schema!({"type": "object"})
-    }
-    fn resolve_params(&self, p: &Value) -> Result<Value, ParamError> {
-        Ok(p.clone())
-    }
-    fn outputs(&self, _p: &Value) -> Vec<OutputDecl> {
+    type Params = FakeParams;
+    fn outputs(&self, _p: &FakeParams) -> Vec<OutputDecl> {
         vec![OutputDecl::file("report"), OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("weights") }]
     }
     fn numerical(&self) -> bool {
         true
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, params: &FakeParams, ctx: &RunContext<'_>) -> Result<(), OpError> {
         RUNS.fetch_add(1, Ordering::SeqCst);
-        let scale = ctx.params.get("scale").and_then(Value::as_f64).unwrap_or(1.0);
+        let scale = params.scale;
         std::fs::write(ctx.output_path("report"), format!("scale={scale}\n")).map_err(|e| OpError::io("report", e))?;
         let w = ctx.output_path("weights");
         std::fs::create_dir_all(w.join("layer0")).map_err(|e| OpError::io("weights", e))?;

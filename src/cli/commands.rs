@@ -32,7 +32,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             let slurm = if spec.executor == spec::ExecutorKind::Slurm {
                 exec::slurm::check_available().map_err(anyhow::Error::msg)?;
-                exec::slurm::install_interrupt_handler();
+                exec::signal::install_interrupt_handler();
                 Some(exec::slurm::SlurmSettings::for_this_exe().map_err(anyhow::Error::msg)?)
             } else {
                 None
@@ -62,7 +62,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Ok(n) => eprintln!("{n} gate(s) failed"),
                 Err(e) => eprintln!("error: {e}"),
             }
-            if exec::slurm::interrupted() {
+            if exec::signal::interrupted() {
                 eprintln!("interrupted: the run's Slurm jobs were cancelled; finished nodes stay cached");
                 return Ok(ExitCode::from(130));
             }
@@ -203,7 +203,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Report { target, out } => {
             let source = match &target {
                 Some(t) if std::path::Path::new(t).join("MANIFEST.json").exists() => {
-                    orchestrate_core::report::from_pack(std::path::Path::new(t))?
+                    orchestrate_core::pack::report_source(std::path::Path::new(t))?
                 }
                 _ => {
                     let ws = Workspace::open_read_only(&cli.workspace)?.with_context(|| {
@@ -248,18 +248,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             let opts = orchestrate_core::pack::FreezeOptions { with_models, with_states, max_output_bytes };
             let manifest = orchestrate_core::pack::freeze(&ws, &spec, &dag, &runtime::env_provider(), &out, opts)?;
-            let omitted = manifest["nodes"]
-                .as_array()
-                .map(|n| {
-                    n.iter()
-                        .flat_map(|x| x["outputs"].as_array().cloned().unwrap_or_default())
-                        .filter(|o| o["path"].is_null())
-                        .count()
-                })
-                .unwrap_or(0);
+            let omitted = manifest.nodes.iter().flat_map(|n| &n.outputs).filter(|o| o.path.is_none()).count();
             println!(
                 "froze {} nodes into {} ({omitted} large outputs listed by hash only)",
-                manifest["nodes"].as_array().map_or(0, Vec::len),
+                manifest.nodes.len(),
                 out.display()
             );
             println!(
@@ -286,7 +278,16 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             for p in &problems {
                 println!("FAIL  {p}");
             }
-            let results = orchestrate_core::pack::audit_gates(&dir)?;
+            // A pack whose gates cannot even be evaluated (an unreadable manifest
+            // or gate definition) fails its audit; it is not a usage error.
+            let results = match orchestrate_core::pack::audit_gates(&dir) {
+                Ok(results) => results,
+                Err(e) => {
+                    println!("FAIL  the gates cannot be evaluated: {e}");
+                    println!("pack TAMPERED or unreadable");
+                    return Ok(ExitCode::from(GATE_FAILED));
+                }
+            };
             print!("{}", orchestrate_core::pack::gate_table(&results));
             let failed = results.iter().filter(|r| !r.passed).count();
             println!(

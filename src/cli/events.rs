@@ -6,7 +6,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use orchestrate_core::dag::key::HashInputs;
+use orchestrate_core::exec::Event;
+use orchestrate_core::ops::worker::WorkerOp;
 use orchestrate_core::store::Workspace;
+use orchestrate_core::train::metrics::TrainingMetrics;
 
 /// The run to look at: the given one (which must exist) or the latest.
 pub fn resolve_run(ws: &Workspace, run: Option<String>) -> Result<String> {
@@ -20,9 +24,10 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
     let index = ws.index()?;
     let mut out = Vec::new();
     for (seq, text) in index.run_events(run)?.iter().enumerate() {
-        let e: Value = serde_json::from_str(text).with_context(|| format!("event {seq} of run {run} is not JSON"))?;
+        let e: Event =
+            serde_json::from_str(text).with_context(|| format!("event {seq} of run {run} is not an engine event"))?;
         out.push(json!({
-            "source": "engine", "run": run, "seq": seq, "type": e["event"], "node": e["node"],
+            "source": "engine", "run": run, "seq": seq, "type": e.kind(), "node": e.node(),
             "codes": [], "event": e,
         }));
     }
@@ -31,10 +36,19 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
         let Some(ledger) = &ledger else { break };
         let Some(key) = &n.key else { continue };
         let Some(cached) = index.lookup(key)? else { continue };
-        let Some(metrics) = cached.outputs.iter().find(|o| o.name == "metrics") else { continue };
-        let Ok(text) = std::fs::read_to_string(ws.object_path(&metrics.object.hash)) else { continue };
-        let Ok(m) = serde_json::from_str::<Value>(&text) else { continue };
-        let Some(lineage) = m["lineage"].as_str() else { continue };
+        // GRPO nodes have a guard lineage; their metrics say which.
+        if HashInputs::from_stored(&cached.record)?.op != WorkerOp::TrainGrpo.name() {
+            continue;
+        }
+        let metrics = cached
+            .outputs
+            .iter()
+            .find(|o| o.name == "metrics")
+            .with_context(|| format!("GRPO node {} has no metrics output", n.node_id))?;
+        let TrainingMetrics::Grpo(m) = TrainingMetrics::read(&ws.object_path(&metrics.object.hash))? else {
+            bail!("the metrics of GRPO node {} are not GRPO metrics", n.node_id);
+        };
+        let lineage = m.lineage.as_str();
         for orchestrate_core::guard::ledger::StoredEvent { seq, producer, kind, payload, seal, .. } in
             ledger.events(lineage)?
         {

@@ -101,64 +101,6 @@ pub fn from_run(ws: &Workspace, run: Option<String>) -> Result<Source> {
     Ok(Source { title: format!("{}{profile} — run {run} ({})", row.spec, row.status), nodes })
 }
 
-/// A frozen pack: its MANIFEST.json, sealed events and outputs.
-pub fn from_pack(dir: &Path) -> Result<Source> {
-    let manifest = read_json(&dir.join("MANIFEST.json")).ok_or_else(|| {
-        ReportError::Invalid(format!("{}: no readable MANIFEST.json (is this a pack?)", dir.display()))
-    })?;
-    let mut outcome: BTreeMap<String, (String, Option<f64>)> = BTreeMap::new();
-    let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
-    for line in events.lines() {
-        let Ok(e) = serde_json::from_str::<Value>(line) else { continue };
-        let e = &e["event"];
-        let Some(node) = e["node"].as_str() else { continue };
-        let o = match e["event"].as_str() {
-            Some("cache_hit") => "cached",
-            Some("node_finished") => "ran",
-            Some("node_failed") => "failed",
-            Some("node_skipped") => "skipped",
-            _ => continue,
-        };
-        outcome.insert(node.to_string(), (o.to_string(), e["seconds"].as_f64()));
-    }
-    let mut nodes = Vec::new();
-    for n in manifest["nodes"].as_array().into_iter().flatten() {
-        let id = n["id"].as_str().unwrap_or("?").to_string();
-        let mut deps: Vec<String> = n["inputs"]
-            .as_object()
-            .into_iter()
-            .flat_map(|m| m.values())
-            .flat_map(|refs| refs.as_array().cloned().unwrap_or_default())
-            .filter_map(|r| r["node"].as_str().map(str::to_string))
-            .collect();
-        deps.sort();
-        deps.dedup();
-        let outputs = n["outputs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|o| Some((o["name"].as_str()?.to_string(), dir.join(o["path"].as_str()?))))
-            .collect();
-        let (o, seconds) = outcome.get(&id).cloned().unwrap_or_else(|| ("frozen".into(), None));
-        nodes.push(Node {
-            id,
-            op: n["op"].as_str().unwrap_or_default().to_string(),
-            key: n["key"].as_str().map(str::to_string),
-            outcome: o,
-            seconds,
-            deps,
-            outputs,
-        });
-    }
-    if nodes.is_empty() {
-        return Err(ReportError::Invalid(format!("{}: the manifest lists no nodes", dir.display())));
-    }
-    Ok(Source {
-        title: format!("pack {} — {}", manifest["spec"]["name"].as_str().unwrap_or("?"), dir.display()),
-        nodes,
-    })
-}
-
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

@@ -12,7 +12,7 @@ use petgraph::algo::{tarjan_scc, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde_json::Value;
 
-use crate::ops::{Op, OutputDecl, Registry};
+use crate::ops::{AnyOp, OutputDecl, Params, Registry};
 use crate::spec::{did_you_mean, schema, NodeDef, OutputRef, Spec, SpecError, SpecErrorKind};
 
 /// Name of the input that a file dep produced by another node becomes.
@@ -22,8 +22,9 @@ pub const FILE_DEP_PREFIX: &str = "dep:";
 #[derive(Clone)]
 pub struct DagNode {
     pub def: NodeDef,
-    pub op: Arc<dyn Op>,
-    pub params: Value,
+    pub op: Arc<dyn AnyOp>,
+    /// Parsed once by the op; `params.value()` is what the key hashes.
+    pub params: Params,
     pub outputs: Vec<OutputDecl>,
     /// Explicit inputs, plus one `dep:PATH` input per file dep another node writes.
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
@@ -111,7 +112,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             ));
         };
         // The resolved params (defaults filled in) are what the key hashes.
-        let params = match op.resolve_params(&Value::Object(def.params.clone())) {
+        let params = match op.parse(&Value::Object(def.params.clone())) {
             Ok(resolved) => resolved,
             Err(e) => {
                 // A value that came from the matrix is reported where the matrix wrote it.
@@ -394,12 +395,12 @@ mod tests {
     //! Node params in the key: resolved, with a fake op compiled in-process.
     use std::cell::Cell;
 
-    use schemars::{JsonSchema, Schema, SchemaGenerator};
+    use schemars::JsonSchema;
     use serde::{Deserialize, Serialize};
 
     use super::*;
     use crate::dag::key::{diff, HashInputs};
-    use crate::ops::{schema_of, OpError, ParamError, RunContext};
+    use crate::ops::{Op, OpError, RunContext};
     use crate::spec::LoadOptions;
 
     thread_local! {
@@ -432,16 +433,11 @@ mod tests {
         fn summary(&self) -> &'static str {
             "a fake op with a default"
         }
-        fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-            schema_of::<ClipParams>(generator)
-        }
-        fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-            crate::ops::resolve::<ClipParams>(params, crate::ops::no_checks)
-        }
-        fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+        type Params = ClipParams;
+        fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
             vec![OutputDecl::file("out")]
         }
-        fn run(&self, _ctx: &RunContext<'_>) -> Result<(), OpError> {
+        fn run(&self, _params: &Self::Params, _ctx: &RunContext<'_>) -> Result<(), OpError> {
             Ok(())
         }
     }
@@ -459,7 +455,7 @@ mod tests {
         HashInputs {
             op: node.op.name().into(),
             op_version: node.op.version(),
-            params: node.params.clone(),
+            params: node.params.value().clone(),
             inputs: BTreeMap::new(),
             files: BTreeMap::new(),
             env: None,
@@ -507,8 +503,8 @@ mod tests {
         let registry = Registry::builtin();
         for (name, params) in samples {
             let op = registry.get(name).expect("a builtin op");
-            let once = op.resolve_params(params).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let twice = op.resolve_params(&once).unwrap_or_else(|e| panic!("{name} (resolved): {e}"));
+            let once = op.parse(params).unwrap_or_else(|e| panic!("{name}: {e}")).value().clone();
+            let twice = op.parse(&once).unwrap_or_else(|e| panic!("{name} (resolved): {e}")).value().clone();
             assert_eq!(once, twice, "{name}");
             assert!(once.as_object().is_some_and(|m| m.len() >= params.as_object().map_or(0, |p| p.len())), "{name}");
         }

@@ -1,10 +1,11 @@
 //! Events: the only thing the scheduler and the reporters share (as in nextest).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// Something that happened during a run.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+/// Something that happened during a run. Written to the index and to packs as
+/// JSON, and read back as this type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Event {
     RunStarted {
         run_id: String,
@@ -55,6 +56,33 @@ pub enum Event {
 }
 
 impl Event {
+    /// The event's name as written (`node_started`, `cache_hit`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::RunStarted { .. } => "run_started",
+            Event::NodeStarted { .. } => "node_started",
+            Event::CacheHit { .. } => "cache_hit",
+            Event::Waiting { .. } => "waiting",
+            Event::NodeFinished { .. } => "node_finished",
+            Event::NodeFailed { .. } => "node_failed",
+            Event::NodeSkipped { .. } => "node_skipped",
+            Event::RunFinished { .. } => "run_finished",
+        }
+    }
+
+    /// The node it is about, if any.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Event::NodeStarted { node, .. }
+            | Event::CacheHit { node, .. }
+            | Event::Waiting { node, .. }
+            | Event::NodeFinished { node, .. }
+            | Event::NodeFailed { node, .. }
+            | Event::NodeSkipped { node, .. } => Some(node),
+            Event::RunStarted { .. } | Event::RunFinished { .. } => None,
+        }
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("events serialize")
     }
@@ -72,5 +100,26 @@ pub struct RunStats {
 impl RunStats {
     pub fn success(&self) -> bool {
         self.failed == 0 && self.skipped == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Event;
+
+    #[test]
+    fn an_event_reads_back_as_written_and_knows_its_name() {
+        let events = [
+            Event::RunStarted { run_id: "r".into(), spec: "s".into(), nodes: 2, jobs: 1 },
+            Event::NodeFailed { node: "n".into(), key: None, seconds: 0.5, error: "e".into() },
+        ];
+        for e in events {
+            let json: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
+            assert_eq!(json["event"], e.kind());
+            assert_eq!(serde_json::from_value::<Event>(json).unwrap(), e);
+        }
+        // A field of no event is refused, not ignored.
+        let odd = r#"{"event": "cache_hit", "node": "n", "key": "k", "extra": 1}"#;
+        assert!(serde_json::from_str::<Event>(odd).is_err());
     }
 }

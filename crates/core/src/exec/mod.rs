@@ -9,6 +9,7 @@ pub mod events;
 pub mod node;
 pub mod plan;
 pub mod report;
+pub mod signal;
 pub mod slurm;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub use events::{Event, RunStats};
-pub use node::Outcome;
+pub use node::{Decision, DirtyReason, Executor, Local, Outcome};
 pub use report::Reporter;
 
 use crate::dag::key::EnvPart;
@@ -82,12 +83,39 @@ pub fn new_run_id() -> String {
     format!("{}-{}", t.trim_end_matches('Z').replace('.', ""), std::process::id())
 }
 
-/// Runs every node of the DAG.
+/// Runs every node of the DAG with the spec's executor: this machine, or
+/// Slurm (with one poller thread for the queue, stopped when the run ends).
 pub fn run(
     ws: &Workspace,
     spec: &Spec,
     dag: &Dag,
     opts: &RunOptions,
+    reporter: &mut dyn Reporter,
+) -> Result<RunResult, StoreError> {
+    if spec.executor != crate::spec::ExecutorKind::Slurm {
+        return run_with(ws, spec, dag, opts, &node::Local, reporter);
+    }
+    let settings = opts.slurm.clone().unwrap_or_default();
+    let tracker = slurm::Tracker::default();
+    std::thread::scope(|scope| {
+        let poller = scope.spawn(|| tracker.run(settings.poll));
+        let executor = slurm::SlurmRun { settings: &settings, tracker: &tracker, spec };
+        let result = run_with(ws, spec, dag, opts, &executor, reporter);
+        tracker.stop();
+        let _ = poller.join();
+        result
+    })
+}
+
+/// Runs every node of the DAG, handing each node that is not a cache hit to
+/// `executor`. The scheduler alone decides hit or run (and why), keeps the
+/// dependency order, the `jobs` limit and the run record.
+pub fn run_with(
+    ws: &Workspace,
+    spec: &Spec,
+    dag: &Dag,
+    opts: &RunOptions,
+    executor: &dyn Executor,
     reporter: &mut dyn Reporter,
 ) -> Result<RunResult, StoreError> {
     let started = Instant::now();
@@ -128,20 +156,12 @@ pub fn run(
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
     let mut stats = RunStats::default();
-    let slurm_settings =
-        (spec.executor == crate::spec::ExecutorKind::Slurm).then(|| opts.slurm.clone().unwrap_or_default());
-    let tracker = slurm::Tracker::default();
-    let slurm_run = slurm_settings.as_ref().map(|settings| slurm::SlurmRun { settings, tracker: &tracker, spec });
 
     std::thread::scope(|scope| -> Result<(), StoreError> {
-        if let Some(settings) = &slurm_settings {
-            let tracker = &tracker;
-            scope.spawn(move || tracker.run(settings.poll));
-        }
         for _ in 0..jobs.min(n.max(1)) {
             let job_rx = Arc::clone(&job_rx);
             let msg_tx = msg_tx.clone();
-            let (env_cache, cancel, run_id, slurm_run) = (&env_cache, &cancel, run_id.as_str(), slurm_run.as_ref());
+            let (env_cache, cancel, run_id) = (&env_cache, &cancel, run_id.as_str());
             scope.spawn(move || {
                 let index = match ws.index() {
                     Ok(i) => i,
@@ -189,10 +209,7 @@ pub fn run(
                         cancel,
                     };
                     let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
-                    let outcome = match slurm_run {
-                        Some(run) => slurm::resolve(&job, run, &mut observer),
-                        None => node::resolve(&job, &mut observer),
-                    };
+                    let outcome = node::resolve(&job, executor, &mut observer);
                     let _ = msg_tx.send(Msg::Done(pos, outcome));
                 }
             });
@@ -295,7 +312,6 @@ pub fn run(
             }
         }
         drop(job_tx);
-        tracker.stop();
         Ok(())
     })?;
 
@@ -358,3 +374,6 @@ pub fn run(
     index.finish_run(&run_id, status, &summary, &rows, &log)?;
     Ok(RunResult { run_id, stats, outcomes: result })
 }
+
+#[cfg(test)]
+mod tests;

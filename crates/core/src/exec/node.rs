@@ -1,7 +1,8 @@
-//! Resolving one node: compute its key, take the cache hit, or run it and
-//! publish. Needs only the workspace, the compiled node and its upstream
-//! outputs, never the scheduler, so another executor (a Slurm job running
-//! `orchestrate exec-node`) can call it in another process.
+//! Resolving one node: compute its key, decide once whether it is a cache hit
+//! (and if not, why it runs: a typed [`DirtyReason`]), and hand a node that
+//! must run to an [`Executor`] ([`Local`] here, Slurm in [`super::slurm`]).
+//! Needs only the workspace, the compiled node and its upstream outputs, never
+//! the scheduler, so a Slurm job running `orchestrate exec-node` calls it too.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -93,7 +94,7 @@ pub fn hash_inputs(
     Ok(HashInputs {
         op: node.op.name().to_string(),
         op_version: node.op.version(),
-        params: node.params.clone(),
+        params: node.params.value().clone(),
         inputs,
         files,
         env: if node.op.numerical() { env } else { None },
@@ -105,6 +106,8 @@ pub fn hash_inputs(
 /// and the Slurm executor through `Display`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DirtyReason {
+    /// `--force` named it.
+    Forced,
     /// No completed record of this node id, and no failed attempt of this key.
     New,
     /// This exact key failed in an earlier run (nothing changed since).
@@ -113,11 +116,14 @@ pub enum DirtyReason {
     Changed(Vec<crate::dag::key::Change>),
     /// The record is the same, but its outputs are missing or were modified.
     OutputsMissing,
+    /// The key has a cache entry whose outputs no longer check out (what the store found).
+    OutputsInvalid(String),
 }
 
 impl std::fmt::Display for DirtyReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            DirtyReason::Forced => write!(f, "forced"),
             DirtyReason::New => write!(f, "new node"),
             DirtyReason::FailedIn { run_id, error } => {
                 let first = error.lines().next().unwrap_or_default();
@@ -137,6 +143,7 @@ impl std::fmt::Display for DirtyReason {
                 write!(f, "{}", parts.join("; "))
             }
             DirtyReason::OutputsMissing => write!(f, "outputs missing or modified"),
+            DirtyReason::OutputsInvalid(why) => write!(f, "{why}"),
         }
     }
 }
@@ -158,60 +165,120 @@ pub fn why_run(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> 
     Ok(if changes.is_empty() { DirtyReason::OutputsMissing } else { DirtyReason::Changed(changes) })
 }
 
+/// A node's cache decision, made once from the index: by the scheduler before
+/// any executor sees the node, by `plan`, and by a Slurm job for its node.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// A valid cache entry; these are its outputs.
+    Hit(Vec<OutputRecord>),
+    /// The node must run, and why.
+    Run(DirtyReason),
+}
+
+/// Decides whether the node with this record (and key) is a cache hit, and if
+/// not, why it runs.
+pub fn decide(
+    ws: &Workspace,
+    index: &Index,
+    spec_dir: &Path,
+    node_id: &str,
+    record: &HashInputs,
+    key: &str,
+    force: bool,
+) -> Result<Decision, StoreError> {
+    if force {
+        return Ok(Decision::Run(DirtyReason::Forced));
+    }
+    if let Some(cached) = index.lookup(key)? {
+        return Ok(match ws.check_outputs(index, &cached, spec_dir)? {
+            // Checking may have refreshed the row (stat of workspace outputs).
+            None => Decision::Hit(index.lookup(key)?.map(|c| c.outputs).unwrap_or(cached.outputs)),
+            Some(why) => Decision::Run(DirtyReason::OutputsInvalid(why)),
+        });
+    }
+    Ok(Decision::Run(why_run(index, node_id, key, record)?))
+}
+
 /// What the caller hears about while a node resolves.
 pub trait NodeObserver {
     fn started(&mut self, key: &str, reason: &str);
     fn waiting(&mut self, key: &str, reason: &str);
 }
 
-/// Resolves one node: cache hit, or lock, run, publish, commit.
-pub fn resolve(job: &NodeJob<'_>, observer: &mut dyn NodeObserver) -> Outcome {
-    let start = Instant::now();
+/// Resolves one node: the scheduler's decision (cache hit, or why it runs),
+/// then, if it runs, the executor's.
+pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn NodeObserver) -> Outcome {
+    let started = Instant::now();
     let failed =
-        |key: Option<String>, error: String| Outcome::Failed { key, error, seconds: start.elapsed().as_secs_f64() };
+        |key: Option<String>, error: String| Outcome::Failed { key, error, seconds: started.elapsed().as_secs_f64() };
     let record = match job.record() {
         Ok(r) => r,
         Err(e) => return failed(None, e),
     };
     let key = record.key();
-    let mut stale_reason = None;
-    if !job.force {
-        match cached_valid(job, &key) {
-            Ok(Ok(outputs)) => return Outcome::Cached { key, outputs },
-            Ok(Err(reason)) => stale_reason = reason,
-            Err(e) => return failed(Some(key), e.to_string()),
+    match decide(job.ws, job.index, job.spec_dir, job.node.id(), &record, &key, job.force) {
+        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs },
+        Ok(Decision::Run(reason)) => {
+            executor.execute(job, &ToRun { record: &record, key: &key, reason: &reason, started }, observer)
         }
+        Err(e) => failed(Some(key), e.to_string()),
     }
-    let lock = job.ws.lock_node(&key, || {
-        observer.waiting(
-            &key,
-            &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), &key[..12]),
-        )
-    });
-    let _lock = match lock {
-        Ok(l) => l,
-        Err(e) => return failed(Some(key), e.to_string()),
-    };
-    if !job.force {
-        // The process we waited for may have completed it.
-        if let Ok(Ok(outputs)) = cached_valid(job, &key) {
-            return Outcome::Cached { key, outputs };
-        }
+}
+
+/// A node the scheduler decided to run, as an executor receives it.
+pub struct ToRun<'a> {
+    pub record: &'a HashInputs,
+    pub key: &'a str,
+    pub reason: &'a DirtyReason,
+    /// When its resolution began (its key was computed after it).
+    pub started: Instant,
+}
+
+impl ToRun<'_> {
+    /// A failure of this node, timed from the start of its resolution.
+    pub fn failed(&self, error: String) -> Outcome {
+        Outcome::Failed { key: Some(self.key.to_string()), error, seconds: self.started.elapsed().as_secs_f64() }
     }
-    let reason = if job.force {
-        "forced".to_string()
-    } else if let Some(r) = stale_reason {
-        r
-    } else {
-        match why_run(job.index, job.node.id(), &key, &record) {
-            Ok(r) => r.to_string(),
-            Err(e) => return failed(Some(key), e.to_string()),
+}
+
+/// Where a node runs once the scheduler has decided it must: under its key,
+/// publishing through the store, or failing. Executors decide nothing about
+/// the cache; they only re-check it after waiting for someone else (a node
+/// lock, a Slurm job another run submitted).
+pub trait Executor: Sync {
+    fn execute(&self, job: &NodeJob<'_>, run: &ToRun<'_>, observer: &mut dyn NodeObserver) -> Outcome;
+}
+
+/// Runs nodes in this process (their ops may start child processes), one
+/// node lock per key so concurrent `orchestrate` processes never run a key twice.
+pub struct Local;
+
+impl Executor for Local {
+    fn execute(&self, job: &NodeJob<'_>, run: &ToRun<'_>, observer: &mut dyn NodeObserver) -> Outcome {
+        let key = run.key;
+        let lock = job.ws.lock_node(key, || {
+            observer.waiting(
+                key,
+                &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), &key[..12]),
+            )
+        });
+        let _lock = match lock {
+            Ok(l) => l,
+            Err(e) => return run.failed(e.to_string()),
+        };
+        if !job.force {
+            // The process we waited for may have completed it.
+            if let Ok(Ok(outputs)) = cached_valid(job, key) {
+                return Outcome::Cached { key: key.to_string(), outputs };
+            }
         }
-    };
-    observer.started(&key, &reason);
-    match execute(job, &record, &key) {
-        Ok(outputs) => Outcome::Ran { key, outputs, seconds: start.elapsed().as_secs_f64(), job: None },
-        Err(e) => failed(Some(key), e),
+        observer.started(key, &run.reason.to_string());
+        match run_and_publish(job, run.record, key) {
+            Ok(outputs) => {
+                Outcome::Ran { key: key.to_string(), outputs, seconds: run.started.elapsed().as_secs_f64(), job: None }
+            }
+            Err(e) => run.failed(e),
+        }
     }
 }
 
@@ -229,7 +296,8 @@ pub(crate) fn cached_valid(
     }
 }
 
-fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<OutputRecord>, String> {
+/// Runs the node's op into a staging folder, publishes its outputs, and commits its cache row.
+fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<OutputRecord>, String> {
     let started = Instant::now();
     let staging = job.ws.staging().map_err(|e| e.to_string())?;
     let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
@@ -245,7 +313,7 @@ fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<Outp
     let log_path = job.ws.log_path(key);
     let ctx = RunContext {
         node_id: job.node.id(),
-        params: &job.node.params,
+        params: job.node.params.value(),
         spec_dir: job.spec_dir,
         inputs: &inputs,
         staging: staging.path(),
@@ -254,7 +322,7 @@ fn execute(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<Outp
         workspace: job.ws.root(),
         key,
     };
-    job.node.op.run(&ctx).map_err(|e| e.to_string())?;
+    job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
 
     let mut outputs = Vec::with_capacity(job.node.outputs.len());
     for decl in &job.node.outputs {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::node::{hash_inputs, why_run};
+use super::node::{decide, hash_inputs, Decision};
 use super::EnvProvider;
 use crate::dag::key::{diff, Change, HashInputs};
 use crate::dag::Dag;
@@ -159,17 +159,10 @@ fn state_of(
         Err(e) => return Ok(PlanState::Error { error: e }),
     };
     let key = record.key();
-    if forced {
-        return Ok(PlanState::Run { key: Some(key), reason: "forced".into() });
-    }
-    if let Some(cached) = index.lookup(&key)? {
-        return Ok(match ws.check_outputs(index, &cached, &spec.base_dir)? {
-            None => PlanState::Cached { key },
-            Some(why) => PlanState::Run { key: Some(key), reason: why },
-        });
-    }
-    let reason = why_run(index, node.id(), &key, &record)?.to_string();
-    Ok(PlanState::Run { key: Some(key), reason })
+    Ok(match decide(ws, index, &spec.base_dir, node.id(), &record, &key, forced)? {
+        Decision::Hit(_) => PlanState::Cached { key },
+        Decision::Run(reason) => PlanState::Run { key: Some(key), reason: reason.to_string() },
+    })
 }
 
 /// The node's record with inputs left empty: what it depends on besides upstream bytes.

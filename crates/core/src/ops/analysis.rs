@@ -2,11 +2,11 @@
 //! every advantage is exactly zero and the group gives no reward gradient), on
 //! constructed rewards, clearly labelled as such, next to the analytic value.
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
+use super::{InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
 use crate::data::rng::Stream;
 use crate::train::group_advantages;
 use crate::train::metrics::TrainingMetrics;
@@ -48,32 +48,28 @@ impl Op for ConstantGroups {
     fn summary(&self) -> &'static str {
         "frequency of constant (zero-advantage) groups by group size, on constructed rewards"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ConstantGroupsParams>(generator)
+    type Params = ConstantGroupsParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        if let Some(bad) = p.success_rates.iter().find(|r| !(0.0..=1.0).contains(*r)) {
+            return Err(ParamError {
+                path: vec!["success_rates".into()],
+                message: format!("{bad} is not a probability"),
+                unknown_key: false,
+            });
+        }
+        Ok(())
     }
-    fn resolve_params(&self, params: &serde_json::Value) -> Result<serde_json::Value, ParamError> {
-        super::resolve(params, |p: &ConstantGroupsParams| {
-            if let Some(bad) = p.success_rates.iter().find(|r| !(0.0..=1.0).contains(*r)) {
-                return Err(ParamError {
-                    path: vec!["success_rates".into()],
-                    message: format!("{bad} is not a probability"),
-                    unknown_key: false,
-                });
-            }
-            Ok(())
-        })
-    }
-    fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(Vec::new())
     }
-    fn outputs(&self, _params: &serde_json::Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("table.json"), OutputDecl::file("table.md")]
     }
     fn printed_output(&self) -> Option<&'static str> {
         Some("table.md")
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: ConstantGroupsParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let mut rows = Vec::new();
         let mut md = String::from("CONSTRUCTED REWARDS (Bernoulli draws, not model responses): share of groups whose advantages are all exactly zero.\n\n| G | p(success) | analytic p^G + (1-p)^G | constructed | groups |\n|---|---|---|---|---|\n");
         for &g in &p.group_sizes {
@@ -327,44 +323,36 @@ impl Op for Arms {
     fn summary(&self) -> &'static str {
         "GRPO runs grouped into arms: success, reward, step time, bad updates, detection latency, waste"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ArmsParams>(generator)
-    }
-    fn resolve_params(&self, params: &serde_json::Value) -> Result<serde_json::Value, ParamError> {
-        super::resolve(params, |p: &ArmsParams| {
-            if p.arms.is_empty() {
+    type Params = ArmsParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        if p.arms.is_empty() {
+            return Err(ParamError { path: vec!["arms".into()], message: "no arms named".into(), unknown_key: false });
+        }
+        if let Some(b) = &p.baseline {
+            if !p.arms.contains(b) {
                 return Err(ParamError {
-                    path: vec!["arms".into()],
-                    message: "no arms named".into(),
+                    path: vec!["baseline".into()],
+                    message: format!("'{b}' is not one of the arms ({})", p.arms.join(", ")),
                     unknown_key: false,
                 });
             }
-            if let Some(b) = &p.baseline {
-                if !p.arms.contains(b) {
-                    return Err(ParamError {
-                        path: vec!["baseline".into()],
-                        message: format!("'{b}' is not one of the arms ({})", p.arms.join(", ")),
-                        unknown_key: false,
-                    });
-                }
-            }
-            Ok(())
-        })
+        }
+        Ok(())
     }
-    fn inputs(&self, _params: &serde_json::Value) -> Option<Vec<InputDecl>> {
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("training", "train.grpo metrics, one per run"),
             InputDecl::optional("evals", "eval.score results, one per run, in the same order"),
         ])
     }
-    fn outputs(&self, _params: &serde_json::Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("summary.json"), OutputDecl::file("summary.md")]
     }
     fn printed_output(&self) -> Option<&'static str> {
         Some("summary.md")
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: ArmsParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let training = ctx.inputs.get("training").cloned().unwrap_or_default();
         let evals = ctx.inputs.get("evals").cloned().unwrap_or_default();
         if training.len() != p.arms.len() || (!evals.is_empty() && evals.len() != training.len()) {

@@ -4,11 +4,10 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::{parse_params, schema_of, Op, OpError, OutputDecl, ParamError, RunContext, Taint};
+use super::{Op, OpError, OutputDecl, ParamError, RunContext, Taint};
 use crate::data::generate::{generate, Counts, TEMPLATES};
 use crate::data::{Population, Split};
 
@@ -90,25 +89,21 @@ impl Op for StockArithmeticDataset {
     fn summary(&self) -> &'static str {
         "StockArithmetic-v1: 1,000/200/200 problems, pages and labels per split"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<DatasetParams>(generator)
+    type Params = DatasetParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        if p.warmstart > p.train {
+            return Err(ParamError {
+                path: vec!["warmstart".into()],
+                message: format!("warmstart ({}) cannot exceed train ({})", p.warmstart, p.train),
+                unknown_key: false,
+            });
+        }
+        Ok(())
     }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve(params, |p: &DatasetParams| {
-            if p.warmstart > p.train {
-                return Err(ParamError {
-                    path: vec!["warmstart".into()],
-                    message: format!("warmstart ({}) cannot exceed train ({})", p.warmstart, p.train),
-                    unknown_key: false,
-                });
-            }
-            Ok(())
-        })
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         let mut out = Vec::new();
         for split in Split::ALL {
             out.push(OutputDecl {
@@ -123,8 +118,8 @@ impl Op for StockArithmeticDataset {
         out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
         out
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: DatasetParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let counts = p.counts();
         let records = generate(p.seed, &counts).map_err(|e| OpError::Failed(e.to_string()))?;
         for split in Split::ALL {

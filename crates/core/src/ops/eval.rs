@@ -5,14 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::worker::WorkerOp;
-use super::{
-    parse_params, read_jsonl, required, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, Role, RunContext,
-};
+use super::{read_jsonl, required, InputDecl, Op, OpError, OutputDecl, Role, RunContext};
 use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
 use crate::model::DEFAULT_SYSTEM;
 
@@ -192,28 +190,23 @@ impl Op for EvalGenerate {
     fn summary(&self) -> &'static str {
         "greedy and sampled responses of a policy to test problems; no labels (runs in the worker)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<EvalGenerateParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<EvalGenerateParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    type Params = EvalGenerateParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("model", "the policy's model folder"),
             InputDecl::required("pages", "the pages to answer (data:pages.test)"),
         ])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("responses"), OutputDecl::file("summary")]
     }
     fn numerical(&self) -> bool {
         true
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Inference
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         super::worker::run_in_worker(WorkerOp::EvalGenerate, ctx)
     }
 }
@@ -240,34 +233,29 @@ impl Op for EvalScore {
     fn summary(&self) -> &'static str {
         "per-population success, JSON validity, no-EOS and lengths of evaluated responses"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ScoreParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<ScoreParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    type Params = ScoreParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("responses", "eval.generate's responses"),
             InputDecl::required("summary", "eval.generate's summary (costs)"),
             InputDecl::required("labels", "the labels of the same split (data:labels.test)"),
         ])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("results")]
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Scoring
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
         let summary: EvalSummary = super::read_typed(ctx.input_path("summary")?)?;
         let labels: BTreeMap<String, Value> = read_jsonl::<Value>(ctx.input_path("labels")?)?
             .into_iter()
             .filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone())))
             .collect();
-        let p: ScoreParams = parse_params(ctx.params).map_err(failed)?;
-        let results = score(&responses, &labels, &summary, p.policy)?;
+        let p = params;
+        let results = score(&responses, &labels, &summary, p.policy.clone())?;
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
         std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
     }

@@ -7,11 +7,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{parse_params, schema_of, Op, OpError, OutputDecl, ParamError, Role, RunContext};
+use super::{Op, OpError, OutputDecl, Role, RunContext};
 use crate::gate::{evaluate, read_gate_file, table};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -38,37 +38,31 @@ impl Op for GateOp {
     fn summary(&self) -> &'static str {
         "evaluates pre-registered gates (gates/*.yaml) over node outputs"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<GateParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<GateParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<super::InputDecl>> {
+    type Params = GateParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())
     }
-    fn implied_inputs(&self, params: &Value, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
-        let p: GateParams = parse_params(params).map_err(|e| e.to_string())?;
-        let file = read_gate_file(&spec_dir.join(&p.file))?;
+    fn implied_inputs(&self, params: &Self::Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+        let file = read_gate_file(&spec_dir.join(&params.file))?;
         let mut refs: Vec<String> = file.gates.iter().flat_map(|g| g.evidence.values().cloned()).collect();
         refs.sort();
         refs.dedup();
         Ok(refs.into_iter().map(|r| (evidence_input(&r), r)).collect())
     }
-    fn file_deps(&self, params: &Value, _spec_dir: &Path) -> Vec<String> {
-        parse_params::<GateParams>(params).map(|p| vec![p.file]).unwrap_or_default()
+    fn file_deps(&self, params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
+        vec![params.file.clone()]
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("gates.json"), OutputDecl::file("gates.md")]
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Scoring
     }
     fn printed_output(&self) -> Option<&'static str> {
         Some("gates.md")
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: GateParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let file = read_gate_file(&ctx.spec_dir.join(&p.file)).map_err(OpError::Failed)?;
         let mut loaded: BTreeMap<String, (Value, String)> = BTreeMap::new();
         for (name, artifacts) in ctx.inputs {

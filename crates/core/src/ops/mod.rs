@@ -1,7 +1,8 @@
 //! The op registry. An op is the code behind a node: it declares its name and
 //! version (both in the node key), its params type (in the spec's JSON Schema),
 //! the files it depends on, the outputs it writes, and whether its results depend
-//! on the numerical environment. The scheduler knows ops only through [`Op`].
+//! on the numerical environment. The scheduler knows ops only through [`AnyOp`],
+//! the object-safe face of every typed [`Op`].
 
 pub mod analysis;
 mod dataset;
@@ -228,37 +229,37 @@ impl OpError {
     }
 }
 
-/// The code behind a node.
-pub trait Op: Send + Sync {
+/// The code behind a node, with its typed params. The params are parsed once,
+/// when the DAG compiles; the parsed value is what every method sees, what the
+/// node key hashes (encoded back, every default filled in), and what the
+/// worker receives. The scheduler holds ops as [`AnyOp`].
+pub trait Op: Send + Sync + 'static {
+    /// The params as the op reads them. Its JSON Schema goes into the spec schema.
+    type Params: DeserializeOwned + Serialize + JsonSchema + Send + Sync + 'static;
     fn name(&self) -> &'static str;
     /// Bump when the op's results change for the same inputs: it is in every key.
     fn version(&self) -> u32;
     /// One line for `orchestrate ops`.
     fn summary(&self) -> &'static str;
-    /// The JSON Schema of the params, added to the spec schema.
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema;
-    /// Parses the params as written into the op's typed params, checks them
-    /// beyond what the schema says (errors name a path inside params), and
-    /// returns them *resolved*: every default filled in, in the typed struct's
-    /// own encoding. The resolved value is what the node key hashes and what the
-    /// op receives, so writing a default out changes nothing, and changing a
-    /// default in code changes every key that relied on it.
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError>;
+    /// Checks beyond what the params type says (errors name a path inside params).
+    fn check(&self, _params: &Self::Params) -> Result<(), ParamError> {
+        Ok(())
+    }
     /// The inputs this op reads, or `None` if it takes any (like `shell`).
     /// Declared inputs are checked when a spec compiles.
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         None
     }
     /// Inputs implied by the params (a gate file's evidence): (input name,
     /// `NODE:OUTPUT`). Read when the spec compiles; an error is a spec error.
-    fn implied_inputs(&self, _params: &Value, _spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+    fn implied_inputs(&self, _params: &Self::Params, _spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
         Ok(Vec::new())
     }
     /// The outputs this node will write.
-    fn outputs(&self, params: &Value) -> Vec<OutputDecl>;
+    fn outputs(&self, params: &Self::Params) -> Vec<OutputDecl>;
     /// Files (relative to the spec's folder) whose content the result depends on.
     /// A file that another node writes becomes an edge to that node.
-    fn file_deps(&self, _params: &Value, _spec_dir: &Path) -> Vec<String> {
+    fn file_deps(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
         Vec::new()
     }
     /// Whether the key includes the device kind and libtorch version.
@@ -266,14 +267,118 @@ pub trait Op: Send + Sync {
         false
     }
     /// What the node does with data; decides which artifacts it may read.
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Any
     }
     /// An output printed at the end of `orchestrate run` (a results table).
     fn printed_output(&self) -> Option<&'static str> {
         None
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError>;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError>;
+}
+
+/// A node's params, parsed once by its op: the typed value, and its encoding
+/// with every default filled in (what the key hashes and the worker receives).
+#[derive(Clone)]
+pub struct Params {
+    resolved: Value,
+    typed: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl Params {
+    /// The resolved encoding.
+    pub fn value(&self) -> &Value {
+        &self.resolved
+    }
+
+    /// The typed value, if these are params of type `P` (a reader outside the
+    /// op, such as the pack, asking for one op's params).
+    pub fn as_typed<P: 'static>(&self) -> Option<&P> {
+        self.typed.downcast_ref()
+    }
+
+    /// The typed value; only the op that parsed them asks, through [`AnyOp`].
+    fn typed<P: 'static>(&self) -> &P {
+        self.as_typed().expect("a node's params are handed only to the op that parsed them")
+    }
+}
+
+impl std::fmt::Debug for Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.resolved.fmt(f)
+    }
+}
+
+/// The object-safe face of every [`Op`] (implemented for all of them), which
+/// the registry and the DAG hold.
+pub trait AnyOp: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn version(&self) -> u32;
+    fn summary(&self) -> &'static str;
+    /// The JSON Schema of the params, added to the spec schema.
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema;
+    /// Parses the params as written (errors name the path of the first
+    /// problem), runs the op's checks, and resolves them: writing a default
+    /// out changes nothing, and changing a default in code changes every key
+    /// that relied on it.
+    fn parse(&self, params: &Value) -> Result<Params, ParamError>;
+    fn inputs(&self, params: &Params) -> Option<Vec<InputDecl>>;
+    fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String>;
+    fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
+    fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
+    fn numerical(&self) -> bool;
+    fn role(&self, params: &Params) -> Role;
+    fn printed_output(&self) -> Option<&'static str>;
+    fn run(&self, params: &Params, ctx: &RunContext<'_>) -> Result<(), OpError>;
+}
+
+impl<T: Op> AnyOp for T {
+    fn name(&self) -> &'static str {
+        Op::name(self)
+    }
+    fn version(&self) -> u32 {
+        Op::version(self)
+    }
+    fn summary(&self) -> &'static str {
+        Op::summary(self)
+    }
+    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
+        schema_of::<T::Params>(generator)
+    }
+    fn parse(&self, params: &Value) -> Result<Params, ParamError> {
+        let typed: T::Params = parse_params(params)?;
+        self.check(&typed)?;
+        let resolved = serde_json::to_value(&typed).map_err(|e| ParamError {
+            path: Vec::new(),
+            message: format!("the params could not be encoded: {e}"),
+            unknown_key: false,
+        })?;
+        Ok(Params { resolved, typed: Arc::new(typed) })
+    }
+    fn inputs(&self, params: &Params) -> Option<Vec<InputDecl>> {
+        Op::inputs(self, params.typed())
+    }
+    fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+        Op::implied_inputs(self, params.typed(), spec_dir)
+    }
+    fn outputs(&self, params: &Params) -> Vec<OutputDecl> {
+        Op::outputs(self, params.typed())
+    }
+    fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
+        Op::file_deps(self, params.typed(), spec_dir)
+    }
+    fn numerical(&self) -> bool {
+        Op::numerical(self)
+    }
+    fn role(&self, params: &Params) -> Role {
+        Op::role(self, params.typed())
+    }
+    fn printed_output(&self) -> Option<&'static str> {
+        Op::printed_output(self)
+    }
+    fn run(&self, params: &Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        Op::run(self, params.typed(), ctx)
+    }
 }
 
 /// Reads params into an op's typed params, with the path of the first problem.
@@ -310,26 +415,6 @@ pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError
     })
 }
 
-/// `Op::resolve_params` for a typed params struct: parse (with the path of the
-/// first problem), run the op's own checks, and encode the parsed value back.
-pub fn resolve<P: DeserializeOwned + Serialize>(
-    params: &Value,
-    check: impl FnOnce(&P) -> Result<(), ParamError>,
-) -> Result<Value, ParamError> {
-    let parsed: P = parse_params(params)?;
-    check(&parsed)?;
-    serde_json::to_value(&parsed).map_err(|e| ParamError {
-        path: Vec::new(),
-        message: format!("the params could not be encoded: {e}"),
-        unknown_key: false,
-    })
-}
-
-/// No checks beyond the params type's own.
-pub fn no_checks<P>(_: &P) -> Result<(), ParamError> {
-    Ok(())
-}
-
 /// The schema of a params type, registered in the generator's definitions.
 pub fn schema_of<P: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<P>()
@@ -338,7 +423,7 @@ pub fn schema_of<P: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
 /// The ops a spec may name.
 #[derive(Clone)]
 pub struct Registry {
-    ops: BTreeMap<&'static str, Arc<dyn Op>>,
+    ops: BTreeMap<&'static str, Arc<dyn AnyOp>>,
 }
 
 impl Registry {
@@ -363,11 +448,11 @@ impl Registry {
         r
     }
 
-    pub fn register(&mut self, op: Arc<dyn Op>) {
+    pub fn register(&mut self, op: Arc<dyn AnyOp>) {
         self.ops.insert(op.name(), op);
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Op>> {
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn AnyOp>> {
         self.ops.get(name)
     }
 
@@ -375,7 +460,7 @@ impl Registry {
         self.ops.keys().copied()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Op>> {
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn AnyOp>> {
         self.ops.values()
     }
 }

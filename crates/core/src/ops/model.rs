@@ -6,14 +6,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::worker::WorkerOp;
-use super::{
-    parse_params, read_jsonl, schema_of, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext,
-};
+use super::{read_jsonl, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 use crate::model::{build_bpe, chat_prompt, HfFolder, DEFAULT_SYSTEM, IM_END};
 
 fn failed(e: impl std::fmt::Display) -> OpError {
@@ -54,27 +52,22 @@ impl Op for TokenizerBuild {
     fn summary(&self) -> &'static str {
         "byte-level BPE with ChatML tokens, trained on train statements and reference responses"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<TokenizerParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<TokenizerParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    type Params = TokenizerParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("pages", "the train split's pages (data:pages.train)"),
             InputDecl::required("labels", "the train split's labels (data:labels.train), for reference responses"),
         ])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         // The tokenizer is a model artifact, not labels: it carries no taint.
         vec![OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("tokenizer") }]
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: TokenizerParams = parse_params(ctx.params).map_err(failed)?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let pages: Vec<Value> = read_jsonl(ctx.input_path("pages")?)?;
         let labels: Vec<Value> = read_jsonl(ctx.input_path("labels")?)?;
         let mut texts = Vec::with_capacity(pages.len() + labels.len());
@@ -162,32 +155,27 @@ impl Op for ModelInit {
     fn summary(&self) -> &'static str {
         "a tiny Qwen2 from a seed, in Hugging Face layout (runs in the worker)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ModelInitParams>(generator)
+    type Params = ModelInitParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        let bad = |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
+        if p.num_attention_heads % p.num_key_value_heads != 0 {
+            return Err(bad("num_key_value_heads", "must divide num_attention_heads".into()));
+        }
+        if p.hidden_size % p.num_attention_heads != 0 || (p.hidden_size / p.num_attention_heads) % 2 != 0 {
+            return Err(bad("hidden_size", "must be num_attention_heads × an even head size".into()));
+        }
+        Ok(())
     }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve(params, |p: &ModelInitParams| {
-            let bad =
-                |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
-            if p.num_attention_heads % p.num_key_value_heads != 0 {
-                return Err(bad("num_key_value_heads", "must divide num_attention_heads".into()));
-            }
-            if p.hidden_size % p.num_attention_heads != 0 || (p.hidden_size / p.num_attention_heads) % 2 != 0 {
-                return Err(bad("hidden_size", "must be num_attention_heads × an even head size".into()));
-            }
-            Ok(())
-        })
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![InputDecl::required("tokenizer", "a tokenizer.json (tokenizer.build's output)")])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("model") }]
     }
     fn numerical(&self) -> bool {
         true
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         super::worker::run_in_worker(WorkerOp::ModelInit, ctx)
     }
 }
@@ -239,29 +227,24 @@ impl Op for ModelImport {
     fn summary(&self) -> &'static str {
         "a local Hugging Face model folder, hashed and checked (revision, parameter count)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ModelImportParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<ModelImportParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    type Params = ModelImportParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(Vec::new())
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("model") }]
     }
-    fn file_deps(&self, params: &Value, spec_dir: &Path) -> Vec<String> {
+    fn file_deps(&self, params: &Self::Params, spec_dir: &Path) -> Vec<String> {
         // The folder's content is in the key: every file that loading reads.
-        let Ok(p) = parse_params::<ModelImportParams>(params) else { return Vec::new() };
+        let p = params;
         let dir = spec_dir.join(&p.path);
         import_files(&dir)
             .iter()
             .filter_map(|f| f.strip_prefix(&dir).ok().map(|rel| Path::new(&p.path).join(rel).display().to_string()))
             .collect()
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: ModelImportParams = parse_params(ctx.params).map_err(failed)?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let dir = ctx.spec_dir.join(&p.path);
         let folder = HfFolder::open(&dir).map_err(failed)?;
         let config = folder.config().map_err(failed)?;

@@ -2,12 +2,12 @@
 //! Markdown), with the cost rows of the runs that produced them; printed at the
 //! end of `orchestrate run`.
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::eval::{EvalResults, POPULATIONS};
-use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
+use super::{InputDecl, Op, OpError, OutputDecl, RunContext};
 use crate::train::metrics::TrainingMetrics;
 
 /// Params of `results.table`.
@@ -49,26 +49,21 @@ impl Op for ResultsTable {
     fn summary(&self) -> &'static str {
         "a results table of policies × populations, with cost rows (JSON and Markdown)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ResultsParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<ResultsParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    type Params = ResultsParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("evals", "eval.score results, one per policy"),
             InputDecl::optional("training", "training metrics, for the cost rows"),
         ])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("table.json"), OutputDecl::file("table.md")]
     }
     fn printed_output(&self) -> Option<&'static str> {
         Some("table.md")
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: ResultsParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         let evals = ctx.inputs.get("evals").cloned().unwrap_or_default();
         let training = ctx.inputs.get("training").cloned().unwrap_or_default();
         if evals.len() != p.policies.len() || training.len() != p.runs.len() {

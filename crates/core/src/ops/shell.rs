@@ -3,11 +3,10 @@
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use super::{parse_params, schema_of, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use super::{Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 
 /// Params of the `shell` op.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -89,57 +88,49 @@ impl Op for ShellOp {
     fn summary(&self) -> &'static str {
         "run a command with declared deps and outs (like a DVC stage)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ShellParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve(params, |p: &ShellParams| {
-            for (field, list) in [("deps", &p.deps), ("outs", &p.outs)] {
-                for (i, path) in list.iter().enumerate() {
-                    if normalize_rel(path).is_none() {
-                        return Err(ParamError {
+    type Params = ShellParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        for (field, list) in [("deps", &p.deps), ("outs", &p.outs)] {
+            for (i, path) in list.iter().enumerate() {
+                if normalize_rel(path).is_none() {
+                    return Err(ParamError {
                         path: vec![field.to_string(), i.to_string()],
                         message: format!(
                             "'{path}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
                         ),
                         unknown_key: false,
                     });
-                    }
                 }
             }
-            let mut seen = std::collections::BTreeSet::new();
-            for (i, out) in p.outs.iter().enumerate() {
-                if !seen.insert(normalize_rel(out)) {
-                    return Err(ParamError {
-                        path: vec!["outs".into(), i.to_string()],
-                        message: format!("out '{out}' is declared twice"),
-                        unknown_key: false,
-                    });
-                }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, out) in p.outs.iter().enumerate() {
+            if !seen.insert(normalize_rel(out)) {
+                return Err(ParamError {
+                    path: vec!["outs".into(), i.to_string()],
+                    message: format!("out '{out}' is declared twice"),
+                    unknown_key: false,
+                });
             }
-            Ok(())
-        })
+        }
+        Ok(())
     }
-    fn outputs(&self, params: &Value) -> Vec<OutputDecl> {
-        let Ok(p) = parse_params::<ShellParams>(params) else {
-            return Vec::new();
-        };
-        p.outs
+    fn outputs(&self, params: &Self::Params) -> Vec<OutputDecl> {
+        params
+            .outs
             .iter()
             .filter_map(|o| normalize_rel(o))
             .map(|o| OutputDecl { name: o.clone(), kind: OutputKind::File, workspace_path: Some(o), taint: None })
             .collect()
     }
-    fn role(&self, params: &Value) -> Role {
-        parse_params::<ShellParams>(params).map(|p| p.role).unwrap_or_default()
+    fn role(&self, params: &Self::Params) -> Role {
+        params.role
     }
-    fn file_deps(&self, params: &Value, _spec_dir: &std::path::Path) -> Vec<String> {
-        parse_params::<ShellParams>(params)
-            .map(|p| p.deps.iter().filter_map(|d| normalize_rel(d)).collect())
-            .unwrap_or_default()
+    fn file_deps(&self, params: &Self::Params, _spec_dir: &std::path::Path) -> Vec<String> {
+        params.deps.iter().filter_map(|d| normalize_rel(d)).collect()
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p: ShellParams = parse_params(ctx.params).map_err(|e| OpError::Failed(e.to_string()))?;
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let p = params;
         // Stale outs from an earlier run must not pass for fresh ones (DVC does the same).
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
             let path = ctx.spec_dir.join(&out);
@@ -206,7 +197,7 @@ mod tests {
 
     #[test]
     fn unknown_param_names_the_nearest_valid_one() {
-        let err = ShellOp.resolve_params(&serde_json::json!({"cmd": "true", "out": ["x"]})).unwrap_err();
+        let err = crate::ops::AnyOp::parse(&ShellOp, &serde_json::json!({"cmd": "true", "out": ["x"]})).unwrap_err();
         assert_eq!(err.path, vec!["out".to_string()]);
         assert!(err.message.contains("did you mean 'outs'"), "{}", err.message);
     }

@@ -3,12 +3,11 @@
 //! (shared/seeds/003: "Trois politiques différentes", "Du groupe à l'avantage",
 //! "Budget, coûts et reprise").
 
-use schemars::{JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::worker::WorkerOp;
-use super::{parse_params, schema_of, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use super::{InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 
 pub use crate::train::params::*;
 
@@ -45,23 +44,19 @@ impl Op for TrainSft {
     fn summary(&self) -> &'static str {
         "SFT on reference responses (warm-start or SFT branch), resumable (runs in the worker)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<SftParams>(generator)
+    type Params = SftParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
+            return Err(ParamError {
+                path: vec!["interrupt_after_epochs".into()],
+                message: format!("must be below epochs ({}) to interrupt anything", p.epochs),
+                unknown_key: false,
+            });
+        }
+        Ok(())
     }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve(params, |p: &SftParams| {
-            if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
-                return Err(ParamError {
-                    path: vec!["interrupt_after_epochs".into()],
-                    message: format!("must be below epochs ({}) to interrupt anything", p.epochs),
-                    unknown_key: false,
-                });
-            }
-            Ok(())
-        })
-    }
-    fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
-        let mode = parse_params::<SftParams>(params).map(|p| p.mode).unwrap_or_default();
+    fn inputs(&self, params: &Self::Params) -> Option<Vec<InputDecl>> {
+        let mode = params.mode;
         Some(mode_inputs(
             mode,
             vec![
@@ -73,16 +68,16 @@ impl Op for TrainSft {
             ],
         ))
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         train_outputs()
     }
     fn numerical(&self) -> bool {
         true
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         super::worker::run_in_worker(WorkerOp::TrainSft, ctx)
     }
 }
@@ -103,33 +98,29 @@ impl Op for TrainGrpo {
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<GrpoParams>(generator)
+    type Params = GrpoParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
+            return Err(ParamError {
+                path: vec!["interrupt_at".into()],
+                message: format!("must be in 1..{} to interrupt anything", p.iterations),
+                unknown_key: false,
+            });
+        }
+        if p.protocol == GuardProtocol::Strict && p.updates_per_iteration != 1 {
+            return Err(ParamError {
+                path: vec!["protocol".into()],
+                message: format!(
+                    "strict on-policy allows one update per rollout set, but updates_per_iteration is {}",
+                    p.updates_per_iteration
+                ),
+                unknown_key: false,
+            });
+        }
+        known_verifier(&p.verifier)
     }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve(params, |p: &GrpoParams| {
-            if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
-                return Err(ParamError {
-                    path: vec!["interrupt_at".into()],
-                    message: format!("must be in 1..{} to interrupt anything", p.iterations),
-                    unknown_key: false,
-                });
-            }
-            if p.protocol == GuardProtocol::Strict && p.updates_per_iteration != 1 {
-                return Err(ParamError {
-                    path: vec!["protocol".into()],
-                    message: format!(
-                        "strict on-policy allows one update per rollout set, but updates_per_iteration is {}",
-                        p.updates_per_iteration
-                    ),
-                    unknown_key: false,
-                });
-            }
-            known_verifier(&p.verifier)
-        })
-    }
-    fn inputs(&self, params: &Value) -> Option<Vec<InputDecl>> {
-        let mode = parse_params::<GrpoParams>(params).map(|p| p.mode).unwrap_or_default();
+    fn inputs(&self, params: &Self::Params) -> Option<Vec<InputDecl>> {
+        let mode = params.mode;
         Some(mode_inputs(
             mode,
             vec![
@@ -139,16 +130,16 @@ impl Op for TrainGrpo {
             ],
         ))
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         train_outputs()
     }
     fn numerical(&self) -> bool {
         true
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         super::worker::run_in_worker(WorkerOp::TrainGrpo, ctx)
     }
 }
@@ -184,22 +175,17 @@ impl Op for CheckResume {
     fn summary(&self) -> &'static str {
         "fails with the first difference between a continuous and a resumed training state"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<EmptyParams>(generator)
-    }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve::<EmptyParams>(params, super::no_checks)
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    type Params = EmptyParams;
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("continuous", "the continuous run's state"),
             InputDecl::required("resumed", "the resumed run's state"),
         ])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("report")]
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let read = |name: &str| {
             crate::train::state::read_state(ctx.input_path(name)?).map_err(|e| OpError::Failed(e.to_string()))
         };
@@ -277,29 +263,27 @@ impl Op for Replay {
     fn summary(&self) -> &'static str {
         "paired gradient replay: clean vs faulty batch at the same weights (cosine, relative L2, norms, ratios)"
     }
-    fn params_schema(&self, generator: &mut SchemaGenerator) -> Schema {
-        schema_of::<ReplayParams>(generator)
+    type Params = ReplayParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        known_verifier(&p.verifier)
     }
-    fn resolve_params(&self, params: &Value) -> Result<Value, ParamError> {
-        super::resolve(params, |p: &ReplayParams| known_verifier(&p.verifier))
-    }
-    fn inputs(&self, _params: &Value) -> Option<Vec<InputDecl>> {
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("model", "the policy (also the reference)"),
             InputDecl::required("pages", "train pages"),
             InputDecl::required("labels", "train labels (the verifier's problems)"),
         ])
     }
-    fn outputs(&self, _params: &Value) -> Vec<OutputDecl> {
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl { taint: Some(std::collections::BTreeSet::new()), ..OutputDecl::file("replay.json") }]
     }
     fn numerical(&self) -> bool {
         true
     }
-    fn role(&self, _params: &Value) -> Role {
+    fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         super::worker::run_in_worker(WorkerOp::Replay, ctx)
     }
 }

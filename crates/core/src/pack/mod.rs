@@ -9,19 +9,24 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+pub mod manifest;
+use manifest::{Environment, EventsInfo, FreezeRecord, PackedGate, PackedNode, PackedOutput, SpecInfo};
+pub use manifest::{Manifest, SealedEvent, FORMAT};
 
 use crate::dag::key::canonical_json;
 use crate::dag::Dag;
 use crate::exec::plan::{plan, PlanState};
 use crate::exec::EnvProvider;
+use crate::exec::Event;
 use crate::gate::{evaluate, read_gate_file, table, GateResult};
 use crate::ops::OutputKind;
+use crate::report::{Node, ReportError, Source};
 use crate::spec::Spec;
+use crate::store::NodeOutcome;
 use crate::store::Workspace;
-
-pub const FORMAT: &str = "orchestrate-pack/1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
@@ -116,7 +121,7 @@ pub fn freeze(
     env: &EnvProvider,
     out: &Path,
     opts: FreezeOptions,
-) -> Result<Value, PackError> {
+) -> Result<Manifest, PackError> {
     if out.exists() {
         return Err(PackError::Refused(format!(
             "{} already exists: a pack is never appended to or overwritten after release; freeze into a new version folder",
@@ -137,7 +142,7 @@ pub fn freeze(
     fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
     let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pack".into());
     let tmp = parent.join(format!(".{name}.partial-{}", crate::store::objects::unique_suffix()));
-    let result = (|| -> Result<Value, PackError> {
+    let result = (|| -> Result<Manifest, PackError> {
         fs::create_dir_all(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
         let index = ws.index()?;
         let mut nodes = Vec::new();
@@ -165,13 +170,17 @@ pub fn freeze(
                     copy_object(&ws.object_path(&o.object.hash), &tmp.join(&path))?;
                     packed.insert((node.id().to_string(), o.name.clone()), path.clone());
                 }
-                outs.push(
-                    json!({"name": o.name, "blake3": o.object.hash, "size": o.object.size, "kind": o.object.kind,
-                    "path": omitted.is_none().then_some(&path), "omitted": omitted}),
-                );
+                outs.push(PackedOutput {
+                    name: o.name.clone(),
+                    blake3: o.object.hash.clone(),
+                    size: o.object.size,
+                    kind: o.object.kind,
+                    path: omitted.is_none().then(|| path.clone()),
+                    omitted: omitted.map(str::to_string),
+                });
             }
-            if node.op.name() == "gate" {
-                let file = node.params["file"].as_str().unwrap_or_default();
+            if let Some(gate) = node.params.as_typed::<crate::ops::gate::GateParams>() {
+                let file = gate.file.as_str();
                 let gate_path = spec.base_dir.join(file);
                 let file_name =
                     Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
@@ -188,11 +197,23 @@ pub fn freeze(
                         "gate evidence {r} was omitted from the pack; it must be included"
                     )));
                 }
-                gate_nodes.push(json!({"node": node.id(), "definition": pack_gate,
-                    "results": packed.get(&(node.id().to_string(), "gates.json".to_string())), "evidence": evidence}));
+                gate_nodes.push(PackedGate {
+                    node: node.id().to_string(),
+                    definition: pack_gate,
+                    results: packed.get(&(node.id().to_string(), "gates.json".to_string())).cloned(),
+                    evidence,
+                });
             }
-            nodes.push(json!({"id": node.id(), "op": node.op.name(), "op_version": node.op.version(), "key": key,
-                "inputs": node.inputs, "hash_inputs": cached.record, "outputs": outs, "finished_at": cached.finished_at}));
+            nodes.push(PackedNode {
+                id: node.id().to_string(),
+                op: node.op.name().to_string(),
+                op_version: node.op.version(),
+                key,
+                inputs: node.inputs.clone(),
+                hash_inputs: cached.record.clone(),
+                outputs: outs,
+                finished_at: cached.finished_at.clone(),
+            });
         }
         // The event log of the latest run of this spec, sealed into a chain.
         let run = index.recent_runs(usize::MAX >> 1)?.into_iter().find(|r| r.spec == spec.name);
@@ -200,12 +221,12 @@ pub fn freeze(
         let mut prev = String::from("genesis");
         if let Some(run) = &run {
             for (seq, text) in index.run_events(&run.run_id)?.iter().enumerate() {
-                let event: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+                let event: Value = serde_json::from_str(text).map_err(|e| {
+                    PackError::Refused(format!("event {seq} of run {} in the index is not JSON: {e}", run.run_id))
+                })?;
                 let s = seal(&prev, seq, &event);
-                events.push_str(
-                    &serde_json::to_string(&json!({"seq": seq, "prev": prev, "event": event, "seal": s}))
-                        .unwrap_or_default(),
-                );
+                let line = SealedEvent { seq, prev: prev.clone(), event, seal: s.clone() };
+                events.push_str(&serde_json::to_string(&line).expect("events serialize"));
                 events.push('\n');
                 prev = s;
             }
@@ -220,34 +241,46 @@ pub fn freeze(
             .ok()
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-        let manifest = json!({
-            "format": FORMAT,
-            "spec": {"name": spec.name, "path": spec.path, "profile": spec.profile, "resolved": spec.resolved},
-            "nodes": nodes,
-            "gates": gate_nodes,
-            "events": {"run_id": run.as_ref().map(|r| &r.run_id), "file": "events.jsonl", "last_seal": prev},
-            "environment": {
-                "orchestrate_version": env!("CARGO_PKG_VERSION"),
-                "git_commit": git,
-                "libtorch": torch.as_ref().map(|e| &e.libtorch),
-                "device": torch.as_ref().map(|e| &e.device),
-                "cpu_capability": torch.as_ref().and_then(|e| e.cpu.as_ref()),
-                "cpu_vendor": torch.as_ref().and_then(|e| e.cpu_vendor.as_ref()),
-                "cpu_model": torch.as_ref().and(crate::runtime::cpu_model()),
-                "os": format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        let manifest = Manifest {
+            format: FORMAT.to_string(),
+            spec: SpecInfo {
+                name: spec.name.clone(),
+                path: spec.path.clone(),
+                profile: spec.profile.clone(),
+                resolved: spec.resolved.clone(),
             },
-            "frozen_at": crate::store::now_rfc3339(),
-            "options": {"with_models": opts.with_models, "with_states": opts.with_states, "max_output_bytes": opts.max_output_bytes},
-        });
-        fs::write(tmp.join("MANIFEST.json"), serde_json::to_string_pretty(&manifest).unwrap_or_default() + "\n")
-            .map_err(io("writing MANIFEST.json"))?;
+            nodes,
+            gates: gate_nodes,
+            events: EventsInfo {
+                run_id: run.as_ref().map(|r| r.run_id.clone()),
+                file: "events.jsonl".into(),
+                last_seal: prev,
+            },
+            environment: Environment {
+                orchestrate_version: env!("CARGO_PKG_VERSION").to_string(),
+                git_commit: git,
+                libtorch: torch.as_ref().map(|e| e.libtorch.clone()),
+                device: torch.as_ref().map(|e| e.device.clone()),
+                cpu_capability: torch.as_ref().and_then(|e| e.cpu.clone()),
+                cpu_vendor: torch.as_ref().and_then(|e| e.cpu_vendor.clone()),
+                cpu_model: torch.as_ref().and(crate::runtime::cpu_model()),
+                os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+            },
+            frozen_at: crate::store::now_rfc3339(),
+            options: FreezeRecord {
+                with_models: opts.with_models,
+                with_states: opts.with_states,
+                max_output_bytes: opts.max_output_bytes,
+            },
+        };
+        fs::write(
+            tmp.join("MANIFEST.json"),
+            serde_json::to_string_pretty(&manifest).expect("a manifest serializes") + "\n",
+        )
+        .map_err(io("writing MANIFEST.json"))?;
         // The pack's own HTML report, made from the pack's files alone and sealed with them.
-        let mut report = crate::report::from_pack(&tmp).map_err(|e| PackError::Refused(format!("the report: {e}")))?;
-        report.title = format!(
-            "pack {} (frozen {})",
-            manifest["spec"]["name"].as_str().unwrap_or("?"),
-            manifest["frozen_at"].as_str().unwrap_or("?")
-        );
+        let mut report = report_source(&tmp).map_err(|e| PackError::Refused(format!("the report: {e}")))?;
+        report.title = format!("pack {} (frozen {})", manifest.spec.name, manifest.frozen_at);
         fs::write(tmp.join("report.html"), crate::report::render(&report)).map_err(io("writing report.html"))?;
         let mut sums = String::new();
         for f in list_files(&tmp)? {
@@ -309,27 +342,30 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
     if let Ok(text) = fs::read_to_string(dir.join("events.jsonl")) {
         let mut prev = String::from("genesis");
         for (i, line) in text.lines().enumerate() {
-            let Ok(v) = serde_json::from_str::<Value>(line) else {
-                problems.push(format!("event line {} is not JSON", i + 1));
-                break;
+            let v: SealedEvent = match serde_json::from_str(line) {
+                Ok(v) => v,
+                Err(e) => {
+                    problems.push(format!("events.jsonl line {} is not a sealed event: {e}", i + 1));
+                    break;
+                }
             };
-            if v["seq"].as_u64() != Some(i as u64) {
-                problems.push(format!("events reordered or removed: line {} holds event {}", i + 1, v["seq"]));
+            if v.seq != i {
+                problems.push(format!("events reordered or removed: line {} holds event {}", i + 1, v.seq));
                 break;
             }
-            if v["prev"].as_str() != Some(prev.as_str()) {
+            if v.prev != prev {
                 problems.push(format!("event chain broken at event {i}: it does not follow the previous seal"));
                 break;
             }
-            let expected = seal(&prev, i, &v["event"]);
-            if v["seal"].as_str() != Some(expected.as_str()) {
+            let expected = seal(&prev, i, &v.event);
+            if v.seal != expected {
                 problems.push(format!("event {i} was edited: its seal does not match its content"));
                 break;
             }
             prev = expected;
         }
-        if let Ok(manifest) = read_manifest(dir) {
-            if manifest["events"]["last_seal"].as_str() != Some(prev.as_str()) {
+        if let Ok(manifest) = Manifest::read(dir) {
+            if manifest.events.last_seal != prev {
                 problems.push(
                     "the event chain's last seal differs from the manifest's: events were removed or appended".into(),
                 );
@@ -337,40 +373,33 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
         }
     }
     // Packed outputs against the manifest's content hashes.
-    if let Ok(manifest) = read_manifest(dir) {
-        for node in manifest["nodes"].as_array().cloned().unwrap_or_default() {
-            for o in node["outputs"].as_array().cloned().unwrap_or_default() {
-                let Some(path) = o["path"].as_str() else { continue };
+    match Manifest::read(dir) {
+        Ok(manifest) => {
+            for o in manifest.nodes.iter().flat_map(|n| &n.outputs) {
+                let Some(path) = &o.path else { continue };
                 let p = dir.join(path);
                 if !p.is_file() {
                     continue; // reported above (or a folder, checked by its files' sums)
                 }
                 let actual = crate::store::hash_file(&p).map(|(h, _)| h).unwrap_or_default();
-                if Some(actual.as_str()) != o["blake3"].as_str() {
+                if actual != o.blake3 {
                     problems.push(format!("{path} does not match the content hash recorded in the manifest"));
                 }
             }
         }
-    } else {
-        problems.push("MANIFEST.json is missing or not JSON".into());
+        Err(e) => problems.push(format!("the manifest cannot be read: {e}")),
     }
     Ok(problems)
 }
 
-fn read_manifest(dir: &Path) -> Result<Value, PackError> {
-    let text = fs::read_to_string(dir.join("MANIFEST.json")).map_err(io("reading MANIFEST.json"))?;
-    serde_json::from_str(&text).map_err(|e| PackError::Refused(format!("MANIFEST.json: {e}")))
-}
-
 /// Re-evaluates every gate from the pack's own files and definitions.
 pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
-    let manifest = read_manifest(dir)?;
+    let manifest = Manifest::read(dir).map_err(PackError::Refused)?;
     let mut results = Vec::new();
-    for g in manifest["gates"].as_array().cloned().unwrap_or_default() {
-        let definition = dir.join(g["definition"].as_str().unwrap_or_default());
+    for g in &manifest.gates {
+        let definition = dir.join(&g.definition);
         let file = read_gate_file(&definition).map_err(PackError::Refused)?;
-        let evidence_paths: BTreeMap<String, String> =
-            serde_json::from_value(g["evidence"].clone()).unwrap_or_default();
+        let evidence_paths = &g.evidence;
         for gate in &file.gates {
             let mut loaded = BTreeMap::new();
             let mut hashes = BTreeMap::new();
@@ -407,4 +436,48 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
 /// A printable gate table.
 pub fn gate_table(results: &[GateResult]) -> String {
     table(results)
+}
+
+/// What `orchestrate report` shows of a frozen pack: its manifest's nodes,
+/// their outcomes from the sealed events, and their packed outputs.
+pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
+    let manifest = Manifest::read(dir).map_err(ReportError::Invalid)?;
+    let mut outcome: BTreeMap<String, (String, Option<f64>)> = BTreeMap::new();
+    let events_path = dir.join(&manifest.events.file);
+    let events = std::fs::read_to_string(&events_path).unwrap_or_default();
+    for (i, line) in events.lines().enumerate() {
+        let sealed: SealedEvent = serde_json::from_str(line)
+            .map_err(|e| ReportError::Invalid(format!("{} line {}: {e}", events_path.display(), i + 1)))?;
+        let event =
+            sealed.engine_event().map_err(|e| ReportError::Invalid(format!("{}: {e}", events_path.display())))?;
+        let (node, o, seconds) = match event {
+            Event::CacheHit { node, .. } => (node, NodeOutcome::Cached, None),
+            Event::NodeFinished { node, seconds, .. } => (node, NodeOutcome::Ran, Some(seconds)),
+            Event::NodeFailed { node, seconds, .. } => (node, NodeOutcome::Failed, Some(seconds)),
+            Event::NodeSkipped { node, .. } => (node, NodeOutcome::Skipped, None),
+            _ => continue,
+        };
+        outcome.insert(node, (o.to_string(), seconds));
+    }
+    let mut nodes = Vec::new();
+    for n in &manifest.nodes {
+        let mut deps: Vec<String> = n.inputs.values().flatten().map(|r| r.node.clone()).collect();
+        deps.sort();
+        deps.dedup();
+        let outputs = n.outputs.iter().filter_map(|o| Some((o.name.clone(), dir.join(o.path.as_ref()?)))).collect();
+        let (o, seconds) = outcome.get(&n.id).cloned().unwrap_or_else(|| ("frozen".into(), None));
+        nodes.push(Node {
+            id: n.id.clone(),
+            op: n.op.clone(),
+            key: Some(n.key.clone()),
+            outcome: o,
+            seconds,
+            deps,
+            outputs,
+        });
+    }
+    if nodes.is_empty() {
+        return Err(ReportError::Invalid(format!("{}: the manifest lists no nodes", dir.display())));
+    }
+    Ok(Source { title: format!("pack {} — {}", manifest.spec.name, dir.display()), nodes })
 }

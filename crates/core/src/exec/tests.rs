@@ -1,0 +1,199 @@
+//! The scheduler and its cache decisions in-process, with a fake op and an
+//! executor that records what it was handed: no binary, no libtorch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::node::{DirtyReason, Executor, Local, NodeJob, NodeObserver, Outcome, ToRun};
+use super::{run_with, Event, Reporter, RunOptions};
+use crate::dag::{compile, Dag};
+use crate::ops::{Op, OpError, OutputDecl, Registry, RunContext};
+use crate::spec::{LoadOptions, Spec};
+use crate::store::Workspace;
+
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct EchoParams {
+    text: String,
+    #[serde(default)]
+    fail: bool,
+}
+
+/// Writes `text` and then every input's bytes to its output `out`; fails when asked to.
+struct Echo {
+    runs: Arc<AtomicUsize>,
+}
+
+impl Op for Echo {
+    fn name(&self) -> &'static str {
+        "test.echo"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "a fake op"
+    }
+    type Params = EchoParams;
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("out")]
+    }
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        let p = params;
+        if p.fail {
+            return Err(OpError::Failed("asked to fail".into()));
+        }
+        let mut bytes = p.text.clone().into_bytes();
+        for artifacts in ctx.inputs.values() {
+            for a in artifacts {
+                bytes.extend(std::fs::read(&a.path).map_err(|e| OpError::io("reading an input", e))?);
+            }
+        }
+        std::fs::write(ctx.output_path("out"), bytes).map_err(|e| OpError::io("writing out", e))
+    }
+}
+
+/// Local execution, recording each node it was handed and why.
+#[derive(Default)]
+struct Recording {
+    handed: Mutex<Vec<(String, DirtyReason)>>,
+}
+
+impl Executor for Recording {
+    fn execute(&self, job: &NodeJob<'_>, run: &ToRun<'_>, observer: &mut dyn NodeObserver) -> Outcome {
+        self.handed.lock().unwrap().push((job.node.id().to_string(), run.reason.clone()));
+        Local.execute(job, run, observer)
+    }
+}
+
+struct Quiet;
+
+impl Reporter for Quiet {
+    fn on_event(&mut self, _event: &Event) {}
+}
+
+struct World {
+    dir: tempfile::TempDir,
+    ws: Workspace,
+    runs: Arc<AtomicUsize>,
+}
+
+impl World {
+    fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(&dir.path().join(".orchestrate")).unwrap();
+        World { dir, ws, runs: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    fn compile(&self, yaml: &str) -> (Spec, Dag) {
+        let path = self.dir.path().join("spec.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let spec = crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads");
+        let mut registry = Registry::builtin();
+        registry.register(Arc::new(Echo { runs: Arc::clone(&self.runs) }));
+        let dag = compile(&spec, &registry).expect("the spec compiles");
+        (spec, dag)
+    }
+
+    /// Runs the spec through a recording executor: (what it was handed, outcomes by node).
+    fn run(&self, yaml: &str, force: &[&str]) -> (Vec<(String, DirtyReason)>, BTreeMap<String, Outcome>) {
+        let (spec, dag) = self.compile(yaml);
+        let opts = RunOptions {
+            jobs: 2,
+            force: force.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(),
+            env: Box::new(|| Err("no numerical node here".into())),
+            argv: "test".into(),
+            slurm: None,
+        };
+        let executor = Recording::default();
+        let result = run_with(&self.ws, &spec, &dag, &opts, &executor, &mut Quiet).expect("the run completes");
+        let mut handed = executor.handed.into_inner().unwrap();
+        handed.sort_by(|a, b| a.0.cmp(&b.0));
+        (handed, result.outcomes)
+    }
+
+    fn output(&self, outcome: &Outcome) -> String {
+        let outputs = match outcome {
+            Outcome::Ran { outputs, .. } | Outcome::Cached { outputs, .. } => outputs,
+            other => panic!("no outputs: {other:?}"),
+        };
+        std::fs::read_to_string(self.ws.object_path(&outputs[0].object.hash)).unwrap()
+    }
+}
+
+fn chain(b_text: &str, c_fail: bool) -> String {
+    format!(
+        "name: t\nnodes:\n  a:\n    op: test.echo\n    params: {{text: 'A'}}\n  b:\n    op: test.echo\n    inputs: {{x: 'a:out'}}\n    params: {{text: '{b_text}'}}\n  c:\n    op: test.echo\n    inputs: {{x: 'b:out'}}\n    params: {{text: 'C', fail: {c_fail}}}\n  d:\n    op: test.echo\n    inputs: {{x: 'c:out'}}\n    params: {{text: 'D'}}\n"
+    )
+}
+
+fn names(handed: &[(String, DirtyReason)]) -> Vec<&str> {
+    handed.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[test]
+fn the_executor_is_handed_only_what_must_run_with_the_reason_decided_once() {
+    let w = World::new();
+    let (handed, outcomes) = w.run(&chain("B", false), &[]);
+    assert_eq!(names(&handed), ["a", "b", "c", "d"]);
+    assert!(handed.iter().all(|(_, r)| *r == DirtyReason::New), "{handed:?}");
+    assert_eq!(w.output(&outcomes["d"]), "DCBA");
+    assert_eq!(w.runs.load(Ordering::SeqCst), 4);
+
+    // Nothing changed: every node is a cache hit, and the executor sees none.
+    let (handed, outcomes) = w.run(&chain("B", false), &[]);
+    assert!(handed.is_empty(), "{handed:?}");
+    assert!(outcomes.values().all(|o| matches!(o, Outcome::Cached { .. })));
+    assert_eq!(w.runs.load(Ordering::SeqCst), 4);
+
+    // One param changed: that node runs, naming the field; its descendants run
+    // because their input's bytes changed.
+    let (handed, _) = w.run(&chain("b", false), &[]);
+    assert_eq!(names(&handed), ["b", "c", "d"]);
+    match &handed[0].1 {
+        DirtyReason::Changed(changes) => {
+            assert_eq!(changes.len(), 1, "{changes:?}");
+            assert_eq!(changes[0].field, "params.text");
+        }
+        other => panic!("b should run because params.text changed, not {other:?}"),
+    }
+    assert!(matches!(&handed[1].1, DirtyReason::Changed(c) if c.iter().all(|c| c.field.starts_with("inputs."))));
+
+    // Forced: handed over as forced, though cached.
+    let (handed, _) = w.run(&chain("b", false), &["a"]);
+    assert_eq!(handed, [("a".to_string(), DirtyReason::Forced)]);
+}
+
+#[test]
+fn a_failure_skips_the_subtree_and_a_rerun_says_in_which_run_it_failed() {
+    let w = World::new();
+    let (_, outcomes) = w.run(&chain("B", true), &[]);
+    assert!(matches!(&outcomes["c"], Outcome::Failed { error, .. } if error.contains("asked to fail")));
+    assert!(matches!(&outcomes["d"], Outcome::Skipped { because } if because == "'c' failed"));
+    let (handed, _) = w.run(&chain("B", true), &[]);
+    assert_eq!(names(&handed), ["c"]);
+    assert!(
+        matches!(&handed[0].1, DirtyReason::FailedIn { error, .. } if error.contains("asked to fail")),
+        "{handed:?}"
+    );
+}
+
+#[test]
+fn an_output_deleted_from_the_store_makes_its_node_run_again() {
+    let w = World::new();
+    let (_, outcomes) = w.run(&chain("B", false), &[]);
+    let Outcome::Ran { outputs, .. } = &outcomes["a"] else { panic!() };
+    let object = w.ws.object_path(&outputs[0].object.hash);
+    crate::store::objects::remove_any(&object).unwrap();
+    assert!(!Path::new(&object).exists());
+    let (handed, _) = w.run(&chain("B", false), &[]);
+    // a's bytes come back identical, so b, c and d stay cached.
+    assert_eq!(names(&handed), ["a"]);
+    assert!(matches!(&handed[0].1, DirtyReason::OutputsInvalid(_)), "{handed:?}");
+}
