@@ -80,11 +80,24 @@ fn bad_executor_settings_are_rejected_before_submitting() {
 #[test]
 fn exec_node_without_a_ticket_says_what_to_check() {
     let p = Project::new();
-    let out = p.run(&["exec-node", ".orchestrate", "0123abcd"]);
+    let key = "0123abcd".repeat(8);
+    let out = p.run(&["exec-node", ".orchestrate", &key]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("no ticket for key 0123abcd"), "{err}");
+    assert!(err.contains(&format!("no ticket for key {key}")), "{err}");
     assert!(err.contains("shares with the coordinator"), "{err}");
+}
+
+#[test]
+fn exec_node_refuses_what_is_not_a_key_before_touching_the_workspace() {
+    let p = Project::new();
+    for bad in ["0123abcd", "../../../../etc/passwd", &"A".repeat(64)] {
+        let out = p.run(&["exec-node", ".orchestrate", bad]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = stderr(&out);
+        assert!(err.contains(&format!("'{bad}' is not a node key (64 lowercase hex digits)")), "{err}");
+    }
+    assert!(!p.path().join(".orchestrate").exists(), "nothing was created for a refused key");
 }
 
 /// The SQLite header's read/write versions (bytes 18, 19): 2 in WAL mode, 1 with the rollback journal.

@@ -138,10 +138,10 @@ fn a_missing_store_object_is_noticed_and_the_node_reruns() {
 }
 
 trait StateKey {
-    fn state_key(&self) -> Option<String>;
+    fn state_key(&self) -> Option<orchestrate_core::store::Key>;
 }
 impl StateKey for orchestrate_core::exec::plan::PlanEntry {
-    fn state_key(&self) -> Option<String> {
+    fn state_key(&self) -> Option<orchestrate_core::store::Key> {
         match &self.state {
             PlanState::Run { key, .. } => key.clone(),
             PlanState::Cached { key } => Some(key.clone()),

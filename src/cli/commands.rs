@@ -351,8 +351,10 @@ fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
 
 /// One Slurm job: rebuild the submitted node from its ticket and resolve it.
 fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Result<ExitCode> {
+    // Checked before anything else: a key names files in the workspace.
+    let key = orchestrate_core::store::Key::parse(key)?;
     let ws = Workspace::open(workspace)?;
-    let ticket = exec::slurm::read_ticket(ws.root(), key).map_err(anyhow::Error::msg)?;
+    let ticket = exec::slurm::read_ticket(ws.root(), &key).map_err(anyhow::Error::msg)?;
     println!(
         "orchestrate exec-node: node '{}' (key {}) of run {} from {}",
         ticket.node, ticket.key, ticket.run_id, ticket.coordinator
@@ -418,7 +420,9 @@ fn print_plan(entries: &[PlanEntry], json: bool) {
     let width = entries.iter().map(|e| e.node.len()).max().unwrap_or(4);
     let (mut cached, mut run, mut pending) = (0, 0, 0);
     for e in entries {
-        let short = |k: &Option<String>| k.as_deref().map(|k| k[..8].to_string()).unwrap_or_else(|| "--------".into());
+        let short = |k: &Option<orchestrate_core::store::Key>| {
+            k.as_deref().map(|k| k[..8].to_string()).unwrap_or_else(|| "--------".into())
+        };
         match &e.state {
             PlanState::Cached { key } => {
                 cached += 1;

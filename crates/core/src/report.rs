@@ -27,7 +27,7 @@ type Result<T> = std::result::Result<T, ReportError>;
 pub struct Node {
     pub id: String,
     pub op: String,
-    pub key: Option<String>,
+    pub key: Option<crate::store::Key>,
     /// `ran`, `cached`, `failed`, `skipped` or what the source recorded.
     pub outcome: String,
     pub seconds: Option<f64>,

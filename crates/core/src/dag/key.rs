@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use crate::runtime::EnvPart;
+pub use crate::store::Key;
 
 /// Everything a node key is computed from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,12 +49,12 @@ impl HashInputs {
     }
 
     /// The node key: 64 hex digits.
-    pub fn key(&self) -> String {
+    pub fn key(&self) -> Key {
         let record = serde_json::to_value(self).expect("HashInputs serializes to JSON");
         let mut hasher = blake3::Hasher::new();
         hasher.update(DOMAIN.as_bytes());
         hasher.update(canonical_json(&record).as_bytes());
-        hasher.finalize().to_hex().to_string()
+        Key::from_digest(hasher.finalize())
     }
 }
 

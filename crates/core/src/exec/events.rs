@@ -1,5 +1,6 @@
 //! Events: the only thing the scheduler and the reporters share (as in nextest).
 
+use crate::store::Key;
 use serde::{Deserialize, Serialize};
 
 /// Something that happened during a run. Written to the index and to packs as
@@ -16,27 +17,27 @@ pub enum Event {
     /// A node starts executing; `reason` says why it was not cached.
     NodeStarted {
         node: String,
-        key: String,
+        key: Key,
         reason: String,
     },
     CacheHit {
         node: String,
-        key: String,
+        key: Key,
     },
     /// Another process holds this node; this run waits for it.
     Waiting {
         node: String,
-        key: String,
+        key: Key,
         reason: String,
     },
     NodeFinished {
         node: String,
-        key: String,
+        key: Key,
         seconds: f64,
     },
     NodeFailed {
         node: String,
-        key: Option<String>,
+        key: Option<Key>,
         seconds: f64,
         error: String,
     },

@@ -25,7 +25,7 @@ pub use report::Reporter;
 use crate::dag::key::EnvPart;
 use crate::dag::Dag;
 use crate::spec::Spec;
-use crate::store::{now_rfc3339, NodeOutcome, OutputRecord, RunNodeRow, RunRow, StoreError, Workspace};
+use crate::store::{now_rfc3339, Key, NodeOutcome, OutputRecord, RunNodeRow, RunRow, StoreError, Workspace};
 
 pub use crate::runtime::EnvProvider;
 
@@ -61,17 +61,17 @@ struct Observer<'a> {
 }
 
 impl node::NodeObserver for Observer<'_> {
-    fn started(&mut self, key: &str, reason: &str) {
+    fn started(&mut self, key: &Key, reason: &str) {
         let _ = self.tx.send(Msg::Event(Event::NodeStarted {
             node: self.node.clone(),
-            key: key.to_string(),
+            key: key.clone(),
             reason: reason.to_string(),
         }));
     }
-    fn waiting(&mut self, key: &str, reason: &str) {
+    fn waiting(&mut self, key: &Key, reason: &str) {
         let _ = self.tx.send(Msg::Event(Event::Waiting {
             node: self.node.clone(),
-            key: key.to_string(),
+            key: key.clone(),
             reason: reason.to_string(),
         }));
     }

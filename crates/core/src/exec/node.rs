@@ -4,6 +4,7 @@
 //! Needs only the workspace, the compiled node and its upstream outputs, never
 //! the scheduler, so a Slurm job running `orchestrate exec-node` calls it too.
 
+use crate::store::Key;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -18,18 +19,18 @@ use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, Store
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Cached {
-        key: String,
+        key: Key,
         outputs: Vec<OutputRecord>,
     },
     Ran {
-        key: String,
+        key: Key,
         outputs: Vec<OutputRecord>,
         seconds: f64,
         /// Where it ran when not under this process, e.g. `Slurm job 123 on gpu017`.
         job: Option<String>,
     },
     Failed {
-        key: Option<String>,
+        key: Option<Key>,
         error: String,
         seconds: f64,
     },
@@ -201,8 +202,8 @@ pub fn decide(
 
 /// What the caller hears about while a node resolves.
 pub trait NodeObserver {
-    fn started(&mut self, key: &str, reason: &str);
-    fn waiting(&mut self, key: &str, reason: &str);
+    fn started(&mut self, key: &Key, reason: &str);
+    fn waiting(&mut self, key: &Key, reason: &str);
 }
 
 /// Resolves one node: the scheduler's decision (cache hit, or why it runs),
@@ -210,7 +211,7 @@ pub trait NodeObserver {
 pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn NodeObserver) -> Outcome {
     let started = Instant::now();
     let failed =
-        |key: Option<String>, error: String| Outcome::Failed { key, error, seconds: started.elapsed().as_secs_f64() };
+        |key: Option<Key>, error: String| Outcome::Failed { key, error, seconds: started.elapsed().as_secs_f64() };
     let record = match job.record() {
         Ok(r) => r,
         Err(e) => return failed(None, e),
@@ -228,7 +229,7 @@ pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn No
 /// A node the scheduler decided to run, as an executor receives it.
 pub struct ToRun<'a> {
     pub record: &'a HashInputs,
-    pub key: &'a str,
+    pub key: &'a Key,
     pub reason: &'a DirtyReason,
     /// When its resolution began (its key was computed after it).
     pub started: Instant,
@@ -237,7 +238,7 @@ pub struct ToRun<'a> {
 impl ToRun<'_> {
     /// A failure of this node, timed from the start of its resolution.
     pub fn failed(&self, error: String) -> Outcome {
-        Outcome::Failed { key: Some(self.key.to_string()), error, seconds: self.started.elapsed().as_secs_f64() }
+        Outcome::Failed { key: Some(self.key.clone()), error, seconds: self.started.elapsed().as_secs_f64() }
     }
 }
 
@@ -269,13 +270,13 @@ impl Executor for Local {
         if !job.force {
             // The process we waited for may have completed it.
             if let Ok(Ok(outputs)) = cached_valid(job, key) {
-                return Outcome::Cached { key: key.to_string(), outputs };
+                return Outcome::Cached { key: key.clone(), outputs };
             }
         }
         observer.started(key, &run.reason.to_string());
         match run_and_publish(job, run.record, key) {
             Ok(outputs) => {
-                Outcome::Ran { key: key.to_string(), outputs, seconds: run.started.elapsed().as_secs_f64(), job: None }
+                Outcome::Ran { key: key.clone(), outputs, seconds: run.started.elapsed().as_secs_f64(), job: None }
             }
             Err(e) => run.failed(e),
         }
@@ -297,7 +298,7 @@ pub(crate) fn cached_valid(
 }
 
 /// Runs the node's op into a staging folder, publishes its outputs, and commits its cache row.
-fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<Vec<OutputRecord>, String> {
+fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<Vec<OutputRecord>, String> {
     let started = Instant::now();
     let staging = job.ws.staging().map_err(|e| e.to_string())?;
     let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
@@ -357,7 +358,7 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &str) -> Result<
     // the node but unreferenced objects.
     job.index
         .insert_node(&CachedNode {
-            key: key.to_string(),
+            key: key.clone(),
             node_id: job.node.id().to_string(),
             spec: job.spec_name.to_string(),
             record: serde_json::to_value(record).expect("a key record serializes"),

@@ -1,5 +1,6 @@
 //! `plan` and `explain`: what a run would do and why, without changing anything.
 
+use crate::store::Key;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
@@ -16,11 +17,11 @@ use crate::store::{Index, OutputRecord, StoreError, Workspace};
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum PlanState {
     Cached {
-        key: String,
+        key: Key,
     },
     /// Will run; `key` is known when every input is.
     Run {
-        key: Option<String>,
+        key: Option<Key>,
         reason: String,
     },
     /// Runs only if the listed upstream nodes, which will run, produce different bytes.
@@ -183,8 +184,8 @@ fn own_fields(
 pub struct Explanation {
     pub node: String,
     /// The key it would have now, when all its inputs are known.
-    pub key: Option<String>,
-    pub cached_key: Option<String>,
+    pub key: Option<Key>,
+    pub cached_key: Option<Key>,
     pub cached_at: Option<String>,
     pub changes: Vec<Change>,
     /// The current record (the last known outputs stand in for upstream nodes that would re-run).

@@ -151,7 +151,7 @@ pub struct RunContext<'a> {
     /// The workspace root (for registries such as rollout claims).
     pub workspace: &'a Path,
     /// This node's key.
-    pub key: &'a str,
+    pub key: &'a crate::store::Key,
 }
 
 impl RunContext<'_> {

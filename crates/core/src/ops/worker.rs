@@ -2,6 +2,7 @@
 //! declares them (params, inputs, outputs), the worker implements them. The
 //! job travels as JSON on the worker's stdin; outputs land in the staging folder.
 
+use crate::store::Key;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -59,7 +60,7 @@ pub struct WorkerJob {
     pub staging: PathBuf,
     pub workspace: PathBuf,
     /// The node's key (the owner of the rollouts it consumes).
-    pub key: String,
+    pub key: Key,
 }
 
 /// Runs `op` for this node in the worker; its stdout and stderr go to the node's log.
@@ -78,7 +79,7 @@ pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> 
         inputs: ctx.inputs.iter().map(|(k, v)| (k.clone(), v.iter().map(|a| a.path.clone()).collect())).collect(),
         staging: ctx.staging.to_path_buf(),
         workspace: ctx.workspace.to_path_buf(),
-        key: ctx.key.to_string(),
+        key: ctx.key.clone(),
     };
     let log = std::fs::File::create(ctx.log_path)
         .map_err(|e| OpError::io(format!("creating {}", ctx.log_path.display()), e))?;

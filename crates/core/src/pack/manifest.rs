@@ -4,6 +4,7 @@
 //! field, never a default; fields that older packs lack are `Option`s that
 //! say "undefined" explicitly.
 
+use crate::store::Key;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -54,7 +55,7 @@ pub struct PackedNode {
     pub id: String,
     pub op: String,
     pub op_version: u32,
-    pub key: String,
+    pub key: Key,
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
     /// The node's hash-input record (see `dag::key::HashInputs`).
     pub hash_inputs: Value,

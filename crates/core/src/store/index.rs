@@ -1,6 +1,7 @@
 //! The SQLite index (WAL mode): node key → outputs and the record that made the
 //! key, plus runs, their nodes and their events, and a stat cache for hashing.
 
+use super::Key;
 use std::path::Path;
 use std::time::Duration;
 
@@ -44,7 +45,7 @@ pub struct OutputRecord {
 /// A completed node in the cache.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CachedNode {
-    pub key: String,
+    pub key: Key,
     pub node_id: String,
     pub spec: String,
     /// The record the key was computed from, as its writer encoded it: the
@@ -128,7 +129,7 @@ impl rusqlite::types::FromSql for NodeOutcome {
 #[derive(Debug, Clone, Serialize)]
 pub struct RunNodeRow {
     pub node_id: String,
-    pub key: Option<String>,
+    pub key: Option<Key>,
     pub outcome: NodeOutcome,
     pub seconds: Option<f64>,
     pub detail: Option<String>,
@@ -304,7 +305,7 @@ impl Index {
         Ok(CachedNode {
             record: parse(&record, "hash-input record")?,
             outputs: parse(&outputs, "outputs manifest")?,
-            key,
+            key: Key::parse(&key)?,
             node_id,
             spec,
             seconds,

@@ -8,7 +8,7 @@ use super::script::job_script;
 use super::ticket::{host, job_id_path, script_path, slurm_dir, ticket_path, write_file, Ticket, TICKET_VERSION};
 use super::SlurmRun;
 use crate::exec::node::NodeJob;
-use crate::store::{now_rfc3339, OutputRecord};
+use crate::store::{now_rfc3339, Key, OutputRecord};
 
 pub(super) enum Submission {
     Submitted(String),
@@ -23,7 +23,7 @@ pub(super) enum Submission {
 pub(super) fn submit_or_adopt(
     job: &NodeJob<'_>,
     run: &SlurmRun<'_>,
-    key: &str,
+    key: &Key,
     cached: &dyn Fn() -> Option<Vec<OutputRecord>>,
 ) -> Result<Submission, String> {
     let ws = job.ws.root();
@@ -62,7 +62,7 @@ pub(super) fn submit_or_adopt(
         std::path::absolute(&run.spec.path).map_err(|e| format!("resolving {}: {e}", run.spec.path.display()))?;
     let ticket = Ticket {
         version: TICKET_VERSION,
-        key: key.to_string(),
+        key: key.clone(),
         node: job.node.id().to_string(),
         spec: spec_path,
         profile: run.spec.profile.clone(),

@@ -11,22 +11,22 @@ use crate::dag::key::EnvPart;
 use crate::dag::Dag;
 use crate::exec::node::{resolve, Local, NodeJob, NodeObserver, Outcome};
 use crate::spec::Spec;
-use crate::store::{now_rfc3339, NodeOutcome, Workspace};
+use crate::store::{now_rfc3339, Key, NodeOutcome, Workspace};
 
 /// Prints what the node does into the job's log.
 pub(super) struct JobObserver;
 
 impl NodeObserver for JobObserver {
-    fn started(&mut self, key: &str, reason: &str) {
+    fn started(&mut self, key: &Key, reason: &str) {
         println!("running node (key {key}): {reason}");
     }
-    fn waiting(&mut self, key: &str, reason: &str) {
+    fn waiting(&mut self, key: &Key, reason: &str) {
         println!("waiting (key {key}): {reason}");
     }
 }
 
 /// Reads a ticket, with an error that says what to check.
-pub fn read_ticket(ws: &Path, key: &str) -> Result<Ticket, String> {
+pub fn read_ticket(ws: &Path, key: &Key) -> Result<Ticket, String> {
     let path = ticket_path(ws, key);
     let text = fs::read_to_string(&path).map_err(|e| {
         format!(
@@ -43,7 +43,7 @@ pub fn read_ticket(ws: &Path, key: &str) -> Result<Ticket, String> {
             ticket.version
         ));
     }
-    if ticket.key != key {
+    if &ticket.key != key {
         return Err(format!("{}: the ticket is for key {}, not {key}", path.display(), ticket.key));
     }
     Ok(ticket)

@@ -1,6 +1,7 @@
 //! Tickets (what a job needs to rebuild its node), result files (what it
 //! reports back), and where each lives under `<workspace>/slurm/`.
 
+use crate::store::Key;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use crate::store::{write_atomic, NodeOutcome, OutputRecord};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Ticket {
     pub version: u32,
-    pub key: String,
+    pub key: Key,
     pub node: String,
     /// The spec file, absolute.
     pub spec: PathBuf,
@@ -39,7 +40,7 @@ pub struct Ticket {
 /// What `exec-node` reports back (besides the cache row it commits).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobResult {
-    pub key: String,
+    pub key: Key,
     pub node: String,
     pub job_id: String,
     pub host: String,
