@@ -3,50 +3,56 @@
 //! captured behavior log-probs against full re-scoring, then makes the
 //! configured number of updates against those old log-probs, with the exact
 //! prefix KL to a frozen reference. No critic.
+//!
+//! The loop is a sequence of steps, each a function over what the run set up
+//! ([`Setup`]) and where it stands ([`Position`]): [`sample`], [`score`],
+//! [`envelope`] (what the generation side records, faults included),
+//! [`validate`] (the guard, or the logged way around it), [`apply`] (one
+//! optimizer step on what validation handed out) and [`record`] (the
+//! iteration's history and its checkpoint).
 
-use std::collections::BTreeSet;
-
-use orchestrate_core::guard::Decision;
-use orchestrate_core::train::metrics::{
-    Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
-    IterationCosts, IterationGuard, RunCosts, Scheduler, TrainingMetrics,
-};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::error::{bail, err, Result};
-use orchestrate_core::data::verifier::{FinishReason, VerifierRegistry};
-use orchestrate_core::guard::Ledger;
+use orchestrate_core::data::verifier::{FinishReason, Verifier, VerifierRegistry};
+use orchestrate_core::guard::{
+    materialize, Canary, Decision, Envelope, EventKind, EventRef, GuardContext, GuardError, Ledger, ProtocolMode,
+    RewardRef, TokenArtifacts, UpdateBatch,
+};
+use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::ops::{parse_params, GrpoParams, Mode};
+use orchestrate_core::ops::{parse_params, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode};
+use orchestrate_core::store::Workspace;
+use orchestrate_core::train::metrics::{
+    Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
+    IterationCosts, IterationGuard, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
+};
 use serde_json::{json, Value};
+use tch::Tensor;
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
 use super::common::{
     examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, prompt_ids, read,
-    restore_state, write_outputs,
+    restore_state, write_outputs, Example,
 };
-use super::guarded::{active, codes_of, inject, prompt_registry, Recorded, RolloutEngine, VERIFIER_ALIAS};
+use super::guarded::{
+    active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_of, Recorded,
+    RolloutEngine, VERIFIER_ALIAS,
+};
 use super::objective::group_advantages;
 use super::update::{behavior_gap, grpo_update, GrpoHyper};
-use crate::generate::{generate, pick_device, Sampling};
-use orchestrate_core::guard::{
-    materialize, Envelope, EventKind, EventRef, GuardContext, GuardError, ProtocolMode, RewardRef, TokenArtifacts,
-    UpdateBatch,
-};
-use orchestrate_core::ops::{FaultFamily, GuardProtocol, GuardSwitch};
-use std::collections::BTreeMap;
-
-use super::guarded::{canary_drift, reward_of};
-use super::guarded::{load_artifact, publish_artifact};
 use super::wal::{failpoint, Wal};
-use orchestrate_core::guard::Canary;
+use crate::error::{bail, err, Result};
+use crate::generate::{generate, pick_device, Generated, Sampling};
+use crate::qwen2::Qwen2;
 
 /// Where a run stands, restored from a state (a resume input or a WAL
 /// checkpoint): weights and AdamW into `params` and `adam`, the rest returned.
 fn restore_position(
     state: &orchestrate_core::train::state::StateFile,
     what: &str,
-    params: &BTreeMap<String, tch::Tensor>,
+    params: &BTreeMap<String, Tensor>,
     adam: &mut AdamW,
 ) -> Result<GrpoMetrics> {
     let metrics = match TrainingMetrics::from_meta(&state.meta, what).map_err(|e| err!("{e}"))? {
@@ -57,19 +63,528 @@ fn restore_position(
     Ok(metrics)
 }
 
-/// The moving parts of a run at one point, for [`GrpoMetrics`].
-struct Snapshot<'a> {
-    next_iteration: usize,
-    updates: usize,
-    adam_step: i64,
-    cursor: Cursor,
-    consumed: &'a [[u64; 2]],
-    history: &'a [GrpoIteration],
-    detections: &'a [Detection],
-    bad_updates: usize,
-    final_model_digest: String,
-    /// The reference weights' digest at this point (the run's start digest if unchanged).
-    reference_digest_now: String,
+/// What a run reads and never changes once set up: the params, the RL pool
+/// and its prompts, the verifier and the registries the guard checks against,
+/// the run's identity and lineage.
+pub struct Setup {
+    pub p: GrpoParams,
+    pub started: Instant,
+    pub pool: Vec<Example>,
+    pub prompts: Vec<Vec<i64>>,
+    pub tokenizer: TextTokenizer,
+    pub eos: i64,
+    pub verifier: Arc<dyn Verifier>,
+    pub verifiers: VerifierRegistry,
+    pub aliases: BTreeMap<String, String>,
+    pub tokenizer_hash: String,
+    pub prompt_registry: BTreeMap<String, String>,
+    pub identity: GrpoIdentity,
+    pub lineage: String,
+    pub reference_digest: String,
+    pub hyper: GrpoHyper,
+    pub total_updates: usize,
+    /// Rollouts per iteration (prompts × group size).
+    pub per_iteration: u64,
+    /// The canary's fixed prompts, and its baseline right after the first sync.
+    pub canary_prompts: Vec<Vec<i64>>,
+    pub canary_baseline: f64,
+    /// The node key: the owner of the rollouts it claims.
+    pub key: String,
+}
+
+/// Where the run stands: what a checkpoint and the final state record.
+#[derive(Debug, Clone)]
+pub struct Position {
+    pub updates: usize,
+    pub cursor: Cursor,
+    /// This epoch's prompt order.
+    pub order: Vec<usize>,
+    pub history: Vec<GrpoIteration>,
+    pub bad_updates: usize,
+    pub detections: Vec<Detection>,
+    pub consumed: Vec<[u64; 2]>,
+}
+
+/// One iteration's rollouts as sampled.
+pub struct Sampled {
+    pub iteration: usize,
+    /// Indices into the pool, one per prompt.
+    pub chosen: Vec<usize>,
+    /// The first rollout id of the iteration.
+    pub first: u64,
+    /// One prompt per rollout (each prompt repeated group-size times).
+    pub prompts: Vec<Vec<i64>>,
+    pub generated: Vec<Generated>,
+    pub faults: Vec<FaultSpec>,
+    pub canary: Canary,
+    pub generation_seconds: f64,
+}
+
+/// The rollouts' rewards, the behavior check, and the group advantages.
+pub struct Scored {
+    pub rewards: Vec<f64>,
+    pub finishes: FinishCounts,
+    pub behavior_gap: f64,
+    pub verification_seconds: f64,
+    pub advantages: Vec<f64>,
+    pub zero_variance_groups: usize,
+}
+
+/// What the generation side recorded for the trainer: token artifacts by hash
+/// (as the store holds them) and one envelope per rollout, after any fault.
+pub struct RolloutRecord {
+    pub artifacts: BTreeMap<String, TokenArtifacts>,
+    pub envelopes: Vec<Envelope>,
+    /// The reference weights' digest when recorded.
+    pub reference_now: String,
+}
+
+impl Setup {
+    /// Appends a sealed event to the run's lineage.
+    fn log(&self, ledger: &mut Ledger, producer: &str, kind: &str, payload: Value) -> Result<()> {
+        orchestrate_core::guard::events::append(ledger, &self.lineage, producer, kind, &payload)?;
+        Ok(())
+    }
+
+    /// The run's metrics as of a point: what a WAL checkpoint and the final state hold.
+    fn metrics(
+        &self,
+        ledger: &Ledger,
+        pos: &Position,
+        next_iteration: usize,
+        adam_step: i64,
+        final_model_digest: String,
+        reference_digest_now: &str,
+    ) -> Result<GrpoMetrics> {
+        if let Some(problem) = orchestrate_core::guard::events::verify(ledger, &self.lineage)? {
+            bail!("the guard's event log is broken: {problem}");
+        }
+        let events = ledger.events(&self.lineage)?;
+        // Counted from the sealed log itself, so an interrupted + resumed lineage
+        // counts the updates of both processes.
+        let unguarded_updates = events.iter().filter(|e| e.kind == orchestrate_core::guard::UNGUARDED_EVENT).count();
+        let distinct: BTreeSet<u64> = pos.consumed.iter().flat_map(|[a, b]| *a..*b).collect();
+        Ok(GrpoMetrics {
+            identity: self.identity.clone(),
+            lineage: self.lineage.clone(),
+            next_iteration,
+            complete: next_iteration == self.p.iterations,
+            updates: pos.updates,
+            adam_step,
+            scheduler: Scheduler { next_update: pos.updates, total: self.total_updates },
+            cursor: pos.cursor,
+            consumed_rollouts: pos.consumed.clone(),
+            rollouts_consumed: distinct.len(),
+            history: pos.history.clone(),
+            reference_digest: self.reference_digest.clone(),
+            reference_unchanged: reference_digest_now == self.reference_digest,
+            guard: GuardSummary {
+                switch: self.p.guard,
+                faults: self.p.faults.clone(),
+                detections: pos.detections.clone(),
+                bad_updates_applied: pos.bad_updates,
+                unguarded_updates,
+                event_log: EventLogSummary { events: events.len(), intact: true },
+            },
+            final_model_digest,
+            costs: RunCosts {
+                seconds: self.started.elapsed().as_secs_f64(),
+                optimization_seconds: None,
+                peak_rss_bytes: peak_rss_bytes(),
+            },
+        })
+    }
+}
+
+/// Sample: the iteration's prompts (the next ones of this epoch's order),
+/// its rollout ids claimed once in the ledger, the rollout engine synced to
+/// the trainer (unless fault F1 silently skips it), and one group of
+/// responses per prompt at temperature 1.
+#[allow(clippy::too_many_arguments)]
+pub fn sample(
+    s: &Setup,
+    pos: &mut Position,
+    engine: &mut RolloutEngine,
+    policy: &Qwen2,
+    params: &BTreeMap<String, Tensor>,
+    ledger: &mut Ledger,
+    iteration: usize,
+) -> Result<Sampled> {
+    let p = &s.p;
+    if pos.cursor.offset + p.prompts_per_iteration > pos.order.len() {
+        pos.cursor = Cursor { epoch: pos.cursor.epoch + 1, offset: 0 };
+        pos.order = permutation(s.pool.len(), p.seed, "grpo/prompts", pos.cursor.epoch);
+    }
+    let chosen: Vec<usize> = pos.order[pos.cursor.offset..pos.cursor.offset + p.prompts_per_iteration].to_vec();
+    pos.cursor.offset += p.prompts_per_iteration;
+    let first = iteration as u64 * s.per_iteration;
+    let rollout_ids: Vec<u64> = (first..first + s.per_iteration).collect();
+    ledger.claim_rollouts(&s.lineage, &s.key, &rollout_ids)?;
+    if pos.consumed.iter().any(|[a, b]| first < *b && *a < first + s.per_iteration) {
+        bail!("rollouts {first}..{} were already consumed in this run's state", first + s.per_iteration);
+    }
+    pos.consumed.push([first, first + s.per_iteration]);
+
+    let prompts: Vec<Vec<i64>> =
+        chosen.iter().flat_map(|&i| std::iter::repeat_n(s.prompts[i].clone(), p.group_size)).collect();
+    let t = Instant::now();
+    let faults: Vec<FaultSpec> = active(&p.faults, iteration).into_iter().cloned().collect();
+    if faults.iter().any(|f| f.family == FaultFamily::F1) {
+        // F1 is silent: the control plane believes it synced.
+        eprintln!("fault F1 at iteration {iteration}: the sync to the rollout engine is skipped");
+    } else {
+        engine.sync(params, pos.updates as u64);
+    }
+    s.log(ledger, "control", "sync", json!({"iteration": iteration, "trainer_version": pos.updates}))?;
+    let canary = Canary { drift: canary_drift(&engine.model, policy, &s.canary_prompts), baseline: s.canary_baseline };
+    let generated = generate(
+        &engine.model,
+        &prompts,
+        p.max_new_tokens,
+        s.eos,
+        &Sampling::Sample { seed: p.seed, rollout_ids },
+        true,
+    )?;
+    Ok(Sampled {
+        iteration,
+        chosen,
+        first,
+        prompts,
+        generated,
+        faults,
+        canary,
+        generation_seconds: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Score: each response's reward from the verifier; then, before any update,
+/// full re-scoring must agree with the captured behavior log-probs (the run
+/// stops otherwise); then the advantages of each group.
+pub fn score(s: &Setup, engine: &RolloutEngine, sampled: &Sampled) -> Result<Scored> {
+    let p = &s.p;
+    let mut rewards = Vec::with_capacity(sampled.generated.len());
+    let mut finishes = FinishCounts { eos: 0, length: 0 };
+    for (row, g) in sampled.generated.iter().enumerate() {
+        let example = &s.pool[sampled.chosen[row / p.group_size]];
+        rewards.push(reward_of(s.verifier.as_ref(), &s.tokenizer, &example.label["problem"], g)?);
+        if g.finish == FinishReason::Eos {
+            finishes.eos += 1;
+        } else {
+            finishes.length += 1;
+        }
+    }
+    let t = Instant::now();
+    let responses: Vec<Vec<i64>> = sampled.generated.iter().map(|g| g.ids.clone()).collect();
+    let behavior: Vec<Vec<f32>> = sampled.generated.iter().map(|g| g.behavior_logprobs.clone()).collect();
+    let gap = behavior_gap(&engine.model, &sampled.prompts, &responses, &behavior)?;
+    if gap > p.behavior_tolerance {
+        bail!(
+            "iteration {}: behavior log-probs differ from full re-scoring by {gap:e} > {:e}: refusing to update",
+            sampled.iteration,
+            p.behavior_tolerance
+        );
+    }
+    let verification_seconds = t.elapsed().as_secs_f64();
+    let mut advantages = Vec::with_capacity(rewards.len());
+    let mut zero_variance_groups = 0;
+    for group in rewards.chunks(p.group_size) {
+        let a = group_advantages(group);
+        if a.iter().all(|v| *v == 0.0) {
+            zero_variance_groups += 1;
+        }
+        advantages.extend(a);
+    }
+    Ok(Scored { rewards, finishes, behavior_gap: gap, verification_seconds, advantages, zero_variance_groups })
+}
+
+/// Envelope: what the generation side records. Each rollout's token artifact
+/// is published into the content-addressed store (what the materializer reads
+/// is what the store holds) and gets an envelope; generation and rewards go
+/// on the sealed log; the iteration's faults corrupt what their bugs corrupt.
+#[allow(clippy::too_many_arguments)]
+pub fn envelope(
+    s: &Setup,
+    pos: &Position,
+    ws: &Workspace,
+    ledger: &mut Ledger,
+    engine: &RolloutEngine,
+    reference_params: &BTreeMap<String, Tensor>,
+    sampled: &Sampled,
+    scored: &Scored,
+) -> Result<RolloutRecord> {
+    let p = &s.p;
+    let (iteration, first) = (sampled.iteration, sampled.first);
+    let trainer_version = pos.updates as u64;
+    let mut store: BTreeMap<String, TokenArtifacts> = BTreeMap::new();
+    let mut recorded: Vec<Recorded> = Vec::with_capacity(sampled.generated.len());
+    let staging = ws.staging()?;
+    for (row, g) in sampled.generated.iter().enumerate() {
+        let example = &s.pool[sampled.chosen[row / p.group_size]];
+        let artifacts = TokenArtifacts {
+            prompt_ids: sampled.prompts[row].clone(),
+            response_ids: g.ids.clone(),
+            old_logprobs: g.behavior_logprobs.clone(),
+            mask_start: sampled.prompts[row].len(),
+            mask_len: g.ids.len(),
+        };
+        let hash = publish_artifact(ws, &staging, &artifacts)?;
+        store.insert(hash.clone(), load_artifact(ws, &hash)?);
+        let envelope = Envelope {
+            rollout_id: first + row as u64,
+            prompt_id: example.id.clone(),
+            split: orchestrate_core::data::Split::Train,
+            artifacts_hash: hash,
+            tokenizer_hash: s.tokenizer_hash.clone(),
+            behavior_policy_version: engine.version,
+            behavior_policy_digest: engine.digest.clone(),
+            scorer_policy_digest: engine.digest.clone(),
+            off_policy_correction: true,
+            reward: RewardRef { verifier: s.verifier.name().to_string(), protocol_hash: s.verifier.protocol_hash() },
+            events: vec![
+                EventRef { kind: EventKind::Generation, seq: 1, policy_version: trainer_version },
+                EventRef { kind: EventKind::Scoring, seq: 2, policy_version: trainer_version },
+                EventRef { kind: EventKind::Reward, seq: 3, policy_version: trainer_version },
+            ],
+        };
+        recorded.push(Recorded { envelope, artifacts });
+    }
+    s.log(
+        ledger,
+        "rollout_engine",
+        "generation",
+        json!({"iteration": iteration, "rollouts": [first, first + s.per_iteration],
+        "policy_version": engine.version, "policy_digest": engine.digest,
+        "artifacts": recorded.iter().map(|r| r.envelope.artifacts_hash.clone()).collect::<Vec<_>>()}),
+    )?;
+    s.log(
+        ledger,
+        "verifier",
+        "reward",
+        json!({"iteration": iteration, "verifier": s.verifier.name(), "protocol_hash": s.verifier.protocol_hash(), "rewards": scored.rewards}),
+    )?;
+    let reference_now = digest(reference_params);
+    let faults: Vec<&FaultSpec> = sampled.faults.iter().collect();
+    inject(&faults, &mut recorded, &mut store, &s.tokenizer, &reference_now)?;
+    let envelopes: Vec<Envelope> = recorded.iter().map(|r| r.envelope.clone()).collect();
+    s.log(
+        ledger,
+        "materializer",
+        "envelope",
+        json!({"iteration": iteration,
+        "envelopes": envelopes.iter().map(|e| blake3::hash(serde_json::to_string(e).unwrap_or_default().as_bytes()).to_hex().to_string()).collect::<Vec<_>>()}),
+    )?;
+    Ok(RolloutRecord { artifacts: store, envelopes, reference_now })
+}
+
+/// Validate: what the next optimizer step may take. With the guard on, the
+/// envelopes are validated and, only if every one is allowed, the batch is
+/// rebuilt from stored artifacts and its single-use handle spent on it; a
+/// refused batch is a detection, logged, and `None` (no step). With the guard
+/// off, the named way around it, logged first; an artifact the store does not
+/// hold still stops the run.
+#[allow(clippy::too_many_arguments)]
+pub fn validate(
+    s: &Setup,
+    pos: &mut Position,
+    ledger: &mut Ledger,
+    params: &BTreeMap<String, Tensor>,
+    sampled: &Sampled,
+    scored: &Scored,
+    batch: &RolloutRecord,
+    guard_record: &mut IterationGuard,
+) -> Result<Option<UpdateBatch>> {
+    let p = &s.p;
+    let iteration = sampled.iteration;
+    match p.guard {
+        GuardSwitch::On => {
+            let ctx = GuardContext {
+                mode: match p.protocol {
+                    GuardProtocol::Strict => ProtocolMode::StrictOnPolicy,
+                    GuardProtocol::Bounded => {
+                        ProtocolMode::BoundedOffPolicy { max_lag: (p.updates_per_iteration - 1) as u64 }
+                    }
+                },
+                trainer_policy_version: pos.updates as u64,
+                tokenizer_hash: s.tokenizer_hash.clone(),
+                artifacts: &batch.artifacts,
+                trainable_splits: BTreeSet::from([orchestrate_core::data::Split::Train]),
+                prompt_registry: &s.prompt_registry,
+                verifiers: &s.verifiers,
+                verifier_aliases: &s.aliases,
+                canary: Some(sampled.canary),
+            };
+            let binding = json!({"rewards": scored.rewards, "advantages": scored.advantages, "group_size": p.group_size, "reference": batch.reference_now});
+            match materialize(&batch.envelopes, &ctx, &digest(params), &binding, ledger) {
+                Ok((materialized, handle)) => {
+                    s.log(
+                        ledger,
+                        "materializer",
+                        "decision",
+                        json!({"iteration": iteration, "decision": "allow", "batch": handle.batch_hash()}),
+                    )?;
+                    s.log(
+                        ledger,
+                        "control",
+                        "update_prepared",
+                        json!({"iteration": iteration, "update": pos.updates, "nonce": handle.nonce()}),
+                    )?;
+                    // What the optimizer step takes exists only once the handle is spent.
+                    Ok(Some(handle.spend(materialized, ledger)?))
+                }
+                Err(GuardError::Rejected(refused)) => {
+                    let decision = refused.iter().map(|(_, v)| v.decision).max().unwrap_or(Decision::Reject);
+                    *guard_record =
+                        IterationGuard { decision, codes: codes_of(&refused), rollouts: Some(refused.len()) };
+                    pos.detections.push(Detection { iteration, decision, codes: codes_of(&refused) });
+                    eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
+                    s.log(
+                        ledger,
+                        "materializer",
+                        "decision",
+                        json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
+                    )?;
+                    s.log(ledger, "control", "update_aborted", json!({"iteration": iteration, "update": pos.updates}))?;
+                    Ok(None)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        GuardSwitch::Off => {
+            if !sampled.faults.is_empty() {
+                pos.bad_updates += 1;
+            }
+            // Unvalidated, but never a substitute: an envelope whose artifact
+            // the store does not hold stops the run.
+            let rollouts: Vec<TokenArtifacts> = batch
+                .envelopes
+                .iter()
+                .map(|e| {
+                    batch.artifacts.get(&e.artifacts_hash).cloned().ok_or_else(|| {
+                        err!(
+                            "iteration {iteration}: rollout {}: its token artifact {} is not in the store; \
+                             refusing to update on anything else",
+                            e.rollout_id,
+                            e.artifacts_hash
+                        )
+                    })
+                })
+                .collect::<Result<_>>()?;
+            // The named way around the guard: the guard log records it first.
+            Ok(Some(UpdateBatch::unguarded(
+                rollouts,
+                ledger,
+                &s.lineage,
+                &json!({"iteration": iteration, "update": pos.updates, "guard": "off"}),
+            )?))
+        }
+    }
+}
+
+/// Apply: one optimizer step on what [`validate`] handed out, at this
+/// update's learning rate, logged as applied and committed.
+#[allow(clippy::too_many_arguments)]
+pub fn apply(
+    s: &Setup,
+    pos: &mut Position,
+    ledger: &mut Ledger,
+    model: (&Qwen2, &Qwen2),
+    params: &BTreeMap<String, Tensor>,
+    adam: &mut AdamW,
+    update: &UpdateBatch,
+    scored: &Scored,
+    iteration: usize,
+) -> Result<UpdateStats> {
+    let p = &s.p;
+    let (policy, reference) = model;
+    let lr = learning_rate(pos.updates, s.total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
+    let stats =
+        grpo_update(policy, reference, params, adam, update, scored.advantages.clone(), p.group_size, &s.hyper, lr)?;
+    s.log(ledger, "control", "update_applied", json!({"iteration": iteration, "update": pos.updates}))?;
+    pos.updates += 1;
+    s.log(ledger, "control", "update_committed", json!({"iteration": iteration, "update": pos.updates - 1}))?;
+    Ok(stats)
+}
+
+/// What one iteration did, for [`record`].
+pub struct Done {
+    pub sampled: Sampled,
+    pub scored: Scored,
+    pub reference_now: String,
+    pub weights_before: String,
+    pub hashing_before: f64,
+    pub updates: Vec<UpdateStats>,
+    pub guard: IterationGuard,
+    pub optimization_seconds: f64,
+    pub started: Instant,
+}
+
+/// Record: the iteration's history entry and, at a checkpoint boundary of the
+/// whole run, a committed WAL checkpoint; then the progress lines.
+#[allow(clippy::too_many_arguments)]
+pub fn record(
+    s: &Setup,
+    pos: &mut Position,
+    ledger: &mut Ledger,
+    wal: &Wal,
+    params: &BTreeMap<String, Tensor>,
+    adam: &AdamW,
+    done: Done,
+) -> Result<()> {
+    let p = &s.p;
+    let Done { sampled, scored, reference_now, weights_before, hashing_before, updates, guard, .. } = done;
+    let iteration = sampled.iteration;
+    let t = Instant::now();
+    let after = digest(params);
+    let hashing_seconds = hashing_before + t.elapsed().as_secs_f64();
+    let mean_reward = scored.rewards.iter().sum::<f64>() / scored.rewards.len() as f64;
+    let kl_long = updates.last().map_or("- (no update)".to_string(), |u| format!("{:.3e}", u.kl));
+    let kl_short = updates.last().map_or("-".to_string(), |u| format!("{:.2e}", u.kl));
+    pos.history.push(GrpoIteration {
+        iteration,
+        prompts: sampled.chosen.iter().map(|&i| s.pool[i].id.clone()).collect(),
+        rollouts: [sampled.first, sampled.first + s.per_iteration],
+        mean_reward,
+        rewards: scored.rewards,
+        zero_variance_groups: scored.zero_variance_groups,
+        zero_variance_fraction: scored.zero_variance_groups as f64 / p.prompts_per_iteration as f64,
+        finish: scored.finishes,
+        behavior_max_gap: scored.behavior_gap,
+        updates,
+        weights_changed: weights_before != after,
+        guard,
+        canary: sampled.canary,
+        faults: sampled.faults.iter().map(|f| format!("{:?}", f.family)).collect(),
+        costs: IterationCosts {
+            generation_seconds: sampled.generation_seconds,
+            behavior_verification_seconds: scored.verification_seconds,
+            optimization_with_reference_seconds: done.optimization_seconds,
+            state_hashing_seconds: hashing_seconds,
+            loop_seconds: done.started.elapsed().as_secs_f64(),
+        },
+    });
+    // A boundary of the whole run is a committed checkpoint, whether or not this
+    // process stops there: an interrupt at a boundary commits it exactly as the
+    // continuous run does, so both lineages log the same events. Only the run's
+    // last iteration has none (the final state is the node's output).
+    if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < p.iterations {
+        // The digests this iteration already took (weights after its updates, reference).
+        let meta = s.metrics(ledger, pos, iteration + 1, adam.step, after, &reference_now)?;
+        wal.checkpoint(params, adam, &serde_json::to_value(TrainingMetrics::Grpo(meta))?, iteration)?;
+        s.log(ledger, "control", "update_committed", json!({"iteration": iteration, "checkpoint": iteration + 1}))?;
+    }
+    // No update ran (the guard refused the batch): there is no KL to report.
+    eprintln!(
+        "grpo iteration {iteration}: mean reward {mean_reward:.3}, zero-variance groups {}/{}, kl {kl_long}",
+        scored.zero_variance_groups, p.prompts_per_iteration,
+    );
+    // The live progress line `orchestrate run` shows for this node.
+    eprintln!(
+        "{}iteration {}/{}  mean reward {mean_reward:.3}  KL {kl_short}",
+        orchestrate_core::exec::report::PROGRESS_PREFIX,
+        iteration + 1,
+        p.iterations,
+    );
+    Ok(())
 }
 
 pub fn run(job: &WorkerJob) -> Result<()> {
@@ -97,20 +612,27 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let reference_params = super::common::params(&reference);
     let reference_digest = digest(&reference_params);
     let mut adam = AdamW::new(AdamWConfig::new(p.weight_decay), &params);
-    let total_updates = p.iterations * p.updates_per_iteration;
-    let hyper = GrpoHyper { clip_eps: p.clip_eps, beta: p.beta, kl_block: p.kl_block, max_grad_norm: p.max_grad_norm };
     let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
     let identity_text = serde_json::to_string(&identity)?;
     // Rollouts belong to a lineage: an interrupted run and its resume share one;
     // a continuous run replays the same ids in a lineage of its own.
     let lineage_of = |mode: &str| blake3::hash(format!("{identity_text}|{mode}").as_bytes()).to_hex().to_string();
 
-    let (mut next_iteration, mut updates) = (0usize, 0usize);
-    let mut cursor = Cursor { epoch: 0, offset: 0 };
-    let mut history: Vec<GrpoIteration> = Vec::new();
-    let mut bad_updates = 0usize;
-    let mut detections: Vec<Detection> = Vec::new();
-    let mut consumed: Vec<[u64; 2]> = Vec::new();
+    let mut next_iteration = 0usize;
+    let mut pos = Position {
+        updates: 0,
+        cursor: Cursor { epoch: 0, offset: 0 },
+        order: Vec::new(),
+        history: Vec::new(),
+        bad_updates: 0,
+        detections: Vec::new(),
+        consumed: Vec::new(),
+    };
+    let restored = |m: GrpoMetrics, pos: &mut Position| {
+        (pos.updates, pos.cursor, pos.history, pos.consumed) = (m.updates, m.cursor, m.history, m.consumed_rollouts);
+        (pos.bad_updates, pos.detections) = (m.guard.bad_updates_applied, m.guard.detections);
+        m.next_iteration
+    };
     let lineage = match p.mode {
         Mode::Continuous => lineage_of("continuous"),
         Mode::Interrupt => lineage_of("interrupted"),
@@ -120,14 +642,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             if m.identity != identity {
                 bail!("the resume state belongs to another GRPO run (identity differs): refusing to resume");
             }
-            (next_iteration, updates, cursor, history, consumed) =
-                (m.next_iteration, m.updates, m.cursor, m.history, m.consumed_rollouts);
-            (bad_updates, detections) = (m.guard.bad_updates_applied, m.guard.detections);
-            m.lineage
+            let lineage = m.lineage.clone();
+            next_iteration = restored(m, &mut pos);
+            lineage
         }
     };
     let mut ledger = Ledger::open_at(&job.workspace.join(orchestrate_core::guard::ledger::FILE))?;
-    let ws = orchestrate_core::store::Workspace::open(&job.workspace)?;
+    let ws = Workspace::open(&job.workspace)?;
     // The update WAL's checkpoints live beside the workspace, by node key: a
     // re-run of a crashed node recovers from its last committed checkpoint.
     let wal = Wal::new(&job.workspace, &job.key);
@@ -137,410 +658,228 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             if m.identity != identity {
                 bail!("the committed checkpoint belongs to another run (identity differs)");
             }
-            (next_iteration, updates, cursor, history, consumed) =
-                (m.next_iteration, m.updates, m.cursor, m.history, m.consumed_rollouts);
-            (bad_updates, detections) = (m.guard.bad_updates_applied, m.guard.detections);
+            next_iteration = restored(m, &mut pos);
             eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");
         }
     }
     // The rollout engine: its own weights, synced explicitly (what makes F1 observable).
     let (engine_model, _) = load_model(model_dir, device)?;
     let mut engine = RolloutEngine::new(engine_model);
-    engine.sync(&params, updates as u64);
-    let tokenizer_hash = blake3::hash(&std::fs::read(model_dir.join("tokenizer.json"))?).to_hex().to_string();
-    let registry = prompt_registry(&pool.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), &prompts);
-    let verifiers = VerifierRegistry::builtin();
-    let aliases: BTreeMap<String, String> = [(VERIFIER_ALIAS.to_string(), p.verifier.clone())].into();
+    engine.sync(&params, pos.updates as u64);
     if p.guard == GuardSwitch::Off {
         eprintln!(
             "WARNING: guard: off. Batches update parameters without validation; bad updates are counted, not blocked."
         );
     }
-    // The canary's fixed prompts, and its baseline right after the first sync.
     let canary_prompts: Vec<Vec<i64>> = prompts.iter().take(2).cloned().collect();
     let canary_baseline = canary_drift(&engine.model, &policy, &canary_prompts);
-    let log = |ledger: &mut Ledger, producer: &str, kind: &str, payload: Value| -> Result<()> {
-        orchestrate_core::guard::events::append(ledger, &lineage, producer, kind, &payload)?;
-        Ok(())
+    pos.order = permutation(pool.len(), p.seed, "grpo/prompts", pos.cursor.epoch);
+    let s = Setup {
+        started,
+        tokenizer_hash: blake3::hash(&std::fs::read(model_dir.join("tokenizer.json"))?).to_hex().to_string(),
+        prompt_registry: prompt_registry(&pool.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), &prompts),
+        verifiers: VerifierRegistry::builtin(),
+        aliases: [(VERIFIER_ALIAS.to_string(), p.verifier.clone())].into(),
+        identity,
+        lineage,
+        reference_digest,
+        hyper: GrpoHyper { clip_eps: p.clip_eps, beta: p.beta, kl_block: p.kl_block, max_grad_norm: p.max_grad_norm },
+        total_updates: p.iterations * p.updates_per_iteration,
+        per_iteration: (p.prompts_per_iteration * p.group_size) as u64,
+        canary_prompts,
+        canary_baseline,
+        key: job.key.to_string(),
+        pool,
+        prompts,
+        tokenizer,
+        eos,
+        verifier,
+        p,
     };
-    let stop = if p.mode == Mode::Interrupt { p.interrupt_at } else { p.iterations };
-    // The run as of a point: what a WAL checkpoint and the final state hold.
-    let snapshot = |ledger: &Ledger, at: Snapshot<'_>| -> Result<GrpoMetrics> {
-        if let Some(problem) = orchestrate_core::guard::events::verify(ledger, &lineage)? {
-            bail!("the guard's event log is broken: {problem}");
-        }
-        let events = ledger.events(&lineage)?;
-        // Counted from the sealed log itself, so an interrupted + resumed lineage
-        // counts the updates of both processes.
-        let unguarded_updates = events.iter().filter(|e| e.kind == orchestrate_core::guard::UNGUARDED_EVENT).count();
-        let distinct: BTreeSet<u64> = at.consumed.iter().flat_map(|[a, b]| *a..*b).collect();
-        Ok(GrpoMetrics {
-            identity: identity.clone(),
-            lineage: lineage.clone(),
-            next_iteration: at.next_iteration,
-            complete: at.next_iteration == p.iterations,
-            updates: at.updates,
-            adam_step: at.adam_step,
-            scheduler: Scheduler { next_update: at.updates, total: total_updates },
-            cursor: at.cursor,
-            consumed_rollouts: at.consumed.to_vec(),
-            rollouts_consumed: distinct.len(),
-            history: at.history.to_vec(),
-            reference_digest: reference_digest.clone(),
-            reference_unchanged: at.reference_digest_now == reference_digest,
-            guard: GuardSummary {
-                switch: p.guard,
-                faults: p.faults.clone(),
-                detections: at.detections.to_vec(),
-                bad_updates_applied: at.bad_updates,
-                unguarded_updates,
-                event_log: EventLogSummary { events: events.len(), intact: true },
-            },
-            final_model_digest: at.final_model_digest,
-            costs: RunCosts {
-                seconds: started.elapsed().as_secs_f64(),
-                optimization_seconds: None,
-                peak_rss_bytes: peak_rss_bytes(),
-            },
-        })
-    };
-    // (A macro, not a closure: the loop keeps mutating what it reads.)
-    macro_rules! snapshot_at {
-        ($next_iteration:expr, $model_digest:expr, $reference_digest_now:expr) => {{
-            let at = Snapshot {
-                next_iteration: $next_iteration,
-                updates,
-                adam_step: adam.step,
-                cursor,
-                consumed: &consumed,
-                history: &history,
-                detections: &detections,
-                bad_updates,
-                final_model_digest: $model_digest,
-                reference_digest_now: $reference_digest_now,
-            };
-            serde_json::to_value(TrainingMetrics::Grpo(snapshot(&ledger, at)?))?
-        }};
-    }
-    let per_iteration = (p.prompts_per_iteration * p.group_size) as u64;
-    let mut order = permutation(pool.len(), p.seed, "grpo/prompts", cursor.epoch);
+    let stop = if s.p.mode == Mode::Interrupt { s.p.interrupt_at } else { s.p.iterations };
 
     for iteration in next_iteration..stop {
         let t_loop = Instant::now();
-        // Prompts: the next ones of this epoch's order (a new order when too few remain).
-        if cursor.offset + p.prompts_per_iteration > order.len() {
-            cursor = Cursor { epoch: cursor.epoch + 1, offset: 0 };
-            order = permutation(pool.len(), p.seed, "grpo/prompts", cursor.epoch);
-        }
-        let chosen: Vec<usize> = order[cursor.offset..cursor.offset + p.prompts_per_iteration].to_vec();
-        cursor.offset += p.prompts_per_iteration;
-        let first = iteration as u64 * per_iteration;
-        let rollout_ids: Vec<u64> = (first..first + per_iteration).collect();
-        ledger.claim_rollouts(&lineage, &job.key, &rollout_ids)?;
-        if consumed.iter().any(|[a, b]| first < *b && *a < first + per_iteration) {
-            bail!("rollouts {first}..{} were already consumed in this run's state", first + per_iteration);
-        }
-        consumed.push([first, first + per_iteration]);
-
-        let batch_prompts: Vec<Vec<i64>> =
-            chosen.iter().flat_map(|&i| std::iter::repeat_n(prompts[i].clone(), p.group_size)).collect();
+        let sampled = sample(&s, &mut pos, &mut engine, &policy, &params, &mut ledger, iteration)?;
+        let scored = score(&s, &engine, &sampled)?;
+        let batch = envelope(&s, &pos, &ws, &mut ledger, &engine, &reference_params, &sampled, &scored)?;
         let t = Instant::now();
-        let faults = active(&p.faults, iteration);
-        let skipped = faults.iter().any(|f| f.family == FaultFamily::F1);
-        if skipped {
-            // F1 is silent: the control plane believes it synced.
-            eprintln!("fault F1 at iteration {iteration}: the sync to the rollout engine is skipped");
-        } else {
-            engine.sync(&params, updates as u64);
-        }
-        log(&mut ledger, "control", "sync", json!({"iteration": iteration, "trainer_version": updates}))?;
-        let canary = Canary { drift: canary_drift(&engine.model, &policy, &canary_prompts), baseline: canary_baseline };
-        let generated = generate(
-            &engine.model,
-            &batch_prompts,
-            p.max_new_tokens,
-            eos,
-            &Sampling::Sample { seed: p.seed, rollout_ids },
-            true,
-        )?;
-        let generation_seconds = t.elapsed().as_secs_f64();
-
-        let mut rewards = Vec::with_capacity(generated.len());
-        let mut finishes = (0usize, 0usize);
-        for (row, g) in generated.iter().enumerate() {
-            let example = &pool[chosen[row / p.group_size]];
-            rewards.push(reward_of(verifier.as_ref(), &tokenizer, &example.label["problem"], g)?);
-            if g.finish == FinishReason::Eos {
-                finishes.0 += 1;
-            } else {
-                finishes.1 += 1;
-            }
-        }
-
-        // Before any update: full re-scoring must agree with the captured behavior log-probs.
-        let t = Instant::now();
-        let responses: Vec<Vec<i64>> = generated.iter().map(|g| g.ids.clone()).collect();
-        let behavior: Vec<Vec<f32>> = generated.iter().map(|g| g.behavior_logprobs.clone()).collect();
-        let behavior_gap = behavior_gap(&engine.model, &batch_prompts, &responses, &behavior)?;
-        if behavior_gap > p.behavior_tolerance {
-            bail!(
-                "iteration {iteration}: behavior log-probs differ from full re-scoring by {behavior_gap:e} > {:e}: refusing to update",
-                p.behavior_tolerance
-            );
-        }
-        let verification_seconds = t.elapsed().as_secs_f64();
-
-        let mut advantages = Vec::with_capacity(rewards.len());
-        let mut zero_variance = 0;
-        for group in rewards.chunks(p.group_size) {
-            let a = group_advantages(group);
-            if a.iter().all(|v| *v == 0.0) {
-                zero_variance += 1;
-            }
-            advantages.extend(a);
-        }
-        // What the generation side records: token artifacts by hash, and an envelope per rollout.
-        let trainer_version = updates as u64;
-        let mut store: BTreeMap<String, TokenArtifacts> = BTreeMap::new();
-        let mut recorded: Vec<Recorded> = Vec::with_capacity(generated.len());
-        let staging = ws.staging()?;
-        for (row, g) in generated.iter().enumerate() {
-            let example = &pool[chosen[row / p.group_size]];
-            let artifacts = TokenArtifacts {
-                prompt_ids: batch_prompts[row].clone(),
-                response_ids: g.ids.clone(),
-                old_logprobs: g.behavior_logprobs.clone(),
-                mask_start: batch_prompts[row].len(),
-                mask_len: g.ids.len(),
-            };
-            // The generation side publishes the artifact into the content-addressed
-            // store; what the materializer reads is what the store holds.
-            let hash = publish_artifact(&ws, &staging, &artifacts)?;
-            store.insert(hash.clone(), load_artifact(&ws, &hash)?);
-            let envelope = Envelope {
-                rollout_id: first + row as u64,
-                prompt_id: example.id.clone(),
-                split: orchestrate_core::data::Split::Train,
-                artifacts_hash: hash,
-                tokenizer_hash: tokenizer_hash.clone(),
-                behavior_policy_version: engine.version,
-                behavior_policy_digest: engine.digest.clone(),
-                scorer_policy_digest: engine.digest.clone(),
-                off_policy_correction: true,
-                reward: RewardRef { verifier: verifier.name().to_string(), protocol_hash: verifier.protocol_hash() },
-                events: vec![
-                    EventRef { kind: EventKind::Generation, seq: 1, policy_version: trainer_version },
-                    EventRef { kind: EventKind::Scoring, seq: 2, policy_version: trainer_version },
-                    EventRef { kind: EventKind::Reward, seq: 3, policy_version: trainer_version },
-                ],
-            };
-            recorded.push(Recorded { envelope, artifacts });
-        }
-        log(
-            &mut ledger,
-            "rollout_engine",
-            "generation",
-            json!({"iteration": iteration, "rollouts": [first, first + per_iteration],
-            "policy_version": engine.version, "policy_digest": engine.digest,
-            "artifacts": recorded.iter().map(|r| r.envelope.artifacts_hash.clone()).collect::<Vec<_>>()}),
-        )?;
-        log(
-            &mut ledger,
-            "verifier",
-            "reward",
-            json!({"iteration": iteration, "verifier": verifier.name(), "protocol_hash": verifier.protocol_hash(), "rewards": rewards}),
-        )?;
-        let reference_now = digest(&reference_params);
-        inject(&faults, &mut recorded, &mut store, &tokenizer, &reference_now)?;
-        let envelopes: Vec<Envelope> = recorded.iter().map(|r| r.envelope.clone()).collect();
-        log(
-            &mut ledger,
-            "materializer",
-            "envelope",
-            json!({"iteration": iteration,
-            "envelopes": envelopes.iter().map(|e| blake3::hash(serde_json::to_string(e).unwrap_or_default().as_bytes()).to_hex().to_string()).collect::<Vec<_>>()}),
-        )?;
-        let t = Instant::now();
-        let before = digest(&params);
+        let weights_before = digest(&params);
         let hashing_before = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let mut update_stats = Vec::new();
-        let mut guard_record = IterationGuard { decision: Decision::Allow, codes: Vec::new(), rollouts: None };
+        let mut updates = Vec::new();
+        let mut guard = IterationGuard { decision: Decision::Allow, codes: Vec::new(), rollouts: None };
         failpoint("prepared", iteration);
-        for _ in 0..p.updates_per_iteration {
-            let lr = learning_rate(updates, total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
-            let update: UpdateBatch = match p.guard {
-                GuardSwitch::On => {
-                    let ctx = GuardContext {
-                        mode: match p.protocol {
-                            GuardProtocol::Strict => ProtocolMode::StrictOnPolicy,
-                            GuardProtocol::Bounded => {
-                                ProtocolMode::BoundedOffPolicy { max_lag: (p.updates_per_iteration - 1) as u64 }
-                            }
-                        },
-                        trainer_policy_version: updates as u64,
-                        tokenizer_hash: tokenizer_hash.clone(),
-                        artifacts: &store,
-                        trainable_splits: BTreeSet::from([orchestrate_core::data::Split::Train]),
-                        prompt_registry: &registry,
-                        verifiers: &verifiers,
-                        verifier_aliases: &aliases,
-                        canary: Some(canary),
-                    };
-                    let binding = json!({"rewards": rewards, "advantages": advantages, "group_size": p.group_size, "reference": reference_now});
-                    match materialize(&envelopes, &ctx, &digest(&params), &binding, &mut ledger) {
-                        Ok((batch, handle)) => {
-                            log(
-                                &mut ledger,
-                                "materializer",
-                                "decision",
-                                json!({"iteration": iteration, "decision": "allow", "batch": handle.batch_hash()}),
-                            )?;
-                            log(
-                                &mut ledger,
-                                "control",
-                                "update_prepared",
-                                json!({"iteration": iteration, "update": updates, "nonce": handle.nonce()}),
-                            )?;
-                            // What the optimizer step takes exists only once the handle is spent.
-                            handle.spend(batch, &mut ledger)?
-                        }
-                        Err(GuardError::Rejected(refused)) => {
-                            let decision = refused
-                                .iter()
-                                .map(|(_, v)| v.decision)
-                                .max()
-                                .unwrap_or(orchestrate_core::guard::Decision::Reject);
-                            guard_record =
-                                IterationGuard { decision, codes: codes_of(&refused), rollouts: Some(refused.len()) };
-                            detections.push(Detection { iteration, decision, codes: codes_of(&refused) });
-                            eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
-                            log(
-                                &mut ledger,
-                                "materializer",
-                                "decision",
-                                json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
-                            )?;
-                            log(
-                                &mut ledger,
-                                "control",
-                                "update_aborted",
-                                json!({"iteration": iteration, "update": updates}),
-                            )?;
-                            break;
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                GuardSwitch::Off => {
-                    if !faults.is_empty() {
-                        bad_updates += 1;
-                    }
-                    // Unvalidated, but never a substitute: an envelope whose artifact
-                    // the store does not hold stops the run.
-                    let rollouts: Vec<TokenArtifacts> = envelopes
-                        .iter()
-                        .map(|e| {
-                            store.get(&e.artifacts_hash).cloned().ok_or_else(|| {
-                                err!(
-                                    "iteration {iteration}: rollout {}: its token artifact {} is not in the store; \
-                                     refusing to update on anything else",
-                                    e.rollout_id,
-                                    e.artifacts_hash
-                                )
-                            })
-                        })
-                        .collect::<Result<_>>()?;
-                    // The named way around the guard: the guard log records it first.
-                    UpdateBatch::unguarded(
-                        rollouts,
-                        &mut ledger,
-                        &lineage,
-                        &json!({"iteration": iteration, "update": updates, "guard": "off"}),
-                    )?
-                }
+        for _ in 0..s.p.updates_per_iteration {
+            let Some(update) = validate(&s, &mut pos, &mut ledger, &params, &sampled, &scored, &batch, &mut guard)?
+            else {
+                break;
             };
-            update_stats.push(grpo_update(
-                &policy,
-                &reference,
-                &params,
-                &mut adam,
-                &update,
-                advantages.clone(),
-                p.group_size,
-                &hyper,
-                lr,
-            )?);
-            log(&mut ledger, "control", "update_applied", json!({"iteration": iteration, "update": updates}))?;
-            updates += 1;
-            log(&mut ledger, "control", "update_committed", json!({"iteration": iteration, "update": updates - 1}))?;
+            let model = (&policy, &reference);
+            updates.push(apply(&s, &mut pos, &mut ledger, model, &params, &mut adam, &update, &scored, iteration)?);
         }
         let optimization_seconds = t.elapsed().as_secs_f64();
         failpoint("applied", iteration);
-        let t = Instant::now();
-        let after = digest(&params);
-        let hashing_seconds = hashing_before + t.elapsed().as_secs_f64();
-        let mean_reward = rewards.iter().sum::<f64>() / rewards.len() as f64;
-        history.push(GrpoIteration {
-            iteration,
-            prompts: chosen.iter().map(|&i| pool[i].id.clone()).collect(),
-            rollouts: [first, first + per_iteration],
-            mean_reward,
-            rewards,
-            zero_variance_groups: zero_variance,
-            zero_variance_fraction: zero_variance as f64 / p.prompts_per_iteration as f64,
-            finish: FinishCounts { eos: finishes.0, length: finishes.1 },
-            behavior_max_gap: behavior_gap,
-            updates: update_stats.clone(),
-            weights_changed: before != after,
-            guard: guard_record,
-            canary,
-            faults: faults.iter().map(|f| format!("{:?}", f.family)).collect(),
-            costs: IterationCosts {
-                generation_seconds,
-                behavior_verification_seconds: verification_seconds,
-                optimization_with_reference_seconds: optimization_seconds,
-                state_hashing_seconds: hashing_seconds,
-                loop_seconds: t_loop.elapsed().as_secs_f64(),
-            },
-        });
-        // A boundary of the whole run is a committed checkpoint, whether or not this
-        // process stops there: an interrupt at a boundary commits it exactly as the
-        // continuous run does, so both lineages log the same events. Only the run's
-        // last iteration has none (the final state is the node's output).
-        if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < p.iterations {
-            // The digests this iteration already took (weights after its updates, reference).
-            let meta = snapshot_at!(iteration + 1, after.clone(), reference_now.clone());
-            wal.checkpoint(&params, &adam, &meta, iteration)?;
-            log(
-                &mut ledger,
-                "control",
-                "update_committed",
-                json!({"iteration": iteration, "checkpoint": iteration + 1}),
-            )?;
-        }
-        // No update ran (the guard refused the batch): there is no KL to report.
-        let kl = update_stats.last().map_or("- (no update)".to_string(), |s| format!("{:.3e}", s.kl));
-        eprintln!(
-            "grpo iteration {iteration}: mean reward {mean_reward:.3}, zero-variance groups {zero_variance}/{}, kl {kl}",
-            p.prompts_per_iteration,
-        );
-        // The live progress line `orchestrate run` shows for this node.
-        eprintln!(
-            "{}iteration {}/{}  mean reward {mean_reward:.3}  KL {}",
-            orchestrate_core::exec::report::PROGRESS_PREFIX,
-            iteration + 1,
-            p.iterations,
-            update_stats.last().map_or("-".to_string(), |s| format!("{:.2e}", s.kl))
-        );
+        let done = Done {
+            sampled,
+            scored,
+            reference_now: batch.reference_now,
+            weights_before,
+            hashing_before,
+            updates,
+            guard,
+            optimization_seconds,
+            started: t_loop,
+        };
+        record(&s, &mut pos, &mut ledger, &wal, &params, &adam, done)?;
     }
     let reference_now = digest(&reference_params);
-    if reference_now != reference_digest {
+    if reference_now != s.reference_digest {
         bail!("the reference model changed during training");
     }
-    let meta = snapshot_at!(stop, digest(&params), reference_now);
-    write_outputs(job, &policy, model_dir, &params, &adam, &meta)?;
+    let meta = s.metrics(&ledger, &pos, stop, adam.step, digest(&params), &reference_now)?;
+    write_outputs(job, &policy, model_dir, &params, &adam, &serde_json::to_value(TrainingMetrics::Grpo(meta))?)?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop's steps called one by one on a tiny random model: a batch
+    //! whose mask a fault shifted is refused by `validate` and never reaches
+    //! `apply`; a clean one is handed out once and changes the weights.
+
+    use super::*;
+    use crate::tests::{serial, tiny_config};
+    use orchestrate_core::ops::FaultFamily;
+
+    fn setup(dir: &std::path::Path) -> (Setup, Qwen2, Qwen2, RolloutEngine) {
+        let texts: Vec<String> = (0..60).map(|i| format!("stock {i} boxes, then {} more", i * 7 % 13)).collect();
+        let tokenizer_path = dir.join("tokenizer.json");
+        orchestrate_core::model::build_bpe(&texts, 96, &tokenizer_path).unwrap();
+        let tokenizer = TextTokenizer::from_file(&tokenizer_path).unwrap();
+        let vocab = (tokenizer.vocab_size() as usize).div_ceil(32) * 32;
+        let model = |seed| {
+            let mut m = Qwen2::new(&tiny_config(vocab), tch::Device::Cpu).unwrap();
+            m.init_weights(seed);
+            m
+        };
+        let p: GrpoParams = parse_params(&json!({
+            "group_size": 2, "prompts_per_iteration": 2, "iterations": 2, "updates_per_iteration": 1,
+            "max_new_tokens": 6, "lr": 1e-3, "checkpoint_every": 0
+        }))
+        .unwrap();
+        let pool: Vec<Example> = (0..2)
+            .map(|i| Example { id: format!("p{i}"), statement: texts[i].clone(), label: json!({"warmstart": false}) })
+            .collect();
+        let prompts: Vec<Vec<i64>> = pool.iter().map(|e| tokenizer.encode(&e.statement).unwrap()).collect();
+        let (policy, reference) = (model(1), model(1));
+        let mut engine = RolloutEngine::new(model(1));
+        let params = super::params(&policy);
+        engine.sync(&params, 0);
+        let verifier = VerifierRegistry::builtin().get(&p.verifier).cloned().unwrap();
+        let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
+        let s = Setup {
+            started: Instant::now(),
+            eos: tokenizer.eos_id().unwrap(),
+            tokenizer_hash: "tok".into(),
+            prompt_registry: prompt_registry(&pool.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), &prompts),
+            verifiers: VerifierRegistry::builtin(),
+            aliases: BTreeMap::new(),
+            identity,
+            lineage: "lineage-test".into(),
+            reference_digest: digest(&super::params(&reference)),
+            hyper: GrpoHyper {
+                clip_eps: p.clip_eps,
+                beta: p.beta,
+                kl_block: p.kl_block,
+                max_grad_norm: p.max_grad_norm,
+            },
+            total_updates: 2,
+            per_iteration: 4,
+            canary_prompts: prompts.clone(),
+            canary_baseline: 0.0,
+            key: "0".repeat(64),
+            pool,
+            prompts,
+            tokenizer,
+            verifier,
+            p,
+        };
+        (s, policy, reference, engine)
+    }
+
+    /// Rewards that make both groups informative (one success, one failure each).
+    fn scored() -> Scored {
+        let rewards = vec![1.0, 0.0, 0.0, 1.0];
+        let advantages = rewards.chunks(2).flat_map(group_advantages).collect();
+        Scored {
+            rewards,
+            finishes: FinishCounts { eos: 0, length: 4 },
+            behavior_gap: 0.0,
+            verification_seconds: 0.0,
+            advantages,
+            zero_variance_groups: 0,
+        }
+    }
+
+    #[test]
+    fn the_steps_refuse_a_shifted_mask_and_apply_a_clean_batch_once() {
+        let _serial = serial();
+        let dir = tempfile::tempdir().unwrap();
+        let (s, policy, reference, mut engine) = setup(dir.path());
+        let params = super::params(&policy);
+        let reference_params = super::params(&reference);
+        let mut adam = AdamW::new(AdamWConfig::new(0.0), &params);
+        let ws = Workspace::open(&dir.path().join("ws")).unwrap();
+        let mut ledger = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
+        let mut pos = Position {
+            updates: 0,
+            cursor: Cursor { epoch: 0, offset: 0 },
+            order: vec![0, 1],
+            history: Vec::new(),
+            bad_updates: 0,
+            detections: Vec::new(),
+            consumed: Vec::new(),
+        };
+        let allow = || IterationGuard { decision: Decision::Allow, codes: Vec::new(), rollouts: None };
+
+        // Iteration 0, with the completion mask shifted by one (F4).
+        let mut sampled = sample(&s, &mut pos, &mut engine, &policy, &params, &mut ledger, 0).unwrap();
+        assert_eq!(sampled.generated.len(), 4);
+        assert_eq!(pos.consumed, vec![[0, 4]]);
+        sampled.faults = vec![FaultSpec { family: FaultFamily::F4, at_iteration: 0, shift: None }];
+        let batch = envelope(&s, &pos, &ws, &mut ledger, &engine, &reference_params, &sampled, &scored()).unwrap();
+        let mut guard = allow();
+        let before = digest(&params);
+        let refused = validate(&s, &mut pos, &mut ledger, &params, &sampled, &scored(), &batch, &mut guard).unwrap();
+        assert!(refused.is_none(), "a shifted mask must not reach the optimizer");
+        assert_ne!(guard.decision, Decision::Allow);
+        assert_eq!(pos.detections.len(), 1);
+        assert!(
+            pos.detections[0].codes.iter().any(|c| c.starts_with("M002") || c.starts_with("M004")),
+            "{:?}",
+            pos.detections
+        );
+        assert_eq!((pos.updates, digest(&params)), (0, before.clone()), "nothing changed");
+
+        // Iteration 1, clean: validated, handed out, applied once.
+        let sampled = sample(&s, &mut pos, &mut engine, &policy, &params, &mut ledger, 1).unwrap();
+        assert_eq!(pos.consumed, vec![[0, 4], [4, 8]]);
+        let batch = envelope(&s, &pos, &ws, &mut ledger, &engine, &reference_params, &sampled, &scored()).unwrap();
+        let mut guard = allow();
+        let update = validate(&s, &mut pos, &mut ledger, &params, &sampled, &scored(), &batch, &mut guard)
+            .unwrap()
+            .expect("a clean batch is handed out");
+        let stats =
+            apply(&s, &mut pos, &mut ledger, (&policy, &reference), &params, &mut adam, &update, &scored(), 1).unwrap();
+        assert!(stats.grad_norm > 0.0, "{stats:?}");
+        assert_eq!(pos.updates, 1);
+        assert_ne!(digest(&params), before, "the step changed the weights");
+        // The sealed log holds every step, intact.
+        assert_eq!(orchestrate_core::guard::events::verify(&ledger, &s.lineage).unwrap(), None);
+        let kinds: Vec<String> = ledger.events(&s.lineage).unwrap().into_iter().map(|e| e.kind).collect();
+        assert!(kinds.contains(&"update_aborted".to_string()) && kinds.contains(&"update_applied".to_string()));
+    }
 }
