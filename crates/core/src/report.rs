@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::ops::results::{pct, ResultsTableFile};
 use crate::store::{StoreError, Workspace};
 
 /// A report that could not be made.
@@ -333,29 +334,41 @@ pub fn render(src: &Source) -> String {
     html.push_str("</section>\n");
 
     html.push_str("<section id=\"evaluation\"><h2>Evaluation</h2>\n");
-    let tables: Vec<(&Node, Value)> = src
+    let tables: Vec<(&Node, &PathBuf)> = src
         .nodes
         .iter()
         .filter(|n| n.op == "results.table")
-        .filter_map(|n| n.outputs.get("table.json").and_then(|p| read_json(p)).map(|t| (n, t)))
+        .filter_map(|n| Some((n, n.outputs.get("table.json")?)))
         .collect();
     if tables.is_empty() {
         html.push_str("<p>No results table in this run.</p>");
     }
-    for (n, t) in &tables {
+    for (n, path) in &tables {
+        let t: ResultsTableFile = match crate::canonical::read_typed(path) {
+            Ok(t) => t,
+            Err(e) => {
+                // Said, not skipped: a table that cannot be read is not an empty one.
+                let _ = writeln!(
+                    html,
+                    "<h3>{}</h3><p>The results table cannot be read: {}</p>",
+                    esc(&n.id),
+                    esc(&e.to_string())
+                );
+                continue;
+            }
+        };
         let _ = writeln!(html, "<h3>{}</h3><table><tr><th>policy</th><th>population</th><th>greedy pass@1</th><th>per-draw success</th><th>JSON validity</th><th>no EOS</th><th>mean tokens</th></tr>", esc(&n.id));
-        for r in t["rows"].as_array().into_iter().flatten() {
-            let pct = |k: &str| r[k].as_f64().map_or("undefined".into(), |x| format!("{:.1} %", 100.0 * x));
+        for r in &t.rows {
             let _ = writeln!(
                 html,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(r["policy"].as_str().unwrap_or("?")),
-                esc(r["population"].as_str().unwrap_or("?")),
-                pct("greedy_pass_at_1"),
-                pct("per_draw_success"),
-                pct("json_validity"),
-                pct("no_eos"),
-                num(r["mean_tokens"].as_f64(), 1)
+                esc(&r.policy),
+                esc(&r.population),
+                pct(r.greedy_pass_at_1),
+                pct(r.per_draw_success),
+                pct(r.json_validity),
+                pct(r.no_eos),
+                num(r.mean_tokens, 1)
             );
         }
         html.push_str("</table>\n");

@@ -4,11 +4,70 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
 use super::eval::{EvalResults, POPULATIONS};
 use super::{InputDecl, Op, OpError, OutputDecl, RunContext};
+use crate::canonical::required;
 use crate::train::metrics::TrainingMetrics;
+
+/// What `results.table` writes as `table.json`, and the report and gates read:
+/// one type for both. An undefined rate (an empty population) is `null`, never 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultsTableFile {
+    pub rows: Vec<ResultsRow>,
+    pub training_costs: Vec<TrainingCost>,
+    pub evaluation_costs: Vec<EvaluationCost>,
+    pub notes: Vec<String>,
+    /// What per-draw success counts.
+    pub per_draw_success: String,
+}
+
+/// One policy on one population.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultsRow {
+    pub policy: String,
+    pub population: String,
+    #[serde(deserialize_with = "required")]
+    pub greedy_pass_at_1: Option<f64>,
+    #[serde(deserialize_with = "required")]
+    pub per_draw_success: Option<f64>,
+    pub per_draw_responses: usize,
+    #[serde(deserialize_with = "required")]
+    pub json_validity: Option<f64>,
+    #[serde(deserialize_with = "required")]
+    pub no_eos: Option<f64>,
+    #[serde(deserialize_with = "required")]
+    pub mean_tokens: Option<f64>,
+}
+
+/// What one training run cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingCost {
+    pub run: String,
+    pub kind: String,
+    pub seconds: f64,
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+    pub updates: usize,
+    /// GRPO only.
+    #[serde(deserialize_with = "required")]
+    pub rollouts: Option<usize>,
+    #[serde(deserialize_with = "required")]
+    pub zero_variance_groups: Option<usize>,
+}
+
+/// What one evaluation cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluationCost {
+    pub policy: String,
+    pub generation_seconds: f64,
+    #[serde(deserialize_with = "required")]
+    pub peak_rss_bytes: Option<u64>,
+}
 
 /// Params of `results.table`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -26,17 +85,19 @@ pub struct ResultsParams {
 
 pub struct ResultsTable;
 
-fn pct(v: &Value) -> String {
-    v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{:.1} %", 100.0 * x))
+/// A rate as a percentage, or `undefined`.
+pub fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "undefined".to_string(), |x| format!("{:.1} %", 100.0 * x))
 }
 
 /// A byte count as whole MiB, or `undefined` where it was not measured.
-fn mebibytes(bytes: &Value) -> String {
-    bytes.as_f64().map(|b| format!("{:.0}", b / 1048576.0)).unwrap_or_else(|| "undefined".into())
+fn mebibytes(bytes: Option<u64>) -> String {
+    bytes.map(|b| format!("{:.0}", b as f64 / 1048576.0)).unwrap_or_else(|| "undefined".into())
 }
 
-fn num(v: &Value, digits: usize) -> String {
-    v.as_f64().map_or_else(|| "undefined".to_string(), |x| format!("{x:.digits$}"))
+/// A number, or `undefined`.
+pub fn num(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "undefined".to_string(), |x| format!("{x:.digits$}"))
 }
 
 impl Op for ResultsTable {
@@ -93,27 +154,32 @@ impl Op for ResultsTable {
                         + s.mean_response_tokens.unwrap_or_default() * s.responses as f64;
                     sum / total as f64
                 });
-                let row = json!({
-                    "policy": name, "population": population,
-                    "greedy_pass_at_1": g.success_rate, "per_draw_success": s.success_rate,
-                    "per_draw_responses": s.responses,
-                    "json_validity": of_all(g.valid_json, s.valid_json), "no_eos": of_all(g.without_eos, s.without_eos),
-                    "mean_tokens": tokens,
-                });
+                let row = ResultsRow {
+                    policy: name.clone(),
+                    population: population.to_string(),
+                    greedy_pass_at_1: g.success_rate,
+                    per_draw_success: s.success_rate,
+                    per_draw_responses: s.responses,
+                    json_validity: of_all(g.valid_json, s.valid_json),
+                    no_eos: of_all(g.without_eos, s.without_eos),
+                    mean_tokens: tokens,
+                };
                 md.push_str(&format!(
                     "| {name} | {population} | {} | {} ({} draws) | {} | {} | {} |\n",
-                    pct(&row["greedy_pass_at_1"]),
-                    pct(&row["per_draw_success"]),
+                    pct(row.greedy_pass_at_1),
+                    pct(row.per_draw_success),
                     s.responses,
-                    pct(&row["json_validity"]),
-                    pct(&row["no_eos"]),
-                    num(&row["mean_tokens"], 1)
+                    pct(row.json_validity),
+                    pct(row.no_eos),
+                    num(row.mean_tokens, 1)
                 ));
                 rows.push(row);
             }
-            eval_costs.push(
-                json!({"policy": name, "generation_seconds": r.generation_seconds, "peak_rss_bytes": r.peak_rss_bytes}),
-            );
+            eval_costs.push(EvaluationCost {
+                policy: name.clone(),
+                generation_seconds: r.generation_seconds,
+                peak_rss_bytes: r.peak_rss_bytes,
+            });
         }
         md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n\n| cost | seconds | peak RSS (MB) | updates | rollouts | zero-variance groups |\n|---|---|---|---|---|---|\n");
         let mut run_costs = Vec::new();
@@ -128,34 +194,68 @@ impl Op for ResultsTable {
                 TrainingMetrics::Sft(_) => (None, None, "-".to_string()),
             };
             let costs = m.costs();
-            let rss = mebibytes(&json!(costs.peak_rss_bytes));
+            let rss = mebibytes(costs.peak_rss_bytes);
             md.push_str(&format!(
                 "| {name} ({}) | {} | {rss} | {} | {} | {zero_text} |\n",
                 m.kind(),
-                num(&json!(costs.seconds), 1),
+                num(Some(costs.seconds), 1),
                 m.updates(),
                 rollouts.map_or("-".into(), |r| r.to_string())
             ));
-            run_costs.push(
-                json!({"run": name, "kind": m.kind(), "seconds": costs.seconds, "peak_rss_bytes": costs.peak_rss_bytes,
-                "updates": m.updates(), "rollouts": rollouts, "zero_variance_groups": zero}),
-            );
+            run_costs.push(TrainingCost {
+                run: name.clone(),
+                kind: m.kind().to_string(),
+                seconds: costs.seconds,
+                peak_rss_bytes: costs.peak_rss_bytes,
+                updates: m.updates(),
+                rollouts,
+                zero_variance_groups: zero,
+            });
         }
         for c in &eval_costs {
-            let rss = mebibytes(&c["peak_rss_bytes"]);
+            let rss = mebibytes(c.peak_rss_bytes);
             md.push_str(&format!(
                 "| eval {} | {} | {rss} | - | - | - |\n",
-                c["policy"].as_str().unwrap_or("?"),
-                num(&c["generation_seconds"], 1)
+                c.policy,
+                num(Some(c.generation_seconds), 1)
             ));
         }
         for n in &p.notes {
             md.push_str(&format!("\n{n}\n"));
         }
-        let table = json!({"rows": rows, "training_costs": run_costs, "evaluation_costs": eval_costs, "notes": p.notes,
-            "per_draw_success": "every sampled response counts; not best-of-k"});
-        std::fs::write(ctx.output_path("table.json"), serde_json::to_string_pretty(&table).unwrap_or_default() + "\n")
-            .map_err(|e| OpError::io("writing table.json", e))?;
+        let table = ResultsTableFile {
+            rows,
+            training_costs: run_costs,
+            evaluation_costs: eval_costs,
+            notes: p.notes.clone(),
+            per_draw_success: "every sampled response counts; not best-of-k".into(),
+        };
+        std::fs::write(
+            ctx.output_path("table.json"),
+            serde_json::to_string_pretty(&table).expect("a table serializes") + "\n",
+        )
+        .map_err(|e| OpError::io("writing table.json", e))?;
         std::fs::write(ctx.output_path("table.md"), md).map_err(|e| OpError::io("writing table.md", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResultsTableFile;
+
+    #[test]
+    fn the_committed_table_reads_and_a_missing_rate_is_an_error_naming_the_field() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../artifacts/grpo-main-tiny/v0.1.0/outputs/results/table.json");
+        let table: ResultsTableFile = crate::canonical::read_typed(&path).expect("the committed table reads");
+        assert!(!table.rows.is_empty());
+
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        v["rows"][1].as_object_mut().unwrap().remove("no_eos");
+        let dir = tempfile::tempdir().unwrap();
+        let edited = dir.path().join("table.json");
+        std::fs::write(&edited, v.to_string()).unwrap();
+        let err = crate::canonical::read_typed::<ResultsTableFile>(&edited).unwrap_err().to_string();
+        assert!(err.contains("table.json") && err.contains("rows[1]") && err.contains("no_eos"), "{err}");
     }
 }
