@@ -123,3 +123,31 @@ fn the_worker_environment_is_asked_once_until_what_it_depends_on_changes() {
     assert!(env_with(&p, &worker, "0").contains("libtorch 9.9.10"));
     assert_eq!(asked(), 3);
 }
+
+#[test]
+fn a_reinstalled_libtorch_is_asked_again_though_the_worker_did_not_change() {
+    let p = Project::new();
+    let lib = p.path().join("torch-lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libtorch_cpu.so"), "one build").unwrap();
+    // The worker's answer names the folder of the libtorch it loads.
+    let script = p.write(
+        "worker.sh",
+        &format!(
+            "#!/bin/sh\necho asked >> \"$(dirname \"$0\")/asked\"\n\
+             echo '{{\"device\":\"cpu\",\"libtorch\":\"9.9.9\",\"cpu\":\"AVX2\",\"cpu_vendor\":\"Test\",\"libtorch_lib\":\"{}\"}}'\n",
+            lib.display()
+        ),
+    );
+    let mut perms = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&script, perms).unwrap();
+    let asked = || p.read("asked").lines().count();
+    env_with(&p, &script, "0");
+    env_with(&p, &script, "0");
+    assert_eq!(asked(), 1, "served from the cache while the libraries are unchanged");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(lib.join("libtorch_cpu.so"), "another build").unwrap();
+    env_with(&p, &script, "0");
+    assert_eq!(asked(), 2, "a changed libtorch library is a miss");
+}
