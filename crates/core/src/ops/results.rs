@@ -12,49 +12,51 @@ use crate::train::metrics::TrainingMetrics;
 
 /// What `results.table` writes as `table.json`, and the report and gates read:
 /// one type for both. An undefined rate (an empty population) is `null`, never 0.
+/// Fields are in sorted order, as the table has always been written, so its
+/// bytes (a cached output) stay the same.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResultsTableFile {
-    pub rows: Vec<ResultsRow>,
-    pub training_costs: Vec<TrainingCost>,
     pub evaluation_costs: Vec<EvaluationCost>,
     pub notes: Vec<String>,
     /// What per-draw success counts.
     pub per_draw_success: String,
+    pub rows: Vec<ResultsRow>,
+    pub training_costs: Vec<TrainingCost>,
 }
 
 /// One policy on one population.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResultsRow {
-    pub policy: String,
-    pub population: String,
     #[serde(deserialize_with = "required")]
     pub greedy_pass_at_1: Option<f64>,
     #[serde(deserialize_with = "required")]
-    pub per_draw_success: Option<f64>,
-    pub per_draw_responses: usize,
-    #[serde(deserialize_with = "required")]
     pub json_validity: Option<f64>,
     #[serde(deserialize_with = "required")]
-    pub no_eos: Option<f64>,
-    #[serde(deserialize_with = "required")]
     pub mean_tokens: Option<f64>,
+    #[serde(deserialize_with = "required")]
+    pub no_eos: Option<f64>,
+    pub per_draw_responses: usize,
+    #[serde(deserialize_with = "required")]
+    pub per_draw_success: Option<f64>,
+    pub policy: String,
+    pub population: String,
 }
 
 /// What one training run cost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingCost {
-    pub run: String,
     pub kind: String,
-    pub seconds: f64,
     #[serde(deserialize_with = "required")]
     pub peak_rss_bytes: Option<u64>,
-    pub updates: usize,
     /// GRPO only.
     #[serde(deserialize_with = "required")]
     pub rollouts: Option<usize>,
+    pub run: String,
+    pub seconds: f64,
+    pub updates: usize,
     #[serde(deserialize_with = "required")]
     pub zero_variance_groups: Option<usize>,
 }
@@ -63,10 +65,10 @@ pub struct TrainingCost {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluationCost {
-    pub policy: String,
     pub generation_seconds: f64,
     #[serde(deserialize_with = "required")]
     pub peak_rss_bytes: Option<u64>,
+    pub policy: String,
 }
 
 /// Params of `results.table`.
@@ -249,6 +251,9 @@ mod tests {
             .join("../../artifacts/grpo-main-tiny/v0.1.0/outputs/results/table.json");
         let table: ResultsTableFile = crate::canonical::read_typed(&path).expect("the committed table reads");
         assert!(!table.rows.is_empty());
+        // Written as before, byte for byte: a cached table stays what a new run writes.
+        let written = serde_json::to_string_pretty(&table).unwrap() + "\n";
+        assert_eq!(written, std::fs::read_to_string(&path).unwrap());
 
         let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         v["rows"][1].as_object_mut().unwrap().remove("no_eos");

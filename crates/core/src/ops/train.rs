@@ -191,12 +191,12 @@ impl Op for CheckResume {
         };
         let (a, b) = (read("continuous")?, read("resumed")?);
         let difference = crate::train::state::first_difference(&a, &b, &UNCOMPARED);
-        let report = serde_json::json!({
-            "identical": difference.is_none(),
-            "first_difference": difference,
-            "tensors": a.tensors.len(),
-            "ignored_fields": UNCOMPARED,
-        });
+        let report = ResumeReport {
+            identical: difference.is_none(),
+            first_difference: difference.clone(),
+            tensors: a.tensors.len(),
+            ignored_fields: UNCOMPARED.iter().map(|f| f.to_string()).collect(),
+        };
         let text = serde_json::to_string_pretty(&report).map_err(|e| OpError::Failed(e.to_string()))? + "\n";
         std::fs::write(ctx.output_path("report"), text).map_err(|e| OpError::io("writing the report", e))?;
         match difference {
@@ -204,6 +204,21 @@ impl Op for CheckResume {
             Some(d) => Err(OpError::Failed(format!("resumed state differs from continuous: {d}"))),
         }
     }
+}
+
+/// What `check.resume` writes as `report` (gates read `report.identical`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeReport {
+    // In the order the report has always been written (sorted), so the bytes stay the same.
+    /// The first field or tensor that differs, named.
+    #[serde(deserialize_with = "crate::canonical::required")]
+    pub first_difference: Option<String>,
+    pub identical: bool,
+    /// Fields never compared (wall-clock costs, the rollout lineage).
+    pub ignored_fields: Vec<String>,
+    /// How many tensors were compared.
+    pub tensors: usize,
 }
 
 /// Params of ops that take none.
@@ -285,5 +300,28 @@ impl Op for Replay {
     }
     fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         super::worker::run_in_worker(WorkerOp::Replay, ctx)
+    }
+}
+
+#[cfg(test)]
+mod resume_report_tests {
+    use super::ResumeReport;
+
+    #[test]
+    fn the_committed_resume_reports_read_and_a_missing_field_is_an_error() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../artifacts/grpo-main-tiny/v0.1.0/outputs");
+        for check in ["warmstart-check", "sft-check", "grpo-check"] {
+            let path = dir.join(check).join("report");
+            let r: ResumeReport = crate::canonical::read_typed(&path).unwrap();
+            assert!(r.identical && r.first_difference.is_none() && r.tensors > 0, "{check}: {r:?}");
+            // Written as before, byte for byte: cached reports stay valid.
+            let written = serde_json::to_string_pretty(&r).unwrap() + "\n";
+            assert_eq!(written, std::fs::read_to_string(&path).unwrap(), "{check}");
+        }
+        let err = serde_json::from_str::<ResumeReport>(r#"{"identical": true, "tensors": 3, "ignored_fields": []}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("first_difference"), "{err}");
     }
 }
