@@ -113,28 +113,42 @@ fn the_library_modules_have_no_cycle() {
     assert!(cycles.is_empty(), "module cycles in {}:\n{}", src.display(), cycles.join("\n"));
 }
 
-/// `anyhow` is for binaries; the libraries return their own `thiserror` types.
-/// (The core does not even depend on it; the torch crate does, for its worker
-/// binary only, so this checks its library's sources.)
-#[test]
-fn the_libraries_do_not_use_anyhow() {
+/// Lines of the libraries' sources (the torch worker's `main.rs` aside) that name `word`.
+fn library_lines_naming(word: &str) -> Vec<String> {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
     for lib in ["core/src", "torch/src"] {
         rust_files(&crates.join(lib), &mut files);
     }
     let main = crates.join("torch/src/main.rs");
-    let offenders: Vec<String> = files
+    files
         .iter()
         .filter(|f| **f != main)
         .flat_map(|f| {
             let text = std::fs::read_to_string(f).unwrap();
             text.lines()
                 .enumerate()
-                .filter(|(_, l)| l.contains("anyhow") && !l.trim_start().starts_with("//"))
+                .filter(|(_, l)| l.contains(word) && !l.trim_start().starts_with("//"))
                 .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+/// clap is the binaries' business: the core does not depend on it, and the
+/// torch crate does only for its worker binary (Cargo has no per-target
+/// dependencies), so this checks its library's sources.
+#[test]
+fn the_libraries_do_not_use_clap() {
+    let offenders = library_lines_naming("clap::");
+    assert!(offenders.is_empty(), "clap in library code:\n{}", offenders.join("\n"));
+}
+
+/// `anyhow` is for binaries; the libraries return their own `thiserror` types.
+/// (The core does not even depend on it; the torch crate does, for its worker
+/// binary only, so this checks its library's sources.)
+#[test]
+fn the_libraries_do_not_use_anyhow() {
+    let offenders = library_lines_naming("anyhow");
     assert!(offenders.is_empty(), "anyhow in library code:\n{}", offenders.join("\n"));
 }
