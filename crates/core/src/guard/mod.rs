@@ -24,8 +24,8 @@ pub use ledger::Ledger;
 /// The token artifacts of one rollout, as the generation side stored them.
 /// The update path consumes these ids, never text: giving it text does not compile.
 ///
-/// ```compile_fail
-/// let a = orchestrate::guard::TokenArtifacts {
+/// ```compile_fail,E0308
+/// let a = orchestrate_core::guard::TokenArtifacts {
 ///     prompt_ids: vec![1, 2],
 ///     response_ids: "{\"final_stock\": 6}".to_string(), // text, not token ids
 ///     old_logprobs: vec![],
@@ -261,17 +261,17 @@ pub enum Authority {
 /// [`UpdateBatch::unguarded`], which first appends an `update_unguarded` event to
 /// the guard's sealed log. It cannot be built or edited anywhere else:
 ///
-/// ```compile_fail
-/// let forged = orchestrate::guard::UpdateBatch {
+/// ```compile_fail,E0451
+/// let forged = orchestrate_core::guard::UpdateBatch {
 ///     rollouts: vec![],
-///     authority: orchestrate::guard::Authority::Unguarded,
+///     authority: orchestrate_core::guard::Authority::Unguarded,
 /// };
 /// ```
 ///
 /// and a materialized batch is not one (the handle must be spent on it):
 ///
-/// ```compile_fail
-/// fn step(batch: orchestrate::guard::MaterializedBatch) -> orchestrate::guard::UpdateBatch {
+/// ```compile_fail,E0308
+/// fn step(batch: orchestrate_core::guard::MaterializedBatch) -> orchestrate_core::guard::UpdateBatch {
 ///     batch
 /// }
 /// ```
@@ -319,8 +319,8 @@ mod sealed {
 /// by value, and its nonce is recorded once in SQLite, so it can be used once,
 /// across processes too. It cannot be built anywhere else:
 ///
-/// ```compile_fail
-/// let forged = orchestrate::guard::ValidatedBatchHandle {
+/// ```compile_fail,E0451
+/// let forged = orchestrate_core::guard::ValidatedBatchHandle {
 ///     batch_hash: String::new(),
 ///     policy_digest: String::new(),
 ///     nonce: String::new(),
@@ -329,12 +329,25 @@ mod sealed {
 ///
 /// and a spent handle cannot be spent again:
 ///
-/// ```compile_fail
-/// use orchestrate::guard::{MaterializedBatch, ValidatedBatchHandle};
-/// fn twice(h: ValidatedBatchHandle, a: MaterializedBatch, b: MaterializedBatch, index: &mut orchestrate::store::Index) {
-///     let _ = h.spend(a, index);
-///     let _ = h.spend(b, index); // use of a moved value
+/// ```compile_fail,E0382
+/// use orchestrate_core::guard::{Ledger, MaterializedBatch, ValidatedBatchHandle};
+/// fn twice(h: ValidatedBatchHandle, a: MaterializedBatch, b: MaterializedBatch, ledger: &mut Ledger) {
+///     let _ = h.spend(a, ledger);
+///     let _ = h.spend(b, ledger); // use of a moved value
 /// }
+/// ```
+///
+/// The names these examples use resolve, and the same steps done once and
+/// with token ids compile: only what the examples do is refused (stable
+/// rustdoc does not check a `compile_fail` example's error code).
+///
+/// ```
+/// use orchestrate_core::guard::{Authority, Ledger, MaterializedBatch, TokenArtifacts, UpdateBatch, ValidatedBatchHandle};
+/// fn spend_once(h: ValidatedBatchHandle, a: MaterializedBatch, ledger: &mut Ledger) -> Option<UpdateBatch> {
+///     h.spend(a, ledger).ok()
+/// }
+/// let _ = TokenArtifacts { prompt_ids: vec![1, 2], response_ids: vec![3], old_logprobs: vec![], mask_start: 2, mask_len: 1 };
+/// let _ = Authority::Unguarded;
 /// ```
 #[derive(Debug)]
 pub struct ValidatedBatchHandle {
