@@ -84,27 +84,27 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let ws = Workspace::open_read_only(&cli.workspace)?;
             let e = plan::explain(ws.as_ref(), &spec, &dag, &node, &runtime::env_provider())?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&e)?);
+                outln!("{}", serde_json::to_string_pretty(&e)?);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!("node     {}", e.node);
-            println!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
-            println!("cached   {}", e.cached_key.as_deref().unwrap_or("(never completed)"));
+            outln!("node     {}", e.node);
+            outln!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
+            outln!("cached   {}", e.cached_key.as_deref().unwrap_or("(never completed)"));
             if let Some(at) = &e.cached_at {
-                println!("         at {at}");
+                outln!("         at {at}");
             }
             if e.cached_key.is_some() && e.key.is_some() {
                 if e.changes.is_empty() {
-                    println!("no hash input changed");
+                    outln!("no hash input changed");
                 } else {
-                    println!("changed hash inputs:");
+                    outln!("changed hash inputs:");
                     for c in &e.changes {
-                        println!("  {c}");
+                        outln!("  {c}");
                     }
                 }
             }
             for n in &e.notes {
-                println!("note: {n}");
+                outln!("note: {n}");
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -138,23 +138,23 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .find(|o| o.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no output '{name}' recorded"))?;
             let path = ws.object_path(&out.object.hash);
-            println!("{}", std::path::absolute(&path).unwrap_or(path).display());
+            outln!("{}", std::path::absolute(&path).unwrap_or(path).display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Validate { spec } => {
             let (spec, dag) = load(&spec, &registry)?;
-            println!("{}: ok ({} nodes, {} edges)", spec.path.display(), dag.nodes.len(), dag.graph.edge_count());
+            outln!("{}: ok ({} nodes, {} edges)", spec.path.display(), dag.nodes.len(), dag.graph.edge_count());
             Ok(ExitCode::SUCCESS)
         }
         Command::Schema { out } => {
             let text = schema::render(&registry);
             match out {
-                None => print!("{text}"),
+                None => out!("{text}"),
                 Some(dir) => {
                     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
                     let path = dir.join(schema::SCHEMA_FILE);
                     write_atomic(&path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
-                    println!("wrote {}", path.display());
+                    outln!("wrote {}", path.display());
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -188,7 +188,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             for a in &alerts {
                 let body = super::events::payload(a, slack);
                 if dry_run {
-                    println!("{body}");
+                    outln!("{body}");
                 } else {
                     super::events::post(&webhook, &body, retries, std::time::Duration::from_millis(200))?;
                 }
@@ -219,26 +219,26 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let html = orchestrate_core::report::render(&source);
             // Never a half-written report.
             write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
-            println!("wrote {} ({} nodes)", out.display(), source.nodes.len());
+            outln!("wrote {} ({} nodes)", out.display(), source.nodes.len());
             Ok(ExitCode::SUCCESS)
         }
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };
-                println!("{:<24} v{}  {}{numerical}", op.name(), op.version(), op.summary());
+                outln!("{:<24} v{}  {}{numerical}", op.name(), op.version(), op.summary());
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify => verify(&cli.workspace),
         Command::Verifier(cmd) => verifier(cmd),
         Command::Guard(GuardCommand::Codes) => {
-            print!("{}", orchestrate_core::guard::codes::table());
+            out!("{}", orchestrate_core::guard::codes::table());
             Ok(ExitCode::SUCCESS)
         }
         Command::Guard(GuardCommand::SpendNonce { nonce }) => {
             let ws = Workspace::open(&cli.workspace)?;
             let won = orchestrate_core::guard::Ledger::open(&ws)?.consume_nonce(&nonce)?;
-            println!("{}", if won { "won" } else { "lost" });
+            outln!("{}", if won { "won" } else { "lost" });
             Ok(if won { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Pack(PackCommand::Freeze { spec, out, with_models, with_states, max_output_bytes }) => {
@@ -249,12 +249,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let opts = orchestrate_core::pack::FreezeOptions { with_models, with_states, max_output_bytes };
             let manifest = orchestrate_core::pack::freeze(&ws, &spec, &dag, &runtime::env_provider(), &out, opts)?;
             let omitted = manifest.nodes.iter().flat_map(|n| &n.outputs).filter(|o| o.path.is_none()).count();
-            println!(
+            outln!(
                 "froze {} nodes into {} ({omitted} large outputs listed by hash only)",
                 manifest.nodes.len(),
                 out.display()
             );
-            println!(
+            outln!(
                 "check it with: orchestrate audit {}   (or: cd {} && sha256sum -c SHA256SUMS)",
                 out.display(),
                 out.display()
@@ -264,10 +264,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Pack(PackCommand::Verify { dir }) => {
             let problems = orchestrate_core::pack::verify(&dir)?;
             for p in &problems {
-                println!("FAIL  {p}");
+                outln!("FAIL  {p}");
             }
             if problems.is_empty() {
-                println!("{}: intact (checksums, files, event chain, manifest hashes)", dir.display());
+                outln!("{}: intact (checksums, files, event chain, manifest hashes)", dir.display());
                 Ok(ExitCode::SUCCESS)
             } else {
                 Ok(ExitCode::from(GATE_FAILED))
@@ -276,21 +276,21 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Audit { dir } => {
             let problems = orchestrate_core::pack::verify(&dir)?;
             for p in &problems {
-                println!("FAIL  {p}");
+                outln!("FAIL  {p}");
             }
             // A pack whose gates cannot even be evaluated (an unreadable manifest
             // or gate definition) fails its audit; it is not a usage error.
             let results = match orchestrate_core::pack::audit_gates(&dir) {
                 Ok(results) => results,
                 Err(e) => {
-                    println!("FAIL  the gates cannot be evaluated: {e}");
-                    println!("pack TAMPERED or unreadable");
+                    outln!("FAIL  the gates cannot be evaluated: {e}");
+                    outln!("pack TAMPERED or unreadable");
                     return Ok(ExitCode::from(GATE_FAILED));
                 }
             };
-            print!("{}", orchestrate_core::pack::gate_table(&results));
+            out!("{}", orchestrate_core::pack::gate_table(&results));
             let failed = results.iter().filter(|r| !r.passed).count();
-            println!(
+            outln!(
                 "{} gates: {} passed, {failed} failed; pack {}",
                 results.len(),
                 results.len() - failed,
@@ -305,15 +305,15 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Env => {
             let env = (runtime::env_provider())().map_err(anyhow::Error::msg)?;
-            println!("libtorch {}", env.libtorch);
-            println!("device   {}", env.device);
-            println!(
+            outln!("libtorch {}", env.libtorch);
+            outln!("device   {}", env.device);
+            outln!(
                 "cpu      {} {} (libtorch's CPU kernels and the vendor, keyed with the device)",
                 env.cpu.as_deref().unwrap_or("-"),
                 env.cpu_vendor.as_deref().unwrap_or("-")
             );
             if let Some(model) = runtime::cpu_model() {
-                println!("model    {model} (not keyed)");
+                outln!("model    {model} (not keyed)");
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -355,9 +355,12 @@ fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Res
     let key = orchestrate_core::store::Key::parse(key)?;
     let ws = Workspace::open(workspace)?;
     let ticket = exec::slurm::read_ticket(ws.root(), &key).map_err(anyhow::Error::msg)?;
-    println!(
+    outln!(
         "orchestrate exec-node: node '{}' (key {}) of run {} from {}",
-        ticket.node, ticket.key, ticket.run_id, ticket.coordinator
+        ticket.node,
+        ticket.key,
+        ticket.run_id,
+        ticket.coordinator
     );
     let loaded = std::env::set_current_dir(&ticket.cwd)
         .map_err(|e| anyhow::anyhow!("cannot enter the coordinator's folder {}: {e}", ticket.cwd.display()))
@@ -386,11 +389,11 @@ fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Res
     };
     match outcome {
         exec::Outcome::Ran { seconds, .. } => {
-            println!("done: node '{}' ran in {seconds:.2}s", ticket.node);
+            outln!("done: node '{}' ran in {seconds:.2}s", ticket.node);
             Ok(ExitCode::SUCCESS)
         }
         exec::Outcome::Cached { .. } => {
-            println!("done: node '{}' was already cached", ticket.node);
+            outln!("done: node '{}' was already cached", ticket.node);
             Ok(ExitCode::SUCCESS)
         }
         exec::Outcome::Failed { error, .. } | exec::Outcome::Skipped { because: error } => {
@@ -413,7 +416,7 @@ fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
 fn print_plan(entries: &[PlanEntry], json: bool) {
     if json {
         for e in entries {
-            println!("{}", serde_json::to_string(e).expect("plan entries serialize"));
+            outln!("{}", serde_json::to_string(e).expect("plan entries serialize"));
         }
         return;
     }
@@ -426,15 +429,15 @@ fn print_plan(entries: &[PlanEntry], json: bool) {
         match &e.state {
             PlanState::Cached { key } => {
                 cached += 1;
-                println!("{:<width$}  cached   {}", e.node, &key[..8]);
+                outln!("{:<width$}  cached   {}", e.node, &key[..8]);
             }
             PlanState::Run { key, reason } => {
                 run += 1;
-                println!("{:<width$}  run      {}  {reason}", e.node, short(key));
+                outln!("{:<width$}  run      {}  {reason}", e.node, short(key));
             }
             PlanState::Pending { after } => {
                 pending += 1;
-                println!(
+                outln!(
                     "{:<width$}  pending  --------  runs only if {} produce{} different outputs",
                     e.node,
                     after.join(", "),
@@ -442,16 +445,16 @@ fn print_plan(entries: &[PlanEntry], json: bool) {
                 );
             }
             PlanState::Error { error } => {
-                println!("{:<width$}  error    --------  {error}", e.node)
+                outln!("{:<width$}  error    --------  {error}", e.node)
             }
         }
     }
-    println!("{cached} cached, {run} to run, {pending} pending on upstream");
+    outln!("{cached} cached, {run} to run, {pending} pending on upstream");
 }
 
 fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool) -> Result<ExitCode> {
     let Some(ws) = Workspace::open_read_only(root)? else {
-        println!("no runs yet (no workspace at {})", root.display());
+        outln!("no runs yet (no workspace at {})", root.display());
         return Ok(ExitCode::SUCCESS);
     };
     let index = ws.index()?;
@@ -471,14 +474,14 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
         None => Vec::new(),
     };
     if json {
-        println!("{}", serde_json::json!({"runs": runs, "run": shown, "nodes": nodes}));
+        outln!("{}", serde_json::json!({"runs": runs, "run": shown, "nodes": nodes}));
         return Ok(ExitCode::SUCCESS);
     }
     for r in &runs {
         let finished = r.finished_at.as_deref().unwrap_or("-");
         let status = if r.finished_at.is_none() { "interrupted or running" } else { r.status.as_str() };
         let profile = r.profile.as_deref().map(|p| format!(" --profile {p}")).unwrap_or_default();
-        println!(
+        outln!(
             "{}  {}{profile}  {status}  {}  (started {}, finished {finished})",
             r.run_id,
             r.spec,
@@ -487,12 +490,12 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
         );
     }
     if let Some(r) = shown {
-        println!("\nnodes of {r}:");
+        outln!("\nnodes of {r}:");
         for n in nodes {
             let key = n.key.as_deref().map(|k| &k[..8]).unwrap_or("--------");
             let secs = n.seconds.map(|s| format!("{s:.2}s")).unwrap_or_default();
             let detail = n.detail.map(|d| format!("  {d}")).unwrap_or_default();
-            println!("  {:<8} {key}  {:<28} {secs}{detail}", n.outcome, n.node_id);
+            outln!("  {:<8} {key}  {:<28} {secs}{detail}", n.outcome, n.node_id);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -500,7 +503,7 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
 
 fn verify(root: &std::path::Path) -> Result<ExitCode> {
     let Some(ws) = Workspace::open_read_only(root)? else {
-        println!("no workspace at {}", root.display());
+        outln!("no workspace at {}", root.display());
         return Ok(ExitCode::SUCCESS);
     };
     let index = ws.index()?;
@@ -520,19 +523,16 @@ fn verify(root: &std::path::Path) -> Result<ExitCode> {
                 Ok(h) if h == out.object.hash => {}
                 Ok(h) => {
                     problems += 1;
-                    println!(
-                        "CORRUPT  {} output '{}': object {} hashes to {h}",
-                        node.node_id, out.name, out.object.hash
-                    );
+                    outln!("CORRUPT  {} output '{}': object {} hashes to {h}", node.node_id, out.name, out.object.hash);
                 }
                 Err(e) => {
                     problems += 1;
-                    println!("MISSING  {} output '{}': {e}", node.node_id, out.name);
+                    outln!("MISSING  {} output '{}': {e}", node.node_id, out.name);
                 }
             }
         }
     }
-    println!("{checked} outputs checked, {problems} problems");
+    outln!("{checked} outputs checked, {problems} problems");
     Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
 }
 
@@ -541,7 +541,7 @@ fn verifier(cmd: VerifierCommand) -> Result<ExitCode> {
     match cmd {
         VerifierCommand::List => {
             for v in registry.iter() {
-                println!("{:<22} v{}  {}", v.name(), v.version(), v.protocol_hash());
+                outln!("{:<22} v{}  {}", v.name(), v.version(), v.protocol_hash());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -569,7 +569,7 @@ fn verifier(cmd: VerifierCommand) -> Result<ExitCode> {
                 Finish::Length => FinishReason::Length,
             };
             let verdict = v.verify(&problem, &Response { text: &text, finish, tokenization_valid: !undecodable })?;
-            println!("{}", serde_json::to_string(&verdict)?);
+            outln!("{}", serde_json::to_string(&verdict)?);
             Ok(if verdict.reward == 1 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
     }
@@ -585,7 +585,7 @@ fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
         };
         if let Some(out) = outputs.iter().find(|o| o.name == name) {
             if let Ok(text) = std::fs::read_to_string(ws.object_path(&out.object.hash)) {
-                println!("\n{} ({}):\n{text}", node.id(), name);
+                outln!("\n{} ({}):\n{text}", node.id(), name);
             }
         }
     }

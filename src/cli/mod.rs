@@ -1,6 +1,23 @@
 //! The command line: clap types and dispatch only. Exit codes: 0 ok, 1 a node,
 //! gate or check failed, 2 usage or input error.
 
+/// `println!` that never panics: a closed stdout (`orchestrate run SPEC | head -1`)
+/// must not stop or fail anything, so what cannot be written is dropped.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `print!` that never panics (see [`outln`]).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 mod commands;
 pub mod events;
 mod generate;

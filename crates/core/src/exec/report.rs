@@ -64,11 +64,13 @@ impl Reporter for PlainReporter {
         }
         if let Some(line) = describe(event) {
             let failed = matches!(event, Event::NodeFailed { .. });
-            if failed {
-                eprintln!("{line}");
+            // A closed stream (`| head -1`) must never stop the run: what
+            // cannot be written is dropped; the events are kept in the index.
+            let _ = if failed {
+                writeln!(std::io::stderr().lock(), "{line}")
             } else {
-                println!("{line}");
-            }
+                writeln!(std::io::stdout().lock(), "{line}")
+            };
         }
     }
 }
@@ -197,7 +199,7 @@ impl Reporter for ProgressReporter {
             Event::RunFinished { .. } => {
                 self.overall.finish_and_clear();
                 if let Some(line) = describe(event) {
-                    println!("{line}");
+                    let _ = writeln!(std::io::stdout().lock(), "{line}");
                 }
             }
         }
