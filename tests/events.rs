@@ -143,4 +143,35 @@ fn events_are_searchable_and_every_non_allow_decision_reaches_the_webhook() {
     let out = p.run(&["alert-scan", "--webhook", &url, "--retries", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains(&url) && stderr(&out).contains("HTTP 500"), "{}", stderr(&out));
+
+    // A server that accepts and never answers is cut after the total timeout,
+    // retries included, and the error says so.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", silent.local_addr().unwrap());
+    let held = std::thread::spawn(move || silent.incoming().take(8).flatten().collect::<Vec<_>>());
+    let started = std::time::Instant::now();
+    let out = p.run(&["alert-scan", "--webhook", &url, "--timeout", "2"]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(took < std::time::Duration::from_secs(6), "cut after {took:?}");
+    assert!(stderr(&out).contains("2 s"), "{}", stderr(&out));
+    drop(held);
+}
+
+#[test]
+fn a_webhook_that_is_not_an_http_url_is_a_usage_error_at_once() {
+    let p = Project::new();
+    for (url, expected) in [
+        ("notaurl", "expected an http:// or https:// URL"),
+        ("file:///etc/passwd", "expected an http:// or https:// URL"),
+        ("http://127.0.0.1:99999/hook", "port 99999 is out of range (1-65535)"),
+        ("http:///hook", "has no host"),
+    ] {
+        let started = std::time::Instant::now();
+        let out = p.run(&["alert-scan", "--webhook", url]);
+        assert_eq!(out.status.code(), Some(2), "{url}");
+        let err = stderr(&out);
+        assert!(err.contains(url) && err.contains(expected), "{url}: {err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{url}: failed at once, no retries");
+    }
 }

@@ -180,7 +180,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::AlertScan { run, webhook, slack, retries, dry_run } => {
+        Command::AlertScan { run, webhook, slack, retries, timeout, dry_run } => {
             let ws = Workspace::open_read_only(&cli.workspace)?
                 .with_context(|| format!("no workspace at {}", cli.workspace.display()))?;
             let run = super::events::resolve_run(&ws, run)?;
@@ -190,7 +190,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 if dry_run {
                     outln!("{body}");
                 } else {
-                    super::events::post(&webhook, &body, retries, std::time::Duration::from_millis(200))?;
+                    let deadline = std::time::Duration::from_secs(timeout);
+                    super::events::post(&webhook, &body, retries, std::time::Duration::from_millis(200), deadline)?;
                 }
             }
             eprintln!(

@@ -172,19 +172,62 @@ pub fn payload(alert: &Value, slack: bool) -> Value {
     })
 }
 
+/// `--webhook`: an absolute http:// or https:// URL with a host and, if given,
+/// a port in 1-65535. Anything else is a usage error before anything is sent.
+pub fn parse_webhook(url: &str) -> std::result::Result<String, String> {
+    let rest = ["http://", "https://"]
+        .iter()
+        .find_map(|scheme| {
+            url.get(..scheme.len()).filter(|p| p.eq_ignore_ascii_case(scheme)).map(|_| &url[scheme.len()..])
+        })
+        .ok_or_else(|| format!("'{url}': expected an http:// or https:// URL"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        // An IPv6 literal: [::1]:8080
+        Some(v6) => match v6.split_once(']') {
+            Some((h, tail)) => (h, tail.strip_prefix(':')),
+            None => return Err(format!("'{url}': an unclosed IPv6 address")),
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(format!("'{url}' has no host"));
+    }
+    if let Some(port) = port {
+        match port.parse::<u32>() {
+            Ok(n) if (1..=65535).contains(&n) => {}
+            Ok(_) => return Err(format!("'{url}': port {port} is out of range (1-65535)")),
+            Err(_) => return Err(format!("'{url}': port '{port}' is not a number")),
+        }
+    }
+    url.parse::<ureq::http::Uri>().map_err(|e| format!("'{url}' is not a valid URL: {e}"))?;
+    Ok(url.to_string())
+}
+
 /// POSTs `body` to `url`, retrying transport errors and 5xx/429 answers with
-/// exponential backoff; a 4xx answer is not retried.
-pub fn post(url: &str, body: &Value, retries: u32, backoff: Duration) -> Result<()> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(10)))
-        .http_status_as_error(false)
-        .build()
-        .into();
+/// exponential backoff; a 4xx answer is not retried. The whole, retries and
+/// waits included, takes at most `total`: a server that never answers is cut.
+pub fn post(url: &str, body: &Value, retries: u32, backoff: Duration, total: Duration) -> Result<()> {
+    let started = std::time::Instant::now();
     let mut last = String::new();
     for attempt in 0..=retries {
         if attempt > 0 {
-            std::thread::sleep(backoff * 2u32.pow(attempt - 1));
+            let wait = backoff * 2u32.pow(attempt - 1);
+            if started.elapsed() + wait >= total {
+                break;
+            }
+            std::thread::sleep(wait);
         }
+        let left = total.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let agent: ureq::Agent =
+            ureq::Agent::config_builder().timeout_global(Some(left)).http_status_as_error(false).build().into();
         match agent.post(url).header("content-type", "application/json").send(body.to_string()) {
             Ok(resp) => {
                 let status = resp.status().as_u16();
@@ -198,6 +241,9 @@ pub fn post(url: &str, body: &Value, retries: u32, backoff: Duration) -> Result<
             }
             Err(e) => last = e.to_string(),
         }
+    }
+    if started.elapsed() >= total || last.is_empty() {
+        bail!("webhook {url}: no answer within {} s (--timeout), retries included: {last}", total.as_secs())
     }
     bail!("webhook {url} failed after {} attempt(s): {last}", retries + 1)
 }

@@ -201,8 +201,8 @@ pub enum Command {
         /// The run (default: the latest).
         #[arg(long, value_name = "RUN")]
         run: Option<String>,
-        /// Where to POST (http or https).
-        #[arg(long, value_name = "URL")]
+        /// Where to POST (an http:// or https:// URL).
+        #[arg(long, value_name = "URL", value_parser = events::parse_webhook)]
         webhook: String,
         /// Send a Slack-compatible `{"text": ...}` message.
         #[arg(long)]
@@ -210,6 +210,10 @@ pub enum Command {
         /// Retries per alert after the first attempt (5xx, 429 and transport errors).
         #[arg(long, default_value_t = 3)]
         retries: u32,
+        /// Seconds one alert may take in all, retries included: a server that
+        /// never answers is cut then.
+        #[arg(long, value_name = "SECS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        timeout: u64,
         /// Print the alerts instead of posting them.
         #[arg(long)]
         dry_run: bool,
