@@ -267,13 +267,32 @@ impl Workspace {
         Ok(Staging { dir, _lock: lock })
     }
 
-    /// Removes staging folders whose owner is gone (its lock can be taken).
+    /// Removes staging folders whose owner is gone (its lock can be taken), and
+    /// the locks of staging that no longer exists (a process killed between
+    /// creating its lock and its folder, or between removing them).
     fn clear_dead_staging(&self) -> Result<(), StoreError> {
         let tmp = self.root.join("tmp");
         let entries = fs::read_dir(&tmp).map_err(io(format!("listing {}", tmp.display())))?;
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "lock") {
+                // A lock alone: its owner is gone if the lock can be taken. One
+                // younger than a minute may be a live process's, created an
+                // instant before it takes it.
+                let staged = path.with_extension("");
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > std::time::Duration::from_secs(60));
+                if !staged.exists() && old {
+                    if let Ok(f) = File::options().write(true).open(&path) {
+                        if f.try_lock().is_ok() {
+                            let _ = fs::remove_file(&path);
+                        }
+                    }
+                }
                 continue;
             }
             let lock_path = path.with_extension("lock");
@@ -383,6 +402,28 @@ impl Workspace {
             index.update_outputs(&node.key, &refreshed)?;
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod staging_tests {
+    use super::Workspace;
+
+    #[test]
+    fn an_orphan_staging_lock_is_removed_and_a_live_ones_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let tmp = dir.path().join("tmp");
+        // Left by a process killed between creating its lock and its folder.
+        let orphan = tmp.join("4242-deadbeef.lock");
+        let file = std::fs::File::create(&orphan).unwrap();
+        file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600)).unwrap();
+        drop(file);
+        // A live process's staging, with its lock held.
+        let live = ws.staging().unwrap();
+        Workspace::open(dir.path()).unwrap();
+        assert!(!orphan.exists(), "the orphan lock is removed");
+        assert!(live.path().exists() && live.path().with_extension("lock").exists(), "live staging is kept");
     }
 }
 
