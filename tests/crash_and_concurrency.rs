@@ -144,3 +144,30 @@ fn dry_run_changes_nothing() {
     let wal = p.path().join(".orchestrate/cache.sqlite-wal");
     assert!(!wal.exists() || std::fs::metadata(&wal).unwrap().len() == 0, "--dry-run wrote to the WAL");
 }
+
+#[test]
+fn a_damaged_index_is_said_once_with_how_to_recover_and_the_advice_works() {
+    let p = Project::new();
+    p.write("spec.yaml", common::CHAIN);
+    assert_eq!(p.run(&["run", "spec.yaml"]).status.code(), Some(0));
+    // Checkpoint the WAL into the file, then cut the file in half.
+    assert_eq!(p.run(&["status"]).status.code(), Some(0));
+    let index = p.path().join(".orchestrate/cache.sqlite");
+    for side in ["cache.sqlite-wal", "cache.sqlite-shm"] {
+        let _ = std::fs::remove_file(p.path().join(".orchestrate").join(side));
+    }
+    let len = std::fs::metadata(&index).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&index).unwrap().set_len(len / 2).unwrap();
+
+    let out = p.run(&["run", "spec.yaml"]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is damaged") && err.contains(&index.display().to_string()), "{err}");
+    assert_eq!(err.matches("malformed").count(), 1, "said once: {err}");
+    assert!(err.contains(&format!("mv {} {}.damaged", index.display(), index.display())), "{err}");
+
+    // Following the advice: a new index, every node runs again, the outputs are the same.
+    std::fs::rename(&index, index.with_extension("sqlite.damaged")).unwrap();
+    assert_eq!(p.run(&["run", "spec.yaml"]).status.code(), Some(0));
+    assert_eq!(p.read("c.txt"), "ALPHA\nALPHA\n");
+}

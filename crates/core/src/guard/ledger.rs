@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS guard_events (
 pub const FILE: &str = "guard.sqlite";
 
 fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
-    move |source| StoreError::Db { context: context.to_string(), source }
+    move |error| StoreError::Db { context: context.to_string(), error }
 }
 
 /// One event of a lineage's chain, as stored.

@@ -190,7 +190,7 @@ pub struct Index {
 }
 
 fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
-    move |source| StoreError::Db { context: context.to_string(), source }
+    move |error| StoreError::Db { context: context.to_string(), error }
 }
 
 fn json<T: Serialize>(v: &T) -> String {
@@ -249,8 +249,34 @@ fn on_network_fs(dir: &Path) -> bool {
 /// `user_version` is older than `version` (a newer one is refused). Other
 /// modules keep their own tables this way (the guard's ledger).
 pub fn open_database(path: &Path, what: &str, schema: &str, version: i64) -> Result<Connection, StoreError> {
+    open_checked(path, what, schema, version).map_err(|e| match e {
+        StoreError::Db { error, .. } if is_damage(&error) => StoreError::Damaged {
+            path: path.to_path_buf(),
+            detail: error.to_string(),
+            advice: if what == "the index" {
+                "The outputs under objects/ are intact, but this index no longer says which node key produced \
+                 which; the next run starts a new index and runs every node again (outputs that come back \
+                 byte-identical are stored once)."
+            } else {
+                "What it recorded (the guard's rollout claims, nonces and sealed events) is lost with it; GRPO \
+                 nodes that need it run again."
+            },
+        },
+        other => other,
+    })
+}
+
+/// SQLite's "this file is not a (sound) database": corruption, or not a database at all.
+fn is_damage(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) | Some(rusqlite::ErrorCode::NotADatabase)
+    )
+}
+
+fn open_checked(path: &Path, what: &str, schema: &str, version: i64) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)
-        .map_err(|source| StoreError::Db { context: format!("opening {what} {}", path.display()), source })?;
+        .map_err(|error| StoreError::Db { context: format!("opening {what} {}", path.display()), error })?;
     conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
     // WAL: readers never block the writer; NORMAL: a killed process loses
     // nothing committed (only power loss could drop the last commits).

@@ -29,12 +29,18 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{context}: {source}")]
-    Db {
-        context: String,
-        #[source]
-        source: rusqlite::Error,
-    },
+    /// SQLite's error is in the message, not a separate `source`, so a chain
+    /// of causes does not print it twice.
+    #[error("{context}: {error}")]
+    Db { context: String, error: rusqlite::Error },
+    /// A database file SQLite cannot read: said once, with what to do.
+    #[error(
+        "{} is damaged ({detail}). {advice} To go on, move it aside: mv {} {}.damaged",
+        path.display(),
+        path.display(),
+        path.display()
+    )]
+    Damaged { path: PathBuf, detail: String, advice: &'static str },
     #[error("{0}")]
     Invalid(String),
 }
