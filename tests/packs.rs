@@ -201,6 +201,61 @@ fn a_manifest_missing_a_field_fails_the_audit_naming_the_file_and_the_field() {
 }
 
 #[test]
+fn a_symlink_in_a_pack_is_refused_even_with_identical_bytes() {
+    let (code, text) = tampered(|d: &Path| {
+        // The output replaced by a link to an outside copy of the same bytes:
+        // every checksum still matches.
+        let output = d.join("outputs/measure/m.json");
+        let outside = d.parent().unwrap().join("outside-m.json");
+        std::fs::copy(&output, &outside).unwrap();
+        std::fs::remove_file(&output).unwrap();
+        std::os::unix::fs::symlink(&outside, &output).unwrap();
+    });
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("symlink") && text.contains("outputs/measure/m.json"), "{text}");
+
+    // An extra link, listed in SHA256SUMS with its target's sum.
+    let (code, text) = tampered(|d: &Path| {
+        std::os::unix::fs::symlink("/etc/hostname", d.join("hostname")).unwrap();
+        let out = std::process::Command::new("sha256sum").arg("hostname").current_dir(d).output().unwrap();
+        let mut sums = std::fs::read_to_string(d.join("SHA256SUMS")).unwrap();
+        sums.push_str(&String::from_utf8_lossy(&out.stdout));
+        std::fs::write(d.join("SHA256SUMS"), sums).unwrap();
+    });
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("symlink") && text.contains("hostname"), "{text}");
+}
+
+#[test]
+fn a_manifest_path_outside_the_pack_is_refused_and_never_opened() {
+    let (code, text) = tampered(|d: &Path| {
+        // The gate definition moved outside the pack (same content), the
+        // manifest pointing at it, SHA256SUMS resealed.
+        let outside = d.parent().unwrap().join("outside-gates.yaml");
+        std::fs::copy(d.join("gates/gates.yaml"), &outside).unwrap();
+        edit(
+            &d.join("MANIFEST.json"),
+            "\"definition\": \"gates/gates.yaml\"",
+            "\"definition\": \"../outside-gates.yaml\"",
+        );
+        reseal(d, "MANIFEST.json");
+    });
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("../outside-gates.yaml") && text.contains("outside the pack"), "{text}");
+}
+
+#[test]
+fn a_file_listed_twice_in_sha256sums_is_refused() {
+    let (code, text) = tampered(|d: &Path| {
+        let sums = std::fs::read_to_string(d.join("SHA256SUMS")).unwrap();
+        let first = sums.lines().next().unwrap().to_string();
+        std::fs::write(d.join("SHA256SUMS"), format!("{sums}{first}\n")).unwrap();
+    });
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("listed twice"), "{text}");
+}
+
+#[test]
 fn a_failing_gate_is_reported_as_failed_with_its_evidence_not_as_an_error() {
     let p = Project::new();
     p.write("s.yaml", SPEC);

@@ -86,22 +86,54 @@ fn copy_object(src: &Path, dst: &Path) -> Result<(), PackError> {
 
 /// Files under a folder, relative, sorted.
 fn list_files(root: &Path) -> Result<Vec<String>, PackError> {
-    let mut out = Vec::new();
+    Ok(list_entries(root)?.0)
+}
+
+/// Regular files and everything else (symlinks, sockets, ...) under a folder,
+/// relative, sorted. Links are never followed, into folders either.
+fn list_entries(root: &Path) -> Result<(Vec<String>, Vec<String>), PackError> {
+    let (mut files, mut others) = (Vec::new(), Vec::new());
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = root.join(&rel);
         for entry in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
             let entry = entry.map_err(io("listing"))?;
             let child = rel.join(entry.file_name());
-            if entry.file_type().map_err(io("reading a file type"))?.is_dir() {
+            let kind = entry.file_type().map_err(io("reading a file type"))?;
+            if kind.is_dir() {
                 stack.push(child);
+            } else if kind.is_file() {
+                files.push(child.to_string_lossy().into_owned());
             } else {
-                out.push(child.to_string_lossy().into_owned());
+                others.push(child.to_string_lossy().into_owned());
             }
         }
     }
-    out.sort();
-    Ok(out)
+    files.sort();
+    others.sort();
+    Ok((files, others))
+}
+
+/// A path a pack names (in SHA256SUMS or its manifest) as a path inside the
+/// pack: relative, without `..`, and with no symlink on the way. Anything else
+/// is refused, and never opened.
+pub fn inside(dir: &Path, rel: &str) -> Result<PathBuf, String> {
+    let path = Path::new(rel);
+    let plain = !rel.is_empty() && path.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain {
+        return Err(format!("{rel} is outside the pack (a pack names only relative paths inside it)"));
+    }
+    let mut at = dir.to_path_buf();
+    for c in path.components() {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!("{rel}: {} is a symlink (a pack holds only regular files)", at.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(at)
 }
 
 /// The seal of an event: blake3 over the previous seal, its position and its canonical JSON.
@@ -310,15 +342,29 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
     for (i, line) in sums.lines().enumerate() {
         match line.split_once("  ") {
             Some((hash, path)) => {
-                listed.insert(path.to_string(), hash.to_string());
+                if let Err(e) = inside(dir, path) {
+                    problems.push(format!("SHA256SUMS line {}: {e}", i + 1));
+                } else if listed.insert(path.to_string(), hash.to_string()).is_some() {
+                    problems.push(format!("{path} is listed twice in SHA256SUMS (line {})", i + 1));
+                }
             }
             None => problems.push(format!("SHA256SUMS line {} is malformed", i + 1)),
         }
     }
-    let present: BTreeSet<String> = list_files(dir)?.into_iter().filter(|f| f != "SHA256SUMS").collect();
+    let (files, others) = list_entries(dir)?;
+    for other in &others {
+        let what = match fs::symlink_metadata(dir.join(other)) {
+            Ok(m) if m.file_type().is_symlink() => "a symlink",
+            _ => "not a regular file",
+        };
+        problems.push(format!("{other} is {what}: a pack holds only regular files, and links are never followed"));
+    }
+    let present: BTreeSet<String> = files.into_iter().filter(|f| f != "SHA256SUMS").collect();
     for (path, expected) in &listed {
         if !present.contains(path) {
-            problems.push(format!("missing: {path} is listed in SHA256SUMS but absent from the pack"));
+            if !others.contains(path) {
+                problems.push(format!("missing: {path} is listed in SHA256SUMS but absent from the pack"));
+            }
             continue;
         }
         let actual = sha256_file(&dir.join(path))?;
@@ -375,10 +421,25 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
     // Packed outputs against the manifest's content hashes.
     match Manifest::read(dir) {
         Ok(manifest) => {
+            let named = manifest
+                .nodes
+                .iter()
+                .flat_map(|n| n.outputs.iter().filter_map(|o| o.path.as_deref()))
+                .chain(manifest.gates.iter().flat_map(|g| {
+                    std::iter::once(g.definition.as_str())
+                        .chain(g.results.as_deref())
+                        .chain(g.evidence.values().map(String::as_str))
+                }))
+                .chain(std::iter::once(manifest.events.file.as_str()));
+            for path in named {
+                if let Err(e) = inside(dir, path) {
+                    problems.push(format!("MANIFEST.json names {e}"));
+                }
+            }
             for o in manifest.nodes.iter().flat_map(|n| &n.outputs) {
                 let Some(path) = &o.path else { continue };
-                let p = dir.join(path);
-                if !p.is_file() {
+                let Ok(p) = inside(dir, path) else { continue }; // reported above
+                if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
                     continue; // reported above (or a folder, checked by its files' sums)
                 }
                 let actual = crate::store::hash_file(&p).map(|(h, _)| h).unwrap_or_default();
@@ -397,7 +458,7 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
     let manifest = Manifest::read(dir).map_err(PackError::Refused)?;
     let mut results = Vec::new();
     for g in &manifest.gates {
-        let definition = dir.join(&g.definition);
+        let definition = inside(dir, &g.definition).map_err(|e| PackError::Refused(format!("gate definition {e}")))?;
         let file = read_gate_file(&definition).map_err(PackError::Refused)?;
         let evidence_paths = &g.evidence;
         for gate in &file.gates {
@@ -405,7 +466,10 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
             let mut hashes = BTreeMap::new();
             let mut unreadable = None;
             for (alias, reference) in &gate.evidence {
-                let text = evidence_paths.get(reference).and_then(|path| fs::read_to_string(dir.join(path)).ok());
+                let text = evidence_paths
+                    .get(reference)
+                    .and_then(|path| inside(dir, path).ok())
+                    .and_then(|path| fs::read_to_string(path).ok());
                 let Some(text) = text else {
                     unreadable = Some(format!("cannot evaluate: evidence {reference} is missing from the pack"));
                     break;
@@ -414,7 +478,14 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
                 loaded.insert(alias.clone(), serde_json::from_str(&text).unwrap_or(Value::Null));
                 hashes.insert(
                     alias.clone(),
-                    (reference.clone(), crate::store::hash_file(&dir.join(path)).map(|(h, _)| h).unwrap_or_default()),
+                    (
+                        reference.clone(),
+                        inside(dir, path)
+                            .ok()
+                            .and_then(|p| crate::store::hash_file(&p).ok())
+                            .map(|(h, _)| h)
+                            .unwrap_or_default(),
+                    ),
                 );
             }
             // Missing evidence fails the gate (verify names the missing file); it is not an error.
@@ -443,7 +514,7 @@ pub fn gate_table(results: &[GateResult]) -> String {
 pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
     let manifest = Manifest::read(dir).map_err(ReportError::Invalid)?;
     let mut outcome: BTreeMap<String, (String, Option<f64>)> = BTreeMap::new();
-    let events_path = dir.join(&manifest.events.file);
+    let events_path = inside(dir, &manifest.events.file).map_err(ReportError::Invalid)?;
     let events = std::fs::read_to_string(&events_path).unwrap_or_default();
     for (i, line) in events.lines().enumerate() {
         let sealed: SealedEvent = serde_json::from_str(line)
@@ -464,7 +535,8 @@ pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
         let mut deps: Vec<String> = n.inputs.values().flatten().map(|r| r.node.clone()).collect();
         deps.sort();
         deps.dedup();
-        let outputs = n.outputs.iter().filter_map(|o| Some((o.name.clone(), dir.join(o.path.as_ref()?)))).collect();
+        let outputs =
+            n.outputs.iter().filter_map(|o| Some((o.name.clone(), inside(dir, o.path.as_ref()?).ok()?))).collect();
         let (o, seconds) = outcome.get(&n.id).cloned().unwrap_or_else(|| ("frozen".into(), None));
         nodes.push(Node {
             id: n.id.clone(),
