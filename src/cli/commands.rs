@@ -163,7 +163,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Events { run, kind, code, node, json } => {
             let ws = Workspace::open_read_only(&cli.workspace)?
                 .with_context(|| format!("no workspace at {}", cli.workspace.display()))?;
-            let run = super::events::resolve_run(&ws, run)?;
+            let run = ws.resolve_run(run)?;
             let filter = super::events::Filter { kind, code, node };
             let mut shown = 0usize;
             let mut out = std::io::stdout().lock();
@@ -183,7 +183,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::AlertScan { run, webhook, slack, retries, timeout, dry_run } => {
             let ws = Workspace::open_read_only(&cli.workspace)?
                 .with_context(|| format!("no workspace at {}", cli.workspace.display()))?;
-            let run = super::events::resolve_run(&ws, run)?;
+            let run = ws.resolve_run(run)?;
             let alerts = super::events::alerts(&super::events::collect(&ws, &run)?);
             for a in &alerts {
                 let body = super::events::payload(a, slack);

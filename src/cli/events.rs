@@ -12,11 +12,6 @@ use orchestrate_core::ops::worker::WorkerOp;
 use orchestrate_core::store::Workspace;
 use orchestrate_core::train::metrics::TrainingMetrics;
 
-/// The run to look at: the given one (which must exist) or the latest.
-pub fn resolve_run(ws: &Workspace, run: Option<String>) -> Result<String> {
-    Ok(ws.resolve_run(run)?)
-}
-
 /// Every event of a run, engine events first (in order), then, for each node of
 /// the run that has GRPO metrics, its guard event chain. Each event is
 /// `{source, node, type, seq, codes, ...}`.

@@ -45,6 +45,13 @@ pub fn worker_binary() -> Option<PathBuf> {
     [dir.join(WORKER), dir.parent()?.join(WORKER)].into_iter().find(|p| p.is_file())
 }
 
+/// The worker binary, or what to do when it was not built.
+pub fn require_worker() -> Result<PathBuf, String> {
+    worker_binary().ok_or_else(|| {
+        format!("{WORKER} was not found next to orchestrate: build the workspace's crates/torch (scripts/setup.sh, then cargo build)")
+    })
+}
+
 /// Asks the worker for the numerical environment (once per run).
 pub fn env_provider() -> EnvProvider {
     Box::new(|| worker_env(false))
@@ -65,9 +72,7 @@ pub fn probe_env() -> Result<EnvPart, String> {
 /// variables; the cache file is named after a blake3 of all of them (see
 /// [`env_fingerprint`]), so any change asks the worker again.
 fn worker_env(ignore_device_choice: bool) -> Result<EnvPart, String> {
-    let worker = worker_binary().ok_or_else(|| {
-        format!("{WORKER} was not found next to orchestrate: build the workspace's crates/torch (scripts/setup.sh, then cargo build)")
-    })?;
+    let worker = require_worker()?;
     let cached =
         env_cache_dir().map(|dir| dir.join(format!("{}.json", env_fingerprint(&worker, ignore_device_choice))));
     let entry: Option<CachedEnv> =
@@ -284,9 +289,7 @@ fn detected_cpu_capability() -> &'static str {
 
 /// Runs a worker command with this process's stdio and returns its exit code.
 pub fn exec_worker(args: &[String]) -> Result<ExitCode, String> {
-    let worker = worker_binary().ok_or_else(|| {
-        format!("{WORKER} was not found next to orchestrate: build the workspace (crates/torch) with libtorch")
-    })?;
+    let worker = require_worker()?;
     let status =
         Command::new(&worker).args(args).status().map_err(|e| format!("starting {}: {e}", worker.display()))?;
     Ok(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(2)))

@@ -149,15 +149,12 @@ impl std::fmt::Display for DirtyReason {
     }
 }
 
-/// Says why a node with this record (whose key is `key`, already computed by
-/// the caller) is not a cache hit: its key's last failure, or what changed since
-/// its last completed record.
-pub fn why_run(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> Result<DirtyReason, StoreError> {
-    // A key that completed since it failed is not "failed": it lost its outputs.
-    if index.lookup(key)?.is_none() {
-        if let Some((run_id, error)) = index.last_failure(node_id, key)? {
-            return Ok(DirtyReason::FailedIn { run_id, error });
-        }
+/// Says why a node whose key has no cache row runs: the key's last failure, or
+/// what changed since the node's last completed record. (A key with a row is a
+/// hit or `OutputsInvalid`: one that completed since it failed is not "failed".)
+fn why_absent(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> Result<DirtyReason, StoreError> {
+    if let Some((run_id, error)) = index.last_failure(node_id, key)? {
+        return Ok(DirtyReason::FailedIn { run_id, error });
     }
     let Some(last) = index.latest_for_node(node_id)? else {
         return Ok(DirtyReason::New);
@@ -190,14 +187,11 @@ pub fn decide(
     if force {
         return Ok(Decision::Run(DirtyReason::Forced));
     }
-    if let Some(cached) = index.lookup(key)? {
-        return Ok(match ws.check_outputs(index, &cached, spec_dir)? {
-            // Checking may have refreshed the row (stat of workspace outputs).
-            None => Decision::Hit(index.lookup(key)?.map(|c| c.outputs).unwrap_or(cached.outputs)),
-            Some(why) => Decision::Run(DirtyReason::OutputsInvalid(why)),
-        });
-    }
-    Ok(Decision::Run(why_run(index, node_id, key, record)?))
+    Ok(match cached_valid(ws, index, spec_dir, key)? {
+        Ok(outputs) => Decision::Hit(outputs),
+        Err(Some(why)) => Decision::Run(DirtyReason::OutputsInvalid(why)),
+        Err(None) => Decision::Run(why_absent(index, node_id, key, record)?),
+    })
 }
 
 /// What the caller hears about while a node resolves.
@@ -260,7 +254,7 @@ impl Executor for Local {
         let lock = job.ws.lock_node(key, || {
             observer.waiting(
                 key,
-                &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), &key[..12]),
+                &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), key.short()),
             )
         });
         let _lock = match lock {
@@ -269,7 +263,7 @@ impl Executor for Local {
         };
         if !job.force {
             // The process we waited for may have completed it.
-            if let Ok(Ok(outputs)) = cached_valid(job, key) {
+            if let Ok(Ok(outputs)) = job.cached_valid(key) {
                 return Outcome::Cached { key: key.clone(), outputs };
             }
         }
@@ -285,15 +279,25 @@ impl Executor for Local {
 
 /// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(why)))` if cached but stale, `Ok(Err(None))` if absent.
 pub(crate) fn cached_valid(
-    job: &NodeJob<'_>,
+    ws: &Workspace,
+    index: &Index,
+    spec_dir: &Path,
     key: &str,
 ) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
-    let Some(cached) = job.index.lookup(key)? else {
+    let Some(cached) = index.lookup(key)? else {
         return Ok(Err(None));
     };
-    match job.ws.check_outputs(job.index, &cached, job.spec_dir)? {
-        None => Ok(Ok(job.index.lookup(key)?.map(|c| c.outputs).unwrap_or(cached.outputs))),
+    match ws.check_outputs(index, &cached, spec_dir)? {
+        // Checking may have refreshed the row (stat of workspace outputs).
+        None => Ok(Ok(index.lookup(key)?.map(|c| c.outputs).unwrap_or(cached.outputs))),
         Some(why) => Ok(Err(Some(why))),
+    }
+}
+
+impl NodeJob<'_> {
+    /// [`cached_valid`] for this job's node: a re-check after waiting for someone else.
+    pub(crate) fn cached_valid(&self, key: &str) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
+        cached_valid(self.ws, self.index, self.spec_dir, key)
     }
 }
 

@@ -43,9 +43,8 @@ impl Op for Echo {
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("out")]
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
-        let p = params;
         if p.fail {
             return Err(OpError::Failed("asked to fail".into()));
         }

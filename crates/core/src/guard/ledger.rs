@@ -4,12 +4,12 @@
 //! single-use nonces (a validated batch updates parameters once), and the
 //! sealed event chain of each lineage.
 
-use std::fs::File;
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::store::{open_database, StoreError, Workspace};
+use crate::store::index::db;
+use crate::store::{open_database, open_database_read_only, while_locked, StoreError, Workspace};
 
 const SCHEMA_VERSION: i64 = 1;
 
@@ -41,10 +41,6 @@ CREATE TABLE IF NOT EXISTS guard_events (
 /// The ledger file in a workspace.
 pub const FILE: &str = "guard.sqlite";
 
-fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
-    move |error| StoreError::Db { context: context.to_string(), error }
-}
-
 /// One event of a lineage's chain, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredEvent {
@@ -74,11 +70,10 @@ impl Ledger {
     /// Opens (creating if needed) a ledger file. Creation (tables, journal mode)
     /// is serialized between processes that open a new one at the same moment.
     pub fn open_at(path: &Path) -> Result<Ledger, StoreError> {
-        let lock_path = path.with_extension("lock");
-        let lock = File::create(&lock_path)
-            .map_err(|source| StoreError::Io { context: format!("creating {}", lock_path.display()), source })?;
-        lock.lock().map_err(|source| StoreError::Io { context: format!("locking {}", lock_path.display()), source })?;
-        Ok(Ledger { conn: open_database(path, "the guard ledger", SCHEMA, SCHEMA_VERSION)? })
+        let conn = while_locked(&path.with_extension("lock"), || {
+            open_database(path, "the guard ledger", SCHEMA, SCHEMA_VERSION)
+        })?;
+        Ok(Ledger { conn })
     }
 
     /// The ledger of a workspace for reading, or `None` if nothing was ever written to it.
@@ -87,10 +82,7 @@ impl Ledger {
         if !path.is_file() {
             return Ok(None);
         }
-        let conn = Connection::open_with_flags(&path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(db("opening the guard ledger read-only"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
-        Ok(Some(Ledger { conn }))
+        Ok(Some(Ledger { conn: open_database_read_only(&path, "the guard ledger")? }))
     }
 
     /// Claims rollout ids of a lineage for `owner` (a node key), in one

@@ -68,8 +68,7 @@ impl Op for ConstantGroups {
     fn printed_output(&self) -> Option<&'static str> {
         Some("table.md")
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let mut rows = Vec::new();
         let mut md = String::from("CONSTRUCTED REWARDS (Bernoulli draws, not model responses): share of groups whose advantages are all exactly zero.\n\n| G | p(success) | analytic p^G + (1-p)^G | constructed | groups |\n|---|---|---|---|---|\n");
         for &g in &p.group_sizes {
@@ -351,8 +350,7 @@ impl Op for Arms {
     fn printed_output(&self) -> Option<&'static str> {
         Some("summary.md")
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let training = ctx.inputs.get("training").cloned().unwrap_or_default();
         let evals = ctx.inputs.get("evals").cloned().unwrap_or_default();
         if training.len() != p.arms.len() || (!evals.is_empty() && evals.len() != training.len()) {

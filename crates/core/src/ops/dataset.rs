@@ -118,8 +118,7 @@ impl Op for StockArithmeticDataset {
         out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
         out
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let counts = p.counts();
         let records = generate(p.seed, &counts).map_err(|e| OpError::Failed(e.to_string()))?;
         for split in Split::ALL {

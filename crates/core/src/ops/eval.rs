@@ -173,7 +173,7 @@ impl EvalResults {
     /// Reads an `eval.score` result; a missing or ill-typed field is an error
     /// naming the file and the field.
     pub fn read(path: &std::path::Path) -> Result<Self, OpError> {
-        super::read_typed(path)
+        Ok(crate::canonical::read_typed(path)?)
     }
 }
 
@@ -249,13 +249,12 @@ impl Op for EvalScore {
     }
     fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
-        let summary: EvalSummary = super::read_typed(ctx.input_path("summary")?)?;
+        let summary: EvalSummary = crate::canonical::read_typed(ctx.input_path("summary")?)?;
         let labels: BTreeMap<String, Value> = read_jsonl::<Value>(ctx.input_path("labels")?)?
             .into_iter()
             .filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone())))
             .collect();
-        let p = params;
-        let results = score(&responses, &labels, &summary, p.policy.clone())?;
+        let results = score(&responses, &labels, &summary, params.policy.clone())?;
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
         std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
     }

@@ -61,8 +61,7 @@ impl Op for GateOp {
     fn printed_output(&self) -> Option<&'static str> {
         Some("gates.md")
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let file = read_gate_file(&ctx.spec_dir.join(&p.file)).map_err(OpError::Failed)?;
         let mut loaded: BTreeMap<String, (Value, String)> = BTreeMap::new();
         for (name, artifacts) in ctx.inputs {

@@ -181,11 +181,6 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, OpError> {
         .collect()
 }
 
-/// Reads a JSON artifact into its shared type (see [`crate::canonical::read_typed`]).
-pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, OpError> {
-    Ok(crate::canonical::read_typed(path)?)
-}
-
 pub use crate::canonical::required;
 
 /// A params problem at a path inside the node's `params`.

@@ -66,8 +66,7 @@ impl Op for TokenizerBuild {
     fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let pages: Vec<Value> = read_jsonl(ctx.input_path("pages")?)?;
         let labels: Vec<Value> = read_jsonl(ctx.input_path("labels")?)?;
         let mut texts = Vec::with_capacity(pages.len() + labels.len());
@@ -234,17 +233,15 @@ impl Op for ModelImport {
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("model") }]
     }
-    fn file_deps(&self, params: &Self::Params, spec_dir: &Path) -> Vec<String> {
+    fn file_deps(&self, p: &Self::Params, spec_dir: &Path) -> Vec<String> {
         // The folder's content is in the key: every file that loading reads.
-        let p = params;
         let dir = spec_dir.join(&p.path);
         import_files(&dir)
             .iter()
             .filter_map(|f| f.strip_prefix(&dir).ok().map(|rel| Path::new(&p.path).join(rel).display().to_string()))
             .collect()
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let dir = ctx.spec_dir.join(&p.path);
         let folder = HfFolder::open(&dir).map_err(failed)?;
         let config = folder.config().map_err(failed)?;

@@ -125,8 +125,7 @@ impl Op for ResultsTable {
     fn printed_output(&self) -> Option<&'static str> {
         Some("table.md")
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let evals = ctx.inputs.get("evals").cloned().unwrap_or_default();
         let training = ctx.inputs.get("training").cloned().unwrap_or_default();
         if evals.len() != p.policies.len() || training.len() != p.runs.len() {

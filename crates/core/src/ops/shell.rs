@@ -129,8 +129,7 @@ impl Op for ShellOp {
     fn file_deps(&self, params: &Self::Params, _spec_dir: &std::path::Path) -> Vec<String> {
         params.deps.iter().filter_map(|d| normalize_rel(d)).collect()
     }
-    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let p = params;
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         // Stale outs from an earlier run must not pass for fresh ones (DVC does the same).
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
             let path = ctx.spec_dir.join(&out);

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{process, OpError, RunContext};
-use crate::runtime::{worker_binary, WORKER};
+use crate::runtime::{require_worker, WORKER};
 
 /// The ops the worker implements: the one table of their names, shared by the
 /// engine (whose ops declare them and hand the job over) and the worker (which
@@ -65,12 +65,7 @@ pub struct WorkerJob {
 
 /// Runs `op` for this node in the worker; its stdout and stderr go to the node's log.
 pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> {
-    let worker = worker_binary().ok_or_else(|| {
-        OpError::Failed(format!(
-            "op '{}' needs {WORKER}, which was not found next to orchestrate: build the workspace's crates/torch",
-            op.name()
-        ))
-    })?;
+    let worker = require_worker().map_err(|e| OpError::Failed(format!("op '{}': {e}", op.name())))?;
     let job = WorkerJob {
         op,
         node_id: ctx.node_id.to_string(),

@@ -89,10 +89,10 @@ fn list_files(root: &Path) -> Result<Vec<String>, PackError> {
     Ok(list_entries(root)?.0)
 }
 
-/// Regular files and everything else (symlinks, sockets, ...) under a folder,
-/// relative, sorted. Links are never followed, into folders either.
-fn list_entries(root: &Path) -> Result<(Vec<String>, Vec<String>), PackError> {
-    let (mut files, mut others) = (Vec::new(), Vec::new());
+/// Regular files under a folder, and everything else (symlinks, sockets, ...)
+/// with what it is; relative, sorted. Links are never followed, into folders either.
+fn list_entries(root: &Path) -> Result<(Vec<String>, BTreeMap<String, &'static str>), PackError> {
+    let (mut files, mut others) = (Vec::new(), BTreeMap::new());
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = root.join(&rel);
@@ -105,12 +105,12 @@ fn list_entries(root: &Path) -> Result<(Vec<String>, Vec<String>), PackError> {
             } else if kind.is_file() {
                 files.push(child.to_string_lossy().into_owned());
             } else {
-                others.push(child.to_string_lossy().into_owned());
+                let what = if kind.is_symlink() { "a symlink" } else { "not a regular file" };
+                others.insert(child.to_string_lossy().into_owned(), what);
             }
         }
     }
     files.sort();
-    others.sort();
     Ok((files, others))
 }
 
@@ -352,17 +352,13 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
         }
     }
     let (files, others) = list_entries(dir)?;
-    for other in &others {
-        let what = match fs::symlink_metadata(dir.join(other)) {
-            Ok(m) if m.file_type().is_symlink() => "a symlink",
-            _ => "not a regular file",
-        };
+    for (other, what) in &others {
         problems.push(format!("{other} is {what}: a pack holds only regular files, and links are never followed"));
     }
     let present: BTreeSet<String> = files.into_iter().filter(|f| f != "SHA256SUMS").collect();
     for (path, expected) in &listed {
         if !present.contains(path) {
-            if !others.contains(path) {
+            if !others.contains_key(path) {
                 problems.push(format!("missing: {path} is listed in SHA256SUMS but absent from the pack"));
             }
             continue;
@@ -384,6 +380,7 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
     for extra in present.iter().filter(|p| !listed.contains_key(*p)) {
         problems.push(format!("extra: {extra} is in the pack but not in SHA256SUMS (a pack is never appended to)"));
     }
+    let manifest = Manifest::read(dir);
     // The event chain: order, links and seals.
     if let Ok(text) = fs::read_to_string(dir.join("events.jsonl")) {
         let mut prev = String::from("genesis");
@@ -410,7 +407,7 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
             }
             prev = expected;
         }
-        if let Ok(manifest) = Manifest::read(dir) {
+        if let Ok(manifest) = &manifest {
             if manifest.events.last_seal != prev {
                 problems.push(
                     "the event chain's last seal differs from the manifest's: events were removed or appended".into(),
@@ -419,7 +416,7 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
         }
     }
     // Packed outputs against the manifest's content hashes.
-    match Manifest::read(dir) {
+    match manifest {
         Ok(manifest) => {
             let named = manifest
                 .nodes

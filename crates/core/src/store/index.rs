@@ -189,7 +189,8 @@ pub struct Index {
     conn: Connection,
 }
 
-fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
+/// Names what was being done when SQLite failed.
+pub(crate) fn db(context: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
     move |error| StoreError::Db { context: context.to_string(), error }
 }
 
@@ -266,6 +267,15 @@ pub fn open_database(path: &Path, what: &str, schema: &str, version: i64) -> Res
     })
 }
 
+/// Opens an existing database of the workspace read-only (changes nothing), with
+/// the same busy timeout as [`open_database`].
+pub fn open_database_read_only(path: &Path, what: &str) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|error| StoreError::Db { context: format!("opening {what} {} read-only", path.display()), error })?;
+    conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
+    Ok(conn)
+}
+
 /// SQLite's "this file is not a (sound) database": corruption, or not a database at all.
 fn is_damage(error: &rusqlite::Error) -> bool {
     matches!(
@@ -314,10 +324,7 @@ impl Index {
 
     /// Opens an existing index read-only (for `plan`, `--dry-run`: changes nothing).
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
-        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(db("opening the index read-only"))?;
-        conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
-        Ok(Index { conn })
+        Ok(Index { conn: open_database_read_only(path, "the index")? })
     }
 
     fn row_to_cached(

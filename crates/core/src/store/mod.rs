@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use index::{open_database, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow};
+pub use index::{
+    open_database, open_database_read_only, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow,
+};
 pub use objects::{hash_file, ObjectInfo};
 
 pub use objects::OutputKind;
@@ -105,12 +107,6 @@ impl From<Key> for String {
     }
 }
 
-impl PartialEq<str> for Key {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
 impl rusqlite::types::ToSql for Key {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         Ok(self.0.as_str().into())
@@ -126,6 +122,15 @@ impl rusqlite::types::FromSql for Key {
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     let context = context.into();
     move |source| StoreError::Io { context, source }
+}
+
+/// Runs `f` holding an OS lock on `lock_path` (created if needed), so
+/// processes doing the same at the same moment take turns: how a database's
+/// creation (tables, journal mode) is serialized.
+pub fn while_locked<T>(lock_path: &Path, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    let lock = File::create(lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+    lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
+    f()
 }
 
 /// Writes a file whole or not at all: a temporary file beside it (named after
@@ -201,14 +206,9 @@ impl Workspace {
             fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
         }
         let ws = Workspace { root: root.to_path_buf(), read_only: false };
-        {
-            // Creating the index (tables, WAL mode) is serialized between processes
-            // that open a new workspace at the same moment.
-            let path = root.join("index.lock");
-            let lock = File::create(&path).map_err(io(format!("creating {}", path.display())))?;
-            lock.lock().map_err(io(format!("locking {}", path.display())))?;
-            ws.index()?;
-        }
+        // Creating the index (tables, WAL mode) is serialized between processes
+        // that open a new workspace at the same moment.
+        while_locked(&root.join("index.lock"), || ws.index())?;
         ws.clear_dead_staging()?;
         Ok(ws)
     }

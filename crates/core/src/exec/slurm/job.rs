@@ -123,8 +123,8 @@ pub fn exec_node(
                     "node '{}' now has key {} but was submitted as {}: its spec, params or dep files changed after \
                      submission; run orchestrate again",
                     ticket.node,
-                    &r.key()[..12],
-                    &ticket.key[..12.min(ticket.key.len())]
+                    r.key().short(),
+                    ticket.key.short()
                 ))
             }
             Err(e) => return fail(e),

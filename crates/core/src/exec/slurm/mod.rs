@@ -150,7 +150,7 @@ impl Executor for SlurmRun<'_> {
 
 fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: &mut dyn NodeObserver) -> Outcome {
     let key = to_run.key.clone();
-    let cached = || -> Option<Vec<OutputRecord>> { super::node::cached_valid(job, &key).ok()?.ok() };
+    let cached = || -> Option<Vec<OutputRecord>> { job.cached_valid(&key).ok()?.ok() };
     if interrupted() {
         return to_run.failed("not submitted: the run was interrupted".into());
     }
