@@ -175,3 +175,33 @@ fn a_bad_command_line_is_exit_code_2() {
     let out = p.run(&["run"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Every committed experiment compiles, with each of its profiles: a spec under
+/// experiments/ that no test runs (a sweep) still cannot rot unnoticed.
+#[test]
+fn every_committed_experiment_validates_with_each_profile() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("experiments")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut profiles: Vec<Option<String>> = vec![None];
+        if let Some(map) = doc.get("profiles").and_then(|p| p.as_mapping()) {
+            profiles.extend(map.keys().filter_map(|k| k.as_str()).map(|k| Some(k.to_string())));
+        }
+        for profile in profiles {
+            let mut cmd = std::process::Command::new(common::bin());
+            cmd.arg("validate").arg(&path).current_dir(root);
+            if let Some(p) = &profile {
+                cmd.args(["--profile", p]);
+            }
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{} {profile:?}: {}", path.display(), common::stderr(&out));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 9, "only {checked} spec/profile pairs found");
+}

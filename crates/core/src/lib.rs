@@ -24,6 +24,7 @@ pub mod pack;
 pub mod report;
 pub mod runtime;
 pub mod spec;
+pub mod stats;
 pub mod store;
 pub mod suggest;
 pub mod train;

@@ -4,7 +4,11 @@
 use std::path::Path;
 
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
 use super::{ENDOFTEXT, IM_END, IM_START};
@@ -74,8 +78,16 @@ impl TextTokenizer {
     }
 }
 
+/// Qwen2's pre-tokenization regex (its `tokenizer.json` and transformers'
+/// `tokenization_qwen2.py`): `\p{N}` stands alone, so every digit is a token
+/// of its own and BPE never merges a number into one token.
+pub const QWEN2_PRETOKENIZE_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// Trains a byte-level BPE with ChatML special tokens on `texts` and writes
 /// `tokenizer.json` (loadable by Hugging Face `tokenizers` and `transformers`).
+/// It is built as Qwen2's is: NFC, then the [`QWEN2_PRETOKENIZE_REGEX`]
+/// split (isolated), then byte-level without a regex of its own.
 pub fn build_bpe(texts: &[String], vocab_size: usize, out: &Path) -> Result<(), TokenizerError> {
     let specials: Vec<AddedToken> =
         [ENDOFTEXT, IM_START, IM_END].iter().map(|t| AddedToken::from(t.to_string(), true)).collect();
@@ -86,12 +98,16 @@ pub fn build_bpe(texts: &[String], vocab_size: usize, out: &Path) -> Result<(), 
         .special_tokens(specials.clone())
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
+    let split =
+        Split::new(SplitPattern::Regex(QWEN2_PRETOKENIZE_REGEX.into()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(err)?;
+    let pre = Sequence::new(vec![split.into(), ByteLevel::new(false, false, false).into()]);
     let mut tokenizer = TokenizerBuilder::new()
         .with_model(BPE::default())
-        .with_normalizer(None::<tokenizers::normalizers::NormalizerWrapper>)
-        .with_pre_tokenizer(Some(ByteLevel::new(false, true, true)))
-        .with_post_processor(Some(ByteLevel::new(false, true, true)))
-        .with_decoder(Some(ByteLevel::new(false, true, true)))
+        .with_normalizer(Some(NFC))
+        .with_pre_tokenizer(Some(pre))
+        .with_post_processor(Some(ByteLevel::new(false, false, false)))
+        .with_decoder(Some(ByteLevel::new(false, false, false)))
         .build()
         .map_err(err)?;
     tokenizer.train(&mut trainer, texts.iter()).map_err(err)?;
@@ -140,6 +156,22 @@ mod tests {
         let d = t.decode(&ids).unwrap();
         assert_eq!(d.text, "boxes");
         assert_eq!(d.undecodable, vec![beyond as u32]);
+    }
+
+    #[test]
+    fn every_digit_is_a_token_of_its_own_as_in_qwen2() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        build_bpe(&corpus(), 300, &path).unwrap();
+        let t = TextTokenizer::from_file(&path).unwrap();
+        // The corpus repeats numbers up to 300 hundreds of times: a GPT-2
+        // pre-tokenizer merges them into tokens such as "Ġ55".
+        for (token, _) in t.inner.get_vocab(false) {
+            assert!(token.chars().filter(char::is_ascii_digit).count() <= 1, "a multi-digit token: {token:?}");
+        }
+        let ids = t.encode("holds 1234 boxes").unwrap();
+        let pieces: Vec<String> = ids.iter().map(|&i| t.decode(&[i]).unwrap().text).collect();
+        assert!(pieces.windows(4).any(|w| w == ["1", "2", "3", "4"]), "{pieces:?}");
     }
 
     #[test]

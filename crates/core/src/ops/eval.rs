@@ -167,6 +167,17 @@ pub struct EvalResults {
     /// The evaluated policy's name, when the spec gave one.
     #[serde(deserialize_with = "required")]
     pub policy: Option<String>,
+    /// Each problem's greedy outcome, by problem id: what a paired comparison
+    /// of two policies on the same problems needs.
+    pub greedy_problems: BTreeMap<String, ProblemOutcome>,
+}
+
+/// One problem's greedy response, scored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProblemOutcome {
+    pub population: String,
+    pub correct: bool,
 }
 
 impl EvalResults {
@@ -227,8 +238,9 @@ impl Op for EvalScore {
     fn name(&self) -> &'static str {
         "eval.score"
     }
+    /// 2: each problem's greedy outcome (`greedy_problems`).
     fn version(&self) -> u32 {
-        1
+        2
     }
     fn summary(&self) -> &'static str {
         "per-population success, JSON validity, no-EOS and lengths of evaluated responses"
@@ -299,6 +311,7 @@ pub fn score(
     let registry = VerifierRegistry::builtin();
     let verifier = registry.get("stock_arithmetic_v1").expect("builtin verifier");
     let mut tallies: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    let mut greedy_problems = BTreeMap::new();
     for r in responses {
         let label = labels.get(&r.id).ok_or_else(|| failed(format!("response for {} has no label", r.id)))?;
         let verdict = verifier
@@ -307,6 +320,12 @@ pub fn score(
                 &Response { text: &r.text, finish: r.finish, tokenization_valid: r.undecodable.is_empty() },
             )
             .map_err(failed)?;
+        if r.mode == "greedy" {
+            let outcome = ProblemOutcome { population: r.population.clone(), correct: verdict.reward > 0 };
+            if greedy_problems.insert(r.id.clone(), outcome).is_some() {
+                return Err(failed(format!("problem {} has two greedy responses", r.id)));
+            }
+        }
         for population in ["ALL".to_string(), r.population.clone()] {
             let t = tallies.entry((r.mode.clone(), population)).or_default();
             t.responses += 1;
@@ -346,6 +365,7 @@ pub fn score(
         peak_rss_bytes: summary.peak_rss_bytes,
         device: summary.device.clone(),
         policy,
+        greedy_problems,
     })
 }
 

@@ -39,15 +39,17 @@ fn d_system() -> String {
 }
 
 /// `tokenizer.build`: a byte-level BPE with ChatML special tokens (`<|im_end|>`
-/// is EOS), trained on the train split's chat prompts and reference responses.
+/// is EOS), pre-tokenized as Qwen2's (one token per digit), trained on the
+/// train split's chat prompts and reference responses.
 pub struct TokenizerBuild;
 
 impl Op for TokenizerBuild {
     fn name(&self) -> &'static str {
         "tokenizer.build"
     }
+    /// 2: Qwen2's pre-tokenization (NFC, its regex: one token per digit).
     fn version(&self) -> u32 {
-        1
+        2
     }
     fn summary(&self) -> &'static str {
         "byte-level BPE with ChatML tokens, trained on train statements and reference responses"

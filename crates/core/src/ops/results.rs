@@ -17,12 +17,73 @@ use crate::train::metrics::TrainingMetrics;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResultsTableFile {
+    /// Paired comparisons of two policies on the same problems (`None`: a
+    /// table written before version 2, which had none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comparisons: Option<Vec<PairedComparison>>,
     pub evaluation_costs: Vec<EvaluationCost>,
     pub notes: Vec<String>,
     /// What per-draw success counts.
     pub per_draw_success: String,
+    /// Each GRPO run's train reward, first iterations against last (`None`:
+    /// a table written before version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_trends: Option<Vec<RewardTrend>>,
     pub rows: Vec<ResultsRow>,
     pub training_costs: Vec<TrainingCost>,
+}
+
+/// Greedy pass@1 of `policy` minus `baseline` on the same problems of a
+/// population, with a paired bootstrap interval over problems.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedComparison {
+    pub baseline: String,
+    #[serde(deserialize_with = "required")]
+    pub baseline_pass_at_1: Option<f64>,
+    /// `None` when undefined (`undefined_because` says why).
+    #[serde(deserialize_with = "required")]
+    pub difference: Option<crate::stats::Interval>,
+    pub policy: String,
+    #[serde(deserialize_with = "required")]
+    pub policy_pass_at_1: Option<f64>,
+    pub population: String,
+    /// Problems both policies answered.
+    pub problems: usize,
+    #[serde(deserialize_with = "required")]
+    pub undefined_because: Option<String>,
+}
+
+/// Mean train reward of a GRPO run's last `window` iterations minus its first
+/// `window`, with a bootstrap interval (iterations resampled in each window).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardTrend {
+    #[serde(deserialize_with = "required")]
+    pub difference: Option<crate::stats::Interval>,
+    #[serde(deserialize_with = "required")]
+    pub first_mean: Option<f64>,
+    pub iterations: usize,
+    #[serde(deserialize_with = "required")]
+    pub last_mean: Option<f64>,
+    pub run: String,
+    #[serde(deserialize_with = "required")]
+    pub undefined_because: Option<String>,
+    pub window: usize,
+}
+
+/// How many iterations the reward trend compares at each end of a GRPO run.
+pub const TREND_WINDOW: usize = 20;
+
+/// A fixed seed: the same inputs give the same intervals (and cached bytes).
+const BOOTSTRAP_SEED: u64 = 0x5EED_B007;
+
+/// A comparison to report: `policy` against `baseline`, both names of `policies`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Compare {
+    pub baseline: String,
+    pub policy: String,
 }
 
 /// One policy on one population.
@@ -83,6 +144,10 @@ pub struct ResultsParams {
     /// Sentences printed under the table (limits of the comparison, etc.).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Pairs of policies compared problem by problem (greedy pass@1, paired
+    /// bootstrap interval), e.g. `[{baseline: sft, policy: grpo}]`.
+    #[serde(default)]
+    pub compare: Vec<Compare>,
 }
 
 pub struct ResultsTable;
@@ -106,8 +171,9 @@ impl Op for ResultsTable {
     fn name(&self) -> &'static str {
         "results.table"
     }
+    /// 2: GRPO reward trends and paired comparisons, with bootstrap intervals.
     fn version(&self) -> u32 {
-        1
+        2
     }
     fn summary(&self) -> &'static str {
         "a results table of policies × populations, with cost rows (JSON and Markdown)"
@@ -140,8 +206,10 @@ impl Op for ResultsTable {
         let mut rows = Vec::new();
         let mut md = String::from("| policy | population | greedy pass@1 | per-draw success | JSON validity | no EOS | mean tokens |\n|---|---|---|---|---|---|---|\n");
         let mut eval_costs = Vec::new();
+        let mut by_policy = std::collections::BTreeMap::new();
         for (name, input) in p.policies.iter().zip(&evals) {
             let r = EvalResults::read(&input.path)?;
+            by_policy.insert(name.clone(), r.greedy_problems.clone());
             for population in POPULATIONS {
                 let (Some(g), Some(s)) = (r.greedy.population(population), r.sample.population(population)) else {
                     unreachable!("POPULATIONS are the populations ModeScores has")
@@ -184,8 +252,13 @@ impl Op for ResultsTable {
         }
         md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n\n| cost | seconds | peak RSS (MB) | updates | rollouts | zero-variance groups |\n|---|---|---|---|---|---|\n");
         let mut run_costs = Vec::new();
+        let mut trends = Vec::new();
         for (name, input) in p.runs.iter().zip(&training) {
             let m = TrainingMetrics::read(&input.path)?;
+            if let TrainingMetrics::Grpo(g) = &m {
+                let rewards: Vec<f64> = g.history.iter().map(|h| h.mean_reward).collect();
+                trends.push(reward_trend(name, &rewards));
+            }
             let (rollouts, zero, zero_text) = match &m {
                 TrainingMetrics::Grpo(g) => {
                     let zero: usize = g.history.iter().map(|h| h.zero_variance_groups).sum();
@@ -221,10 +294,53 @@ impl Op for ResultsTable {
                 num(Some(c.generation_seconds), 1)
             ));
         }
+        if !trends.is_empty() {
+            md.push_str(&format!(
+                "\n| GRPO run | mean train reward, first {TREND_WINDOW} iterations | last {TREND_WINDOW} | last − first (95% bootstrap interval) |\n|---|---|---|---|\n"
+            ));
+            for t in &trends {
+                md.push_str(&format!(
+                    "| {} | {} | {} | {} |\n",
+                    t.run,
+                    num(t.first_mean, 3),
+                    num(t.last_mean, 3),
+                    interval_text(t.difference.as_ref(), t.undefined_because.as_deref())
+                ));
+            }
+        }
+        let mut comparisons = Vec::new();
+        for c in &p.compare {
+            let (Some(base), Some(pol)) = (by_policy.get(&c.baseline), by_policy.get(&c.policy)) else {
+                return Err(OpError::Failed(format!(
+                    "compare: {} vs {}: both must be among policies {:?}",
+                    c.baseline, c.policy, p.policies
+                )));
+            };
+            for population in POPULATIONS {
+                comparisons.push(paired(c, population, base, pol));
+            }
+        }
+        if !comparisons.is_empty() {
+            md.push_str("\n| greedy pass@1, same problems | population | problems | baseline | policy | policy − baseline (95% paired bootstrap interval) |\n|---|---|---|---|---|---|\n");
+            for c in &comparisons {
+                md.push_str(&format!(
+                    "| {} vs {} | {} | {} | {} | {} | {} |\n",
+                    c.policy,
+                    c.baseline,
+                    c.population,
+                    c.problems,
+                    pct(c.baseline_pass_at_1),
+                    pct(c.policy_pass_at_1),
+                    interval_text(c.difference.as_ref(), c.undefined_because.as_deref())
+                ));
+            }
+        }
         for n in &p.notes {
             md.push_str(&format!("\n{n}\n"));
         }
         let table = ResultsTableFile {
+            comparisons: Some(comparisons),
+            reward_trends: Some(trends),
             rows,
             training_costs: run_costs,
             evaluation_costs: eval_costs,
@@ -240,9 +356,75 @@ impl Op for ResultsTable {
     }
 }
 
+/// An interval as the table prints it, or why it is undefined.
+fn interval_text(i: Option<&crate::stats::Interval>, undefined: Option<&str>) -> String {
+    match (i, undefined) {
+        (Some(i), _) => format!("{:+.3} [{:+.3}, {:+.3}]", i.estimate, i.low, i.high),
+        (None, Some(why)) => format!("undefined: {why}"),
+        (None, None) => "undefined".into(),
+    }
+}
+
+/// The first and last [`TREND_WINDOW`] iterations' mean rewards, compared.
+pub fn reward_trend(run: &str, rewards: &[f64]) -> RewardTrend {
+    let n = rewards.len();
+    let enough = n >= 2 * TREND_WINDOW;
+    let (first, last) =
+        if enough { (&rewards[..TREND_WINDOW], &rewards[n - TREND_WINDOW..]) } else { (&[][..], &[][..]) };
+    let mean = |xs: &[f64]| (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64);
+    RewardTrend {
+        run: run.to_string(),
+        window: TREND_WINDOW,
+        iterations: n,
+        first_mean: mean(first),
+        last_mean: mean(last),
+        difference: crate::stats::mean_difference(first, last, BOOTSTRAP_SEED),
+        undefined_because: (!enough)
+            .then(|| format!("{n} iterations; two windows of {TREND_WINDOW} need {}", 2 * TREND_WINDOW)),
+    }
+}
+
+/// Greedy pass@1 of two policies on the problems of `population` both answered.
+fn paired(
+    c: &Compare,
+    population: &str,
+    base: &std::collections::BTreeMap<String, super::eval::ProblemOutcome>,
+    pol: &std::collections::BTreeMap<String, super::eval::ProblemOutcome>,
+) -> PairedComparison {
+    let pairs: Vec<(f64, f64)> = base
+        .iter()
+        .filter(|(_, o)| population == "ALL" || o.population == population)
+        .filter_map(|(id, b)| pol.get(id).map(|p| (f64::from(u8::from(b.correct)), f64::from(u8::from(p.correct)))))
+        .collect();
+    let n = pairs.len();
+    let rate = |f: fn(&(f64, f64)) -> f64| (n > 0).then(|| pairs.iter().map(f).sum::<f64>() / n as f64);
+    PairedComparison {
+        baseline: c.baseline.clone(),
+        policy: c.policy.clone(),
+        population: population.to_string(),
+        problems: n,
+        baseline_pass_at_1: rate(|p| p.0),
+        policy_pass_at_1: rate(|p| p.1),
+        difference: crate::stats::paired_difference(&pairs, BOOTSTRAP_SEED),
+        undefined_because: (n == 0).then(|| "no problem of this population was answered by both".to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ResultsTableFile;
+
+    #[test]
+    fn a_reward_trend_needs_two_windows_and_sees_a_rise() {
+        let short = super::reward_trend("g", &[0.5; 30]);
+        assert!(short.difference.is_none() && short.undefined_because.as_deref().unwrap().contains("30 iterations"));
+        let mut rising: Vec<f64> = (0..40).map(|i| if i % 2 == 0 { 0.1 } else { 0.3 }).collect();
+        rising.extend((0..40).map(|i| if i % 2 == 0 { 0.5 } else { 0.7 }));
+        let t = super::reward_trend("g", &rising);
+        assert!((t.first_mean.unwrap() - 0.2).abs() < 1e-12 && (t.last_mean.unwrap() - 0.6).abs() < 1e-12, "{t:?}");
+        let d = t.difference.unwrap();
+        assert!(d.excludes_zero() && d.low > 0.3 && d.high < 0.5, "{d:?}");
+    }
 
     #[test]
     fn the_committed_table_reads_and_a_missing_rate_is_an_error_naming_the_field() {
