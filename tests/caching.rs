@@ -66,6 +66,34 @@ fn editing_an_output_even_keeping_its_size_reruns_its_node() {
     assert_eq!(p.read("b.txt"), "ALPHA\n");
 }
 
+/// Edits a file in place (same inode, same size) and puts its mtime back:
+/// only its ctime tells, as git's index would notice.
+fn edit_in_place_keeping_size_and_mtime(path: &std::path::Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    assert_eq!(std::fs::metadata(path).unwrap().len(), bytes.len() as u64);
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(path).unwrap().modified().unwrap(), mtime);
+}
+
+#[test]
+fn an_output_edited_in_place_with_its_mtime_restored_is_noticed_and_never_poisons_a_consumer() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    edit_in_place_keeping_size_and_mtime(&p.path().join("a.txt"), b"omega\n");
+    let plan = stdout(&p.run(&["plan", "spec.yaml"]));
+    assert!(plan.contains("output 'a.txt' was modified"), "{plan}");
+    // Forcing the consumer must not read the edited bytes under the clean key:
+    // the producer re-runs first, restoring its output.
+    let ev = p.run_json(&["spec.yaml", "--force", "b"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["a", "b"]);
+    assert_eq!(p.read("a.txt"), "alpha\n");
+    assert_eq!(p.read("b.txt"), "ALPHA\n");
+}
+
 #[test]
 fn touching_an_output_without_changing_it_is_still_a_cache_hit() {
     let p = chain();

@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use common::{nodes_with, stdout, Project};
 
-/// A chain of five slow nodes; each appends its id to `executions.log` when it starts.
+/// A chain of five slow nodes; each appends its id to `executions.log` when it
+/// starts, and starts a long-lived grandchild (a shell of its own) that it
+/// kills when it is done.
 fn slow_chain(p: &Project) {
     let mut yaml = String::from("name: slow\nnodes:\n");
     for i in 0..5 {
         let dep = if i == 0 { String::new() } else { format!(", deps: [out{}.txt]", i - 1) };
         let input = if i == 0 { "echo seed".to_string() } else { format!("cat out{}.txt", i - 1) };
         yaml.push_str(&format!(
-            "  n{i}:\n    op: shell\n    params: {{cmd: \"echo n{i} >> executions.log; sleep 0.15; ({input}; echo step{i}) > out{i}.txt\"{dep}, outs: [out{i}.txt]}}\n"
+            "  n{i}:\n    op: shell\n    params: {{cmd: \"echo n{i} >> executions.log; sh -c 'sleep 30; echo n{i} >> late.log' & G=$!; sleep 0.15; ({input}; echo step{i}) > out{i}.txt; kill $G\"{dep}, outs: [out{i}.txt]}}\n"
         ));
     }
     p.write("spec.yaml", &yaml);
@@ -29,15 +31,63 @@ fn expected_last() -> String {
     s
 }
 
+/// Processes whose working folder is `dir` (every process a node starts runs
+/// there), with their command lines; zombies have none and are not counted.
+fn processes_in(dir: &std::path::Path) -> Vec<String> {
+    let dir = dir.canonicalize().unwrap();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cwd) = std::fs::read_link(entry.path().join("cwd")) else { continue };
+        if cwd == dir {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+        }
+    }
+    found
+}
+
+/// Waits (at most 3 s) until no process runs in `dir`; returns those left.
+fn left_running(dir: &std::path::Path) -> Vec<String> {
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = processes_in(dir);
+        if left.is_empty() || std::time::Instant::now() > until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// 20 moments, drawn afresh each time (the seed is printed to replay a failure
+/// with ORCHESTRATE_TEST_SEED).
+fn kill_moments() -> Vec<u64> {
+    let seed: u64 = std::env::var("ORCHESTRATE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    eprintln!("kill moments: ORCHESTRATE_TEST_SEED={seed}");
+    let mut x = seed | 1;
+    (0..20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            10 + x % 1500
+        })
+        .collect()
+}
+
 #[test]
-fn sigkill_at_any_moment_then_rerun_completes_with_nothing_corrupted() {
-    for delay_ms in [20u64, 90, 170, 260, 400, 620] {
+fn sigkill_at_any_moment_then_rerun_completes_with_nothing_corrupted_or_left_running() {
+    for delay_ms in kill_moments() {
         let p = Project::new();
         slow_chain(&p);
         let mut child = p.cmd(&["run", "--quiet", "spec.yaml"]).spawn().unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        // Nothing the run started keeps going: not the node's shell, not its grandchildren.
+        let left = left_running(p.path());
+        assert!(left.is_empty(), "after kill at {delay_ms} ms, still running: {left:?}");
 
         // The next run needs no unlock and completes from the nodes that finished.
         let ev = p.run_json(&["spec.yaml"], 0);
@@ -165,9 +215,103 @@ fn a_damaged_index_is_said_once_with_how_to_recover_and_the_advice_works() {
     assert!(err.contains("is damaged") && err.contains(&index.display().to_string()), "{err}");
     assert_eq!(err.matches("malformed").count(), 1, "said once: {err}");
     assert!(err.contains(&format!("mv {} {}.damaged", index.display(), index.display())), "{err}");
+    assert!(err.contains("orchestrate reindex"), "{err}");
 
-    // Following the advice: a new index, every node runs again, the outputs are the same.
+    // Following the advice: the index moved aside and rebuilt from the node
+    // records, with every object re-hashed; no node runs again.
     std::fs::rename(&index, index.with_extension("sqlite.damaged")).unwrap();
-    assert_eq!(p.run(&["run", "spec.yaml"]).status.code(), Some(0));
+    // One object no longer hashes to its name: its node is left out, and runs again.
+    let d = p.path().join("d.txt");
+    let objects = p.path().join(".orchestrate/objects");
+    let hash = blake3::hash(&std::fs::read(&d).unwrap()).to_hex().to_string();
+    let obj = objects.join(&hash[..2]).join(&hash);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&obj, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&obj, "DELTA\n").unwrap();
+    }
+    let out = p.run(&["reindex"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", common::stderr(&out));
+    assert!(text.contains("3 nodes re-indexed") && text.contains("1 left out"), "{text}");
+    assert!(text.contains("'d'") && text.contains("does not hash to its name"), "{text}");
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["a", "b", "c"]);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["d"]);
     assert_eq!(p.read("c.txt"), "ALPHA\nALPHA\n");
+    assert_eq!(p.run(&["verify"]).status.code(), Some(0));
+    // Re-indexing again changes nothing.
+    let again = stdout(&p.run(&["reindex"]));
+    assert!(again.contains("0 nodes re-indexed") && again.contains("4 already in the index"), "{again}");
+}
+
+/// Unmounts a test's tmpfs when the test ends, passed or not.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A project on a tmpfs of 3 MB, unmounted when the guard drops; `None`
+/// (saying so) when not root, as mounting needs it (CI runs as root).
+fn project_on_a_small_disk() -> Option<(Project, Unmount)> {
+    // SAFETY: a plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+        return None;
+    }
+    let p = Project::new();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(p.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "root, yet mount -t tmpfs failed");
+    let unmount = Unmount(p.path().to_path_buf());
+    Some((p, unmount))
+}
+
+#[test]
+fn a_full_disk_fails_the_node_with_its_reason_keeps_the_log_and_exits_1() {
+    let Some((p, _unmount)) = project_on_a_small_disk() else { return };
+    p.write(
+        "s.yaml",
+        "name: full\nnodes:\n  small:\n    op: shell\n    params: {cmd: \"echo ok > small.txt\", outs: [small.txt]}\n  big:\n    op: shell\n    params: {cmd: \"head -c 8000000 /dev/zero > big.bin\", outs: [big.bin]}\n",
+    );
+    let out = p.run(&["run", "s.yaml"]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "a failed node is exit 1, not an error of orchestrate:\n{err}");
+    assert!(err.contains("big") && err.contains("No space left on device"), "{err}");
+    // The node's log holds the reason.
+    let logs: Vec<String> = std::fs::read_dir(p.path().join(".orchestrate/logs"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert!(logs.iter().any(|l| l.contains("No space left on device")), "{logs:?}");
+    // The run and its failure are recorded.
+    let status = stdout(&p.run(&["status"]));
+    assert!(status.contains("big") && status.contains("failed"), "{status}");
+    // With room again (a smaller output), the next run completes; small was kept.
+    let spec = p.read("s.yaml").replace("8000000", "1000");
+    p.write("s.yaml", &spec);
+    let ev = p.run_json(&["s.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["big"]);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["small"]);
+}
+
+#[test]
+fn a_disk_that_stays_full_still_fails_the_node_with_its_reason_and_exits_1() {
+    let Some((p, _unmount)) = project_on_a_small_disk() else { return };
+    // The space goes to a file nobody removes: nothing can be written after it.
+    p.write(
+        "s.yaml",
+        "name: full\nnodes:\n  fill:\n    op: shell\n    params: {cmd: \"head -c 8000000 /dev/zero > junk.bin\", outs: [done.txt]}\n",
+    );
+    let out = p.run(&["run", "s.yaml"]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "a failed node is exit 1, not an error of orchestrate:\n{err}");
+    assert!(err.contains("fill") && err.contains("No space left on device"), "{err}");
+    assert!(err.contains("could not be recorded"), "the lost record is said: {err}");
 }

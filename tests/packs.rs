@@ -31,6 +31,12 @@ gates:
 "#;
 
 fn frozen() -> (Project, std::path::PathBuf) {
+    let (p, dir, _) = frozen_saying();
+    (p, dir)
+}
+
+/// A fresh pack, and what `pack freeze` printed.
+fn frozen_saying() -> (Project, std::path::PathBuf, String) {
     let p = Project::new();
     p.write("s.yaml", SPEC);
     p.write("gates.yaml", GATES);
@@ -38,7 +44,12 @@ fn frozen() -> (Project, std::path::PathBuf) {
     let out = p.run(&["pack", "freeze", "s.yaml", "--out", "packs/v1"]);
     assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
     let dir = p.path().join("packs/v1");
-    (p, dir)
+    (p, dir, stdout(&out))
+}
+
+/// The start of a long output, for an assertion message.
+fn head(text: &str) -> String {
+    text.chars().take(2000).collect()
 }
 
 fn audit(p: &Project, dir: &Path) -> (Option<i32>, String) {
@@ -323,4 +334,120 @@ fn a_run_whose_gate_report_cannot_be_read_fails_naming_the_file() {
     let err = common::stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("gates.json") && err.contains("node 'gates'"), "{err}");
+}
+
+/// Sets a manifest field with serde_json and reseals SHA256SUMS, so only the
+/// manifest's own consistency can tell.
+fn set_manifest(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let manifest = d.join("MANIFEST.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&manifest, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    reseal(d, "MANIFEST.json");
+}
+
+#[test]
+fn an_ill_typed_manifest_fails_the_audit_naming_the_field() {
+    for (field, value) in [("nodes", serde_json::json!("oops")), ("gates", serde_json::json!(42))] {
+        let (code, text) = tampered(|d: &Path| set_manifest(d, |v| v[field] = value.clone()));
+        assert_eq!(code, Some(1), "{field}: {text}");
+        assert!(text.contains("MANIFEST.json") && text.contains(field), "{field}: {text}");
+    }
+    // An unknown format version is refused, not read as this one.
+    let (code, text) = tampered(|d: &Path| set_manifest(d, |v| v["format"] = "orchestrate-pack/9".into()));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("orchestrate-pack/9") && text.contains("orchestrate-pack/1"), "{text}");
+}
+
+#[test]
+fn a_pack_holding_gate_definitions_with_an_emptied_gate_list_is_refused() {
+    // Everything resealed: the gates would simply not be evaluated ("0 gates, pack intact").
+    let (code, text) = tampered(|d: &Path| set_manifest(d, |v| v["gates"] = serde_json::json!([])));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("gates/gates.yaml") && text.contains("no gate of the manifest"), "{text}");
+    // The gate node is still among the manifest's nodes: its gate entry went missing.
+    assert!(text.contains("gate node 'gates'"), "{text}");
+}
+
+#[test]
+fn files_listed_in_sha256sums_but_not_in_the_manifest_are_refused_with_a_bounded_report() {
+    const EXTRA: usize = 100_000;
+    let (code, text) = tampered(|d: &Path| {
+        let extra = d.join("outputs/extra");
+        std::fs::create_dir_all(&extra).unwrap();
+        std::fs::write(extra.join("0"), "x").unwrap();
+        let out = std::process::Command::new("sha256sum").arg("outputs/extra/0").current_dir(d).output().unwrap();
+        let hash = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_string();
+        let mut sums = std::fs::read_to_string(d.join("SHA256SUMS")).unwrap();
+        for i in 0..EXTRA {
+            if i > 0 {
+                std::fs::write(extra.join(i.to_string()), "x").unwrap();
+            }
+            sums.push_str(&format!("{hash}  outputs/extra/{i}\n"));
+        }
+        std::fs::write(d.join("SHA256SUMS"), sums).unwrap();
+    });
+    assert_eq!(code, Some(1), "{}", head(&text));
+    assert!(text.contains("outputs/extra/") && text.contains("not named by the manifest"), "{}", head(&text));
+    assert!(text.contains(&format!("{EXTRA} problems")), "the total is said: {}", head(&text));
+    assert!(text.lines().count() < 60, "a summary, not one line per file: {} lines", text.lines().count());
+}
+
+fn root_digest(freeze_stdout: &str) -> String {
+    let line = freeze_stdout.lines().find(|l| l.starts_with("root digest")).expect("freeze prints the root digest");
+    let digest = line.split_whitespace().nth(2).unwrap().to_string();
+    assert!(digest.starts_with("sha256:") && digest.len() == 7 + 64, "{line}");
+    digest
+}
+
+#[test]
+fn the_root_digest_is_printed_recorded_and_checked_by_audit_expect() {
+    let (p, dir, said) = frozen_saying();
+    let digest = root_digest(&said);
+    // It is the SHA-256 of SHA256SUMS, so `sha256sum SHA256SUMS` tells it too.
+    let sums = std::process::Command::new("sha256sum").arg("SHA256SUMS").current_dir(&dir).output().unwrap();
+    assert!(String::from_utf8_lossy(&sums.stdout).starts_with(&digest["sha256:".len()..]));
+    // Recorded in the run's events.
+    let events = p.run(&["events", "--type", "pack_frozen", "--json"]);
+    let text = stdout(&events);
+    assert!(text.contains(&digest) && text.contains("packs/v1"), "{text}");
+
+    let d = dir.to_str().unwrap();
+    let ok = p.run(&["audit", d, "--expect", &digest]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stdout(&ok));
+    assert!(stdout(&ok).contains(&format!("root {digest} (as expected)")), "{}", stdout(&ok));
+    // The bare hex is accepted too.
+    assert_eq!(p.run(&["audit", d, "--expect", &digest["sha256:".len()..]]).status.code(), Some(0));
+
+    // Anyone can edit a pack and recompute SHA256SUMS: every check passes, but the root differs.
+    // Here the pack's own report is rewritten to show a better score.
+    edit(&dir.join("report.html"), "pack packed", "pack packed (all results improved)");
+    reseal(&dir, "report.html");
+    let (code, text) = audit(&p, &dir);
+    assert_eq!(code, Some(0), "resealed consistently, the pack alone cannot tell: {text}");
+    let bad = p.run(&["audit", d, "--expect", &digest]);
+    assert_eq!(bad.status.code(), Some(1), "{}", stdout(&bad));
+    assert!(stdout(&bad).contains("root digest") && stdout(&bad).contains(&digest), "{}", stdout(&bad));
+    // A malformed digest is a usage error.
+    let malformed = p.run(&["audit", d, "--expect", "sha256:xyz"]);
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(common::stderr(&malformed).contains("--expect"), "{}", common::stderr(&malformed));
+}
+
+#[test]
+fn a_gate_definition_with_too_many_gates_is_refused_not_printed_row_by_row() {
+    let (code, text) = tampered(|d: &Path| {
+        let path = d.join("gates/gates.yaml");
+        let mut yaml = std::fs::read_to_string(&path).unwrap();
+        for i in 0..5000 {
+            yaml.push_str(&format!(
+                "  - name: extra-{i}\n    evidence: {{m: 'measure:m.json'}}\n    check: {{field: m.score, at_least: 0.5}}\n"
+            ));
+        }
+        std::fs::write(&path, yaml).unwrap();
+        reseal(d, "gates/gates.yaml");
+    });
+    assert_eq!(code, Some(1), "{}", head(&text));
+    assert!(text.contains("5002 gates, over the limit"), "{}", head(&text));
+    assert!(text.lines().count() < 60, "{} lines", text.lines().count());
 }

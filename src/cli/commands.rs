@@ -53,6 +53,18 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 slurm,
             };
             let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
+            if let Some(e) = &result.unrecorded {
+                // A failed node (often the reason, e.g. a full disk) is what the
+                // exit code says; a run that succeeded but left no record is an error.
+                if result.stats.success() {
+                    bail!("the run's nodes succeeded (each is cached), but the run could not be recorded: {e}");
+                }
+                eprintln!(
+                    "warning: run {} could not be recorded ({e}); `status` and `events` will not show it. \
+                     Finished nodes stay cached.",
+                    result.run_id
+                );
+            }
             if !json && !quiet {
                 print_tables(&ws, &dag, &result);
             }
@@ -231,6 +243,22 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify => verify(&cli.workspace),
+        Command::Reindex => {
+            if !cli.workspace.is_dir() {
+                bail!("no workspace at {}", cli.workspace.display());
+            }
+            let done = Workspace::open(&cli.workspace)?.reindex()?;
+            for (what, why) in &done.left_out {
+                outln!("left out {what}: {why}; it runs again when a spec needs it");
+            }
+            outln!(
+                "{} nodes re-indexed, {} already in the index, {} left out",
+                done.added.len(),
+                done.present,
+                done.left_out.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Verifier(cmd) => verifier(cmd),
         Command::Guard(GuardCommand::Codes) => {
             out!("{}", orchestrate_core::guard::codes::table());
@@ -255,18 +283,29 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 manifest.nodes.len(),
                 out.display()
             );
+            let root = orchestrate_core::pack::root_digest(&out)?;
+            outln!("root digest {root} (the SHA-256 of its SHA256SUMS: put it in the release note or tag)");
+            match &manifest.events.run_id {
+                Some(run_id) => {
+                    let event = exec::Event::PackFrozen {
+                        run_id: run_id.clone(),
+                        pack: out.display().to_string(),
+                        root: root.clone(),
+                    };
+                    Workspace::open(&cli.workspace)?.index()?.append_event(run_id, &event.to_json())?;
+                    outln!("recorded in the events of run {run_id}");
+                }
+                None => outln!("not recorded in any run's events: the spec has no run in this workspace"),
+            }
             outln!(
-                "check it with: orchestrate audit {}   (or: cd {} && sha256sum -c SHA256SUMS)",
+                "check it with: orchestrate audit {} --expect {root}   (or: cd {} && sha256sum -c SHA256SUMS)",
                 out.display(),
                 out.display()
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pack(PackCommand::Verify { dir }) => {
-            let problems = orchestrate_core::pack::verify(&dir)?;
-            for p in &problems {
-                outln!("FAIL  {p}");
-            }
+        Command::Pack(PackCommand::Verify { dir, expect }) => {
+            let problems = pack_problems(&dir, expect.as_deref())?;
             if problems.is_empty() {
                 outln!("{}: intact (checksums, files, event chain, manifest hashes)", dir.display());
                 Ok(ExitCode::SUCCESS)
@@ -274,11 +313,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Ok(ExitCode::from(GATE_FAILED))
             }
         }
-        Command::Audit { dir } => {
-            let problems = orchestrate_core::pack::verify(&dir)?;
-            for p in &problems {
-                outln!("FAIL  {p}");
-            }
+        Command::Audit { dir, expect } => {
+            let problems = pack_problems(&dir, expect.as_deref())?;
             // A pack whose gates cannot even be evaluated (an unreadable manifest
             // or gate definition) fails its audit; it is not a usage error.
             let results = match orchestrate_core::pack::audit_gates(&dir) {
@@ -500,6 +536,40 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// At most this many of a pack's problems are printed, then their count.
+const SHOWN_PROBLEMS: usize = 20;
+
+/// Verifies a pack (and its root digest, when one is expected), printing its
+/// problems, bounded: a crafted pack can have a hundred thousand.
+fn pack_problems(dir: &std::path::Path, expect: Option<&str>) -> Result<Vec<String>> {
+    let mut problems = orchestrate_core::pack::verify(dir)?;
+    match orchestrate_core::pack::root_digest(dir) {
+        Ok(root) => match expect {
+            Some(expected) if root != expected => problems.insert(
+                0,
+                format!("root digest {root} differs from the expected {expected}: this is not the released pack"),
+            ),
+            Some(_) => outln!("root {root} (as expected)"),
+            None => outln!("root {root}"),
+        },
+        Err(e) => {
+            if expect.is_some() {
+                problems.insert(0, format!("root digest cannot be computed: {e}"));
+            }
+        }
+    }
+    for p in problems.iter().take(SHOWN_PROBLEMS) {
+        outln!("FAIL  {p}");
+    }
+    if problems.len() > SHOWN_PROBLEMS {
+        outln!(
+            "FAIL  ... {} problems in all; the first {SHOWN_PROBLEMS} are shown (`sha256sum -c SHA256SUMS` in the pack lists the files)",
+            problems.len()
+        );
+    }
+    Ok(problems)
 }
 
 fn verify(root: &std::path::Path) -> Result<ExitCode> {

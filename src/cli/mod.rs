@@ -240,6 +240,9 @@ pub enum Command {
     Ops,
     /// Check the store: every cached output present with its recorded hash.
     Verify,
+    /// Rebuild the index's cache rows from the node records under
+    /// .orchestrate/records (after a damaged index was moved aside).
+    Reindex,
     /// The numerical environment (libtorch version, device) numerical ops are keyed on.
     Env,
     /// Frozen release packs: freeze, verify.
@@ -250,6 +253,10 @@ pub enum Command {
     Audit {
         /// The pack folder.
         dir: PathBuf,
+        /// The root digest the pack must have (`sha256:HEX`, as `pack freeze`
+        /// printed it and the release note or tag carries it).
+        #[arg(long, value_name = "DIGEST", value_parser = orchestrate_core::pack::parse_digest)]
+        expect: Option<String>,
     },
     /// The trajectory guard: its reason codes.
     #[command(subcommand)]
@@ -294,6 +301,9 @@ pub enum PackCommand {
     Verify {
         /// The pack folder.
         dir: PathBuf,
+        /// The root digest the pack must have (see `audit --expect`).
+        #[arg(long, value_name = "DIGEST", value_parser = orchestrate_core::pack::parse_digest)]
+        expect: Option<String>,
     },
 }
 

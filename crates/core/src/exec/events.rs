@@ -54,6 +54,13 @@ pub enum Event {
         skipped: usize,
         seconds: f64,
     },
+    /// A release pack was frozen from this run's results; `root` is the
+    /// SHA-256 of its SHA256SUMS (`sha256:HEX`), what `audit --expect` checks.
+    PackFrozen {
+        run_id: String,
+        pack: String,
+        root: String,
+    },
 }
 
 impl Event {
@@ -68,6 +75,7 @@ impl Event {
             Event::NodeFailed { .. } => "node_failed",
             Event::NodeSkipped { .. } => "node_skipped",
             Event::RunFinished { .. } => "run_finished",
+            Event::PackFrozen { .. } => "pack_frozen",
         }
     }
 
@@ -80,7 +88,7 @@ impl Event {
             | Event::NodeFinished { node, .. }
             | Event::NodeFailed { node, .. }
             | Event::NodeSkipped { node, .. } => Some(node),
-            Event::RunStarted { .. } | Event::RunFinished { .. } => None,
+            Event::RunStarted { .. } | Event::RunFinished { .. } | Event::PackFrozen { .. } => None,
         }
     }
 

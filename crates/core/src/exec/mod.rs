@@ -48,6 +48,10 @@ pub struct RunResult {
     pub run_id: String,
     pub stats: RunStats,
     pub outcomes: BTreeMap<String, Outcome>,
+    /// Why the run's record (its end, node outcomes and events) could not be
+    /// committed to the index, e.g. a full disk. The nodes' own results were
+    /// committed as each finished; the caller decides what this costs.
+    pub unrecorded: Option<String>,
 }
 
 enum Msg {
@@ -371,8 +375,8 @@ pub fn run_with(
     let status = if stats.success() { "ok" } else { "failed" };
     let summary =
         format!("{} ran, {} cached, {} failed, {} skipped", stats.ran, stats.cached, stats.failed, stats.skipped);
-    index.finish_run(&run_id, status, &summary, &rows, &log)?;
-    Ok(RunResult { run_id, stats, outcomes: result })
+    let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log).err().map(|e| e.to_string());
+    Ok(RunResult { run_id, stats, outcomes: result, unrecorded })
 }
 
 #[cfg(test)]

@@ -62,6 +62,14 @@ impl NodeJob<'_> {
     }
 }
 
+/// The upstream output an input reference names, if it was produced.
+fn upstream_output<'a>(
+    upstream: &'a BTreeMap<String, Vec<OutputRecord>>,
+    r: &crate::spec::OutputRef,
+) -> Option<&'a OutputRecord> {
+    upstream.get(&r.node)?.iter().find(|o| o.name == r.output)
+}
+
 /// Builds the hash-input record of a node from its upstream outputs and files.
 pub fn hash_inputs(
     ws: &Workspace,
@@ -75,10 +83,8 @@ pub fn hash_inputs(
     for (name, refs) in &node.inputs {
         let mut hashes = Vec::with_capacity(refs.len());
         for r in refs {
-            let out = upstream
-                .get(&r.node)
-                .and_then(|outs| outs.iter().find(|o| o.name == r.output))
-                .ok_or_else(|| format!("input '{name}': output {r} is not available"))?;
+            let out =
+                upstream_output(upstream, r).ok_or_else(|| format!("input '{name}': output {r} is not available"))?;
             hashes.push(out.object.hash.clone());
         }
         inputs.insert(name.clone(), hashes);
@@ -307,6 +313,18 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
     let staging = job.ws.staging().map_err(|e| e.to_string())?;
     let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
     for (name, refs) in &job.node.inputs {
+        // No op reads an input object whose bytes no longer hash to its name.
+        for r in refs {
+            let Some(out) = upstream_output(job.upstream, r) else {
+                return Err(format!("input '{name}': output {r} is not available"));
+            };
+            if let Err(why) = job.ws.check_object(&out.object).map_err(|e| e.to_string())? {
+                return Err(format!(
+                    "input '{name}' ({r}) cannot be read: {why}. Node '{}' re-runs on the next `orchestrate run` to produce it again",
+                    r.node
+                ));
+            }
+        }
         let hashes = &record.inputs[name];
         let artifacts = refs
             .iter()
@@ -358,19 +376,22 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         };
         outputs.push(published);
     }
-    // The cache row commits last: a crash before this line leaves no trace of
-    // the node but unreferenced objects.
-    job.index
-        .insert_node(&CachedNode {
-            key: key.clone(),
-            node_id: job.node.id().to_string(),
-            spec: job.spec_name.to_string(),
-            record: serde_json::to_value(record).expect("a key record serializes"),
-            outputs: outputs.clone(),
-            seconds: started.elapsed().as_secs_f64(),
-            finished_at: now_rfc3339(),
-            run_id: job.run_id.to_string(),
-        })
+    // The node's record and cache row commit last: a crash before this line
+    // leaves no trace of the node but unreferenced objects.
+    job.ws
+        .commit_node(
+            job.index,
+            &CachedNode {
+                key: key.clone(),
+                node_id: job.node.id().to_string(),
+                spec: job.spec_name.to_string(),
+                record: serde_json::to_value(record).expect("a key record serializes"),
+                outputs: outputs.clone(),
+                seconds: started.elapsed().as_secs_f64(),
+                finished_at: now_rfc3339(),
+                run_id: job.run_id.to_string(),
+            },
+        )
         .map_err(|e| e.to_string())?;
     Ok(outputs)
 }

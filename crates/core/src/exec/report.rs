@@ -52,6 +52,7 @@ pub fn describe(event: &Event) -> Option<String> {
         Event::RunFinished { ran, cached, failed, skipped, seconds, .. } => {
             format!("{ran} ran, {cached} cached, {failed} failed, {skipped} skipped in {seconds:.2}s")
         }
+        Event::PackFrozen { pack, root, .. } => format!("frozen   {pack}: root digest {root}"),
     })
 }
 
@@ -202,6 +203,7 @@ impl Reporter for ProgressReporter {
                     let _ = writeln!(std::io::stdout().lock(), "{line}");
                 }
             }
+            Event::PackFrozen { .. } => {}
         }
     }
     fn finish(&mut self) {

@@ -114,9 +114,25 @@ impl GateReport {
 }
 
 /// Reads and checks a gate file.
+/// A gate file larger than this is not read (they are a few kilobytes).
+pub const MAX_GATE_FILE_BYTES: u64 = 1 << 20;
+/// At most this many gates in one file (an audit prints a row per gate).
+pub const MAX_GATES: usize = 1000;
+
 pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
+    // A gate file may come from a pack (hostile input): a regular file, bounded.
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", path.display()));
+    }
+    if meta.len() > MAX_GATE_FILE_BYTES {
+        return Err(format!("{}: {} bytes, over the limit of {MAX_GATE_FILE_BYTES}", path.display(), meta.len()));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let file: GateFile = serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if file.gates.len() > MAX_GATES {
+        return Err(format!("{}: {} gates, over the limit of {MAX_GATES}", path.display(), file.gates.len()));
+    }
     for g in &file.gates {
         let c = &g.check;
         if c.field.is_some() == c.margin.is_some() {

@@ -143,22 +143,38 @@ impl Op for ShellOp {
                     .map_err(|e| OpError::io(format!("creating {}", parent.display()), e))?;
             }
         }
-        let log = std::fs::File::create(ctx.log_path)
-            .map_err(|e| OpError::io(format!("creating log {}", ctx.log_path.display()), e))?;
-        let log_err = log.try_clone().map_err(|e| OpError::io("duplicating log handle", e))?;
         let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg(&p.cmd).current_dir(ctx.spec_dir).stdin(Stdio::null()).stdout(log).stderr(log_err);
+        cmd.arg("-c").arg(&p.cmd).current_dir(ctx.spec_dir).stdin(Stdio::null());
         cmd.env("ORCHESTRATE_NODE", ctx.node_id);
         for (name, artifacts) in ctx.inputs {
             let paths: Vec<String> = artifacts.iter().map(|a| a.path.display().to_string()).collect();
             cmd.env(format!("ORCHESTRATE_INPUT_{}", env_name(name)), paths.join(" "));
         }
         cmd.envs(p.env.iter().map(|(k, v)| (k, v.to_string())));
-        let mut child = super::process::spawn_tied(&mut cmd).map_err(|e| OpError::io("starting sh", e))?;
-        let status = super::process::wait(&mut child, ctx.cancel)?;
-        if !status.success() {
-            let code = super::process::describe(status);
-            return Err(OpError::Failed(format!("command failed with {code}{}", log_tail(ctx.log_path))));
+        let child = super::process::spawn_tied(&mut cmd, ctx.log_path)
+            .map_err(|e| OpError::io(format!("starting sh (log {})", ctx.log_path.display()), e))?;
+        let finished = child.wait(ctx.cancel)?;
+        if !finished.status.success() {
+            // As Snakemake does: outs a failed command wrote are incomplete, and
+            // are removed (stale ones were removed before it ran). This also
+            // frees a full disk, so the log and the run's record can be written.
+            let mut removed = Vec::new();
+            for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
+                if std::fs::remove_file(ctx.spec_dir.join(&out)).is_ok() {
+                    removed.push(out);
+                }
+            }
+            finished.output.complete_log();
+            let code = super::process::describe(finished.status);
+            let removed = if removed.is_empty() {
+                String::new()
+            } else {
+                format!(" (its incomplete outs were removed: {})", removed.join(", "))
+            };
+            return Err(OpError::Failed(format!(
+                "command failed with {code}{removed}{}",
+                finished.output.last_lines(10)
+            )));
         }
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
             if !ctx.spec_dir.join(&out).is_file() {
@@ -171,14 +187,6 @@ impl Op for ShellOp {
 
 fn env_name(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
-}
-
-/// The last lines of a log, for an error message.
-pub fn log_tail(path: &std::path::Path) -> String {
-    match crate::store::last_lines(path, 2000, 10) {
-        Some(tail) if !tail.is_empty() => format!("; last lines of {}:\n  {}", path.display(), tail.join("\n  ")),
-        _ => String::new(),
-    }
 }
 
 #[cfg(test)]

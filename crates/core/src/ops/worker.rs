@@ -76,23 +76,21 @@ pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> 
         workspace: ctx.workspace.to_path_buf(),
         key: ctx.key.clone(),
     };
-    let log = std::fs::File::create(ctx.log_path)
-        .map_err(|e| OpError::io(format!("creating {}", ctx.log_path.display()), e))?;
-    let log_err = log.try_clone().map_err(|e| OpError::io("duplicating the log handle", e))?;
     let mut cmd = Command::new(&worker);
-    cmd.arg("run-op").stdin(Stdio::piped()).stdout(log).stderr(log_err);
-    let mut child =
-        process::spawn_tied(&mut cmd).map_err(|e| OpError::io(format!("starting {}", worker.display()), e))?;
+    cmd.arg("run-op").stdin(Stdio::piped());
+    let mut child = process::spawn_tied(&mut cmd, ctx.log_path)
+        .map_err(|e| OpError::io(format!("starting {} (log {})", worker.display(), ctx.log_path.display()), e))?;
     let body = serde_json::to_vec(&job).map_err(|e| OpError::Failed(e.to_string()))?;
-    if let Some(mut stdin) = child.stdin.take() {
+    if let Some(mut stdin) = child.stdin() {
         stdin.write_all(&body).map_err(|e| OpError::io("sending the job to the worker", e))?;
     }
-    let status = process::wait(&mut child, ctx.cancel)?;
-    if !status.success() {
+    let finished = child.wait(ctx.cancel)?;
+    if !finished.status.success() {
+        finished.output.complete_log();
         return Err(OpError::Failed(format!(
             "{WORKER} failed with {}{}",
-            process::describe(status),
-            super::shell::log_tail(ctx.log_path)
+            process::describe(finished.status),
+            finished.output.last_lines(10)
         )));
     }
     Ok(())

@@ -333,11 +333,62 @@ pub fn freeze(
     }
 }
 
+/// SHA256SUMS larger than this is not read (a line per file: a pack of a
+/// million files stays under it).
+pub const MAX_SUMS_BYTES: u64 = 128 << 20;
+
+/// Reads a pack's SHA256SUMS: a regular file (not a link) of bounded size.
+fn read_sums(dir: &Path) -> Result<Vec<u8>, String> {
+    let path = dir.join("SHA256SUMS");
+    let meta =
+        fs::symlink_metadata(&path).map_err(|e| format!("{}: not a pack (no SHA256SUMS: {e})", dir.display()))?;
+    if !meta.file_type().is_file() {
+        return Err(format!("{}: not a regular file (a pack holds only regular files)", path.display()));
+    }
+    if meta.len() > MAX_SUMS_BYTES {
+        return Err(format!("{}: {} bytes, over the limit of {MAX_SUMS_BYTES}", path.display(), meta.len()));
+    }
+    fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The pack's root digest: the SHA-256 of its SHA256SUMS, as `sha256:HEX`.
+/// Every file of the pack is bound to it through its sum, so a release note
+/// or a git tag that carries it pins the whole pack (`audit --expect`).
+pub fn root_digest(dir: &Path) -> Result<String, PackError> {
+    let bytes = read_sums(dir).map_err(PackError::Refused)?;
+    Ok(format!("sha256:{:x}", Sha256::digest(&bytes)))
+}
+
+/// Parses a digest given by hand (`sha256:HEX` or bare `HEX`) into `sha256:hex`.
+pub fn parse_digest(text: &str) -> Result<String, String> {
+    let hex = text.strip_prefix("sha256:").unwrap_or(text);
+    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!(
+            "'{text}' is not a root digest: expected sha256: and 64 hex digits (what `pack freeze` prints)"
+        ));
+    }
+    Ok(format!("sha256:{}", hex.to_ascii_lowercase()))
+}
+
 /// Everything wrong with a pack, one precise message each; empty when intact.
+/// Only a folder that does not exist is an error: anything wrong inside one
+/// (even a missing SHA256SUMS) is a problem of the pack.
 pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
+    if !fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return Err(PackError::Refused(format!("{}: no such pack folder", dir.display())));
+    }
     let mut problems = Vec::new();
-    let sums_path = dir.join("SHA256SUMS");
-    let sums = fs::read_to_string(&sums_path).map_err(io(format!("{}: not a pack (no SHA256SUMS)", dir.display())))?;
+    let sums = match read_sums(dir).map(String::from_utf8) {
+        Ok(Ok(text)) => text,
+        Ok(Err(_)) => {
+            problems.push("SHA256SUMS is not UTF-8 text".to_string());
+            String::new()
+        }
+        Err(e) => {
+            problems.push(e);
+            String::new()
+        }
+    };
     let mut listed: BTreeMap<String, String> = BTreeMap::new();
     for (i, line) in sums.lines().enumerate() {
         match line.split_once("  ") {
@@ -433,6 +484,7 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
                     problems.push(format!("MANIFEST.json names {e}"));
                 }
             }
+            agree(&manifest, &listed, &mut problems);
             for o in manifest.nodes.iter().flat_map(|n| &n.outputs) {
                 let Some(path) = &o.path else { continue };
                 let Ok(p) = inside(dir, path) else { continue }; // reported above
@@ -450,6 +502,93 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
     Ok(problems)
 }
 
+/// SHA256SUMS and the manifest agree: every file listed is one the manifest
+/// names (its fixed files, a packed output or a file inside a packed folder, a
+/// gate definition), every file the manifest names is listed, every gate node
+/// has its gate entry (so the gates evaluated are exactly those the pack
+/// defines), and each gate's results and evidence are the packed outputs they
+/// stand for.
+fn agree(manifest: &Manifest, listed: &BTreeMap<String, String>, problems: &mut Vec<String>) {
+    // report.html is the pack's own report (absent from packs frozen before it existed).
+    let optional = ["report.html"];
+    let mut files: BTreeSet<&str> = ["MANIFEST.json", manifest.events.file.as_str()].into();
+    let mut folders: Vec<String> = Vec::new();
+    let mut output_paths: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+    for n in &manifest.nodes {
+        for o in &n.outputs {
+            let Some(path) = o.path.as_deref() else { continue };
+            output_paths.insert((n.id.as_str(), o.name.as_str()), path);
+            match o.kind {
+                OutputKind::Dir => folders.push(format!("{path}/")),
+                _ => {
+                    files.insert(path);
+                }
+            }
+        }
+    }
+    let definitions: BTreeSet<&str> = manifest.gates.iter().map(|g| g.definition.as_str()).collect();
+    for path in listed.keys() {
+        let named = files.contains(path.as_str())
+            || optional.contains(&path.as_str())
+            || definitions.contains(path.as_str())
+            || folders.iter().any(|f| path.starts_with(f));
+        if named {
+            continue;
+        }
+        problems.push(if path.starts_with("gates/") {
+            format!(
+                "gate definition {path} is in the pack but no gate of the manifest names it: its gates would not be evaluated"
+            )
+        } else {
+            format!("{path} is listed in SHA256SUMS but not named by the manifest")
+        });
+    }
+    for path in files.iter().chain(&definitions) {
+        if !listed.contains_key(*path) {
+            problems.push(format!("MANIFEST.json names {path}, which SHA256SUMS does not list"));
+        }
+    }
+    let gate_nodes: BTreeSet<&str> = manifest.nodes.iter().filter(|n| n.op == "gate").map(|n| n.id.as_str()).collect();
+    let entries: BTreeSet<&str> = manifest.gates.iter().map(|g| g.node.as_str()).collect();
+    for missing in gate_nodes.difference(&entries) {
+        problems.push(format!(
+            "gate node '{missing}' has no entry in the manifest's gate list: its gates would not be evaluated"
+        ));
+    }
+    for g in &manifest.gates {
+        if !gate_nodes.contains(g.node.as_str()) {
+            problems.push(format!("the manifest's gate list names '{}', which is not a gate node of the pack", g.node));
+            continue;
+        }
+        let packed_results = output_paths.get(&(g.node.as_str(), "gates.json")).copied();
+        if g.results.as_deref() != packed_results {
+            problems.push(format!(
+                "gate '{}': its results are {}, but the node's packed gates.json is {}",
+                g.node,
+                g.results.as_deref().unwrap_or("not recorded"),
+                packed_results.unwrap_or("not packed")
+            ));
+        }
+        for (reference, path) in &g.evidence {
+            let packed = output_paths
+                .iter()
+                .find(|((node, output), _)| format!("{node}:{output}") == *reference)
+                .map(|(_, p)| *p);
+            if packed != Some(path.as_str()) {
+                problems.push(format!(
+                    "gate '{}': evidence {reference} is read from {path}, but the manifest packs that output {}",
+                    g.node,
+                    packed.map(|p| format!("at {p}")).unwrap_or_else(|| "nowhere".into())
+                ));
+            }
+        }
+    }
+}
+
+/// Gate evidence larger than this is not read by an audit (evidence is metrics
+/// and tables, kilobytes to megabytes).
+pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
+
 /// Re-evaluates every gate from the pack's own files and definitions.
 pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
     let manifest = Manifest::read(dir).map_err(PackError::Refused)?;
@@ -463,10 +602,16 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
             let mut hashes = BTreeMap::new();
             let mut unreadable = None;
             for (alias, reference) in &gate.evidence {
-                let text = evidence_paths
-                    .get(reference)
-                    .and_then(|path| inside(dir, path).ok())
-                    .and_then(|path| fs::read_to_string(path).ok());
+                let file = evidence_paths.get(reference).and_then(|path| inside(dir, path).ok());
+                let size =
+                    file.as_ref().and_then(|p| fs::symlink_metadata(p).ok()).filter(|m| m.is_file()).map(|m| m.len());
+                if size.is_some_and(|n| n > MAX_EVIDENCE_BYTES) {
+                    unreadable = Some(format!(
+                        "cannot evaluate: evidence {reference} is over the limit of {MAX_EVIDENCE_BYTES} bytes"
+                    ));
+                    break;
+                }
+                let text = file.filter(|_| size.is_some()).and_then(|path| fs::read_to_string(path).ok());
                 let Some(text) = text else {
                     unreadable = Some(format!("cannot evaluate: evidence {reference} is missing from the pack"));
                     break;

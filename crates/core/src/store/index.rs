@@ -12,11 +12,19 @@ use super::objects::ObjectInfo;
 use super::StoreError;
 
 /// `stat` facts of a file in the user's tree, used only to skip re-hashing an
-/// unchanged file; never part of a key.
+/// unchanged file; never part of a key. What git's index compares: size,
+/// mtime, ctime and inode. The ctime cannot be set back by a user (`touch -d`
+/// and `utimes` restore an mtime, and change the ctime), so an in-place edit
+/// that keeps the size and restores the mtime is still seen. Any difference
+/// means "hash the file", never "changed".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStat {
     pub size: u64,
     pub mtime_ns: i64,
+    /// `None` in records written before it was kept: they never match, so the
+    /// file is hashed once and the record refreshed.
+    #[serde(default)]
+    pub ctime_ns: Option<i64>,
     pub ino: u64,
 }
 
@@ -24,7 +32,12 @@ impl FileStat {
     pub fn of(path: &Path) -> std::io::Result<FileStat> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(path)?;
-        Ok(FileStat { size: m.len(), mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(), ino: m.ino() })
+        Ok(FileStat {
+            size: m.len(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: Some(m.ctime() * 1_000_000_000 + m.ctime_nsec()),
+            ino: m.ino(),
+        })
     }
 }
 
@@ -135,7 +148,7 @@ pub struct RunNodeRow {
     pub detail: Option<String>,
 }
 
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS nodes (
@@ -175,10 +188,14 @@ CREATE TABLE IF NOT EXISTS events (
     event TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
 );
-CREATE TABLE IF NOT EXISTS file_stats (
+-- Version 5 keeps the ctime: the stat cache of older versions is dropped
+-- (it only saves hashing; every file is hashed once again).
+DROP TABLE IF EXISTS file_stats;
+CREATE TABLE file_stats (
     path TEXT PRIMARY KEY,
     size INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
     ino INTEGER NOT NULL,
     hash TEXT NOT NULL
 );
@@ -255,9 +272,9 @@ pub fn open_database(path: &Path, what: &str, schema: &str, version: i64) -> Res
             path: path.to_path_buf(),
             detail: error.to_string(),
             advice: if what == "the index" {
-                "The outputs under objects/ are intact, but this index no longer says which node key produced \
-                 which; the next run starts a new index and runs every node again (outputs that come back \
-                 byte-identical are stored once)."
+                "Then `orchestrate reindex` rebuilds its cache rows from the node records under records/, \
+                 re-hashing every object, so no node that completed runs again; the history of runs, their \
+                 events and the stat cache are lost (a node completed before records were kept runs again)."
             } else {
                 "What it recorded (the guard's rollout claims, nonces and sealed events) is lost with it; GRPO \
                  nodes that need it run again."
@@ -503,6 +520,18 @@ impl Index {
         rows.collect::<Result<_, _>>().map_err(db("listing run nodes"))
     }
 
+    /// Appends an event to a finished run's log (after its last one).
+    pub fn append_event(&self, run_id: &str, event: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO events (run_id, seq, event)
+                 SELECT ?1, COALESCE(MAX(seq) + 1, 0), ?2 FROM events WHERE run_id = ?1",
+                params![run_id, event],
+            )
+            .map_err(db("appending an event"))?;
+        Ok(())
+    }
+
     /// The events of a run, in order.
     pub fn run_events(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
         let mut stmt = self
@@ -527,20 +556,64 @@ impl Index {
 
     pub fn file_hash(&self, path: &str, stat: &FileStat) -> Result<Option<String>, StoreError> {
         self.conn
-            .prepare_cached("SELECT hash FROM file_stats WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3 AND ino = ?4")
+            .prepare_cached(
+                "SELECT hash FROM file_stats WHERE path = ?1 AND size = ?2 AND mtime_ns = ?3 AND ctime_ns = ?4 AND ino = ?5",
+            )
             .and_then(|mut s| {
-                s.query_row(params![path, stat.size as i64, stat.mtime_ns, stat.ino as i64], |r| r.get(0)).optional()
+                let Some(ctime) = stat.ctime_ns else { return Ok(None) };
+                s.query_row(params![path, stat.size as i64, stat.mtime_ns, ctime, stat.ino as i64], |r| r.get(0))
+                    .optional()
             })
             .map_err(db("reading the stat cache"))
     }
 
     pub fn put_file_hash(&self, path: &str, stat: &FileStat, hash: &str) -> Result<(), StoreError> {
+        let Some(ctime) = stat.ctime_ns else { return Ok(()) };
         self.conn
             .execute(
-                "INSERT OR REPLACE INTO file_stats (path, size, mtime_ns, ino, hash) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![path, stat.size as i64, stat.mtime_ns, stat.ino as i64, hash],
+                "INSERT OR REPLACE INTO file_stats (path, size, mtime_ns, ctime_ns, ino, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![path, stat.size as i64, stat.mtime_ns, ctime, stat.ino as i64, hash],
             )
             .map_err(db("writing the stat cache"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod migration_tests {
+    use super::*;
+
+    #[test]
+    fn an_index_of_version_4_keeps_its_rows_and_its_stat_cache_starts_over_with_ctime() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE runs (run_id TEXT PRIMARY KEY, spec TEXT NOT NULL, profile TEXT, argv TEXT NOT NULL,
+                   pid INTEGER NOT NULL, started_at TEXT NOT NULL, finished_at TEXT, status TEXT NOT NULL, summary TEXT);
+                 INSERT INTO runs VALUES ('r1', 's', NULL, 'run', 1, '2026-01-01T00:00:00Z', NULL, 'ok', NULL);
+                 CREATE TABLE file_stats (path TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+                   ino INTEGER NOT NULL, hash TEXT NOT NULL);
+                 INSERT INTO file_stats VALUES ('/x', 1, 2, 3, 'h');
+                 PRAGMA user_version = 4;",
+            )
+            .unwrap();
+        }
+        let index = Index::open(&path).unwrap();
+        assert_eq!(index.recent_runs(10).unwrap().len(), 1, "runs are kept");
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        let stat = FileStat::of(&file).unwrap();
+        assert!(stat.ctime_ns.is_some());
+        assert_eq!(index.file_hash("/x", &stat).unwrap(), None);
+        index.put_file_hash("/f", &stat, "hf").unwrap();
+        assert_eq!(index.file_hash("/f", &stat).unwrap().as_deref(), Some("hf"));
+        let changed = FileStat { ctime_ns: stat.ctime_ns.map(|c| c + 1), ..stat };
+        assert_eq!(index.file_hash("/f", &changed).unwrap(), None, "a different ctime is a miss");
+        // A record from before ctime was kept never matches.
+        let old: FileStat = serde_json::from_str(r#"{"size": 1, "mtime_ns": 2, "ino": 3}"#).unwrap();
+        assert_eq!(old.ctime_ns, None);
+        assert_ne!(Some(old), Some(FileStat { ctime_ns: Some(0), ..old }));
     }
 }

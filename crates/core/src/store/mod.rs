@@ -37,7 +37,7 @@ pub enum StoreError {
     Db { context: String, error: rusqlite::Error },
     /// A database file SQLite cannot read: said once, with what to do.
     #[error(
-        "{} is damaged ({detail}). {advice} To go on, move it aside: mv {} {}.damaged",
+        "{} is damaged ({detail}). To go on, move it aside: mv {} {}.damaged. {advice}",
         path.display(),
         path.display(),
         path.display()
@@ -131,6 +131,17 @@ pub fn while_locked<T>(lock_path: &Path, f: impl FnOnce() -> Result<T, StoreErro
     let lock = File::create(lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
     lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
     f()
+}
+
+/// What [`Workspace::reindex`] did.
+#[derive(Debug, Default)]
+pub struct Reindexed {
+    /// The nodes indexed again.
+    pub added: Vec<String>,
+    /// Records whose key the index already had.
+    pub present: usize,
+    /// What was left out, and why (its node runs again when a spec needs it).
+    pub left_out: Vec<(String, String)>,
 }
 
 /// Writes a file whole or not at all: a temporary file beside it (named after
@@ -241,6 +252,106 @@ impl Workspace {
         }
     }
 
+    /// Where each completed node's record is kept beside its cache row, so
+    /// the index can be rebuilt from them ([`Workspace::reindex`]).
+    pub fn records_dir(&self) -> PathBuf {
+        self.root.join("records")
+    }
+
+    fn record_path(&self, key: &Key) -> PathBuf {
+        self.records_dir().join(&key[..2]).join(format!("{key}.json"))
+    }
+
+    /// Commits a completed node, whose outputs are published: its record file
+    /// first (written whole or not at all), then its cache row.
+    pub fn commit_node(&self, index: &Index, node: &CachedNode) -> Result<(), StoreError> {
+        let path = self.record_path(&node.key);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        }
+        let bytes = serde_json::to_vec_pretty(node).expect("a cached node serializes");
+        write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
+        index.insert_node(node)
+    }
+
+    /// Rebuilds the index's cache rows from the node records: each record
+    /// whose key is not in the index, and whose every output object is
+    /// present and still hashes to its name, is indexed again. Runs, their
+    /// events and the stat cache are not in the records and stay lost.
+    pub fn reindex(&self) -> Result<Reindexed, StoreError> {
+        let index = self.index()?;
+        let mut done = Reindexed::default();
+        let dir = self.records_dir();
+        let mut files = Vec::new();
+        if dir.is_dir() {
+            for shard in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
+                let shard = shard.map_err(io(format!("listing {}", dir.display())))?;
+                if !shard.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                for f in fs::read_dir(shard.path()).map_err(io(format!("listing {}", shard.path().display())))? {
+                    let f = f.map_err(io(format!("listing {}", shard.path().display())))?;
+                    let name = f.file_name().to_string_lossy().into_owned();
+                    if !name.starts_with('.') {
+                        files.push(f.path());
+                    }
+                }
+            }
+        }
+        files.sort();
+        for path in files {
+            match self.read_record(&path) {
+                Err(why) => done.left_out.push((path.display().to_string(), why)),
+                Ok(node) if index.lookup(&node.key)?.is_some() => done.present += 1,
+                Ok(node) => {
+                    let mut bad = None;
+                    for out in &node.outputs {
+                        match objects::intact(&self.object_path(&out.object.hash), &out.object.hash, out.object.kind)? {
+                            Some(true) => {}
+                            Some(false) => {
+                                bad = Some(format!("output '{}': its object does not hash to its name", out.name))
+                            }
+                            None => bad = Some(format!("output '{}': its object is missing", out.name)),
+                        }
+                        if bad.is_some() {
+                            break;
+                        }
+                    }
+                    match bad {
+                        Some(why) => {
+                            done.left_out.push((format!("'{}' (key {})", node.node_id, node.key.short()), why))
+                        }
+                        None => {
+                            index.insert_node(&node)?;
+                            done.added.push(node.node_id);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// A record file, checked: a regular file of bounded size, named after the key it holds.
+    fn read_record(&self, path: &Path) -> Result<CachedNode, String> {
+        const MAX_RECORD_BYTES: u64 = 64 << 20;
+        let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+        if !meta.is_file() {
+            return Err("not a regular file".into());
+        }
+        if meta.len() > MAX_RECORD_BYTES {
+            return Err(format!("{} bytes, over the limit of {MAX_RECORD_BYTES}", meta.len()));
+        }
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let key = Key::parse(&stem).map_err(|e| format!("not a record's name: {e}"))?;
+        let bytes = fs::read(path).map_err(|e| e.to_string())?;
+        let node: CachedNode = serde_json::from_slice(&bytes).map_err(|e| format!("not a node record: {e}"))?;
+        if node.key != key {
+            return Err(format!("it holds key {}, not the one it is named after", node.key.short()));
+        }
+        Ok(node)
+    }
+
     /// A new connection to the index.
     pub fn index(&self) -> Result<Index, StoreError> {
         let path = self.root.join("cache.sqlite");
@@ -257,6 +368,31 @@ impl Workspace {
 
     pub fn object_path(&self, hash: &str) -> PathBuf {
         self.objects_dir().join(objects::object_rel(hash))
+    }
+
+    /// Where damaged objects are moved aside (see [`Workspace::check_object`]).
+    pub fn damaged_dir(&self) -> PathBuf {
+        self.root.join("damaged")
+    }
+
+    /// Checks that an object's bytes still hash to its name before anyone
+    /// reads it. A damaged object is moved aside into [`Workspace::damaged_dir`]
+    /// (so its producer's cache entry no longer checks out and it re-runs) and
+    /// the error says where it went; a missing one is an error too.
+    pub fn check_object(&self, object: &ObjectInfo) -> Result<Result<(), String>, StoreError> {
+        let path = self.object_path(&object.hash);
+        Ok(match objects::intact(&path, &object.hash, object.kind)? {
+            Some(true) => Ok(()),
+            None => Err(format!("object {} is missing from the store", &object.hash[..object.hash.len().min(12)])),
+            Some(false) => {
+                let to = if self.read_only { None } else { objects::move_aside(&path, &self.damaged_dir())? };
+                Err(format!(
+                    "object {} is damaged: its bytes no longer hash to its name{}",
+                    &object.hash[..object.hash.len().min(12)],
+                    to.map(|t| format!(" (moved aside to {})", t.display())).unwrap_or_default()
+                ))
+            }
+        })
     }
 
     pub fn log_path(&self, key: &str) -> PathBuf {

@@ -178,14 +178,54 @@ pub fn publish_move(objects: &Path, staged: &Path, kind: OutputKind) -> Result<O
     Ok(info)
 }
 
+/// Whether the object at `path` still hashes to its name (`None`: it is not there).
+pub fn intact(path: &Path, hash: &str, kind: OutputKind) -> Result<Option<bool>, StoreError> {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(None);
+    };
+    let actual = match kind {
+        OutputKind::File if meta.is_file() => hash_file(path)?.0,
+        OutputKind::Dir if meta.is_dir() => match hash_dir(path) {
+            Ok(info) => info.hash,
+            Err(StoreError::Invalid(_)) => return Ok(Some(false)),
+            Err(e) => return Err(e),
+        },
+        _ => return Ok(Some(false)),
+    };
+    Ok(Some(actual == hash))
+}
+
+/// Moves a damaged object out of the store into `damaged` (kept for
+/// inspection, never read again), so its name is free for the right bytes.
+/// Returns where it went, or `None` if someone else moved it first.
+pub fn move_aside(object: &Path, damaged: &Path) -> Result<Option<PathBuf>, StoreError> {
+    fs::create_dir_all(damaged).map_err(io(format!("creating {}", damaged.display())))?;
+    let name = object.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let to = damaged.join(format!("{name}-{}", unique_suffix()));
+    match fs::rename(object, &to) {
+        Ok(()) => Ok(Some(to)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::Io { context: format!("moving {} aside", object.display()), source: e }),
+    }
+}
+
 /// Renames a complete, synced staged object to its content address, unless an
-/// identical object is already there (write-once: the staged copy is dropped).
+/// intact identical object is already there (write-once: the staged copy is
+/// dropped). An object there whose bytes no longer hash to its name (bit rot,
+/// a hand edit) is moved aside into `damaged/` and replaced.
 fn install(objects: &Path, staged: &Path, info: &ObjectInfo) -> Result<(), StoreError> {
     let dest = objects.join(object_rel(&info.hash));
     let shard = dest.parent().expect("object paths have a shard folder");
-    if dest.exists() {
-        remove_any(staged)?;
-        return Ok(());
+    match intact(&dest, &info.hash, info.kind)? {
+        Some(true) => {
+            remove_any(staged)?;
+            return Ok(());
+        }
+        Some(false) => {
+            let damaged = objects.parent().unwrap_or(objects).join("damaged");
+            move_aside(&dest, &damaged)?;
+        }
+        None => {}
     }
     fs::create_dir_all(shard).map_err(io(format!("creating {}", shard.display())))?;
     make_read_only(staged)?;
