@@ -30,3 +30,26 @@ fn env_reports_the_pinned_libtorch_through_the_worker() {
     assert!(text.contains("libtorch 2.11.0"), "{text}");
     assert!(text.contains("device   cpu") || text.contains("device   cuda"), "{text}");
 }
+
+#[cfg(feature = "torch")]
+#[test]
+fn the_worker_uses_and_reports_the_threads_it_is_given() {
+    let env_with = |threads: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orchestrate"));
+        cmd.arg("env").env_remove("ORCHESTRATE_THREADS");
+        if let Some(t) = threads {
+            cmd.env("ORCHESTRATE_THREADS", t);
+        }
+        cmd.output().unwrap()
+    };
+    // libtorch's own count, read back by the worker after setting it.
+    let out = env_with(None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("threads  1 per numerical node"));
+    let out = env_with(Some("3"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("threads  3 per numerical node"));
+    let out = env_with(Some("many"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ORCHESTRATE_THREADS=\"many\"") && err.contains("1 to 1024"), "{err}");
+}

@@ -66,7 +66,13 @@ impl Reporter for Collect {
 
 fn env(device: &'static str) -> EnvProvider {
     Box::new(move || {
-        Ok(EnvPart { device: device.into(), libtorch: "2.11.0".into(), cpu: Some("AVX2".into()), cpu_vendor: None })
+        Ok(EnvPart {
+            device: device.into(),
+            libtorch: "2.11.0".into(),
+            cpu: Some("AVX2".into()),
+            cpu_vendor: None,
+            threads: Some(1),
+        })
     })
 }
 

@@ -352,6 +352,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if let Some(model) = runtime::cpu_model() {
                 outln!("model    {model} (not keyed)");
             }
+            outln!(
+                "threads  {} per numerical node ({}; keyed), at most {} such nodes at once on this CPU",
+                env.threads.map_or("-".to_string(), |n| n.to_string()),
+                runtime::THREADS_VAR,
+                runtime::cpu_slots(env.threads.unwrap_or(1))
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

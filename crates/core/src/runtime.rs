@@ -25,6 +25,57 @@ pub struct EnvPart {
     /// kernels by vendor too. Absent only in records from before it was keyed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_vendor: Option<String>,
+    /// libtorch's intra-op CPU threads (`ORCHESTRATE_THREADS`, 1 by default): a
+    /// sum split over other threads is added in another order, so the same
+    /// libtorch computes other bytes with another count. Absent only in records
+    /// from before it was keyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+}
+
+/// The variable that sets how many CPU threads each numerical node's libtorch uses.
+pub const THREADS_VAR: &str = "ORCHESTRATE_THREADS";
+
+/// Threads per numerical node: `ORCHESTRATE_THREADS`, or 1 when it is unset.
+///
+/// One, not every core, by default (as Snakemake's `threads`): the scheduler
+/// runs up to `cores / threads` numerical nodes at once, and libtorch workers
+/// that each start a thread per core on a shared machine wait on each other
+/// (two SFT nodes side by side on 2 cores took 40 s with 2 threads each, 8 s
+/// with one). The count is keyed, so it must not depend on `--jobs`.
+pub fn worker_threads() -> Result<usize, String> {
+    parse_threads(std::env::var(THREADS_VAR).ok().as_deref())
+}
+
+#[cfg(test)]
+mod threads_tests {
+    #[test]
+    fn threads_are_one_by_default_and_a_bad_value_is_named() {
+        assert_eq!(super::parse_threads(None), Ok(1));
+        assert_eq!(super::parse_threads(Some("4")), Ok(4));
+        for bad in ["0", "-1", "two", "", "5000"] {
+            let e = super::parse_threads(Some(bad)).unwrap_err();
+            assert!(e.contains("ORCHESTRATE_THREADS") && e.contains(bad), "{e}");
+        }
+        assert!(super::cpu_slots(1) >= 1 && super::cpu_slots(100_000) == 1);
+    }
+}
+
+fn parse_threads(value: Option<&str>) -> Result<usize, String> {
+    match value {
+        None => Ok(1),
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => Ok(n),
+            _ => Err(format!("{THREADS_VAR}={v:?}: expected a whole number of threads from 1 to 1024")),
+        },
+    }
+}
+
+/// How many numerical nodes may run at once on this machine's CPU with
+/// `threads` each: `cores / threads`, at least one.
+pub fn cpu_slots(threads: usize) -> usize {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cores / threads.max(1)).max(1)
 }
 
 /// Supplies the numerical environment, asked at most once and only if a
@@ -188,13 +239,20 @@ fn env_cache_dir() -> Option<PathBuf> {
 /// sees, and whether `ORCHESTRATE_DEVICE` is honoured.
 fn env_fingerprint(worker: &std::path::Path, ignore_device_choice: bool) -> String {
     let mut h = blake3::Hasher::new();
-    h.update(b"orchestrate.worker-env.v2\0");
+    h.update(b"orchestrate.worker-env.v3\0");
     stat_into(&mut h, worker);
     for path in ["/proc/sys/kernel/hostname", "/proc/sys/kernel/random/boot_id", "/proc/driver/nvidia/version"] {
         h.update(&std::fs::read(path).unwrap_or_default());
         h.update(b"\0");
     }
-    for var in ["ORCHESTRATE_DEVICE", "CUDA_VISIBLE_DEVICES", "ATEN_CPU_CAPABILITY", "LD_LIBRARY_PATH", "LD_PRELOAD"] {
+    for var in [
+        "ORCHESTRATE_DEVICE",
+        "CUDA_VISIBLE_DEVICES",
+        "ATEN_CPU_CAPABILITY",
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        THREADS_VAR,
+    ] {
         let value = if var == "ORCHESTRATE_DEVICE" && ignore_device_choice { None } else { std::env::var_os(var) };
         h.update(value.as_ref().map_or(&b"unset"[..], |v| v.as_encoded_bytes()));
         h.update(b"\0");

@@ -26,6 +26,7 @@ pub fn env() -> EnvPart {
         libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string(),
         cpu: Some(orchestrate_core::runtime::cpu_capability()),
         cpu_vendor: Some(orchestrate_core::runtime::cpu_vendor()),
+        threads: Some(tch::get_num_threads().max(1) as usize),
     }
 }
 

@@ -64,6 +64,14 @@ fn main() -> ExitCode {
         std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
     }
     let cli = Cli::parse();
+    // Intra-op threads: what `env` reports and numerical keys include.
+    match orchestrate_core::runtime::worker_threads() {
+        Ok(n) => tch::set_num_threads(n as i32),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let result = match cli.command {
         Command::Env { json } => {
             let env = torch::env();
@@ -75,11 +83,12 @@ fn main() -> ExitCode {
                 println!("{}", serde_json::to_string(&answer).expect("env serializes"));
             } else {
                 println!(
-                    "libtorch {}\ndevice   {}\ncpu      {} {}",
+                    "libtorch {}\ndevice   {}\ncpu      {} {}\nthreads  {}",
                     env.libtorch,
                     env.device,
                     env.cpu.as_deref().unwrap_or("-"),
-                    env.cpu_vendor.as_deref().unwrap_or("-")
+                    env.cpu_vendor.as_deref().unwrap_or("-"),
+                    env.threads.map_or("-".to_string(), |n| n.to_string())
                 );
             }
             Ok(ExitCode::SUCCESS)

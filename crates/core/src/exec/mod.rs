@@ -156,6 +156,7 @@ pub fn run_with(
     let mut blocked_by: Vec<Option<String>> = vec![None; n];
     let env_cache: Mutex<Option<Result<EnvPart, String>>> = Mutex::new(None);
     let cancel = AtomicBool::new(false);
+    let cpu = node::CpuSlots::default();
     let (job_tx, job_rx) = mpsc::channel::<(usize, BTreeMap<String, Vec<OutputRecord>>)>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
@@ -165,7 +166,7 @@ pub fn run_with(
         for _ in 0..jobs.min(n.max(1)) {
             let job_rx = Arc::clone(&job_rx);
             let msg_tx = msg_tx.clone();
-            let (env_cache, cancel, run_id) = (&env_cache, &cancel, run_id.as_str());
+            let (env_cache, cancel, run_id, cpu) = (&env_cache, &cancel, run_id.as_str(), &cpu);
             scope.spawn(move || {
                 let index = match ws.index() {
                     Ok(i) => i,
@@ -211,6 +212,7 @@ pub fn run_with(
                         env,
                         force: opts.force.contains(node.id()),
                         cancel,
+                        cpu: Some(cpu),
                     };
                     let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
                     let outcome = node::resolve(&job, executor, &mut observer);

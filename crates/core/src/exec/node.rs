@@ -53,6 +53,41 @@ pub struct NodeJob<'a> {
     pub env: Option<EnvPart>,
     pub force: bool,
     pub cancel: &'a AtomicBool,
+    /// The run's CPU slots, shared by its numerical nodes on the CPU (`None`
+    /// where nodes run elsewhere, as Slurm jobs).
+    pub cpu: Option<&'a CpuSlots>,
+}
+
+/// How many numerical nodes run on this machine's CPU at once: each uses
+/// `threads` libtorch threads (see [`crate::runtime::worker_threads`]), and at
+/// most `cores / threads` of them run side by side, whatever `--jobs` allows,
+/// as Snakemake's `--cores` bounds the sum of its rules' `threads`.
+#[derive(Default)]
+pub struct CpuSlots {
+    used: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// A slot held while a numerical node runs.
+pub struct CpuSlot<'a>(&'a CpuSlots);
+
+impl CpuSlots {
+    /// Waits for one of `capacity` slots.
+    pub fn acquire(&self, capacity: usize) -> CpuSlot<'_> {
+        let mut used = self.used.lock().expect("cpu slots");
+        while *used >= capacity.max(1) {
+            used = self.freed.wait(used).expect("cpu slots");
+        }
+        *used += 1;
+        CpuSlot(self)
+    }
+}
+
+impl Drop for CpuSlot<'_> {
+    fn drop(&mut self) {
+        *self.0.used.lock().expect("cpu slots") -= 1;
+        self.0.freed.notify_one();
+    }
 }
 
 impl NodeJob<'_> {
@@ -273,6 +308,12 @@ impl Executor for Local {
                 return Outcome::Cached { key: key.clone(), outputs };
             }
         }
+        let _slot = match (&job.env, job.cpu) {
+            (Some(env), Some(slots)) if env.device == "cpu" => {
+                Some(slots.acquire(crate::runtime::cpu_slots(env.threads.unwrap_or(1))))
+            }
+            _ => None,
+        };
         observer.started(key, &run.reason.to_string());
         match run_and_publish(job, run.record, key) {
             Ok(outputs) => {

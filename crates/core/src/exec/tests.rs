@@ -196,3 +196,22 @@ fn an_output_deleted_from_the_store_makes_its_node_run_again() {
     assert_eq!(names(&handed), ["a"]);
     assert!(matches!(&handed[0].1, DirtyReason::OutputsInvalid(_)), "{handed:?}");
 }
+
+#[test]
+fn cpu_slots_bound_the_numerical_nodes_running_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let slots = super::node::CpuSlots::default();
+    let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| {
+                let _slot = slots.acquire(2);
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                now.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    assert_eq!(most.load(Ordering::SeqCst), 2, "six nodes, two slots: two at a time, never more");
+}

@@ -121,6 +121,10 @@ pub struct Environment {
     pub cpu_vendor: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_model: Option<String>,
+    /// libtorch's CPU threads per numerical node (absent from packs frozen
+    /// before it was keyed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
     pub os: String,
 }
 

@@ -296,6 +296,7 @@ pub fn freeze(
                 cpu_capability: torch.as_ref().and_then(|e| e.cpu.clone()),
                 cpu_vendor: torch.as_ref().and_then(|e| e.cpu_vendor.clone()),
                 cpu_model: torch.as_ref().and(crate::runtime::cpu_model()),
+                threads: torch.as_ref().and_then(|e| e.threads),
                 os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
             },
             frozen_at: crate::store::now_rfc3339(),

@@ -115,6 +115,8 @@ pub fn exec_node(
             env: ticket.env.clone(),
             force: ticket.force,
             cancel: &cancel,
+            // One node per Slurm job: its CPUs are Slurm's to share out.
+            cpu: None,
         };
         match nj.record() {
             Ok(r) if r.key() == ticket.key => {}
