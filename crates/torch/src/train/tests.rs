@@ -20,8 +20,13 @@ fn random_model_folder(dir: &Path) {
     let mut m = Qwen2::new(&tiny_config(96), Device::Cpu).unwrap();
     m.init_weights(11);
     tch::manual_seed(12);
+    // By name: `variables()` is a HashMap, whose order changes from process to
+    // process, and each tensor would take another slice of the seeded stream
+    // (another model each run; the parity figures then wandered 10x).
+    let mut variables: Vec<(String, Tensor)> = m.vs.variables().into_iter().collect();
+    variables.sort_by(|a, b| a.0.cmp(&b.0));
     tch::no_grad(|| {
-        for (name, mut t) in m.vs.variables() {
+        for (name, mut t) in variables {
             let noise = Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.3;
             let v = if name.ends_with("norm.weight") { noise * 0.3 + 1.0 } else { noise };
             t.copy_(&v);
