@@ -205,3 +205,15 @@ fn every_committed_experiment_validates_with_each_profile() {
     }
     assert!(checked >= 9, "only {checked} spec/profile pairs found");
 }
+
+#[test]
+fn threads_are_refused_on_a_node_libtorch_does_not_run() {
+    let err = rejected(&format!("name: x\nnodes:\n{GOOD_NODE}    threads: 2\n"), &[]);
+    assert!(err.contains("bad.yaml:8:14"), "{err}");
+    assert!(err.contains("node 'a' (shell): threads: only numerical ops"), "{err}");
+    let err = rejected(
+        "name: x\nnodes:\n  d:\n    op: dataset.stock_arithmetic\n  t:\n    op: tokenizer.build\n    inputs: {pages: 'd:pages.train', labels: 'd:labels.train'}\n  m:\n    op: model.init\n    inputs: {tokenizer: 't:tokenizer'}\n    threads: 0\n",
+        &[],
+    );
+    assert!(err.contains("bad.yaml:11:14") && err.contains("threads"), "{err}");
+}

@@ -71,11 +71,15 @@ fn parse_threads(value: Option<&str>) -> Result<usize, String> {
     }
 }
 
+/// The cores this process may use.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
 /// How many numerical nodes may run at once on this machine's CPU with
 /// `threads` each: `cores / threads`, at least one.
 pub fn cpu_slots(threads: usize) -> usize {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    (cores / threads.max(1)).max(1)
+    (cores() / threads.max(1)).max(1)
 }
 
 /// Supplies the numerical environment, asked at most once and only if a

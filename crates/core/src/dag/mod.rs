@@ -111,6 +111,26 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                 ),
             ));
         };
+        if let Some(threads) = def.threads {
+            let at = spec.sources.locate_value(&node_path(def, &["threads"]));
+            if !op.numerical() {
+                return Err(SpecError::new(
+                    SpecErrorKind::UnknownKey,
+                    at,
+                    format!(
+                        "node '{}' ({}): threads: only numerical ops (libtorch) take a thread count; {} is not one",
+                        def.id, def.op, def.op
+                    ),
+                ));
+            }
+            if !(1..=1024).contains(&threads) {
+                return Err(SpecError::new(
+                    SpecErrorKind::WrongType,
+                    at,
+                    format!("node '{}': threads: {threads} is not a thread count from 1 to 1024", def.id),
+                ));
+            }
+        }
         // The resolved params (defaults filled in) are what the key hashes.
         let params = match op.parse(&Value::Object(def.params.clone())) {
             Ok(resolved) => resolved,

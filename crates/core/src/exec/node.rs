@@ -58,35 +58,37 @@ pub struct NodeJob<'a> {
     pub cpu: Option<&'a CpuSlots>,
 }
 
-/// How many numerical nodes run on this machine's CPU at once: each uses
-/// `threads` libtorch threads (see [`crate::runtime::worker_threads`]), and at
-/// most `cores / threads` of them run side by side, whatever `--jobs` allows,
-/// as Snakemake's `--cores` bounds the sum of its rules' `threads`.
+/// The machine's cores, shared by the numerical nodes running on its CPU: each
+/// holds as many as its libtorch threads (see [`crate::runtime::worker_threads`]
+/// and a node's `threads`) while it runs, whatever `--jobs` allows, as
+/// Snakemake's `--cores` bounds the sum of its rules' `threads`.
 #[derive(Default)]
 pub struct CpuSlots {
     used: std::sync::Mutex<usize>,
     freed: std::sync::Condvar,
 }
 
-/// A slot held while a numerical node runs.
-pub struct CpuSlot<'a>(&'a CpuSlots);
+/// Cores held while a numerical node runs.
+pub struct CpuSlot<'a>(&'a CpuSlots, usize);
 
 impl CpuSlots {
-    /// Waits for one of `capacity` slots.
-    pub fn acquire(&self, capacity: usize) -> CpuSlot<'_> {
+    /// Waits until `threads` of `cores` are free (a node asking for more than
+    /// the machine has runs alone), and holds them.
+    pub fn acquire(&self, threads: usize, cores: usize) -> CpuSlot<'_> {
+        let want = threads.clamp(1, cores.max(1));
         let mut used = self.used.lock().expect("cpu slots");
-        while *used >= capacity.max(1) {
+        while *used + want > cores.max(1) {
             used = self.freed.wait(used).expect("cpu slots");
         }
-        *used += 1;
-        CpuSlot(self)
+        *used += want;
+        CpuSlot(self, want)
     }
 }
 
 impl Drop for CpuSlot<'_> {
     fn drop(&mut self) {
-        *self.0.used.lock().expect("cpu slots") -= 1;
-        self.0.freed.notify_one();
+        *self.0.used.lock().expect("cpu slots") -= self.1;
+        self.0.freed.notify_all();
     }
 }
 
@@ -310,7 +312,7 @@ impl Executor for Local {
         }
         let _slot = match (&job.env, job.cpu) {
             (Some(env), Some(slots)) if env.device == "cpu" => {
-                Some(slots.acquire(crate::runtime::cpu_slots(env.threads.unwrap_or(1))))
+                Some(slots.acquire(env.threads.unwrap_or(1), crate::runtime::cores()))
             }
             _ => None,
         };
@@ -385,6 +387,7 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         cancel: job.cancel,
         workspace: job.ws.root(),
         key,
+        threads: job.env.as_ref().and_then(|e| e.threads),
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
 

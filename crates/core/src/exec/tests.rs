@@ -205,7 +205,7 @@ fn cpu_slots_bound_the_numerical_nodes_running_at_once() {
     std::thread::scope(|s| {
         for _ in 0..6 {
             s.spawn(|| {
-                let _slot = slots.acquire(2);
+                let _slot = slots.acquire(1, 2);
                 let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                 most.fetch_max(n, Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_millis(30));
@@ -214,4 +214,27 @@ fn cpu_slots_bound_the_numerical_nodes_running_at_once() {
         }
     });
     assert_eq!(most.load(Ordering::SeqCst), 2, "six nodes, two slots: two at a time, never more");
+}
+
+#[test]
+fn a_node_with_more_threads_holds_more_cores() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let slots = super::node::CpuSlots::default();
+    let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        // On 4 cores: one node of 3 threads and three of 1 never exceed 4 threads.
+        for threads in [3, 1, 1, 1] {
+            let (slots, now, most) = (&slots, &now, &most);
+            s.spawn(move || {
+                let _slot = slots.acquire(threads, 4);
+                let n = now.fetch_add(threads, Ordering::SeqCst) + threads;
+                most.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                now.fetch_sub(threads, Ordering::SeqCst);
+            });
+        }
+    });
+    assert!(most.load(Ordering::SeqCst) <= 4, "{}", most.load(Ordering::SeqCst));
+    // More threads than cores: it runs, alone.
+    drop(slots.acquire(16, 4));
 }

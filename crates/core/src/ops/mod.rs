@@ -152,6 +152,8 @@ pub struct RunContext<'a> {
     pub workspace: &'a Path,
     /// This node's key.
     pub key: &'a crate::store::Key,
+    /// The libtorch CPU threads its key was computed with (numerical nodes).
+    pub threads: Option<usize>,
 }
 
 impl RunContext<'_> {

@@ -78,6 +78,10 @@ pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> 
     };
     let mut cmd = Command::new(&worker);
     cmd.arg("run-op").stdin(Stdio::piped());
+    // The count the node's key was computed with, whatever this process's default.
+    if let Some(n) = ctx.threads {
+        cmd.env(crate::runtime::THREADS_VAR, n.to_string());
+    }
     let mut child = process::spawn_tied(&mut cmd, ctx.log_path)
         .map_err(|e| OpError::io(format!("starting {} (log {})", worker.display(), ctx.log_path.display()), e))?;
     let body = serde_json::to_vec(&job).map_err(|e| OpError::Failed(e.to_string()))?;

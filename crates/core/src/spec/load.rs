@@ -492,6 +492,7 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 inputs,
                 binding,
                 resources: node.resources.over(&doc.slurm),
+                threads: node.threads,
             };
             if out.insert(id.clone(), def).is_some() {
                 return Err(SpecError::new(

@@ -149,6 +149,12 @@ pub struct NodeSpec {
     /// part of the node's key, except that GPUs decide the keyed device.
     #[serde(default, skip_serializing_if = "SlurmResources::is_empty")]
     pub resources: SlurmResources,
+    /// libtorch CPU threads of this numerical node (default: `ORCHESTRATE_THREADS`,
+    /// itself 1), as Snakemake's `threads`. Keyed, since the bytes depend on it;
+    /// locally the node waits until that many of the machine's cores are free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub threads: Option<usize>,
 }
 
 /// One reference or a list of references to other nodes' outputs.
@@ -195,6 +201,8 @@ pub struct NodeDef {
     pub binding: BTreeMap<String, Value>,
     /// Its Slurm resources, the spec's `slurm:` block already applied under them.
     pub resources: SlurmResources,
+    /// Its libtorch CPU threads, when the spec sets them (numerical ops only).
+    pub threads: Option<usize>,
 }
 
 /// A loaded, merged, validated and expanded experiment.

@@ -118,10 +118,12 @@ fn cannot_run(tool: &str, e: &std::io::Error) -> String {
 /// The environment a numerical node is keyed on. Under Slurm it is where the
 /// job will run, not where the coordinator runs: `cuda` if the node's job asks
 /// for GPUs, else `cpu` (and the job is started with that `ORCHESTRATE_DEVICE`).
+/// A node's own `threads` replace the worker's default count.
 pub fn node_env(executor: ExecutorKind, def: &NodeDef, base: &EnvPart) -> EnvPart {
+    let threads = def.threads.or(base.threads);
     match executor {
-        ExecutorKind::Local => base.clone(),
-        ExecutorKind::Slurm => EnvPart { device: device_for(&def.resources).to_string(), ..base.clone() },
+        ExecutorKind::Local => EnvPart { threads, ..base.clone() },
+        ExecutorKind::Slurm => EnvPart { device: device_for(&def.resources).to_string(), threads, ..base.clone() },
     }
 }
 
@@ -249,5 +251,36 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
                 to_run.failed(format!("Slurm job {job_id} {what} before the node finished{}", log_tail()))
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_own_threads_replace_the_default_in_its_key_env_under_either_executor() {
+        let base = EnvPart {
+            device: "cpu".into(),
+            libtorch: "2.11.0".into(),
+            cpu: Some("AVX2".into()),
+            cpu_vendor: None,
+            threads: Some(1),
+        };
+        let mut def = NodeDef {
+            id: "n".into(),
+            base_id: "n".into(),
+            op: "train.sft".into(),
+            params: Default::default(),
+            inputs: Default::default(),
+            binding: Default::default(),
+            resources: Default::default(),
+            threads: None,
+        };
+        assert_eq!(node_env(ExecutorKind::Local, &def, &base), base);
+        def.threads = Some(2);
+        for executor in [ExecutorKind::Local, ExecutorKind::Slurm] {
+            assert_eq!(node_env(executor, &def, &base).threads, Some(2));
+        }
     }
 }
