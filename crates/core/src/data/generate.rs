@@ -18,11 +18,22 @@ pub struct Counts {
     pub warmstart: usize,
     /// Problems of the optional pretraining corpus (0 in the protocol).
     pub pretrain: usize,
+    /// Problems of the optional arithmetic drills (0 in the protocol): each
+    /// gives one drill per running total (see [`drills`]).
+    pub drills: usize,
 }
 
 impl Default for Counts {
     fn default() -> Self {
-        Counts { train: 1000, validation: 200, test_id50: 100, test_ood100: 100, warmstart: 128, pretrain: 0 }
+        Counts {
+            train: 1000,
+            validation: 200,
+            test_id50: 100,
+            test_ood100: 100,
+            warmstart: 128,
+            pretrain: 0,
+            drills: 0,
+        }
     }
 }
 
@@ -98,6 +109,78 @@ impl Record {
             template: self.template,
         }
     }
+}
+
+/// The template index of a drill (one past the statement templates).
+pub const DRILL_TEMPLATE: usize = TEMPLATES.len();
+
+/// A drill's statement: the movements as bare arithmetic, `31 + 12 + 5 - 20 - 7`,
+/// up to `operands` of them (2 to 5: the running totals of one problem).
+pub fn drill_statement(p: &Problem, operands: usize) -> String {
+    let mut s = p.initial.to_string();
+    let terms = [('+', p.deliveries[0]), ('+', p.deliveries[1]), ('-', p.withdrawals[0]), ('-', p.withdrawals[1])];
+    for (sign, v) in terms.iter().take(operands - 1) {
+        s.push_str(&format!(" {sign} {v}"));
+    }
+    s
+}
+
+/// The problem of a running total: the first `operands` movements, the rest 0.
+fn prefix(p: &Problem, operands: usize) -> Problem {
+    let keep = |i: usize, v: u32| if i < operands { v } else { 0 };
+    Problem {
+        initial: p.initial,
+        deliveries: [keep(1, p.deliveries[0]), keep(2, p.deliveries[1])],
+        withdrawals: [keep(3, p.withdrawals[0]), keep(4, p.withdrawals[1])],
+    }
+}
+
+/// The arithmetic drills: for each of `wanted` fresh ID50 problems, its four
+/// running totals as bare arithmetic (`a + b`, `a + b + c`, `a + b + c - d`,
+/// `a + b + c - d - e`), each answered in the protocol's response format. A
+/// problem is used only if none of its running totals (as a problem, the missing
+/// movements 0) is already in `seen`, so the drills never contain a problem of
+/// another split, even one whose last movements are 0; whole problems are
+/// distinct, short running totals recur.
+fn drills(
+    rng: &mut Stream,
+    wanted: usize,
+    seen: &mut HashSet<(u32, [u32; 2], [u32; 2])>,
+) -> Result<Vec<Record>, usize> {
+    let mut out = Vec::with_capacity(wanted * 4);
+    let (mut used, mut rejected_in_a_row) = (0, 0);
+    while used < wanted {
+        let p = sample(rng, 50);
+        let prefixes: Vec<Problem> = (2..=5).map(|k| prefix(&p, k)).collect();
+        let keys: HashSet<_> = prefixes.iter().map(normalized).collect();
+        if keys.iter().any(|k| seen.contains(k)) {
+            rejected_in_a_row += 1;
+            if rejected_in_a_row >= 100_000 {
+                return Err(used);
+            }
+            continue;
+        }
+        rejected_in_a_row = 0;
+        // Only the whole problem is reserved: short running totals (`31 + 12`)
+        // recur across drills, as there are only 51 × 51 of them.
+        seen.insert(normalized(&p));
+        used += 1;
+        for (k, q) in (2..=5).zip(prefixes) {
+            let target = solve(&q).expect("a running total of a valid problem is valid");
+            out.push(Record {
+                id: String::new(),
+                split: Split::Drills,
+                population: Population::ID50,
+                problem: q,
+                target,
+                template: DRILL_TEMPLATE,
+                statement: drill_statement(&p, k),
+                warmstart: false,
+                reference_response: reference_response(target),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The protocol's reference response for a target.
@@ -210,6 +293,14 @@ pub fn generate(seed: u64, counts: &Counts) -> Result<Vec<Record>, GenerateError
             out.extend(rows);
         }
     }
+    // Drills last of all, so they never change another split.
+    let mut rng = Stream::new(seed, "stock_arithmetic/v1/problems/drills/ID50");
+    out.extend(drills(&mut rng, counts.drills, &mut seen).map_err(|got| GenerateError {
+        split: Split::Drills.as_str(),
+        population: Population::ID50,
+        wanted: counts.drills,
+        got,
+    })?);
     // Test: ID50 first, then OOD100, numbered together.
     test_rows.sort_by_key(|r| r.population);
     out.extend(test_rows);
@@ -220,7 +311,8 @@ pub fn generate(seed: u64, counts: &Counts) -> Result<Vec<Record>, GenerateError
         r.warmstart = r.split == Split::Train && *n < counts.warmstart;
         *n += 1;
     }
-    out.sort_by_key(|r| (r.split, r.id.clone()));
+    // Stable: within a split, the numbering order (ids past 9999 get a fifth digit).
+    out.sort_by_key(|r| r.split);
     Ok(out)
 }
 
@@ -230,7 +322,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn small() -> Counts {
-        Counts { train: 60, validation: 20, test_id50: 10, test_ood100: 10, warmstart: 16, pretrain: 0 }
+        Counts { train: 60, validation: 20, test_id50: 10, test_ood100: 10, warmstart: 16, pretrain: 0, drills: 0 }
     }
 
     #[test]
@@ -290,6 +382,39 @@ mod tests {
         assert_eq!(corpus.len(), 200);
         let seen: HashSet<_> = without.iter().map(|r| normalized(&r.problem)).collect();
         assert!(corpus.iter().all(|r| !seen.contains(&normalized(&r.problem))));
+    }
+
+    #[test]
+    fn drills_are_running_totals_disjoint_from_every_split_and_change_nothing_else() {
+        let without = generate(5, &Counts { pretrain: 100, ..small() }).unwrap();
+        let with = generate(5, &Counts { pretrain: 100, drills: 2600, ..small() }).unwrap();
+        let others: Vec<&Record> = with.iter().filter(|r| r.split != Split::Drills).collect();
+        assert_eq!(others, without.iter().collect::<Vec<_>>());
+        let drills: Vec<&Record> = with.iter().filter(|r| r.split == Split::Drills).collect();
+        assert_eq!(drills.len(), 10_400);
+        let seen: HashSet<_> = without.iter().map(|r| normalized(&r.problem)).collect();
+        for (i, group) in drills.chunks(4).enumerate() {
+            // One problem's four running totals, 2 to 5 operands, each computed
+            // here from its statement's own numbers.
+            for (k, r) in group.iter().enumerate() {
+                assert!(!seen.contains(&normalized(&r.problem)), "drill {i} is a problem of another split: {r:?}");
+                let words: Vec<&str> = r.statement.split(' ').collect();
+                assert_eq!(words.len(), 2 * (k + 2) - 1, "{}", r.statement);
+                let mut total: i64 = words[0].parse().unwrap();
+                for pair in words[1..].chunks(2) {
+                    let v: i64 = pair[1].parse().unwrap();
+                    total += if pair[0] == "+" { v } else { -v };
+                    assert!(total >= 0, "a running total is never negative: {}", r.statement);
+                }
+                assert_eq!(total, r.target as i64, "{}", r.statement);
+                assert_eq!(r.reference_response, reference_response(r.target));
+                assert_eq!(r.template, DRILL_TEMPLATE);
+                assert!(r.population.contains(&r.problem));
+            }
+            assert!(group[3].statement.starts_with(&group[2].statement), "{:?}", group);
+        }
+        let ids: HashSet<&str> = drills.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids.len(), 10_400);
     }
 
     #[test]

@@ -77,10 +77,13 @@ pub enum Split {
     /// An optional synthetic corpus for pretraining a tiny model, disjoint from
     /// every other split by construction (empty in the protocol).
     Pretrain,
+    /// Optional arithmetic drills (running totals as bare arithmetic) for a
+    /// tiny model's first pretraining stage, disjoint from every other split.
+    Drills,
 }
 
 impl Split {
-    pub const ALL: [Split; 4] = [Split::Train, Split::Validation, Split::Test, Split::Pretrain];
+    pub const ALL: [Split; 5] = [Split::Train, Split::Validation, Split::Test, Split::Pretrain, Split::Drills];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -88,6 +91,7 @@ impl Split {
             Split::Validation => "validation",
             Split::Test => "test",
             Split::Pretrain => "pretrain",
+            Split::Drills => "drills",
         }
     }
 }

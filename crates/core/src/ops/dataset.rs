@@ -40,6 +40,13 @@ pub struct DatasetParams {
     /// the tiny profile uses one so its GRPO groups carry signal.
     #[serde(default)]
     pub pretrain: usize,
+    /// Problems of optional arithmetic drills (`pages.drills`, `labels.drills`):
+    /// each gives its four running totals as bare arithmetic (`31 + 12`, …,
+    /// `31 + 12 + 5 - 20 - 7`) with the protocol's response, a first pretraining
+    /// stage for a tiny model. Drawn last and disjoint from every split, running
+    /// totals included. 0 in the protocol.
+    #[serde(default)]
+    pub drills: usize,
 }
 
 fn d_train() -> usize {
@@ -64,6 +71,7 @@ impl DatasetParams {
             test_ood100: self.test_ood100,
             warmstart: self.warmstart,
             pretrain: self.pretrain,
+            drills: self.drills,
         }
     }
 }
@@ -84,7 +92,8 @@ impl Op for StockArithmeticDataset {
     }
     fn version(&self) -> u32 {
         // 2: the optional pretraining corpus (two more outputs).
-        2
+        // 3: the optional drills (two more outputs).
+        3
     }
     fn summary(&self) -> &'static str {
         "StockArithmetic-v1: 1,000/200/200 problems, pages and labels per split"
@@ -144,6 +153,7 @@ impl Op for StockArithmeticDataset {
                 "warmstart": records.iter().filter(|r| r.warmstart).count(),
                 "validation": count(Split::Validation, Population::ID50),
                 "pretrain": count(Split::Pretrain, Population::ID50),
+                "drills": count(Split::Drills, Population::ID50),
                 "test": {"ID50": count(Split::Test, Population::ID50), "OOD100": count(Split::Test, Population::OOD100)},
             },
             "templates": TEMPLATES.len(),

@@ -392,6 +392,7 @@ mod tests {
             test_ood100: 1,
             warmstart: 0,
             pretrain: 0,
+            drills: 0,
         };
         let records = crate::data::generate::generate(0, &counts).unwrap();
         let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
