@@ -1,4 +1,5 @@
-//! E1 (fault survival) and E2 (non-inferiority) on the tiny profile, with their
+//! E1 (fault survival) and E2 (non-inferiority) on the smoke profile (the
+//! documented tiny profile takes minutes), with their
 //! pre-registered gates; and the E1 guard-on criteria failing on a mislabelled run.
 
 mod common;
@@ -18,7 +19,7 @@ fn project_with(spec: &str) -> Project {
 }
 
 fn json_at(p: &Project, spec: &str, output: &str) -> Value {
-    let out = p.run(&["path", spec, output, "--profile", "tiny"]);
+    let out = p.run(&["path", spec, output, "--profile", "smoke"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     serde_json::from_str(&std::fs::read_to_string(stdout(&out).trim()).unwrap()).unwrap()
 }
@@ -27,7 +28,7 @@ fn json_at(p: &Project, spec: &str, output: &str) -> Value {
 fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_update() {
     let p = project_with("e1-fault-survival");
     let spec = "experiments/e1-fault-survival.yaml";
-    let out = p.run(&["run", spec, "--profile", "tiny", "--quiet"]);
+    let out = p.run(&["run", spec, "--profile", "smoke", "--quiet"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let summary = json_at(&p, spec, "summary:summary.json");
 
@@ -85,7 +86,7 @@ fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_up
     ];
     let mislabelled = orchestrate_core::ops::analysis::summarize(&records, Some("off"));
     let gates = orchestrate_core::gate::read_gate_file(&p.path().join("gates/e1-fault-survival.yaml")).unwrap();
-    let evidence = BTreeMap::from([("s".to_string(), mislabelled)]);
+    let evidence = BTreeMap::from([("s".to_string(), serde_json::to_value(&mislabelled).unwrap())]);
     let failed: Vec<String> = gates
         .gates
         .iter()
@@ -102,7 +103,7 @@ fn e1_guard_on_blocks_both_faults_at_injection_and_guard_off_counts_every_bad_up
 fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
     let p = project_with("e2-non-inferiority");
     let spec = "experiments/e2-non-inferiority.yaml";
-    let out = p.run(&["run", spec, "--profile", "tiny", "--quiet"]);
+    let out = p.run(&["run", spec, "--profile", "smoke", "--quiet"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let summary = json_at(&p, spec, "summary:summary.json");
     for arm in ["on", "off"] {
@@ -122,6 +123,14 @@ fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
     let diff = summary["arms"]["on"]["success"]["mean"].as_f64().unwrap()
         - summary["arms"]["off"]["success"]["mean"].as_f64().unwrap();
     assert_eq!(summary["versus_baseline"]["on"]["success_difference"].as_f64().unwrap(), diff);
+    // Its interval, paired by seed (both arms ran seeds 0..5), brackets it.
+    let c = &summary["versus_baseline"]["on"];
+    assert_eq!(c["paired_by_seed"], true);
+    let (low, high) = (
+        c["success_difference_interval"]["low"].as_f64().unwrap(),
+        c["success_difference_interval"]["high"].as_f64().unwrap(),
+    );
+    assert!(low <= diff && diff <= high, "{c}");
 
     // The margin gate fails when the guard-on arm is worse by more than 1/16.
     let gates = orchestrate_core::gate::read_gate_file(&p.path().join("gates/e2-non-inferiority.yaml")).unwrap();

@@ -9,7 +9,11 @@ use serde_json::json;
 use super::{InputDecl, Op, OpError, OutputDecl, ParamError, RunContext};
 use crate::data::rng::Stream;
 use crate::train::group_advantages;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::stats::Interval;
 use crate::train::metrics::TrainingMetrics;
+use crate::train::params::{FaultFamily, GuardSwitch};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -122,19 +126,107 @@ fn d_population() -> String {
 /// injection-to-detection latency and wasted iterations. The evidence of E1 and E2.
 pub struct Arms;
 
-/// Mean and sample standard deviation (n − 1); the deviation is null below two values.
-fn moments(values: &[f64]) -> serde_json::Value {
+/// Mean and sample standard deviation (n − 1) of some values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Moments {
+    /// `null` when there are no values.
+    pub mean: Option<f64>,
+    /// `null` below two values.
+    pub std: Option<f64>,
+    pub values: Vec<f64>,
+}
+
+fn moments(values: &[f64]) -> Moments {
     if values.is_empty() {
-        return json!({"mean": null, "std": null, "values": []});
+        return Moments { mean: None, std: None, values: vec![] };
     }
     let n = values.len() as f64;
     let mean = values.iter().sum::<f64>() / n;
-    let std = if values.len() < 2 {
-        serde_json::Value::Null
-    } else {
-        json!((values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt())
-    };
-    json!({"mean": mean, "std": std, "values": values})
+    let std = (values.len() >= 2).then(|| (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt());
+    Moments { mean: Some(mean), std, values: values.to_vec() }
+}
+
+/// One injected fault of a run, and when the guard first refused from then on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultRecord {
+    pub family: FaultFamily,
+    pub at_iteration: u64,
+    /// `null`: never detected.
+    pub detected_at: Option<u64>,
+    pub latency_iterations: Option<u64>,
+}
+
+/// One GRPO run of an arm (`summary.json`'s `runs`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRecord {
+    pub arm: String,
+    pub seed: u64,
+    pub guard: GuardSwitch,
+    /// Greedy success on the evaluated population; `null` without an evaluation.
+    pub success: Option<f64>,
+    pub per_draw_success: Option<f64>,
+    /// Mean train reward over the run's iterations (`null` if none).
+    pub train_reward: Option<f64>,
+    /// Mean whole iteration over the iterations no fault touched.
+    pub step_seconds: Option<f64>,
+    pub updates: usize,
+    pub bad_updates_applied: u64,
+    pub faulted_updates: u64,
+    pub faults: Vec<FaultRecord>,
+    pub detections: usize,
+    pub detection_latency_max: Option<u64>,
+    pub undetected_faults: u64,
+    pub wasted_iterations: u64,
+}
+
+/// The runs of one arm together (`summary.json`'s `arms.<name>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArmSummary {
+    pub runs: usize,
+    /// The guard settings of its runs (one, unless the arm is mislabelled).
+    pub guard: BTreeSet<GuardSwitch>,
+    pub seeds: Vec<u64>,
+    pub success: Moments,
+    pub train_reward: Moments,
+    pub step_seconds: Moments,
+    pub bad_updates_applied: u64,
+    pub faulted_updates: u64,
+    pub faults_injected: usize,
+    pub undetected_faults: u64,
+    pub detection_latency_max: Option<u64>,
+    pub wasted_iterations: u64,
+}
+
+/// An arm against the baseline arm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArmComparison {
+    /// Mean success of the arm minus the baseline's (`null` without evaluations).
+    pub success_difference: Option<f64>,
+    /// Its 95 % bootstrap interval: paired by seed when both arms ran the same
+    /// seeds (the seeds are resampled), else the two arms resampled apart.
+    pub success_difference_interval: Option<Interval>,
+    /// Whether the interval pairs runs by seed.
+    pub paired_by_seed: bool,
+    pub step_time_ratio: Option<f64>,
+}
+
+/// What `analysis.arms` writes as `summary.json`, and the gates of E1/E2 read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArmsSummary {
+    pub runs: Vec<RunRecord>,
+    pub arms: BTreeMap<String, ArmSummary>,
+    pub baseline: Option<String>,
+    pub versus_baseline: BTreeMap<String, ArmComparison>,
+}
+
+fn mean_of(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 /// One run's record, from its training metrics and (optionally) its evaluation.
@@ -143,7 +235,7 @@ pub fn run_record(
     metrics: &TrainingMetrics,
     eval: Option<&super::eval::EvalResults>,
     population: &str,
-) -> Result<serde_json::Value, String> {
+) -> Result<RunRecord, String> {
     let TrainingMetrics::Grpo(metrics) = metrics else {
         return Err(format!("not the metrics of a GRPO run (kind {})", metrics.kind()));
     };
@@ -161,8 +253,12 @@ pub fn run_record(
         if let Some(l) = latency {
             latencies.push(l);
         }
-        faults
-            .push(json!({"family": f.family, "at_iteration": at, "detected_at": first, "latency_iterations": latency}));
+        faults.push(FaultRecord {
+            family: f.family,
+            at_iteration: at,
+            detected_at: first,
+            latency_iterations: latency,
+        });
     }
     let bad = guard.bad_updates_applied as u64;
     let first_fault = guard.faults.iter().map(|f| f.at_iteration as u64).min();
@@ -170,7 +266,7 @@ pub fn run_record(
     // update from the first bad one on builds on corrupted weights and has to be
     // redone from the last clean checkpoint.
     let wasted = match (bad, first_fault) {
-        (0, _) => detected_at.iter().collect::<std::collections::BTreeSet<_>>().len() as u64,
+        (0, _) => detected_at.iter().collect::<BTreeSet<_>>().len() as u64,
         (_, Some(first)) => iterations.saturating_sub(first),
         (_, None) => return Err("bad updates were applied but no fault is listed".to_string()),
     };
@@ -178,131 +274,165 @@ pub fn run_record(
     // Step time over the iterations no fault touched, so both arms time the same work.
     let step: Vec<f64> = history.iter().filter(|h| h.faults.is_empty()).map(|h| h.costs.loop_seconds).collect();
     let reward: Vec<f64> = history.iter().map(|h| h.mean_reward).collect();
-    let mean =
-        |v: &[f64]| if v.is_empty() { serde_json::Value::Null } else { json!(v.iter().sum::<f64>() / v.len() as f64) };
     let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
         let Some(r) = eval else { return Ok(None) };
         let m = if mode == "greedy" { &r.greedy } else { &r.sample };
         m.population(population).map(Some).ok_or_else(|| format!("no population '{population}' (ALL, ID50, OOD100)"))
     };
     let (greedy, sample) = (scores("greedy")?, scores("sample")?);
-    let success = greedy.map(|g| g.success_rate);
-    if let Some(None) = success {
-        return Err(format!("the evaluation has no greedy success rate for population '{population}' (it is empty)"));
-    }
-    Ok(json!({
-        "arm": arm,
-        "seed": metrics.identity.params.seed,
-        "guard": guard.switch,
-        "success": success,
-        "per_draw_success": sample.map(|s| s.success_rate),
-        "train_reward": mean(&reward),
-        "step_seconds": mean(&step),
-        "updates": metrics.updates,
-        "bad_updates_applied": bad,
-        "faulted_updates": faulted_updates,
-        "faults": faults,
-        "detections": guard.detections.len(),
-        "detection_latency_max": latencies.iter().max(),
-        "undetected_faults": faults.len() - latencies.len(),
-        "wasted_iterations": wasted,
-    }))
+    let success = match greedy.map(|g| g.success_rate) {
+        Some(None) => {
+            return Err(format!(
+                "the evaluation has no greedy success rate for population '{population}' (it is empty)"
+            ))
+        }
+        other => other.flatten(),
+    };
+    let undetected = (faults.len() - latencies.len()) as u64;
+    Ok(RunRecord {
+        arm: arm.to_string(),
+        seed: metrics.identity.params.seed,
+        guard: guard.switch,
+        success,
+        per_draw_success: sample.and_then(|s| s.success_rate),
+        train_reward: mean_of(&reward),
+        step_seconds: mean_of(&step),
+        updates: metrics.updates,
+        bad_updates_applied: bad,
+        faulted_updates,
+        faults,
+        detections: guard.detections.len(),
+        detection_latency_max: latencies.iter().max().copied(),
+        undetected_faults: undetected,
+        wasted_iterations: wasted,
+    })
 }
 
 /// The per-arm summary of run records (see [`run_record`]).
-pub fn summarize(records: &[serde_json::Value], baseline: Option<&str>) -> serde_json::Value {
-    let mut names: Vec<String> = Vec::new();
-    for r in records {
-        let a = r["arm"].as_str().unwrap_or_default().to_string();
-        if !names.contains(&a) {
-            names.push(a);
-        }
-    }
-    let mut arms = serde_json::Map::new();
-    for name in &names {
-        let runs: Vec<&serde_json::Value> = records.iter().filter(|r| r["arm"] == name.as_str()).collect();
-        let f = |k: &str| runs.iter().filter_map(|r| r[k].as_f64()).collect::<Vec<f64>>();
-        let sum = |k: &str| runs.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
-        let latencies: Vec<u64> = runs.iter().filter_map(|r| r["detection_latency_max"].as_u64()).collect();
+pub fn summarize(records: &[RunRecord], baseline: Option<&str>) -> ArmsSummary {
+    let mut arms = BTreeMap::new();
+    for name in records.iter().map(|r| r.arm.clone()).collect::<BTreeSet<_>>() {
+        let runs: Vec<&RunRecord> = records.iter().filter(|r| r.arm == name).collect();
+        let values = |f: fn(&RunRecord) -> Option<f64>| runs.iter().filter_map(|r| f(r)).collect::<Vec<f64>>();
         arms.insert(
-            name.clone(),
-            json!({
-                "runs": runs.len(),
-                "guard": runs.iter().map(|r| r["guard"].as_str().unwrap_or("?").to_string()).collect::<std::collections::BTreeSet<_>>(),
-                "seeds": runs.iter().map(|r| r["seed"].clone()).collect::<Vec<_>>(),
-                "success": moments(&f("success")),
-                "train_reward": moments(&f("train_reward")),
-                "step_seconds": moments(&f("step_seconds")),
-                "bad_updates_applied": sum("bad_updates_applied"),
-                "faulted_updates": sum("faulted_updates"),
-                "faults_injected": runs.iter().map(|r| r["faults"].as_array().map_or(0, Vec::len)).sum::<usize>(),
-                "undetected_faults": sum("undetected_faults"),
-                "detection_latency_max": latencies.iter().max(),
-                "wasted_iterations": sum("wasted_iterations"),
-            }),
+            name,
+            ArmSummary {
+                runs: runs.len(),
+                guard: runs.iter().map(|r| r.guard).collect(),
+                seeds: runs.iter().map(|r| r.seed).collect(),
+                success: moments(&values(|r| r.success)),
+                train_reward: moments(&values(|r| r.train_reward)),
+                step_seconds: moments(&values(|r| r.step_seconds)),
+                bad_updates_applied: runs.iter().map(|r| r.bad_updates_applied).sum(),
+                faulted_updates: runs.iter().map(|r| r.faulted_updates).sum(),
+                faults_injected: runs.iter().map(|r| r.faults.len()).sum(),
+                undetected_faults: runs.iter().map(|r| r.undetected_faults).sum(),
+                detection_latency_max: runs.iter().filter_map(|r| r.detection_latency_max).max(),
+                wasted_iterations: runs.iter().map(|r| r.wasted_iterations).sum(),
+            },
         );
     }
-    let mut comparisons = serde_json::Map::new();
-    if let Some(base) = baseline.and_then(|b| arms.get(b).cloned()) {
+    let mut versus_baseline = BTreeMap::new();
+    if let Some(base) = baseline.and_then(|b| arms.get(b)) {
         for (name, arm) in &arms {
             if Some(name.as_str()) == baseline {
                 continue;
             }
-            let diff = match (arm["success"]["mean"].as_f64(), base["success"]["mean"].as_f64()) {
-                (Some(a), Some(b)) => json!(a - b),
-                _ => serde_json::Value::Null,
+            let success_difference = match (arm.success.mean, base.success.mean) {
+                (Some(a), Some(b)) => Some(a - b),
+                _ => None,
             };
-            let ratio = match (arm["step_seconds"]["mean"].as_f64(), base["step_seconds"]["mean"].as_f64()) {
-                (Some(a), Some(b)) if b > 0.0 => json!(a / b),
-                _ => serde_json::Value::Null,
+            // Paired by seed when every seed ran once in each arm, with an evaluation.
+            let by_seed = |arm_name: &str| -> BTreeMap<u64, f64> {
+                records.iter().filter(|r| r.arm == arm_name).filter_map(|r| r.success.map(|s| (r.seed, s))).collect()
             };
-            comparisons.insert(name.clone(), json!({"success_difference": diff, "step_time_ratio": ratio}));
+            let (mine, theirs) = (by_seed(name), by_seed(baseline.unwrap_or_default()));
+            let paired = !mine.is_empty()
+                && mine.len() == arm.runs
+                && theirs.len() == base.runs
+                && mine.keys().eq(theirs.keys());
+            let success_difference_interval = if paired {
+                let pairs: Vec<(f64, f64)> = mine.iter().map(|(seed, &s)| (theirs[seed], s)).collect();
+                crate::stats::paired_difference(&pairs, 0)
+            } else {
+                crate::stats::mean_difference(&base.success.values, &arm.success.values, 0)
+            };
+            let step_time_ratio = match (arm.step_seconds.mean, base.step_seconds.mean) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+            versus_baseline.insert(
+                name.clone(),
+                ArmComparison {
+                    success_difference,
+                    success_difference_interval,
+                    paired_by_seed: paired,
+                    step_time_ratio,
+                },
+            );
         }
     }
-    json!({"runs": records, "arms": arms, "baseline": baseline, "versus_baseline": comparisons})
+    ArmsSummary { runs: records.to_vec(), arms, baseline: baseline.map(str::to_string), versus_baseline }
 }
 
-fn fmt(v: &serde_json::Value, digits: usize) -> String {
-    v.as_f64().map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
+fn fmt(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
 }
 
-fn markdown(summary: &serde_json::Value, notes: &[String]) -> String {
+fn guard_name(g: GuardSwitch) -> &'static str {
+    match g {
+        GuardSwitch::On => "on",
+        GuardSwitch::Off => "off",
+    }
+}
+
+fn markdown(summary: &ArmsSummary, notes: &[String]) -> String {
     let mut md = String::from("| arm | seed | success | train reward | step s | bad updates | detections | max latency | wasted it. |\n|---|---|---|---|---|---|---|---|---|\n");
-    for r in summary["runs"].as_array().into_iter().flatten() {
+    for r in &summary.runs {
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r["arm"].as_str().unwrap_or("?"),
-            r["seed"],
-            fmt(&r["success"], 4),
-            fmt(&r["train_reward"], 4),
-            fmt(&r["step_seconds"], 3),
-            r["bad_updates_applied"],
-            r["detections"],
-            r["detection_latency_max"].as_u64().map_or("-".into(), |l| l.to_string()),
-            r["wasted_iterations"]
+            r.arm,
+            r.seed,
+            fmt(r.success, 4),
+            fmt(r.train_reward, 4),
+            fmt(r.step_seconds, 3),
+            r.bad_updates_applied,
+            r.detections,
+            r.detection_latency_max.map_or("-".into(), |l| l.to_string()),
+            r.wasted_iterations
         ));
     }
-    md.push_str("\n| arm | runs | success mean ± sd | train reward mean ± sd | step s mean ± sd | bad updates / faulted | undetected faults | wasted it. |\n|---|---|---|---|---|---|---|---|\n");
-    let pm = |m: &serde_json::Value, d: usize| format!("{} ± {}", fmt(&m["mean"], d), fmt(&m["std"], d));
-    for (name, a) in summary["arms"].as_object().into_iter().flatten() {
+    md.push_str("\n| arm | runs | guard | success mean ± sd | train reward mean ± sd | step s mean ± sd | bad updates / faulted | undetected faults | wasted it. |\n|---|---|---|---|---|---|---|---|---|\n");
+    let pm = |m: &Moments, d: usize| format!("{} ± {}", fmt(m.mean, d), fmt(m.std, d));
+    for (name, a) in &summary.arms {
         md.push_str(&format!(
-            "| {name} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
-            a["runs"],
-            pm(&a["success"], 4),
-            pm(&a["train_reward"], 4),
-            pm(&a["step_seconds"], 3),
-            a["bad_updates_applied"],
-            a["faulted_updates"],
-            a["undetected_faults"],
-            a["wasted_iterations"]
+            "| {name} | {} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
+            a.runs,
+            a.guard.iter().map(|g| guard_name(*g)).collect::<Vec<_>>().join(", "),
+            pm(&a.success, 4),
+            pm(&a.train_reward, 4),
+            pm(&a.step_seconds, 3),
+            a.bad_updates_applied,
+            a.faulted_updates,
+            a.undetected_faults,
+            a.wasted_iterations
         ));
     }
-    if let Some(base) = summary["baseline"].as_str() {
-        for (name, c) in summary["versus_baseline"].as_object().into_iter().flatten() {
+    if let Some(base) = &summary.baseline {
+        for (name, c) in &summary.versus_baseline {
+            let interval = match &c.success_difference_interval {
+                Some(i) => format!(
+                    " [{:+.4}, {:+.4}] (95% bootstrap interval, {})",
+                    i.low,
+                    i.high,
+                    if c.paired_by_seed { "seeds paired" } else { "arms resampled apart" }
+                ),
+                None => String::new(),
+            };
             md.push_str(&format!(
-                "\n{name} vs {base}: success difference {}, step-time ratio {}\n",
-                fmt(&c["success_difference"], 4),
-                fmt(&c["step_time_ratio"], 3)
+                "\n{name} vs {base}: success difference {}{interval}, step-time ratio {}\n",
+                fmt(c.success_difference, 4),
+                fmt(c.step_time_ratio, 3)
             ));
         }
     }
@@ -374,11 +504,9 @@ impl Op for Arms {
             );
         }
         let summary = summarize(&records, p.baseline.as_deref());
-        std::fs::write(
-            ctx.output_path("summary.json"),
-            serde_json::to_string_pretty(&summary).unwrap_or_default() + "\n",
-        )
-        .map_err(|e| OpError::io("writing summary.json", e))?;
+        let text = serde_json::to_string_pretty(&summary).map_err(|e| OpError::Failed(e.to_string()))?;
+        std::fs::write(ctx.output_path("summary.json"), text + "\n")
+            .map_err(|e| OpError::io("writing summary.json", e))?;
         std::fs::write(ctx.output_path("summary.md"), markdown(&summary, &p.notes))
             .map_err(|e| OpError::io("writing summary.md", e))
     }
@@ -451,20 +579,26 @@ mod tests {
     fn latency_is_counted_from_injection_and_an_undetected_fault_has_none() {
         let faults = json!([{"family": "F3", "at_iteration": 1}, {"family": "F2", "at_iteration": 4}]);
         let on = run_record("on", &metrics("on", faults.clone(), &[2], 0), None, "ALL").unwrap();
-        assert_eq!(on["faults"][0]["latency_iterations"], 1);
-        assert_eq!(on["faults"][1]["latency_iterations"], Value::Null);
-        assert_eq!(on["undetected_faults"], 1);
-        assert_eq!(on["detection_latency_max"], 1);
-        assert_eq!(on["wasted_iterations"], 1);
+        assert_eq!(on.faults[0].latency_iterations, Some(1));
+        assert_eq!(on.faults[1].latency_iterations, None);
+        assert_eq!(on.undetected_faults, 1);
+        assert_eq!(on.detection_latency_max, Some(1));
+        assert_eq!(on.wasted_iterations, 1);
         // Step time skips the faulted iteration; reward averages every one.
-        assert_eq!(on["step_seconds"], 3.0);
-        assert_eq!(on["train_reward"], 0.25);
+        assert_eq!(on.step_seconds, Some(3.0));
+        assert_eq!(on.train_reward, Some(0.25));
         let off = run_record("off", &metrics("off", faults, &[], 4), None, "ALL").unwrap();
-        assert_eq!(off["faulted_updates"], 4);
-        assert_eq!(off["wasted_iterations"], 5, "iterations 1..6 build on the first bad update");
+        assert_eq!(off.faulted_updates, 4);
+        assert_eq!(off.wasted_iterations, 5, "iterations 1..6 build on the first bad update");
         let s = summarize(&[on, off], Some("off"));
-        assert_eq!(s["arms"]["on"]["step_seconds"]["std"], Value::Null, "one run has no deviation");
-        assert_eq!(s["versus_baseline"]["on"]["step_time_ratio"], 1.0);
+        assert_eq!(s.arms["on"].step_seconds.std, None, "one run has no deviation");
+        assert_eq!(s.versus_baseline["on"].step_time_ratio, Some(1.0));
+        // No evaluation: no success, so no difference and no interval, never 0.
+        assert_eq!(s.versus_baseline["on"].success_difference, None);
+        assert_eq!(s.versus_baseline["on"].success_difference_interval, None);
+        // What is written reads back as the same type (the gates read this file).
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<ArmsSummary>(&text).unwrap(), s);
         use crate::train::metrics::{RunCosts, Scheduler, SftIdentity, SftMetrics};
         let sft_params: crate::ops::SftParams =
             crate::ops::parse_params(&json!({"branch": "sft", "epochs": 1})).unwrap();
@@ -503,7 +637,40 @@ mod tests {
     #[test]
     fn moments_use_the_sample_deviation() {
         let m = moments(&[1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(m["mean"], 2.5);
-        assert!((m["std"].as_f64().unwrap() - (5.0f64 / 3.0).sqrt()).abs() < 1e-12);
+        assert_eq!(m.mean, Some(2.5));
+        assert!((m.std.unwrap() - (5.0f64 / 3.0).sqrt()).abs() < 1e-12);
+    }
+
+    fn with_success(arm: &str, seed: u64, success: f64) -> RunRecord {
+        let mut r = run_record(arm, &metrics(arm, json!([]), &[], 0), None, "ALL").unwrap();
+        (r.seed, r.success) = (seed, Some(success));
+        r
+    }
+
+    #[test]
+    fn the_success_difference_has_an_interval_paired_by_seed() {
+        // Guard on beats off by exactly 0.1 on every seed: the paired interval is
+        // that point, though the seeds themselves vary widely.
+        let runs: Vec<RunRecord> = (0..5)
+            .flat_map(|seed| {
+                let base = 0.1 * seed as f64;
+                [with_success("on", seed, base + 0.1), with_success("off", seed, base)]
+            })
+            .collect();
+        let s = summarize(&runs, Some("off"));
+        let c = &s.versus_baseline["on"];
+        assert!(c.paired_by_seed);
+        let i = c.success_difference_interval.unwrap();
+        assert!((c.success_difference.unwrap() - 0.1).abs() < 1e-12);
+        assert!((i.low - 0.1).abs() < 1e-12 && (i.high - 0.1).abs() < 1e-12, "{i:?}");
+        // Other seeds in the two arms: resampled apart, and much wider.
+        let mut apart = runs.clone();
+        for r in apart.iter_mut().filter(|r| r.arm == "on") {
+            r.seed += 10;
+        }
+        let c = &summarize(&apart, Some("off")).versus_baseline["on"];
+        assert!(!c.paired_by_seed);
+        let i = c.success_difference_interval.unwrap();
+        assert!(i.low < 0.0 && i.high > 0.2, "{i:?}");
     }
 }

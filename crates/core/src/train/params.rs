@@ -190,7 +190,7 @@ pub enum GuardProtocol {
 }
 
 /// Whether the guard stands between rollouts and the optimizer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum GuardSwitch {
     #[default]
