@@ -446,8 +446,10 @@ impl Op for Arms {
     fn name(&self) -> &'static str {
         "analysis.arms"
     }
+    /// 2: the success difference's bootstrap interval, the guard column in the
+    /// markdown (one shared type for summary.json).
     fn version(&self) -> u32 {
-        1
+        2
     }
     fn summary(&self) -> &'static str {
         "GRPO runs grouped into arms: success, reward, step time, bad updates, detection latency, waste"
