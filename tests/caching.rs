@@ -133,6 +133,24 @@ fn force_reruns_a_cached_node() {
 }
 
 #[test]
+fn force_with_a_matrix_nodes_written_id_reruns_every_expansion() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        "name: m\nnodes:\n  s:\n    op: shell\n    matrix: {env.N: ['1', '2']}\n    params:\n      cmd: echo $N > s-${matrix.env.N}.txt\n      outs: ['s-${matrix.env.N}.txt']\n  t:\n    op: shell\n    params: {cmd: echo t > t.txt, outs: [t.txt]}\n",
+    );
+    p.run_json(&["spec.yaml"], 0);
+    let ev = p.run_json(&["spec.yaml", "--force", "s"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["s@env.N=1", "s@env.N=2"]);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["t"]);
+    // One expansion by its full id; an unknown name is still an error.
+    let ev = p.run_json(&["spec.yaml", "--force", "s@env.N=2"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["s@env.N=2"]);
+    let out = p.run(&["run", "spec.yaml", "--force", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
 fn a_failing_node_skips_its_descendants_and_the_others_finish() {
     let p = chain();
     let ev = p.run_json(&["spec.yaml", "--set", "nodes.b.params.cmd=echo broken >&2; exit 3"], 1);

@@ -23,7 +23,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Run { spec, jobs, force, dry_run, json, quiet } => {
             let (spec, dag) = load(&spec, &registry)?;
-            let force = check_nodes(&dag, force)?;
+            let force = expand_nodes(&dag, force)?;
             if dry_run {
                 let ws = Workspace::open_read_only(&cli.workspace)?;
                 let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
@@ -83,7 +83,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::ExecNode { workspace, key } => exec_node(&workspace, &key, &registry),
         Command::Plan { spec, force, json } => {
             let (spec, dag) = load(&spec, &registry)?;
-            let force = check_nodes(&dag, force)?;
+            let force = expand_nodes(&dag, force)?;
             let ws = Workspace::open_read_only(&cli.workspace)?;
             let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
             print_plan(&entries, json);
@@ -446,6 +446,7 @@ fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Res
     }
 }
 
+/// One node id named on the command line, exactly.
 fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
     for id in &ids {
         if dag.get(id).is_none() {
@@ -454,6 +455,27 @@ fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
         }
     }
     Ok(ids.into_iter().collect())
+}
+
+/// The node ids named by `--force`. A node's written id (`grpo`) names
+/// every expansion of its matrix (`grpo@seed=0`, `grpo@seed=1`), as `events
+/// --node` does and as DVC's `repro` does for a `foreach` stage.
+fn expand_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    for id in &ids {
+        if dag.get(id).is_some() {
+            out.insert(id.clone());
+            continue;
+        }
+        let expansions: Vec<&str> =
+            dag.nodes.iter().filter(|n| n.def.base_id == *id).map(|n| n.def.id.as_str()).collect();
+        if expansions.is_empty() {
+            let ids = dag.ids();
+            bail!("no node '{id}' in this spec{}; nodes: {}", did_you_mean(id, ids.iter().copied()), ids.join(", "));
+        }
+        out.extend(expansions.into_iter().map(str::to_string));
+    }
+    Ok(out)
 }
 
 fn print_plan(entries: &[PlanEntry], json: bool) {

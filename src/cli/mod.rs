@@ -116,7 +116,8 @@ pub enum Command {
         /// Run at most N nodes at once (with Slurm: jobs queued or running).
         #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
         jobs: usize,
-        /// Run this node even if it is cached (repeatable).
+        /// Run this node even if it is cached (repeatable); a matrix node's
+        /// written id (`grpo`) names every expansion (`grpo@seed=0`, ...).
         #[arg(long, value_name = "NODE")]
         force: Vec<String>,
         /// Print the plan and change nothing.
