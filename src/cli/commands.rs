@@ -450,11 +450,15 @@ fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Res
 fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
     for id in &ids {
         if dag.get(id).is_none() {
-            let ids = dag.ids();
-            bail!("no node '{id}' in this spec{}; nodes: {}", did_you_mean(id, ids.iter().copied()), ids.join(", "));
+            return Err(no_such_node(dag, id));
         }
     }
     Ok(ids.into_iter().collect())
+}
+
+fn no_such_node(dag: &Dag, id: &str) -> anyhow::Error {
+    let ids = dag.ids();
+    anyhow::anyhow!("no node '{id}' in this spec{}; nodes: {}", did_you_mean(id, ids.iter().copied()), ids.join(", "))
 }
 
 /// The node ids named by `--force`. A node's written id (`grpo`) names
@@ -470,8 +474,7 @@ fn expand_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
         let expansions: Vec<&str> =
             dag.nodes.iter().filter(|n| n.def.base_id == *id).map(|n| n.def.id.as_str()).collect();
         if expansions.is_empty() {
-            let ids = dag.ids();
-            bail!("no node '{id}' in this spec{}; nodes: {}", did_you_mean(id, ids.iter().copied()), ids.join(", "));
+            return Err(no_such_node(dag, id));
         }
         out.extend(expansions.into_iter().map(str::to_string));
     }

@@ -36,6 +36,9 @@ pub struct EnvPart {
 /// The variable that sets how many CPU threads each numerical node's libtorch uses.
 pub const THREADS_VAR: &str = "ORCHESTRATE_THREADS";
 
+/// The most threads a numerical node may ask for (the variable or a node's `threads`).
+pub const MAX_THREADS: usize = 1024;
+
 /// Threads per numerical node: `ORCHESTRATE_THREADS`, or 1 when it is unset.
 ///
 /// One, not every core, by default (as Snakemake's `threads`): the scheduler
@@ -65,8 +68,8 @@ fn parse_threads(value: Option<&str>) -> Result<usize, String> {
     match value {
         None => Ok(1),
         Some(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (1..=1024).contains(&n) => Ok(n),
-            _ => Err(format!("{THREADS_VAR}={v:?}: expected a whole number of threads from 1 to 1024")),
+            Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+            _ => Err(format!("{THREADS_VAR}={v:?}: expected a whole number of threads from 1 to {MAX_THREADS}")),
         },
     }
 }

@@ -123,11 +123,15 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                     ),
                 ));
             }
-            if !(1..=1024).contains(&threads) {
+            if !(1..=crate::runtime::MAX_THREADS).contains(&threads) {
                 return Err(SpecError::new(
                     SpecErrorKind::WrongType,
                     at,
-                    format!("node '{}': threads: {threads} is not a thread count from 1 to 1024", def.id),
+                    format!(
+                        "node '{}': threads: {threads} is not a thread count from 1 to {}",
+                        def.id,
+                        crate::runtime::MAX_THREADS
+                    ),
                 ));
             }
         }

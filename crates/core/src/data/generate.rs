@@ -147,25 +147,16 @@ fn drills(
     wanted: usize,
     seen: &mut HashSet<(u32, [u32; 2], [u32; 2])>,
 ) -> Result<Vec<Record>, usize> {
-    let mut out = Vec::with_capacity(wanted * 4);
-    let (mut used, mut rejected_in_a_row) = (0, 0);
-    while used < wanted {
-        let p = sample(rng, 50);
-        let prefixes: Vec<Problem> = (2..=5).map(|k| prefix(&p, k)).collect();
-        let keys: HashSet<_> = prefixes.iter().map(normalized).collect();
-        if keys.iter().any(|k| seen.contains(k)) {
-            rejected_in_a_row += 1;
-            if rejected_in_a_row >= 100_000 {
-                return Err(used);
-            }
-            continue;
-        }
-        rejected_in_a_row = 0;
+    let problems = draw(rng, 50, wanted, |p| {
+        let clash = (2..=5).any(|k| seen.contains(&normalized(&prefix(p, k))));
         // Only the whole problem is reserved: short running totals (`31 + 12`)
         // recur across drills, as there are only 51 × 51 of them.
-        seen.insert(normalized(&p));
-        used += 1;
-        for (k, q) in (2..=5).zip(prefixes) {
+        !clash && seen.insert(normalized(p))
+    })?;
+    let mut out = Vec::with_capacity(wanted * 4);
+    for p in problems {
+        for k in 2..=5 {
+            let q = prefix(&p, k);
             let target = solve(&q).expect("a running total of a valid problem is valid");
             out.push(Record {
                 id: String::new(),
@@ -220,11 +211,22 @@ fn draw_distinct(
     wanted: usize,
     seen: &mut HashSet<(u32, [u32; 2], [u32; 2])>,
 ) -> Result<Vec<Problem>, usize> {
+    draw(rng, maximum, wanted, |p| population.contains(p) && seen.insert(normalized(p)))
+}
+
+/// Draws `wanted` problems with operands in 0..=`maximum` that `accept` takes
+/// (it records what it takes); `Err(got)` when 100,000 draws in a row were refused.
+fn draw(
+    rng: &mut Stream,
+    maximum: u32,
+    wanted: usize,
+    mut accept: impl FnMut(&Problem) -> bool,
+) -> Result<Vec<Problem>, usize> {
     let mut out = Vec::with_capacity(wanted);
     let mut rejected_in_a_row = 0;
     while out.len() < wanted {
         let p = sample(rng, maximum);
-        if population.contains(&p) && seen.insert(normalized(&p)) {
+        if accept(&p) {
             out.push(p);
             rejected_in_a_row = 0;
         } else {
