@@ -306,12 +306,15 @@ fn a_gate_with_unknown_evidence_does_not_compile() {
 }
 
 #[test]
-fn the_committed_example_pack_audits_clean() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts/grpo-main-tiny/v0.1.0");
-    let p = Project::new();
-    let (code, text) = audit(&p, &dir);
-    assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains("6 gates: 6 passed, 0 failed; pack intact"), "{text}");
+fn the_committed_example_packs_audit_clean() {
+    // Every release stays auditable by every later orchestrate.
+    for version in ["v0.1.0", "v0.2.0"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts/grpo-main-tiny").join(version);
+        let p = Project::new();
+        let (code, text) = audit(&p, &dir);
+        assert_eq!(code, Some(0), "{version}: {text}");
+        assert!(text.contains("6 gates: 6 passed, 0 failed; pack intact"), "{version}: {text}");
+    }
 }
 
 /// A gate report that cannot be read is a failed check, never "0 gates failed".

@@ -11,7 +11,7 @@ fn sections(html: &str) -> Vec<&str> {
 #[test]
 fn the_report_of_the_committed_pack_has_every_section_and_its_own_figures() {
     let p = Project::new();
-    let pack = format!("{}/artifacts/grpo-main-tiny/v0.1.0", env!("CARGO_MANIFEST_DIR"));
+    let pack = format!("{}/artifacts/grpo-main-tiny/v0.2.0", env!("CARGO_MANIFEST_DIR"));
     let out_path = p.path().join("pack.html");
     let out = p.run(&["report", &pack, "--out", out_path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -76,7 +76,7 @@ fn a_missing_target_is_a_clear_error_and_writes_nothing() {
 #[test]
 fn the_report_renders_in_headless_chromium_without_console_errors() {
     let p = Project::new();
-    let pack = format!("{}/artifacts/grpo-main-tiny/v0.1.0", env!("CARGO_MANIFEST_DIR"));
+    let pack = format!("{}/artifacts/grpo-main-tiny/v0.2.0", env!("CARGO_MANIFEST_DIR"));
     let html = p.path().join("pack.html");
     assert_eq!(p.run(&["report", &pack, "--out", html.to_str().unwrap()]).status.code(), Some(0));
     let shot = p.path().join("report.png");
@@ -91,4 +91,38 @@ fn the_report_renders_in_headless_chromium_without_console_errors() {
     assert!(out.status.success(), "{log}");
     assert!(!log.contains(":CONSOLE") && !log.contains("Uncaught"), "console messages: {log}");
     assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a screenshot was produced");
+}
+
+/// v0.1.0 was frozen before the training metrics had one shared type: its
+/// report says which file and field it cannot read instead of drawing from defaults.
+#[test]
+fn the_report_of_a_pack_with_an_older_metrics_format_says_what_it_cannot_read() {
+    let p = Project::new();
+    let pack = format!("{}/artifacts/grpo-main-tiny/v0.1.0", env!("CARGO_MANIFEST_DIR"));
+    let out_path = p.path().join("old.html");
+    let out = p.run(&["report", &pack, "--out", out_path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&out_path).unwrap();
+    let grpo = html.split("<section id=\"grpo\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert!(grpo.contains("grpo@mode=continuous/metrics: field") && grpo.contains("cannot be read"), "{grpo}");
+    assert!(!grpo.contains("<figure>"), "nothing drawn from a file that does not read");
+    // What does not depend on the metrics is still there.
+    let gates = html.split("<section id=\"gates\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert_eq!(gates.matches(">PASS<").count(), 6);
+}
+
+/// A pack whose event log is missing is not a pack whose nodes all say "frozen".
+#[test]
+fn the_report_of_a_pack_without_its_event_log_fails_naming_it() {
+    let p = Project::new();
+    let src = std::path::PathBuf::from(format!("{}/artifacts/grpo-main-tiny/v0.2.0", env!("CARGO_MANIFEST_DIR")));
+    let copy = p.path().join("pack");
+    let status = std::process::Command::new("cp").arg("-r").arg(&src).arg(&copy).status().unwrap();
+    assert!(status.success());
+    std::fs::remove_file(copy.join("events.jsonl")).unwrap();
+    let out_path = p.path().join("r.html");
+    let out = p.run(&["report", copy.to_str().unwrap(), "--out", out_path.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("events.jsonl"), "{}", stderr(&out));
+    assert!(!out_path.exists(), "no report written");
 }

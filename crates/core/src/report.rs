@@ -5,12 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use serde_json::Value;
-
+use crate::gate::{GateReport, GateResult};
 use crate::ops::results::{pct, ResultsTableFile};
 use crate::store::{StoreError, Workspace};
+use crate::train::metrics::{GrpoMetrics, IterationCosts, SftMetrics, TrainingMetrics, UpdateStats};
 
 /// A report that could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +42,6 @@ pub struct Node {
 pub struct Source {
     pub title: String,
     pub nodes: Vec<Node>,
-}
-
-fn read_json(path: &Path) -> Option<Value> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
 /// A run of the workspace (default: the latest). Edges come from the recorded
@@ -264,12 +260,13 @@ fn short(v: f64) -> String {
     }
 }
 
-fn mean_of(items: &[Value], field: &str) -> Option<f64> {
-    let v: Vec<f64> = items.iter().filter_map(|u| u[field].as_f64()).collect();
-    if v.is_empty() {
+/// The mean of one update statistic over an iteration's updates; undefined
+/// (not 0) when the guard refused the batch and no update ran.
+fn mean_of(updates: &[UpdateStats], field: impl Fn(&UpdateStats) -> f64) -> Option<f64> {
+    if updates.is_empty() {
         None
     } else {
-        Some(v.iter().sum::<f64>() / v.len() as f64)
+        Some(updates.iter().map(field).sum::<f64>() / updates.len() as f64)
     }
 }
 
@@ -286,23 +283,53 @@ pub fn render(src: &Source) -> String {
     }
     let _ = writeln!(html, "</p><div style=\"overflow-x:auto\">{}</div></section>", dag_svg(&src.nodes));
 
-    let metrics: Vec<(&Node, Value)> =
-        src.nodes.iter().filter_map(|n| n.outputs.get("metrics").and_then(|p| read_json(p)).map(|m| (n, m))).collect();
+    // Every metrics file through the type its writer uses: one that cannot be
+    // read is said, naming the file and the field, never drawn from defaults.
+    let mut metrics: Vec<(&Node, TrainingMetrics)> = Vec::new();
+    let mut unreadable: Vec<(&Node, String)> = Vec::new();
+    for n in &src.nodes {
+        if let Some(p) = n.outputs.get("metrics") {
+            match TrainingMetrics::read(p) {
+                Ok(m) => metrics.push((n, m)),
+                Err(e) => unreadable.push((n, e.to_string())),
+            }
+        }
+    }
+    let grpo: Vec<(&Node, &GrpoMetrics)> = metrics
+        .iter()
+        .filter_map(|(n, m)| match m {
+            TrainingMetrics::Grpo(g) => Some((*n, g)),
+            TrainingMetrics::Sft(_) => None,
+        })
+        .collect();
+    let sft: Vec<(&Node, &SftMetrics)> = metrics
+        .iter()
+        .filter_map(|(n, m)| match m {
+            TrainingMetrics::Sft(s) => Some((*n, s)),
+            TrainingMetrics::Grpo(_) => None,
+        })
+        .collect();
+    let cannot_read = |html: &mut String, what: &str, errors: &[(&Node, String)]| {
+        for (n, e) in errors {
+            let _ =
+                writeln!(html, "<h3>{}</h3><p class=\"fail\">The {what} cannot be read: {}</p>", esc(&n.id), esc(e));
+        }
+    };
 
     html.push_str("<section id=\"grpo\"><h2>GRPO curves</h2>\n");
-    let mut any = false;
-    for (n, m) in metrics.iter().filter(|(_, m)| m["kind"] == "grpo") {
-        any = true;
-        let history = m["history"].as_array().cloned().unwrap_or_default();
-        let xs: Vec<f64> = history.iter().map(|h| h["iteration"].as_f64().unwrap_or(f64::NAN)).collect();
-        let updates = |h: &Value| h["updates"].as_array().cloned().unwrap_or_default();
+    if !unreadable.is_empty() {
+        cannot_read(&mut html, "metrics", &unreadable);
+    }
+    for (n, m) in &grpo {
+        let h = &m.history;
+        let xs: Vec<f64> = h.iter().map(|h| h.iteration as f64).collect();
         let series: [(&str, Vec<Option<f64>>); 6] = [
-            ("mean reward", history.iter().map(|h| h["mean_reward"].as_f64()).collect()),
-            ("zero-variance group fraction", history.iter().map(|h| h["zero_variance_fraction"].as_f64()).collect()),
-            ("mean exact KL", history.iter().map(|h| mean_of(&updates(h), "kl")).collect()),
-            ("clip fraction", history.iter().map(|h| mean_of(&updates(h), "clip_fraction")).collect()),
-            ("gradient norm", history.iter().map(|h| mean_of(&updates(h), "grad_norm")).collect()),
-            ("learning rate", history.iter().map(|h| mean_of(&updates(h), "lr")).collect()),
+            ("mean reward", h.iter().map(|h| Some(h.mean_reward)).collect()),
+            ("zero-variance group fraction", h.iter().map(|h| Some(h.zero_variance_fraction)).collect()),
+            ("mean exact KL", h.iter().map(|h| mean_of(&h.updates, |u| u.kl)).collect()),
+            ("clip fraction", h.iter().map(|h| mean_of(&h.updates, |u| u.clip_fraction)).collect()),
+            ("gradient norm", h.iter().map(|h| mean_of(&h.updates, |u| u.grad_norm)).collect()),
+            ("learning rate", h.iter().map(|h| mean_of(&h.updates, |u| u.lr)).collect()),
         ];
         let _ = writeln!(html, "<h3>{}</h3><div>", esc(&n.id));
         for (title, ys) in &series {
@@ -310,25 +337,21 @@ pub fn render(src: &Source) -> String {
         }
         html.push_str("</div>\n");
     }
-    if !any {
+    if grpo.is_empty() && unreadable.is_empty() {
         html.push_str("<p>No GRPO node in this run.</p>");
     }
     html.push_str("</section>\n<section id=\"sft\"><h2>SFT</h2>\n");
-    let mut any = false;
-    for (n, m) in metrics.iter().filter(|(_, m)| m["kind"] == "sft") {
-        any = true;
-        let history = m["history"].as_array().cloned().unwrap_or_default();
-        let xs: Vec<f64> = history.iter().map(|h| h["update"].as_f64().unwrap_or(f64::NAN)).collect();
-        let ys: Vec<Option<f64>> = history.iter().map(|h| h["loss"].as_f64()).collect();
-        let val = m["validation_history"].as_array().cloned().unwrap_or_default();
-        let vx: Vec<f64> = val.iter().map(|v| v["epoch"].as_f64().unwrap_or(f64::NAN) + 1.0).collect();
-        let vy: Vec<Option<f64>> = val.iter().map(|v| v["validation_nll"].as_f64()).collect();
+    for (n, m) in &sft {
+        let xs: Vec<f64> = m.history.iter().map(|h| h.update as f64).collect();
+        let ys: Vec<Option<f64>> = m.history.iter().map(|h| Some(h.loss)).collect();
+        let vx: Vec<f64> = m.validation_history.iter().map(|v| v.epoch as f64 + 1.0).collect();
+        let vy: Vec<Option<f64>> = m.validation_history.iter().map(|v| Some(v.validation_nll)).collect();
         let _ = writeln!(html, "<h3>{}</h3><div>", esc(&n.id));
         html.push_str(&chart("training NLL per update", &xs, &ys));
         html.push_str(&chart("validation NLL per epoch", &vx, &vy));
         html.push_str("</div>\n");
     }
-    if !any {
+    if sft.is_empty() {
         html.push_str("<p>No SFT node in this run.</p>");
     }
     html.push_str("</section>\n");
@@ -348,12 +371,7 @@ pub fn render(src: &Source) -> String {
             Ok(t) => t,
             Err(e) => {
                 // Said, not skipped: a table that cannot be read is not an empty one.
-                let _ = writeln!(
-                    html,
-                    "<h3>{}</h3><p>The results table cannot be read: {}</p>",
-                    esc(&n.id),
-                    esc(&e.to_string())
-                );
+                cannot_read(&mut html, "results table", &[(n, e.to_string())]);
                 continue;
             }
         };
@@ -378,17 +396,15 @@ pub fn render(src: &Source) -> String {
     html.push_str("<section id=\"costs\"><h2>Costs</h2><table><tr><th>node</th><th>op</th><th>outcome</th><th>seconds (this run)</th><th>generation s</th><th>behavior check s</th><th>optimization s</th><th>hashing s</th><th>peak RSS MB</th></tr>\n");
     for n in &src.nodes {
         let m = metrics.iter().find(|(x, _)| x.id == n.id).map(|(_, m)| m);
-        let sum = |k: &str| -> String {
-            let Some(m) = m.filter(|m| m["kind"] == "grpo") else { return "-".into() };
-            let v: Vec<f64> =
-                m["history"].as_array().into_iter().flatten().filter_map(|h| h["costs"][k].as_f64()).collect();
-            if v.is_empty() {
+        let sum = |k: fn(&IterationCosts) -> f64| -> String {
+            let Some(TrainingMetrics::Grpo(m)) = m else { return "-".into() };
+            if m.history.is_empty() {
                 "undefined".into()
             } else {
-                format!("{:.2}", v.iter().sum::<f64>())
+                format!("{:.2}", m.history.iter().map(|h| k(&h.costs)).sum::<f64>())
             }
         };
-        let rss = m.map_or("-".into(), |m| num(m["costs"]["peak_rss_bytes"].as_f64().map(|b| b / 1048576.0), 0));
+        let rss = m.map_or("-".into(), |m| num(m.costs().peak_rss_bytes.map(|b| b as f64 / 1048576.0), 0));
         let seconds = if n.outcome == "cached" { "cached".to_string() } else { num(n.seconds, 2) };
         let _ = writeln!(
             html,
@@ -396,35 +412,38 @@ pub fn render(src: &Source) -> String {
             esc(&n.id),
             esc(&n.op),
             esc(&n.outcome),
-            sum("generation_seconds"),
-            sum("behavior_verification_seconds"),
-            sum("optimization_with_reference_seconds"),
-            sum("state_hashing_seconds")
+            sum(|c| c.generation_seconds),
+            sum(|c| c.behavior_verification_seconds),
+            sum(|c| c.optimization_with_reference_seconds),
+            sum(|c| c.state_hashing_seconds)
         );
     }
     html.push_str("</table></section>\n");
 
     html.push_str("<section id=\"gates\"><h2>Gates</h2>\n");
-    let gate_results: Vec<Value> = src
-        .nodes
-        .iter()
-        .filter(|n| n.op == "gate")
-        .filter_map(|n| n.outputs.get("gates.json").and_then(|p| read_json(p)))
-        .flat_map(|g| g["results"].as_array().cloned().unwrap_or_default())
-        .collect();
-    if gate_results.is_empty() {
+    let mut gate_results: Vec<GateResult> = Vec::new();
+    let mut any_gate = false;
+    for n in src.nodes.iter().filter(|n| n.op == "gate") {
+        let Some(p) = n.outputs.get("gates.json") else { continue };
+        any_gate = true;
+        match GateReport::read(p) {
+            Ok(r) => gate_results.extend(r.results),
+            // An unreadable gate report is a failure to show, never "no gates".
+            Err(e) => cannot_read(&mut html, "gate report", &[(n, e)]),
+        }
+    }
+    if !any_gate {
         html.push_str("<p>No gates in this run.</p>");
-    } else {
+    } else if !gate_results.is_empty() {
         html.push_str("<table><tr><th>gate</th><th>result</th><th>detail</th></tr>\n");
         for g in &gate_results {
-            let passed = g["passed"].as_bool() == Some(true);
             let _ = writeln!(
                 html,
                 "<tr><td>{}</td><td class=\"{}\">{}</td><td>{}</td></tr>",
-                esc(g["name"].as_str().unwrap_or("?")),
-                if passed { "pass" } else { "fail" },
-                if passed { "PASS" } else { "FAIL" },
-                esc(g["detail"].as_str().unwrap_or(""))
+                esc(&g.name),
+                if g.passed { "pass" } else { "fail" },
+                if g.passed { "PASS" } else { "FAIL" },
+                esc(&g.detail)
             );
         }
         html.push_str("</table>");
@@ -433,31 +452,28 @@ pub fn render(src: &Source) -> String {
 
     html.push_str("<section id=\"faults\"><h2>Fault matrix</h2>\n");
     let mut rows = String::new();
-    for (n, m) in metrics.iter().filter(|(_, m)| m["kind"] == "grpo") {
-        let detections = m["guard"]["detections"].as_array().cloned().unwrap_or_default();
-        for f in m["guard"]["faults"].as_array().into_iter().flatten() {
-            let at = f["at_iteration"].as_u64();
-            let observed = detections
+    for (n, m) in &grpo {
+        let evidence = format!("{}:metrics", n.id);
+        for f in &m.guard.faults {
+            let observed = m
+                .guard
+                .detections
                 .iter()
-                .find(|d| d["iteration"].as_u64() == at)
-                .map_or("none".to_string(), |d| d["codes"].to_string());
+                .find(|d| d.iteration == f.at_iteration)
+                .map_or("none".to_string(), |d| format!("{:?}", d.codes));
             // The pre-registered expectation: a gate on this node's codes.
             let expected = gate_results
                 .iter()
-                .find(|g| {
-                    g["evidence"].as_object().is_some_and(|e| {
-                        e.values().any(|v| v[0].as_str() == Some(format!("{}:metrics", n.id).as_str()))
-                    }) && g["detail"].as_str().is_some_and(|d| d.contains(".codes"))
-                })
-                .and_then(|g| g["detail"].as_str().and_then(|d| d.split("required = ").nth(1)).map(str::to_string))
-                .unwrap_or_else(|| "not pre-registered".into());
+                .find(|g| g.evidence.values().any(|(r, _)| *r == evidence) && g.detail.contains(".codes"))
+                .and_then(|g| g.detail.split("required = ").nth(1))
+                .map_or_else(|| "not pre-registered".to_string(), str::to_string);
             let _ = writeln!(
                 rows,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{:?}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&n.id),
-                esc(f["family"].as_str().unwrap_or("?")),
-                at.map_or("undefined".into(), |a| a.to_string()),
-                esc(m["guard"]["switch"].as_str().unwrap_or("?")),
+                f.family,
+                f.at_iteration,
+                m.guard.switch.label(),
                 esc(&expected),
                 esc(&observed)
             );
@@ -475,6 +491,7 @@ pub fn render(src: &Source) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn an_undefined_value_is_shown_as_undefined_never_as_zero() {
@@ -486,6 +503,52 @@ mod tests {
         assert_eq!(c.matches("<polyline").count(), 2);
         let empty = chart("reward", &[0.0], &[None]);
         assert!(empty.contains(">undefined<") && !empty.contains("<polyline"));
+    }
+
+    fn node(id: &str, op: &str, outputs: &[(&str, &Path)]) -> Node {
+        Node {
+            id: id.into(),
+            op: op.into(),
+            key: None,
+            outcome: "ran".into(),
+            seconds: Some(1.0),
+            deps: vec![],
+            outputs: outputs.iter().map(|(k, p)| (k.to_string(), p.to_path_buf())).collect(),
+        }
+    }
+
+    #[test]
+    fn metrics_or_a_gate_report_that_cannot_be_read_are_said_naming_the_file_and_field_never_drawn() {
+        let dir = tempfile::tempdir().unwrap();
+        // A GRPO metrics file whose first iteration lacks its mean reward: the
+        // untyped reader drew six curves from it, with "undefined" where a field was.
+        let metrics = dir.path().join("metrics");
+        std::fs::write(&metrics, r#"{"kind": "grpo", "history": [{"iteration": 0}]}"#).unwrap();
+        let gates = dir.path().join("gates.json");
+        std::fs::write(&gates, r#"{"results": [{"name": "g"}]}"#).unwrap();
+        let src = Source {
+            title: "t".into(),
+            nodes: vec![
+                node("grpo", "train.grpo", &[("metrics", &metrics)]),
+                node("gates", "gate", &[("gates.json", &gates)]),
+            ],
+        };
+        let html = render(&src);
+        let section = |id: &str| {
+            html.split(&format!("<section id=\"{id}\">"))
+                .nth(1)
+                .unwrap()
+                .split("</section>")
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        let grpo = section("grpo");
+        assert!(grpo.contains("cannot be read") && grpo.contains(&*metrics.display().to_string()), "{grpo}");
+        assert!(grpo.contains("field history[0]: missing field"), "the field is named: {grpo}");
+        assert!(!grpo.contains("<figure>"), "nothing drawn from defaults: {grpo}");
+        let g = section("gates");
+        assert!(g.contains("cannot be read") && g.contains("gates.json") && !g.contains("No gates"), "{g}");
     }
 
     #[test]

@@ -379,13 +379,6 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".to_string(), |x| format!("{x:.digits$}"))
 }
 
-fn guard_name(g: GuardSwitch) -> &'static str {
-    match g {
-        GuardSwitch::On => "on",
-        GuardSwitch::Off => "off",
-    }
-}
-
 fn markdown(summary: &ArmsSummary, notes: &[String]) -> String {
     let mut md = String::from("| arm | seed | success | train reward | step s | bad updates | detections | max latency | wasted it. |\n|---|---|---|---|---|---|---|---|---|\n");
     for r in &summary.runs {
@@ -408,7 +401,7 @@ fn markdown(summary: &ArmsSummary, notes: &[String]) -> String {
         md.push_str(&format!(
             "| {name} | {} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
             a.runs,
-            a.guard.iter().map(|g| guard_name(*g)).collect::<Vec<_>>().join(", "),
+            a.guard.iter().map(|g| GuardSwitch::label(*g)).collect::<Vec<_>>().join(", "),
             pm(&a.success, 4),
             pm(&a.train_reward, 4),
             pm(&a.step_seconds, 3),

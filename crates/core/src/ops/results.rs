@@ -428,13 +428,19 @@ mod tests {
 
     #[test]
     fn the_committed_table_reads_and_a_missing_rate_is_an_error_naming_the_field() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../artifacts/grpo-main-tiny/v0.1.0/outputs/results/table.json");
-        let table: ResultsTableFile = crate::canonical::read_typed(&path).expect("the committed table reads");
-        assert!(!table.rows.is_empty());
-        // Written as before, byte for byte: a cached table stays what a new run writes.
-        let written = serde_json::to_string_pretty(&table).unwrap() + "\n";
-        assert_eq!(written, std::fs::read_to_string(&path).unwrap());
+        let pack = |v: &str| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../../artifacts/grpo-main-tiny/{v}/outputs/results/table.json"))
+        };
+        for version in ["v0.1.0", "v0.2.0"] {
+            let path = pack(version);
+            let table: ResultsTableFile = crate::canonical::read_typed(&path).expect("the committed table reads");
+            assert!(!table.rows.is_empty());
+            // Written as before, byte for byte: a cached table stays what a new run writes.
+            let written = serde_json::to_string_pretty(&table).unwrap() + "\n";
+            assert_eq!(written, std::fs::read_to_string(&path).unwrap(), "{version}");
+        }
+        let path = pack("v0.2.0");
 
         let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         v["rows"][1].as_object_mut().unwrap().remove("no_eos");

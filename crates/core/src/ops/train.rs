@@ -309,10 +309,11 @@ mod resume_report_tests {
 
     #[test]
     fn the_committed_resume_reports_read_and_a_missing_field_is_an_error() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../artifacts/grpo-main-tiny/v0.1.0/outputs");
-        for check in ["warmstart-check", "sft-check", "grpo-check"] {
-            let path = dir.join(check).join("report");
+        for (version, check) in
+            ["v0.1.0", "v0.2.0"].iter().flat_map(|v| ["warmstart-check", "sft-check", "grpo-check"].map(|c| (*v, c)))
+        {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../../artifacts/grpo-main-tiny/{version}/outputs/{check}/report"));
             let r: ResumeReport = crate::canonical::read_typed(&path).unwrap();
             assert!(r.identical && r.first_difference.is_none() && r.tensors > 0, "{check}: {r:?}");
             // Written as before, byte for byte: cached reports stay valid.

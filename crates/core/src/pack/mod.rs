@@ -338,6 +338,21 @@ pub fn freeze(
 /// million files stays under it).
 pub const MAX_SUMS_BYTES: u64 = 128 << 20;
 
+/// The largest event log a pack's report reads.
+pub const MAX_EVENTS_BYTES: u64 = 256 << 20;
+
+/// Reads a pack's event log as text: a regular file (not a link) of bounded size.
+fn read_bounded(path: &Path) -> Result<String, String> {
+    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err("not a regular file (a pack holds only regular files)".into());
+    }
+    if meta.len() > MAX_EVENTS_BYTES {
+        return Err(format!("{} bytes, over the limit of {MAX_EVENTS_BYTES}", meta.len()));
+    }
+    fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
 /// Reads a pack's SHA256SUMS: a regular file (not a link) of bounded size.
 fn read_sums(dir: &Path) -> Result<Vec<u8>, String> {
     let path = dir.join("SHA256SUMS");
@@ -658,7 +673,9 @@ pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
     let manifest = Manifest::read(dir).map_err(ReportError::Invalid)?;
     let mut outcome: BTreeMap<String, (String, Option<f64>)> = BTreeMap::new();
     let events_path = inside(dir, &manifest.events.file).map_err(ReportError::Invalid)?;
-    let events = std::fs::read_to_string(&events_path).unwrap_or_default();
+    // Bounded like every file a pack holds; a missing log is an error, not "frozen" nodes.
+    let events =
+        read_bounded(&events_path).map_err(|e| ReportError::Invalid(format!("{}: {e}", events_path.display())))?;
     for (i, line) in events.lines().enumerate() {
         let sealed: SealedEvent = serde_json::from_str(line)
             .map_err(|e| ReportError::Invalid(format!("{} line {}: {e}", events_path.display(), i + 1)))?;

@@ -198,6 +198,16 @@ pub enum GuardSwitch {
     Off,
 }
 
+impl GuardSwitch {
+    /// As written in a spec (`on`, `off`).
+    pub fn label(self) -> &'static str {
+        match self {
+            GuardSwitch::On => "on",
+            GuardSwitch::Off => "off",
+        }
+    }
+}
+
 /// One injected fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
