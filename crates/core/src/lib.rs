@@ -18,6 +18,7 @@ pub mod data;
 pub mod exec;
 pub mod gate;
 pub mod guard;
+pub mod hub;
 pub mod model;
 pub mod ops;
 pub mod pack;

@@ -432,6 +432,7 @@ impl Registry {
         r.register(Arc::new(TokenizerBuild));
         r.register(Arc::new(ModelInit));
         r.register(Arc::new(ModelImport));
+        r.register(Arc::new(model::ModelHub));
         r.register(Arc::new(TrainSft));
         r.register(Arc::new(TrainGrpo));
         r.register(Arc::new(CheckResume));

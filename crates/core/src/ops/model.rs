@@ -245,32 +245,143 @@ impl Op for ModelImport {
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let dir = ctx.spec_dir.join(&p.path);
-        let folder = HfFolder::open(&dir).map_err(failed)?;
-        let config = folder.config().map_err(failed)?;
-        let stored = folder.stored_parameter_count().map_err(failed)?;
-        if stored != config.parameter_count() {
-            return Err(failed(format!(
-                "{}: the weight files hold {stored} parameters but config.json implies {}",
-                dir.display(),
-                config.parameter_count()
-            )));
-        }
-        if let Some(expected) = p.parameters {
-            if stored != expected {
-                return Err(failed(format!("{}: {stored} parameters, expected {expected}", dir.display())));
-            }
-        }
         if let Some(revision) = &p.revision {
             check_revision(&dir, revision)?;
         }
-        let out = ctx.output_path("model");
-        std::fs::create_dir_all(&out).map_err(|e| OpError::io(format!("creating {}", out.display()), e))?;
-        for f in import_files(&dir) {
-            let name = f.file_name().expect("files have names");
-            std::fs::copy(&f, out.join(name)).map_err(|e| OpError::io(format!("copying {}", f.display()), e))?;
-        }
-        Ok(())
+        check_and_copy(&dir, &import_files(&dir), p.parameters, &ctx.output_path("model"))
     }
+}
+
+/// Checks a model folder (loadable, its parameter count as its config implies
+/// and as expected), then copies `files` into `out`.
+fn check_and_copy(dir: &Path, files: &[PathBuf], parameters: Option<u64>, out: &Path) -> Result<(), OpError> {
+    let folder = HfFolder::open(dir).map_err(failed)?;
+    let config = folder.config().map_err(failed)?;
+    let stored = folder.stored_parameter_count().map_err(failed)?;
+    if stored != config.parameter_count() {
+        return Err(failed(format!(
+            "{}: the weight files hold {stored} parameters but config.json implies {}",
+            dir.display(),
+            config.parameter_count()
+        )));
+    }
+    if let Some(expected) = parameters {
+        if stored != expected {
+            return Err(failed(format!("{}: {stored} parameters, expected {expected}", dir.display())));
+        }
+    }
+    std::fs::create_dir_all(out).map_err(|e| OpError::io(format!("creating {}", out.display()), e))?;
+    for f in files {
+        let name = f.file_name().expect("files have names");
+        // `copy` reads through the Hugging Face cache's symlinks: the store holds bytes.
+        std::fs::copy(f, out.join(name)).map_err(|e| OpError::io(format!("copying {}", f.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Params of `model.hub`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelHubParams {
+    /// The Hub model repo, `owner/name`.
+    pub repo: String,
+    /// The full 40-character commit id (a branch or tag is refused: it moves).
+    pub revision: String,
+    /// The expected number of unique parameters (494032768 for Qwen2.5-0.5B-Instruct).
+    #[serde(default)]
+    pub parameters: Option<u64>,
+}
+
+/// `model.hub`: a model from the Hugging Face Hub pinned by commit, through
+/// Python's cache (`HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT`, `HF_TOKEN`,
+/// `HF_HUB_OFFLINE`), every file checked against the hash the Hub announced.
+/// The key is the repo and the commit: a commit names its files' content.
+pub struct ModelHub;
+
+/// The files a model folder is loaded from, besides the weights.
+const HUB_REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
+const HUB_OPTIONAL: [&str; 2] = ["tokenizer_config.json", "generation_config.json"];
+
+impl Op for ModelHub {
+    fn name(&self) -> &'static str {
+        "model.hub"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "a Hugging Face Hub model pinned by commit, through the Hugging Face cache, every file hash-checked"
+    }
+    type Params = ModelHubParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        let err = |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
+        crate::hub::check_repo(&p.repo).map_err(|m| err("repo", m))?;
+        crate::hub::check_commit(&p.repo, &p.revision).map_err(|m| err("revision", m))
+    }
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
+        Some(Vec::new())
+    }
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
+        vec![OutputDecl { kind: OutputKind::Dir, ..OutputDecl::file("model") }]
+    }
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        use std::io::{IsTerminal, Write};
+        let config = crate::hub::HubConfig::from_env();
+        let mut snap = crate::hub::Snapshot::new(&config, &p.repo, &p.revision).map_err(failed)?;
+        snap.progress = std::io::stderr().is_terminal();
+        let missing = |f: &str| failed(format!("{f} is not in {} at {} ({})", p.repo, p.revision, config.endpoint));
+        let mut fetched = Vec::new();
+        for f in HUB_REQUIRED {
+            fetched.push(snap.fetch(f).map_err(failed)?.ok_or_else(|| missing(f))?);
+        }
+        for f in HUB_OPTIONAL {
+            fetched.extend(snap.fetch(f).map_err(failed)?);
+        }
+        match snap.fetch("model.safetensors").map_err(failed)? {
+            Some(w) => fetched.push(w),
+            None => {
+                let index = snap.fetch("model.safetensors.index.json").map_err(failed)?.ok_or_else(|| {
+                    failed(format!(
+                        "{} at {} has neither model.safetensors nor model.safetensors.index.json",
+                        p.repo, p.revision
+                    ))
+                })?;
+                for shard in shard_names(&index.path)? {
+                    fetched.push(snap.fetch(&shard).map_err(failed)?.ok_or_else(|| missing(&shard))?);
+                }
+                fetched.push(index);
+            }
+        }
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(ctx.log_path)
+            .map_err(|e| OpError::io(format!("opening {}", ctx.log_path.display()), e))?;
+        for f in &fetched {
+            let _ = writeln!(log, "{} {}: {} bytes, hash {} ({})", f.source, f.name, f.size, f.etag, f.path.display());
+        }
+        let files: Vec<PathBuf> = fetched.iter().map(|f| f.path.clone()).collect();
+        check_and_copy(&snap.dir(), &files, p.parameters, &ctx.output_path("model"))
+    }
+}
+
+/// The shard files an index names: plain file names only (the index came from
+/// the network).
+fn shard_names(index: &Path) -> Result<Vec<String>, OpError> {
+    #[derive(Deserialize)]
+    struct Index {
+        weight_map: std::collections::BTreeMap<String, String>,
+    }
+    let text = std::fs::read_to_string(index).map_err(|e| OpError::io(format!("reading {}", index.display()), e))?;
+    let parsed: Index = serde_json::from_str(&text)
+        .map_err(|e| failed(format!("{}: not a safetensors index: {e}", index.display())))?;
+    let names: BTreeSet<String> = parsed.weight_map.into_values().collect();
+    for n in &names {
+        if n.is_empty() || n.contains(['/', '\\']) || n == "." || n == ".." {
+            return Err(failed(format!("{}: shard '{n}' is not a plain file name", index.display())));
+        }
+    }
+    Ok(names.into_iter().collect())
 }
 
 /// Checks the commit recorded by `huggingface-cli download --local-dir`.

@@ -1,0 +1,622 @@
+//! The Hugging Face Hub, pinned by commit, through the cache Python's
+//! `huggingface_hub` uses: a model a user already downloaded with Python is
+//! reused, and what we download is reusable by `transformers`.
+//!
+//! The protocol is the one `huggingface_hub.file_download` speaks:
+//! `HEAD {endpoint}/{repo}/resolve/{commit}/{file}` gives the commit
+//! (`X-Repo-Commit`), the content hash (`X-Linked-Etag` for a large file: its
+//! SHA-256; else `ETag`: its git blob id) and the size (`X-Linked-Size`, else
+//! `Content-Length`); a `GET` of the resolved location gives the bytes, with
+//! `Range` to resume. The cache layout is
+//! `models--{owner}--{name}/{blobs/<etag>, snapshots/<commit>/<file> -> ../../blobs/<etag>}`.
+//!
+//! What the Hub sends is checked before use: every file is re-hashed against
+//! the hash the Hub announced (a mismatch deletes the download and names the
+//! file), hashes and file names must have their expected shape (they become
+//! paths), sizes are bounded, and a download goes through `<etag>.incomplete`
+//! so a killed one never looks complete, and resumes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::Digest;
+
+/// The largest file we accept from the Hub (the 0.5B model's weights are ~1 GB).
+pub const MAX_FILE_BYTES: u64 = 64 << 30;
+/// Redirects followed for one request (the Hub's relative ones, then the CDN).
+const MAX_REDIRECTS: usize = 5;
+
+/// A Hub failure, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{context}: {source}")]
+    Io { context: String, source: std::io::Error },
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> HubError {
+    let context = context.into();
+    move |source| HubError::Io { context, source }
+}
+
+type Result<T> = std::result::Result<T, HubError>;
+
+/// Where and how to reach the Hub, from the same variables `huggingface_hub` reads.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// `HF_ENDPOINT`, else `https://huggingface.co`.
+    pub endpoint: String,
+    /// `HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+    pub cache: PathBuf,
+    /// `HF_TOKEN`, else the token file `hf auth login` writes (`HF_TOKEN_PATH`,
+    /// else `$HF_HOME/token`). Never logged.
+    pub token: Option<String>,
+    /// `HF_HUB_OFFLINE=1`: only the cache.
+    pub offline: bool,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn truthy(v: &str) -> bool {
+    // huggingface_hub's `_is_true`.
+    matches!(v.to_ascii_uppercase().as_str(), "1" | "ON" | "YES" | "TRUE")
+}
+
+impl HubConfig {
+    pub fn from_env() -> HubConfig {
+        let home = || std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+        let hf_home = env("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
+            env("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("huggingface")
+        });
+        let cache = env("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| hf_home.join("hub"));
+        let token = env("HF_TOKEN").or_else(|| {
+            let path = env("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));
+            fs::read_to_string(path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+        });
+        HubConfig {
+            endpoint: env("HF_ENDPOINT")
+                .unwrap_or_else(|| "https://huggingface.co".into())
+                .trim_end_matches('/')
+                .into(),
+            cache,
+            token,
+            offline: env("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v)),
+        }
+    }
+}
+
+/// Checks a repo id: `owner/name`, each part of letters, digits, `-`, `_`, `.`
+/// (not starting or ending with `-` or `.`, no `..`), at most 96 characters.
+pub fn check_repo(repo: &str) -> std::result::Result<(), String> {
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 96
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && !p.starts_with(['-', '.'])
+            && !p.ends_with(['-', '.'])
+            && !p.contains("..")
+    };
+    match repo.split_once('/') {
+        Some((owner, name)) if part_ok(owner) && part_ok(name) => Ok(()),
+        _ => Err(format!("'{repo}' is not a Hub model repo id (expected owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct)")),
+    }
+}
+
+/// Checks that a revision is a full commit id: a branch or a tag moves, so it
+/// cannot key a cache.
+pub fn check_commit(repo: &str, revision: &str) -> std::result::Result<(), String> {
+    if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+        return Ok(());
+    }
+    Err(format!(
+        "revision '{revision}' is not a commit: a branch or tag can move, so it cannot pin a model. Use the full 40-character \
+         commit id, e.g. from `git ls-remote https://huggingface.co/{repo} {revision}`, the repo's \"Files and versions\" \
+         history on the Hub, or `huggingface_hub.HfApi().model_info('{repo}', revision='{revision}').sha`"
+    ))
+}
+
+/// A file name inside a repo: plain names and sub-folders, never a way out.
+fn check_file_name(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('/')
+        && name.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+        && !name.contains('\\')
+        && !name.chars().any(char::is_control);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("'{name}' is not a file name inside a repo"))
+    }
+}
+
+/// What the Hub announced for one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMeta {
+    pub commit: String,
+    /// The content hash: 64 hex (SHA-256, a large file) or 40 hex (git blob id).
+    pub etag: String,
+    pub size: u64,
+    /// Where the bytes are (the CDN for a large file).
+    pub location: String,
+}
+
+/// A file fetched (or found) for a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    pub name: String,
+    pub path: PathBuf,
+    pub etag: String,
+    pub size: u64,
+    /// `cache` (already there) or `downloaded`.
+    pub source: &'static str,
+}
+
+/// One repo at one commit, in the cache.
+pub struct Snapshot<'a> {
+    pub config: &'a HubConfig,
+    pub repo: String,
+    pub commit: String,
+    agent: ureq::Agent,
+    /// Progress on a terminal (hidden otherwise).
+    pub progress: bool,
+}
+
+fn hash_kind(etag: &str) -> Option<&'static str> {
+    let hex = etag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+    match etag.len() {
+        64 if hex => Some("sha256"),
+        40 if hex => Some("git-sha1"),
+        _ => None,
+    }
+}
+
+/// The hash of a file as the Hub names it: SHA-256 (large files) or the git
+/// blob id (`sha1("blob {len}\0" + bytes)`, small files).
+pub fn content_hash(path: &Path, kind: &str) -> Result<String> {
+    let mut f = File::open(path).map_err(io(format!("reading {}", path.display())))?;
+    let len = f.metadata().map_err(io(format!("reading {}", path.display())))?.len();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut sha256 = sha2::Sha256::new();
+    let mut sha1 = sha1::Sha1::new();
+    if kind == "git-sha1" {
+        sha1.update(format!("blob {len}\0").as_bytes());
+    }
+    loop {
+        let n = f.read(&mut buf).map_err(io(format!("reading {}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        if kind == "git-sha1" {
+            sha1.update(&buf[..n]);
+        } else {
+            sha256.update(&buf[..n]);
+        }
+    }
+    let digest: Vec<u8> = if kind == "git-sha1" { sha1.finalize().to_vec() } else { sha256.finalize().to_vec() };
+    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl<'a> Snapshot<'a> {
+    /// A repo at a commit; both are checked here.
+    pub fn new(config: &'a HubConfig, repo: &str, commit: &str) -> Result<Snapshot<'a>> {
+        check_repo(repo).map_err(HubError::Invalid)?;
+        check_commit(repo, commit).map_err(HubError::Invalid)?;
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .timeout_connect(Some(Duration::from_secs(20)))
+            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .user_agent(format!("orchestrate/{}", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        Ok(Snapshot { config, repo: repo.into(), commit: commit.into(), agent, progress: false })
+    }
+
+    /// `models--owner--name` in the cache.
+    pub fn repo_dir(&self) -> PathBuf {
+        self.config.cache.join(format!("models--{}", self.repo.replace('/', "--")))
+    }
+
+    /// `snapshots/<commit>`: the folder transformers loads.
+    pub fn dir(&self) -> PathBuf {
+        self.repo_dir().join("snapshots").join(&self.commit)
+    }
+
+    fn url(&self, file: &str) -> String {
+        format!("{}/{}/resolve/{}/{}", self.config.endpoint, self.repo, self.commit, file)
+    }
+
+    /// The cached file, if its pointer resolves to a blob of this repo whose
+    /// content matches its name (a blob named by its hash is re-hashed: a file
+    /// edited in the cache is not used).
+    fn cached(&self, file: &str) -> Result<Option<Fetched>> {
+        let pointer = self.dir().join(file);
+        let Ok(meta) = fs::symlink_metadata(&pointer) else { return Ok(None) };
+        let blobs = self.repo_dir().join("blobs");
+        let (blob, etag) = if meta.file_type().is_symlink() {
+            // The layout's own symlink: it must resolve to this repo's blobs.
+            let target = fs::canonicalize(&pointer).map_err(io(format!("resolving {}", pointer.display())))?;
+            let blobs = fs::canonicalize(&blobs).map_err(io(format!("resolving {}", blobs.display())))?;
+            if target.parent() != Some(blobs.as_path()) {
+                return Err(HubError::Invalid(format!(
+                    "{}: points to {}, outside the repo's blobs folder {}",
+                    pointer.display(),
+                    target.display(),
+                    blobs.display()
+                )));
+            }
+            let etag = target.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            (target, etag)
+        } else if meta.is_file() {
+            // Where symlinks are unavailable, huggingface_hub copies the file in:
+            // nothing names its hash, so it is used as it is.
+            let size = meta.len();
+            return Ok(Some(Fetched { name: file.into(), path: pointer, etag: String::new(), size, source: "cache" }));
+        } else {
+            return Ok(None);
+        };
+        let Some(kind) = hash_kind(&etag) else {
+            return Err(HubError::Invalid(format!("{}: blob name '{etag}' is not a content hash", blob.display())));
+        };
+        let got = content_hash(&blob, kind)?;
+        if got != etag {
+            return Err(HubError::Invalid(format!(
+                "{file} of {} at {} in the cache ({}) is damaged: its {kind} is {got}, its name says {etag}. Delete it and \
+                 run again to download it",
+                self.repo,
+                self.commit,
+                blob.display()
+            )));
+        }
+        let size = fs::metadata(&blob).map_err(io(format!("reading {}", blob.display())))?.len();
+        Ok(Some(Fetched { name: file.into(), path: pointer, etag, size, source: "cache" }))
+    }
+
+    /// A request with the token, which never leaves the endpoint's host.
+    fn request(&self, method: &str, url: &str, range_from: Option<u64>) -> Result<ureq::http::Response<ureq::Body>> {
+        let same_host = host_of(url) == host_of(&self.config.endpoint);
+        let mut builder = ureq::http::Request::builder().method(method).uri(url).header("Accept-Encoding", "identity");
+        if let (Some(t), true) = (&self.config.token, same_host) {
+            builder = builder.header("Authorization", format!("Bearer {t}"));
+        }
+        if let Some(from) = range_from {
+            builder = builder.header("Range", format!("bytes={from}-"));
+        }
+        let request = builder.body(()).map_err(|e| HubError::Invalid(format!("{url}: {e}")))?;
+        self.agent.run(request).map_err(|e| {
+            HubError::Invalid(format!(
+                "{method} {url}: {e} (the Hub endpoint is {}; set HF_ENDPOINT for a mirror, or HF_HUB_OFFLINE=1 to use \
+                 only the cache)",
+                self.config.endpoint
+            ))
+        })
+    }
+
+    /// What the Hub says about a file: `None` if the file is not in the repo at
+    /// this commit (404).
+    pub fn metadata(&self, file: &str) -> Result<Option<FileMeta>> {
+        check_file_name(file).map_err(HubError::Invalid)?;
+        let mut url = self.url(file);
+        for _ in 0..=MAX_REDIRECTS {
+            let resp = self.request("HEAD", &url, None)?;
+            let status = resp.status().as_u16();
+            let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let location = header("location");
+            match status {
+                401 | 403 => return Err(HubError::Invalid(self.refused(status, &url))),
+                404 => return Ok(None),
+                // The Hub's own relative redirects (a renamed repo) are followed
+                // for the metadata; a redirect to the CDN carries it already.
+                300..=399
+                    if location.as_deref().is_some_and(|l| l.starts_with('/')) && header("x-linked-etag").is_none() =>
+                {
+                    url = resolve(&url, location.as_deref().unwrap_or_default());
+                    continue;
+                }
+                200..=399 => {}
+                _ => return Err(HubError::Invalid(format!("HEAD {url}: HTTP {status}"))),
+            }
+            let commit = header("x-repo-commit").ok_or_else(|| {
+                HubError::Invalid(format!("HEAD {url}: no X-Repo-Commit header (is {} a Hub?)", self.config.endpoint))
+            })?;
+            if commit != self.commit {
+                return Err(HubError::Invalid(format!(
+                    "HEAD {url}: the Hub resolved {file} at commit {commit}, not the pinned {}",
+                    self.commit
+                )));
+            }
+            let etag = header("x-linked-etag").or_else(|| header("etag")).unwrap_or_default();
+            let etag = etag.trim_start_matches("W/").trim_matches('"').to_string();
+            if hash_kind(&etag).is_none() {
+                return Err(HubError::Invalid(format!(
+                    "HEAD {url}: ETag '{etag}' is neither a SHA-256 nor a git blob id; nothing to check {file} against"
+                )));
+            }
+            let size = if (300..400).contains(&status) {
+                header("x-linked-size")
+            } else {
+                header("x-linked-size").or_else(|| header("content-length"))
+            };
+            let size: u64 = size.and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
+                HubError::Invalid(format!("HEAD {url}: no size (X-Linked-Size or Content-Length) for {file}"))
+            })?;
+            if size > MAX_FILE_BYTES {
+                return Err(HubError::Invalid(format!(
+                    "HEAD {url}: {file} is {size} bytes, over the limit of {MAX_FILE_BYTES}"
+                )));
+            }
+            let location = location.map_or(url.clone(), |l| resolve(&url, &l));
+            return Ok(Some(FileMeta { commit, etag, size, location }));
+        }
+        Err(HubError::Invalid(format!("HEAD {}: more than {MAX_REDIRECTS} redirects", self.url(file))))
+    }
+
+    fn refused(&self, status: u16, url: &str) -> String {
+        let token = if self.config.token.is_some() {
+            "the token in HF_TOKEN (or the token file) was refused: check it has read access"
+        } else {
+            "no token was sent: set HF_TOKEN to a token with read access (https://huggingface.co/settings/tokens)"
+        };
+        format!(
+            "HEAD {url}: HTTP {status}: {} is private, gated or does not exist; {token}, and for a gated model accept its \
+             terms on its Hub page",
+            self.repo
+        )
+    }
+
+    /// The file, from the cache or the Hub; `None` when it is not in the repo.
+    pub fn fetch(&self, file: &str) -> Result<Option<Fetched>> {
+        check_file_name(file).map_err(HubError::Invalid)?;
+        if let Some(f) = self.cached(file)? {
+            return Ok(Some(f));
+        }
+        // huggingface_hub's marker of a file the Hub said is not there (404).
+        let absent = self.repo_dir().join(".no_exists").join(&self.commit).join(file);
+        if absent.is_file() {
+            return Ok(None);
+        }
+        if self.config.offline {
+            return Err(HubError::Invalid(format!(
+                "HF_HUB_OFFLINE is set and {file} of {} at {} is not in the Hugging Face cache (no {}): run once with \
+                 network, or `hf download {} --revision {}` (Python's huggingface_hub) into the same cache",
+                self.repo,
+                self.commit,
+                self.dir().join(file).display(),
+                self.repo,
+                self.commit
+            )));
+        }
+        let Some(meta) = self.metadata(file)? else {
+            // Remembered, as Python does, so an offline run knows it is absent.
+            if let Some(parent) = absent.parent() {
+                fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+            }
+            fs::write(&absent, b"").map_err(io(format!("writing {}", absent.display())))?;
+            return Ok(None);
+        };
+        let blobs = self.repo_dir().join("blobs");
+        fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
+        let blob = blobs.join(&meta.etag);
+        // One download of a blob at a time, here and in Python (filelock uses flock
+        // on the same file).
+        let locks = self.config.cache.join(".locks").join(format!("models--{}", self.repo.replace('/', "--")));
+        fs::create_dir_all(&locks).map_err(io(format!("creating {}", locks.display())))?;
+        let lock_path = locks.join(format!("{}.lock", meta.etag));
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io(format!("opening {}", lock_path.display())))?;
+        lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
+        let kind = hash_kind(&meta.etag).expect("checked in metadata");
+        let mut source = "cache";
+        if !blob.is_file() || content_hash(&blob, kind)? != meta.etag {
+            self.download(file, &meta, &blob)?;
+            source = "downloaded";
+        }
+        let pointer = self.dir().join(file);
+        let parent = pointer.parent().expect("a pointer has a folder");
+        fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        // Relative, as huggingface_hub writes it: the cache can move.
+        // From snapshots/<commit>/[sub/]: up to the repo folder, then blobs/.
+        let target = PathBuf::from("../".repeat(file.matches('/').count() + 2)).join("blobs").join(&meta.etag);
+        let tmp =
+            parent.join(format!(".{}.orchestrate-link", pointer.file_name().unwrap_or_default().to_string_lossy()));
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&target, &tmp).map_err(io(format!("linking {}", tmp.display())))?;
+        fs::rename(&tmp, &pointer).map_err(io(format!("linking {}", pointer.display())))?;
+        Ok(Some(Fetched { name: file.into(), path: pointer, etag: meta.etag, size: meta.size, source }))
+    }
+
+    /// Downloads into `<blob>.incomplete` (resuming what is there), checks the
+    /// hash, then renames: a killed download never looks complete.
+    fn download(&self, file: &str, meta: &FileMeta, blob: &Path) -> Result<()> {
+        let partial = blob.with_file_name(format!("{}.incomplete", meta.etag));
+        let have = fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+        let have = if have > meta.size { 0 } else { have };
+        let mut out = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(&partial)
+            .map_err(io(format!("opening {}", partial.display())))?;
+        let mut written = have;
+        if have < meta.size {
+            let mut url = meta.location.clone();
+            let mut resp = None;
+            for _ in 0..=MAX_REDIRECTS {
+                let r = self.request("GET", &url, (have > 0).then_some(have))?;
+                let status = r.status().as_u16();
+                if (300..400).contains(&status) {
+                    let l = r.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                    url = resolve(&url, &l);
+                    continue;
+                }
+                resp = Some((status, r, url.clone()));
+                break;
+            }
+            let Some((status, mut r, url)) = resp else {
+                return Err(HubError::Invalid(format!("GET {}: more than {MAX_REDIRECTS} redirects", meta.location)));
+            };
+            match status {
+                // The server honoured the range: append.
+                206 if have > 0 => {
+                    let range = r.headers().get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
+                    if !range.starts_with(&format!("bytes {have}-")) {
+                        return Err(HubError::Invalid(format!(
+                            "GET {url}: asked for bytes {have}- of {file}, got Content-Range '{range}'"
+                        )));
+                    }
+                }
+                // A whole body (no range asked, or the range ignored): start over.
+                200 => written = 0,
+                401 | 403 => return Err(HubError::Invalid(self.refused(status, &url).replacen("HEAD", "GET", 1))),
+                _ => return Err(HubError::Invalid(format!("GET {url}: HTTP {status} for {file}"))),
+            }
+            out.set_len(written).map_err(io(format!("truncating {}", partial.display())))?;
+            out.seek(std::io::SeekFrom::Start(written)).map_err(io(format!("seeking {}", partial.display())))?;
+            let bar = if self.progress {
+                let bar = indicatif::ProgressBar::new(meta.size);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{msg} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_bar}",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                bar.set_message(file.to_string());
+                bar.set_position(written);
+                bar
+            } else {
+                indicatif::ProgressBar::hidden()
+            };
+            // Never more than announced: a body that runs past the size is refused.
+            let mut body = r.body_mut().with_config().limit(meta.size - written + 1).reader();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = match body.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = out.flush();
+                        return Err(HubError::Invalid(format!(
+                            "GET {url}: {file}: the download stopped after {written} of {} bytes ({e}); run again to \
+                             resume it",
+                            meta.size
+                        )));
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                written += n as u64;
+                if written > meta.size {
+                    drop(out);
+                    let _ = fs::remove_file(&partial);
+                    return Err(HubError::Invalid(format!(
+                        "GET {url}: {file} is longer than the {} bytes the Hub announced; the download was deleted",
+                        meta.size
+                    )));
+                }
+                out.write_all(&buf[..n]).map_err(io(format!("writing {}", partial.display())))?;
+                bar.set_position(written);
+            }
+            bar.finish_and_clear();
+            out.sync_all().map_err(io(format!("writing {}", partial.display())))?;
+        }
+        drop(out);
+        if written != meta.size {
+            return Err(HubError::Invalid(format!(
+                "{file}: the download ended after {written} of {} bytes; run again to resume it",
+                meta.size
+            )));
+        }
+        let kind = hash_kind(&meta.etag).expect("checked in metadata");
+        let got = content_hash(&partial, kind)?;
+        if got != meta.etag {
+            let _ = fs::remove_file(&partial);
+            return Err(HubError::Invalid(format!(
+                "{file} of {} at {}: the downloaded bytes have {kind} {got}, but the Hub announced {}; the download was \
+                 deleted",
+                self.repo, self.commit, meta.etag
+            )));
+        }
+        fs::rename(&partial, blob).map_err(io(format!("publishing {}", blob.display())))?;
+        Ok(())
+    }
+}
+
+fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or_default()
+}
+
+/// A `Location` against the URL it answered.
+fn resolve(base: &str, location: &str) -> String {
+    if location.starts_with("http://") || location.starts_with("https://") {
+        return location.to_string();
+    }
+    let (scheme, rest) = base.split_once("://").unwrap_or(("https", base));
+    let host = rest.split('/').next().unwrap_or_default();
+    if location.starts_with('/') {
+        format!("{scheme}://{host}{location}")
+    } else {
+        let dir = base.rsplit_once('/').map_or(base, |(d, _)| d);
+        format!("{dir}/{location}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_branch_or_tag_is_refused_with_how_to_find_the_commit() {
+        for rev in ["main", "v1.0", "7ae5576", "7AE557604ADF67BE50417F59C2C2F167DEF9A775"] {
+            let e = check_commit("Qwen/Qwen2.5-0.5B-Instruct", rev).unwrap_err();
+            assert!(e.contains(&format!("'{rev}' is not a commit")) && e.contains("git ls-remote"), "{e}");
+        }
+        check_commit("Qwen/Qwen2.5-0.5B-Instruct", "7ae557604adf67be50417f59c2c2f167def9a775").unwrap();
+    }
+
+    #[test]
+    fn repo_ids_and_file_names_cannot_leave_the_cache() {
+        check_repo("Qwen/Qwen2.5-0.5B-Instruct").unwrap();
+        for bad in ["Qwen", "../x", "a/..", "a/b/c", "a/.b", "/a", "a/b c", "a/"] {
+            assert!(check_repo(bad).is_err(), "{bad}");
+        }
+        check_file_name("config.json").unwrap();
+        check_file_name("onnx/model.onnx").unwrap();
+        for bad in ["../x", "a/../../x", "/etc/passwd", "", "a//b", "a\\b", "./a"] {
+            assert!(check_file_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(hash_kind("../../x"), None);
+        assert_eq!(hash_kind(&"a".repeat(64)), Some("sha256"));
+    }
+
+    #[test]
+    fn the_git_blob_id_is_gits() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, "hello\n").unwrap();
+        // `printf 'hello\n' | git hash-object --stdin`
+        assert_eq!(content_hash(&p, "git-sha1").unwrap(), "ce013625030ba8dba906f756967f9e9ca394464a");
+        // `printf 'hello\n' | sha256sum`
+        assert_eq!(
+            content_hash(&p, "sha256").unwrap(),
+            "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+        );
+    }
+
+    #[test]
+    fn locations_resolve_against_their_request() {
+        assert_eq!(resolve("http://h:1/a/resolve/c/f", "/b/resolve/c/f"), "http://h:1/b/resolve/c/f");
+        assert_eq!(resolve("http://h:1/a/b", "https://cdn/x"), "https://cdn/x");
+        assert_eq!(host_of("http://127.0.0.1:9/x"), "127.0.0.1:9");
+    }
+}

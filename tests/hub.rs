@@ -1,0 +1,482 @@
+//! `model.hub` against a Hub-shaped HTTP server on 127.0.0.1 that each test
+//! starts and stops: the resolve endpoint (HEAD with X-Repo-Commit, ETag or
+//! X-Linked-Etag and sizes; a large file redirected to a "CDN" path that honours
+//! `Range`), serving a tiny model the test builds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{nodes_with, stderr, Project};
+use sha2::Digest;
+
+const REPO: &str = "test-org/tiny-qwen";
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+/// Served as a large (LFS) file: redirected, with X-Linked-Etag = its SHA-256.
+const LARGE: &str = "model.safetensors";
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    range: Option<String>,
+    auth: Option<String>,
+}
+
+#[derive(Default)]
+struct Behaviour {
+    /// Refuse (401) any request on the resolve endpoint without this bearer token.
+    token: Option<String>,
+    /// Serve the large file with one byte flipped (the announced hash unchanged).
+    corrupt: bool,
+    /// Send this many bytes of the large file, then hold the connection open.
+    stall_after: Option<usize>,
+}
+
+struct Hub {
+    port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    behaviour: Arc<Mutex<Behaviour>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex(&sha2::Sha256::digest(bytes))
+}
+
+/// Git's blob id, as the Hub's ETag of a small file (computed with
+/// `git hash-object` where git is installed, so this test does not trust the
+/// code under test's own hashing).
+fn git_blob_id(bytes: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("blob");
+    std::fs::write(&f, bytes).unwrap();
+    let out = std::process::Command::new("git").args(["hash-object"]).arg(&f).output().expect("git is installed");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+impl Hub {
+    fn start(files: BTreeMap<String, Vec<u8>>) -> Hub {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let behaviour = Arc::new(Mutex::new(Behaviour::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let files = Arc::new(files);
+        let etags: Arc<BTreeMap<String, String>> = Arc::new(
+            files.iter().map(|(n, b)| (n.clone(), if n == LARGE { sha256(b) } else { git_blob_id(b) })).collect(),
+        );
+        let thread = {
+            let (seen, behaviour, stop) = (seen.clone(), behaviour.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((stream, _)) => {
+                            let (seen, behaviour, stop, files, etags) =
+                                (seen.clone(), behaviour.clone(), stop.clone(), files.clone(), etags.clone());
+                            std::thread::spawn(move || {
+                                let _ = serve(stream, &seen, &behaviour, &stop, &files, &etags);
+                            });
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            })
+        };
+        Hub { port, seen, behaviour, stop, thread: Some(thread) }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn set(&self, f: impl FnOnce(&mut Behaviour)) {
+        f(&mut self.behaviour.lock().unwrap());
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve(
+    mut stream: TcpStream,
+    seen: &Mutex<Vec<Seen>>,
+    behaviour: &Mutex<Behaviour>,
+    stop: &AtomicBool,
+    files: &BTreeMap<String, Vec<u8>>,
+    etags: &BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let auth = headers.get("authorization").cloned();
+    let range = headers.get("range").cloned();
+    seen.lock().unwrap().push(Seen {
+        method: method.clone(),
+        path: path.clone(),
+        range: range.clone(),
+        auth: auth.clone(),
+    });
+    let head = method == "HEAD";
+    let respond = |stream: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]| {
+        let mut out = format!("HTTP/1.1 {status}\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if !headers.iter().any(|(k, _)| *k == "Content-Length") {
+            out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        out.push_str("\r\n");
+        stream.write_all(out.as_bytes())?;
+        if !head {
+            stream.write_all(body)?;
+        }
+        stream.flush()
+    };
+    let resolve = format!("/{REPO}/resolve/{COMMIT}/");
+    if let Some(file) = path.strip_prefix(&resolve) {
+        let token = behaviour.lock().unwrap().token.clone();
+        if let Some(t) = token {
+            if auth.as_deref() != Some(format!("Bearer {t}").as_str()) {
+                return respond(&mut stream, "401 Unauthorized", &[("X-Error-Code", "GatedRepo".into())], b"");
+            }
+        }
+        let Some(bytes) = files.get(file) else {
+            return respond(&mut stream, "404 Not Found", &[("X-Error-Code", "EntryNotFound".into())], b"");
+        };
+        let etag = &etags[file];
+        let common = [("X-Repo-Commit", COMMIT.to_string()), ("ETag", format!("\"{etag}\""))];
+        if file == LARGE {
+            let mut h = common.to_vec();
+            h.push(("X-Linked-Etag", format!("\"{etag}\"")));
+            h.push(("X-Linked-Size", bytes.len().to_string()));
+            h.push(("Location", format!("/cdn/{etag}")));
+            return respond(&mut stream, "302 Found", &h, b"");
+        }
+        return respond(&mut stream, "200 OK", &common, bytes);
+    }
+    if let Some(hash) = path.strip_prefix("/cdn/") {
+        let Some(name) = etags.iter().find(|(_, e)| *e == hash).map(|(n, _)| n.clone()) else {
+            return respond(&mut stream, "404 Not Found", &[], b"");
+        };
+        let mut bytes = files[&name].clone();
+        let (corrupt, stall) = {
+            let b = behaviour.lock().unwrap();
+            (b.corrupt, b.stall_after)
+        };
+        if corrupt {
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0xff;
+        }
+        let from: usize = range
+            .as_deref()
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.strip_suffix('-'))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let total = bytes.len();
+        let body = &bytes[from..];
+        let (status, mut h) = if range.is_some() {
+            ("206 Partial Content", vec![("Content-Range", format!("bytes {from}-{}/{total}", total - 1))])
+        } else {
+            ("200 OK", vec![])
+        };
+        h.push(("Content-Length", body.len().to_string()));
+        if let Some(n) = stall.filter(|_| !head) {
+            let mut out = format!("HTTP/1.1 {status}\r\nConnection: close\r\n");
+            for (k, v) in &h {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
+            out.push_str("\r\n");
+            stream.write_all(out.as_bytes())?;
+            stream.write_all(&body[..n.min(body.len())])?;
+            stream.flush()?;
+            // Hold the connection until the test stops the server.
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return Ok(());
+        }
+        return respond(&mut stream, status, &h, body);
+    }
+    let mut rest = Vec::new();
+    let _ = reader.read_to_end(&mut rest);
+    respond(&mut stream, "404 Not Found", &[], b"")
+}
+
+/// A tiny model built by the spec, as the Hub's file list.
+fn tiny_model(p: &Project) -> BTreeMap<String, Vec<u8>> {
+    p.write(
+        "tiny.yaml",
+        r#"
+name: tiny
+nodes:
+  data:
+    op: dataset.stock_arithmetic
+    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}
+  tokenizer:
+    op: tokenizer.build
+    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
+    params: {vocab_size: 400}
+  model:
+    op: model.init
+    inputs: {tokenizer: 'tokenizer:tokenizer'}
+    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
+"#,
+    );
+    p.run_json(&["tiny.yaml"], 0);
+    let out = p.run(&["path", "tiny.yaml", "model:model"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    ["config.json", "tokenizer.json", "generation_config.json", LARGE]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap()))
+        .collect()
+}
+
+fn hub_spec(p: &Project, revision: &str) {
+    p.write(
+        "hub.yaml",
+        &format!("name: hub\nnodes:\n  qwen:\n    op: model.hub\n    params: {{repo: {REPO}, revision: {revision}}}\n"),
+    );
+}
+
+/// `orchestrate run --json` with the Hugging Face variables of this test only.
+fn run_hub(p: &Project, endpoint: &str, cache: &Path, extra: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let mut full = vec!["run", "--json", "hub.yaml"];
+    full.extend_from_slice(args);
+    let mut c = p.cmd(&full);
+    for v in ["HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_HOME", "HF_ENDPOINT", "HF_TOKEN_PATH"] {
+        c.env_remove(v);
+    }
+    c.env("HF_ENDPOINT", endpoint).env("HF_HUB_CACHE", cache).env("HF_HOME", p.path().join("hf-home"));
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn failure(out: &std::process::Output) -> String {
+    let ev = common::events(out);
+    ev.iter()
+        .find(|e| e["event"] == "node_failed")
+        .unwrap_or_else(|| panic!("no node failed: {}\n{}", String::from_utf8_lossy(&out.stdout), stderr(out)))["error"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn repo_dir(cache: &Path) -> PathBuf {
+    cache.join("models--test-org--tiny-qwen")
+}
+
+#[test]
+fn a_pinned_model_is_fetched_into_the_hf_cache_reused_without_network_and_readable_by_huggingface_hub() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files.clone());
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(nodes_with(&common::events(&out), "node_finished"), ["qwen"]);
+    // The output holds the served bytes.
+    let model = p.run(&["path", "hub.yaml", "qwen:model"]);
+    let model = PathBuf::from(String::from_utf8_lossy(&model.stdout).trim());
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(model.join(name)).unwrap(), bytes, "{name}");
+    }
+    // huggingface_hub's layout: blobs named by hash, relative snapshot links.
+    let blob = repo_dir(&cache).join("blobs").join(sha256(&files[LARGE]));
+    assert_eq!(std::fs::read(&blob).unwrap(), files[LARGE]);
+    let pointer = repo_dir(&cache).join("snapshots").join(COMMIT).join(LARGE);
+    let link = std::fs::read_link(&pointer).unwrap();
+    assert!(link.is_relative(), "{}", link.display());
+    assert_eq!(std::fs::canonicalize(&pointer).unwrap(), std::fs::canonicalize(&blob).unwrap());
+    let config_blob = repo_dir(&cache).join("blobs").join(git_blob_id(&files["config.json"]));
+    assert!(config_blob.is_file(), "{}", config_blob.display());
+    // The large file came from the CDN location, the rest from resolve.
+    let seen = hub.seen();
+    assert!(seen.iter().any(|s| s.method == "GET" && s.path.starts_with("/cdn/")), "{seen:?}");
+    assert!(seen.iter().all(|s| s.auth.is_none()), "no token configured, none sent");
+
+    // Python's huggingface_hub finds it offline, where transformers would look.
+    {
+        let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+        let script = format!(
+            "from huggingface_hub import hf_hub_download\nprint(hf_hub_download('{REPO}', '{LARGE}', revision='{COMMIT}', \
+             cache_dir={:?}, local_files_only=True))",
+            cache.display().to_string()
+        );
+        let py = std::process::Command::new(python).args(["-c", &script]).env("HF_HUB_OFFLINE", "1").output().unwrap();
+        assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));
+        assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), pointer.display().to_string());
+    }
+
+    // Without the server: a new workspace fetches nothing and reuses the cache.
+    drop(hub);
+    let before = std::fs::read_dir(p.path().join(".orchestrate")).is_ok();
+    assert!(before);
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace")).unwrap();
+    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(nodes_with(&common::events(&out), "node_finished"), ["qwen"]);
+
+    // Offline with an empty cache: a clear error naming the missing file.
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace-2")).unwrap();
+    let empty = p.path().join("empty-cache");
+    let out = run_hub(&p, "http://127.0.0.1:9", &empty, &[("HF_HUB_OFFLINE", "1")], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("HF_HUB_OFFLINE") && e.contains("config.json") && e.contains(REPO) && e.contains(COMMIT), "{e}");
+
+    // A blob edited in the cache is not used.
+    let mut damaged = files[LARGE].clone();
+    damaged[10] ^= 1;
+    let mut perms = std::fs::metadata(&blob).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&blob, perms).unwrap();
+    std::fs::write(&blob, &damaged).unwrap();
+    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[("HF_HUB_OFFLINE", "1")], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("damaged") && e.contains(LARGE), "{e}");
+}
+
+#[test]
+fn wrong_bytes_from_the_hub_are_refused_and_deleted() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files.clone());
+    hub.set(|b| b.corrupt = true);
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains(LARGE) && e.contains("announced") && e.contains(&sha256(&files[LARGE])), "{e}");
+    let blobs: Vec<String> = std::fs::read_dir(repo_dir(&cache).join("blobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!blobs.iter().any(|b| b.starts_with(&sha256(&files[LARGE]))), "nothing of it is kept: {blobs:?}");
+    assert!(!repo_dir(&cache).join("snapshots").join(COMMIT).join(LARGE).exists());
+    // Nothing in the store either: the node has no output.
+    assert_ne!(p.run(&["path", "hub.yaml", "qwen:model"]).status.code(), Some(0));
+    // The honest server then serves it.
+    hub.set(|b| b.corrupt = false);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn a_download_killed_half_way_resumes_from_where_it_stopped() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let half = files[LARGE].len() / 2;
+    let hub = Hub::start(files.clone());
+    hub.set(|b| b.stall_after = Some(half));
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    let partial = repo_dir(&cache).join("blobs").join(format!("{}.incomplete", sha256(&files[LARGE])));
+
+    let mut c = p.cmd(&["run", "--json", "hub.yaml"]);
+    for v in ["HF_TOKEN", "HF_HUB_OFFLINE"] {
+        c.env_remove(v);
+    }
+    c.env("HF_ENDPOINT", hub.endpoint()).env("HF_HUB_CACHE", &cache).env("HF_HOME", p.path().join("hf-home"));
+    let mut child = c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let t = Instant::now();
+    while std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0) < half as u64 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the download never reached half way");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!repo_dir(&cache).join("blobs").join(sha256(&files[LARGE])).exists(), "a killed download is not a blob");
+    assert!(!repo_dir(&cache).join("snapshots").join(COMMIT).join(LARGE).exists());
+
+    hub.set(|b| b.stall_after = None);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    let resumed: Vec<Seen> =
+        hub.seen().into_iter().filter(|s| s.path.starts_with("/cdn/") && s.range.is_some()).collect();
+    assert_eq!(resumed.len(), 1, "{:?}", hub.seen());
+    assert_eq!(resumed[0].range.as_deref(), Some(format!("bytes={half}-").as_str()));
+    assert_eq!(std::fs::read(repo_dir(&cache).join("blobs").join(sha256(&files[LARGE]))).unwrap(), files[LARGE]);
+    assert!(!partial.exists());
+}
+
+#[test]
+fn a_branch_name_is_refused_before_any_request_with_how_to_find_the_commit() {
+    let p = Project::new();
+    let hub = Hub::start(BTreeMap::new());
+    hub_spec(&p, "main");
+    let out = p.run(&["validate", "hub.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(e.contains("revision") && e.contains("'main' is not a commit") && e.contains("git ls-remote"), "{e}");
+    let out = run_hub(&p, &hub.endpoint(), &p.path().join("c"), &[], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(hub.seen().is_empty(), "{:?}", hub.seen());
+}
+
+#[test]
+fn a_401_is_explained_and_the_token_from_hf_token_opens_the_repo() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files);
+    hub.set(|b| b.token = Some("hf_right".into()));
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("401") && e.contains("HF_TOKEN") && e.contains("gated") && e.contains(REPO), "{e}");
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_wrong")], &[]);
+    let e = failure(&out);
+    assert!(e.contains("401") && e.contains("was refused"), "{e}");
+    // The token never appears in what orchestrate prints.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hf_wrong") && !stderr(&out).contains("hf_wrong"));
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_right")], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(hub.seen().iter().any(|s| s.auth.as_deref() == Some("Bearer hf_right")));
+}
