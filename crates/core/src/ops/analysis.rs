@@ -562,7 +562,7 @@ mod tests {
                     .collect(),
                 bad_updates_applied: bad,
                 unguarded_updates: 0,
-                event_log: EventLogSummary { events: 0, intact: true },
+                event_log: EventLogSummary { events: 0 },
             },
             final_model_digest: "f".into(),
             costs: RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None },

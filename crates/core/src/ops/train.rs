@@ -93,7 +93,8 @@ impl Op for TrainGrpo {
         // 2: the guard in the loop (rollout engine, envelopes, event log, WAL).
         // 3: metrics, state metadata and WAL checkpoints are the shared
         // `TrainingMetrics` type; updates go through `UpdateBatch`.
-        3
+        // 4: the event-log summary lost its always-true `intact` flag.
+        4
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"

@@ -286,13 +286,13 @@ pub struct Detection {
     pub codes: Vec<String>,
 }
 
-/// The lineage's sealed event log as of this state.
+/// The lineage's sealed event log as of this state. Its chain was verified:
+/// a broken one stops the run instead of being summarised (so there is no
+/// `intact` flag, which could only ever say `true`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventLogSummary {
     pub events: usize,
-    /// The chain verified (a broken one stops the run instead).
-    pub intact: bool,
 }
 
 #[cfg(test)]

@@ -184,7 +184,7 @@ impl Setup {
                 detections: pos.detections.clone(),
                 bad_updates_applied: pos.bad_updates,
                 unguarded_updates,
-                event_log: EventLogSummary { events: events.len(), intact: true },
+                event_log: EventLogSummary { events: events.len() },
             },
             final_model_digest,
             costs: RunCosts {
