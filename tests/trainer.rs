@@ -136,3 +136,27 @@ fn an_interrupt_on_a_checkpoint_boundary_resumes_to_the_continuous_event_log() {
     let interrupted = json_output(&p, "grpo@mode=interrupt:metrics");
     assert_eq!(interrupted["next_iteration"], 2);
 }
+
+/// A GRPO node whose key changes but whose run identity does not (here its own
+/// `threads:`, keyed as part of the environment; an op version bump does the
+/// same) is a new trajectory: it runs again in the same workspace, in a lineage
+/// of its own, instead of being refused for consuming the rollouts of the run it
+/// replaces.
+#[test]
+fn a_rekeyed_grpo_node_runs_again_in_the_same_workspace() {
+    let p = Project::new();
+    p.write("train.yaml", SPEC);
+    p.run_json(&["train.yaml"], 0);
+    let first = json_output(&p, "grpo@mode=continuous:metrics");
+    // The resume too, so the resume check compares runs of one thread count.
+    let set = ["--set", "nodes.grpo.threads=2"];
+    let ev = p.run_json(&["train.yaml", set[0], set[1], "--set", "nodes.grpo-resume.threads=2"], 0);
+    assert!(nodes_with(&ev, "node_finished").contains(&"grpo@mode=continuous".to_string()), "{ev:?}");
+    let out = p.run(&["path", "train.yaml", "grpo@mode=continuous:metrics", set[0], set[1]]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let again: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(stdout(&out).trim()).unwrap()).unwrap();
+    assert_eq!(first["identity"], again["identity"], "the same run identity");
+    assert_ne!(first["lineage"], again["lineage"], "a lineage of its own");
+    assert_eq!(first["rollouts_consumed"], again["rollouts_consumed"]);
+}

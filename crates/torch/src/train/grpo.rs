@@ -614,9 +614,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let mut adam = AdamW::new(AdamWConfig::new(p.weight_decay), &params);
     let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
     let identity_text = serde_json::to_string(&identity)?;
-    // Rollouts belong to a lineage: an interrupted run and its resume share one;
-    // a continuous run replays the same ids in a lineage of its own.
-    let lineage_of = |mode: &str| blake3::hash(format!("{identity_text}|{mode}").as_bytes()).to_hex().to_string();
+    // Rollouts belong to a lineage, one trajectory: an interrupted run and its
+    // resume share one (the resume reads it from the state); a continuous run
+    // replays the same ids in a lineage of its own. A fresh run's lineage names
+    // its node key too: a node re-keyed with the same identity (an op version, its
+    // threads) is a new trajectory, not a replay of the old one's rollouts.
+    let lineage_of =
+        |mode: &str| blake3::hash(format!("{identity_text}|{mode}|{}", job.key).as_bytes()).to_hex().to_string();
 
     let mut next_iteration = 0usize;
     let mut pos = Position {
