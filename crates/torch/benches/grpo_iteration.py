@@ -4,10 +4,11 @@ KV cache, behavior log-probs from the sampling scores, a full re-scoring check,
 then two updates (clipped surrogate + 0.02 x exact KL to a frozen reference,
 token -> response -> prompt mean, clip 1.0, AdamW). Prints JSON.
 
-usage: grpo_iteration.py PRESET PROMPT_LEN ITERATIONS
+usage: grpo_iteration.py PRESET PROMPT_LEN ITERATIONS [THREADS]
 """
 import hashlib
 import json
+import resource
 import sys
 import time
 
@@ -18,6 +19,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from presets import PRESETS  # noqa: E402
 
 preset, prompt_len, iterations = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if len(sys.argv) > 4:
+    torch.set_num_threads(int(sys.argv[4]))
 config = Qwen2Config(**PRESETS[preset], tie_word_embeddings=True, attn_implementation="eager")
 torch.manual_seed(0)
 policy = Qwen2ForCausalLM(config).float().eval()
@@ -78,4 +81,5 @@ for it in range(iterations):
         for k, val in [("generation", generation), ("behavior_verification", verification), ("optimization_with_reference", optimization), ("state_hashing", hashing), ("loop", whole)]:
             totals[k] = totals.get(k, 0.0) + val
 n = max(iterations - 1, 1)
-print(json.dumps({"impl": "pytorch eager", "threads": torch.get_num_threads(), "seconds_per_iteration": {k: val / n for k, val in totals.items()}}))
+print(json.dumps({"impl": "pytorch eager", "threads": torch.get_num_threads(), "seconds_per_iteration": {k: val / n for k, val in totals.items()},
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))

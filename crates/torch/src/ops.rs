@@ -1,7 +1,7 @@
 //! The worker's implementations of numerical ops.
 
 use crate::error::{Context, Result};
-use orchestrate_core::model::{Qwen2Config, TextTokenizer};
+use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::{WorkerJob, WorkerOp};
 use orchestrate_core::ops::{parse_params, ModelInitParams};
 use tch::Device;
@@ -24,26 +24,8 @@ fn model_init(job: &WorkerJob) -> Result<()> {
     let tokenizer_path = job.inputs.get("tokenizer").and_then(|v| v.first()).context("input 'tokenizer' is missing")?;
     let tokenizer = TextTokenizer::from_file(tokenizer_path)?;
     let eos = tokenizer.eos_id()?;
-    let vocab = (tokenizer.vocab_size() as usize).div_ceil(p.vocab_multiple) * p.vocab_multiple;
-    let config: Qwen2Config = serde_json::from_value(serde_json::json!({
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "vocab_size": vocab,
-        "hidden_size": p.hidden_size,
-        "intermediate_size": p.intermediate_size,
-        "num_hidden_layers": p.num_hidden_layers,
-        "num_attention_heads": p.num_attention_heads,
-        "num_key_value_heads": p.num_key_value_heads,
-        "max_position_embeddings": p.max_position_embeddings,
-        "rope_theta": p.rope_theta,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": true,
-        "hidden_act": "silu",
-        "eos_token_id": eos,
-        "bos_token_id": serde_json::Value::Null,
-        "attention_dropout": 0.0,
-        "use_sliding_window": false,
-    }))?;
+    let config = p.config(tokenizer.vocab_size() as usize, eos).map_err(crate::error::Error::Msg)?;
+    let vocab = config.vocab_size;
     // Initialised on the CPU generator so the weights do not depend on the device.
     let mut model = Qwen2::new(&config, Device::Cpu)?;
     model.init_weights(p.seed);

@@ -116,6 +116,46 @@ pub struct ModelInitParams {
     #[serde(default = "d_multiple")]
     #[schemars(range(min = 1))]
     pub vocab_multiple: usize,
+    /// The exact embedding size, for a real model's shape (151936 for
+    /// Qwen2.5-0.5B): at least the tokenizer's vocabulary. Unset: the
+    /// tokenizer's, padded to `vocab_multiple`. (Absent from the key when unset,
+    /// so specs without it keep their keys.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub vocab_size: Option<usize>,
+}
+
+impl ModelInitParams {
+    /// The config `model.init` writes, for a tokenizer of `tokenizer_vocab` tokens.
+    pub fn config(&self, tokenizer_vocab: usize, eos: i64) -> Result<crate::model::Qwen2Config, String> {
+        let vocab = match self.vocab_size {
+            Some(v) if v < tokenizer_vocab => {
+                return Err(format!("params.vocab_size {v} is below the tokenizer's vocabulary of {tokenizer_vocab}"))
+            }
+            Some(v) => v,
+            None => tokenizer_vocab.div_ceil(self.vocab_multiple) * self.vocab_multiple,
+        };
+        serde_json::from_value(serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": vocab,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": true,
+            "hidden_act": "silu",
+            "eos_token_id": eos,
+            "bos_token_id": serde_json::Value::Null,
+            "attention_dropout": 0.0,
+            "use_sliding_window": false,
+        }))
+        .map_err(|e| format!("model.init config: {e}"))
+    }
 }
 
 fn d_hidden() -> usize {
@@ -399,4 +439,28 @@ fn check_revision(dir: &Path, revision: &str) -> Result<(), OpError> {
         return Err(failed(format!("{}: revision {recorded}, expected {revision}", dir.display())));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModelInitParams;
+    use crate::spec::{load, LoadOptions};
+
+    /// The shapes-0.5b profile builds Qwen2.5-0.5B-Instruct's exact shape: the
+    /// parameter count its model card and `model.import` check (tied embeddings).
+    #[test]
+    fn the_shapes_profile_is_qwen2_5_0_5b_to_the_parameter() {
+        let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/grpo-main.yaml");
+        let opts = LoadOptions { profile: Some("shapes-0.5b".into()), overrides: vec![] };
+        let spec = load(&spec, &opts).unwrap_or_else(|e| panic!("{e}"));
+        let base = spec.node("base").unwrap();
+        assert_eq!(base.op, "model.init");
+        let p: ModelInitParams = crate::ops::parse_params(&serde_json::Value::Object(base.params.clone())).unwrap();
+        let config = p.config(1024, 3).unwrap();
+        assert_eq!(config.vocab_size, 151_936);
+        assert_eq!(config.parameter_count(), 494_032_768);
+        // A vocabulary below the tokenizer's is refused, naming the field.
+        let e = ModelInitParams { vocab_size: Some(100), ..p }.config(1024, 3).unwrap_err();
+        assert!(e.contains("params.vocab_size 100") && e.contains("1024"), "{e}");
+    }
 }
