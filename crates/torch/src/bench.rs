@@ -65,7 +65,12 @@ pub fn run(
 }
 
 /// One GRPO iteration's cost categories on a random model (constructed rewards).
-pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -> Result<serde_json::Value> {
+pub fn grpo_iteration(
+    preset_name: &str,
+    prompt_len: usize,
+    iterations: usize,
+    micro_groups: usize,
+) -> Result<serde_json::Value> {
     use super::train::adamw::{digest, AdamW, AdamWConfig};
     use super::train::objective::group_advantages;
     use super::train::update::{behavior_gap, grpo_update, GrpoHyper};
@@ -80,12 +85,22 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
     reference.init_weights(0);
     let params: BTreeMap<String, tch::Tensor> = policy.vs.variables().into_iter().collect();
     let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
-    let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 4096, max_grad_norm: 1.0 };
+    let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 4096, max_grad_norm: 1.0, micro_groups };
     let (prompts_n, group) = (4usize, 4usize);
     let mut totals: BTreeMap<&str, f64> = BTreeMap::new();
     let scratch_dir = std::env::temp_dir().join(format!("orchestrate-bench-grpo-{}", std::process::id()));
     std::fs::create_dir_all(&scratch_dir)?;
     let mut scratch = orchestrate_core::guard::Ledger::open_at(&scratch_dir.join("guard.sqlite"))?;
+    // The high-water mark of resident memory after each phase (the first iteration's
+    // are where it is reached), also printed as it goes: a run the OS kills for
+    // memory still shows how far it got.
+    let mut peaks: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    let mut mark = |phase: &str| {
+        let peak = super::train::common::peak_rss_bytes();
+        eprintln!("bench-grpo: peak RSS {} MB after {phase}", peak.map_or(0, |b| b >> 20));
+        peaks.entry(phase.to_string()).or_insert(peak);
+    };
+    mark("model, reference and optimizer");
     for it in 0..iterations {
         let loop_start = Instant::now();
         let prompts: Vec<Vec<i64>> = (0..prompts_n * group)
@@ -99,11 +114,13 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
         let t = Instant::now();
         let out = generate(&policy, &prompts, 64, -1, &Sampling::Sample { seed: 0, rollout_ids: ids }, true)?;
         let generation = t.elapsed().as_secs_f64();
+        mark("generation");
         let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
         let behavior: Vec<Vec<f32>> = out.iter().map(|g| g.behavior_logprobs.clone()).collect();
         let t = Instant::now();
         let gap = behavior_gap(&policy, &prompts, &responses, &behavior)?;
         let verification = t.elapsed().as_secs_f64();
+        mark("behavior verification");
         crate::error::ensure!(gap <= 2e-4, "behavior gap {gap}");
         let rewards: Vec<f64> = (0..prompts_n * group).map(|r| ((r * 7 + it) % 3 == 0) as u8 as f64).collect();
         let advantages: Vec<f64> = rewards.chunks(group).flat_map(group_advantages).collect();
@@ -135,6 +152,7 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
             grpo_update(&policy, &reference, &params, &mut adam, &batch, advantages.clone(), group, &hyper, 1e-6)?;
         }
         let optimization = t.elapsed().as_secs_f64();
+        mark("optimization");
         let whole = loop_start.elapsed().as_secs_f64();
         if it > 0 {
             // The first iteration is a warm-up.
@@ -155,7 +173,73 @@ pub fn grpo_iteration(preset_name: &str, prompt_len: usize, iterations: usize) -
     Ok(serde_json::json!({
         "impl": "orchestrate",
         "threads": tch::get_num_threads(),
+        "micro_groups": micro_groups,
         "seconds_per_iteration": totals.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v / n))).collect::<serde_json::Map<_, _>>(),
         "peak_rss_bytes": super::train::common::peak_rss_bytes(),
+        "peak_rss_bytes_after": peaks,
+    }))
+}
+
+/// The same random model on the CPU and on the device `ORCHESTRATE_DEVICE`
+/// picks: the largest logit difference over a batch of prompts, and greedy
+/// generation on both. A divergence where the CPU's top two logits are closer
+/// than the devices' largest logit difference is a numerical tie (a random model's
+/// logits are nearly flat), said as such; any other is not.
+pub fn device_parity(preset_name: &str, prompt_len: usize, new_tokens: usize) -> Result<serde_json::Value> {
+    use super::qwen2::attention_mask;
+    use tch::{Device, Kind, Tensor};
+
+    let config = preset(preset_name)?;
+    let device = super::generate::pick_device()?;
+    let mut cpu = Qwen2::new(&config, Device::Cpu)?;
+    cpu.init_weights(0);
+    let mut other = Qwen2::new(&config, device)?;
+    other.vs.copy(&cpu.vs)?;
+    let (b, w) = (4i64, prompt_len as i64);
+    let ids: Vec<i64> = (0..b * w).map(|i| (i * 131 + 7) % (config.vocab_size as i64 - 1) + 1).collect();
+    let logits = |m: &Qwen2| -> Result<Tensor> {
+        let d = m.device();
+        let seq = Tensor::from_slice(&ids).view([b, w]).to_device(d);
+        let valid = Tensor::ones([b, w], (Kind::Int64, d));
+        let positions = Tensor::arange(w, (Kind::Int64, d)).view([1, w]).expand([b, w], false);
+        let mask = attention_mask(&valid, w);
+        Ok(tch::no_grad(|| m.forward(&seq, &positions, &mask, None)).to_kind(Kind::Float).to_device(Device::Cpu))
+    };
+    let (a, c) = (logits(&cpu)?, logits(&other)?);
+    let max_diff = f64::try_from((&a - &c).abs().max())?;
+    let scale = f64::try_from(a.abs().max())?;
+    let prompts: Vec<Vec<i64>> = ids.chunks(prompt_len).map(<[i64]>::to_vec).collect();
+    let on_cpu = generate(&cpu, &prompts, new_tokens, -1, &Sampling::Greedy, true)?;
+    let on_device = generate(&other, &prompts, new_tokens, -1, &Sampling::Greedy, true)?;
+    let mut equal_rows = 0;
+    let mut divergences = Vec::new();
+    for (row, (x, y)) in on_cpu.iter().zip(&on_device).enumerate() {
+        match x.ids.iter().zip(&y.ids).position(|(p, q)| p != q) {
+            None => equal_rows += 1,
+            Some(step) => {
+                // The CPU's top-two margin where the two greedy paths part.
+                let context: Vec<i64> = prompts[row].iter().chain(&x.ids[..step]).copied().collect();
+                let n = context.len() as i64;
+                let seq = Tensor::from_slice(&context).view([1, n]);
+                let valid = Tensor::ones([1, n], (Kind::Int64, Device::Cpu));
+                let positions = Tensor::arange(n, (Kind::Int64, Device::Cpu)).view([1, n]);
+                let last = tch::no_grad(|| cpu.forward_last(&seq, &positions, &attention_mask(&valid, n), None));
+                let (top, _) = last.to_kind(Kind::Float).view([-1]).topk(2, -1, true, true);
+                let margin = f64::try_from(top.get(0) - top.get(1))?;
+                divergences.push(serde_json::json!({
+                    "row": row, "step": step, "cpu_top2_margin": margin, "numerical_tie": margin <= max_diff
+                }));
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "device": format!("{device:?}"),
+        "parameters": config.parameter_count(),
+        "logits_max_abs_difference": max_diff,
+        "logits_max_abs": scale,
+        "greedy_rows": prompts.len(),
+        "greedy_equal_rows": equal_rows,
+        "greedy_tokens_per_row": new_tokens,
+        "divergences": divergences,
     }))
 }

@@ -169,6 +169,9 @@ pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Res
     if prompts.is_empty() {
         return Ok(Vec::new());
     }
+    if prompts.iter().any(Vec::is_empty) {
+        bail!("an empty prompt has no position that predicts its response's first token");
+    }
     let device = model.device();
     let b = prompts.len() as i64;
     let width = prompts.iter().zip(responses).map(|(p, r)| p.len() + r.len()).max().unwrap_or(0);
@@ -184,16 +187,23 @@ pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Res
     let key_valid = Tensor::from_slice(&valid).view([b, w]).to_device(device);
     let positions = Tensor::arange(w, (Kind::Int64, device)).view([1, w]).expand([b, w], false);
     let mask = attention_mask(&key_valid, w);
+    // Logits at position t predict token t + 1: only the response's are computed.
+    let t_max = responses.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let index: Vec<i64> = prompts
+        .iter()
+        .zip(responses)
+        .flat_map(|(p, r)| (0..t_max).map(move |j| if j < r.len() { (p.len() + j) as i64 - 1 } else { 0 }))
+        .collect();
+    let index = Tensor::from_slice(&index).view([b, t_max as i64]).to_device(device);
     tch::no_grad(|| {
-        let logits = model.forward(&seq, &positions, &mask, None);
+        let logits = model.forward_rows(&seq, &positions, &mask, &index);
         let mut out = Vec::with_capacity(prompts.len());
-        for (i, (p, r)) in prompts.iter().zip(responses).enumerate() {
+        for (i, r) in responses.iter().enumerate() {
             if r.is_empty() {
                 out.push(Vec::new());
                 continue;
             }
-            // Logits at position t predict token t + 1.
-            let rows = logits.get(i as i64).narrow(0, p.len() as i64 - 1, r.len() as i64);
+            let rows = logits.get(i as i64).narrow(0, 0, r.len() as i64);
             let logp = rows.to_kind(Kind::Float).log_softmax(-1, Kind::Float);
             let targets = Tensor::from_slice(r).to_device(device).unsqueeze(1);
             let chosen = logp.gather(1, &targets, false).squeeze_dim(1);

@@ -46,6 +46,17 @@ enum Command {
         #[arg(long)]
         no_cache: bool,
     },
+    /// The same random model on the CPU and on ORCHESTRATE_DEVICE: logits and
+    /// greedy generation compared (JSON; used by scripts/gpu-check.sh).
+    #[command(hide = true)]
+    DeviceParity {
+        #[arg(long, default_value = "tiny")]
+        preset: String,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 16)]
+        new_tokens: usize,
+    },
     /// Seconds per GRPO iteration by cost category (JSON; used by benches/grpo.rs).
     #[command(hide = true)]
     BenchGrpo {
@@ -55,6 +66,9 @@ enum Command {
         prompt_len: usize,
         #[arg(long, default_value_t = 4)]
         iterations: usize,
+        /// Groups per forward/backward pass of an update (0: the whole batch).
+        #[arg(long, default_value_t = 0)]
+        micro_groups: usize,
     },
 }
 
@@ -97,11 +111,19 @@ fn main() -> ExitCode {
         Command::Generate { request } => serde_json::from_str::<orchestrate_core::model::GenerateRequest>(&request)
             .context("the generate request (JSON from orchestrate)")
             .and_then(|request| Ok(torch::cli::generate_command(&request)?)),
-        Command::BenchGrpo { preset, prompt_len, iterations } => {
-            torch::bench::grpo_iteration(&preset, prompt_len, iterations).map_err(anyhow::Error::from).map(|v| {
+        Command::DeviceParity { preset, prompt_len, new_tokens } => {
+            torch::bench::device_parity(&preset, prompt_len, new_tokens).map_err(anyhow::Error::from).map(|v| {
                 println!("{v}");
                 ExitCode::SUCCESS
             })
+        }
+        Command::BenchGrpo { preset, prompt_len, iterations, micro_groups } => {
+            torch::bench::grpo_iteration(&preset, prompt_len, iterations, micro_groups)
+                .map_err(anyhow::Error::from)
+                .map(|v| {
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                })
         }
         Command::Bench { preset, batch, prompt_len, new_tokens, no_cache } => {
             torch::bench::run(&preset, batch, prompt_len, new_tokens, no_cache).map_err(anyhow::Error::from).map(|v| {

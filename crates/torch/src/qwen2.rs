@@ -278,7 +278,17 @@ impl Qwen2 {
         mask: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
-        self.forward_logits(input_ids, positions, mask, cache, false)
+        self.forward_logits(input_ids, positions, mask, cache, Keep::All)
+    }
+
+    /// Logits at chosen positions only: `rows` (batch, k) are position indices
+    /// into each row, and the result is (batch, k, vocab). Training needs the
+    /// response positions alone, and the LM head over a 151,936-token vocabulary
+    /// is most of the logits' memory: at Qwen2.5-0.5B's shapes, 96-token prompts
+    /// and 64-token responses, this keeps 0.6 GB of logits (and their gradient)
+    /// instead of 1.6 GB.
+    pub fn forward_rows(&self, input_ids: &Tensor, positions: &Tensor, mask: &Tensor, rows: &Tensor) -> Tensor {
+        self.forward_logits(input_ids, positions, mask, None, Keep::Rows(rows))
     }
 
     /// Logits at the last position only, (batch, 1, vocab): generation needs no
@@ -291,7 +301,7 @@ impl Qwen2 {
         mask: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Tensor {
-        self.forward_logits(input_ids, positions, mask, cache, true)
+        self.forward_logits(input_ids, positions, mask, cache, Keep::Last)
     }
 
     fn forward_logits(
@@ -300,7 +310,7 @@ impl Qwen2 {
         positions: &Tensor,
         mask: &Tensor,
         cache: Option<&mut KvCache>,
-        last_only: bool,
+        keep: Keep<'_>,
     ) -> Tensor {
         let mut local: KvCache = Vec::new();
         let cache = match cache {
@@ -319,11 +329,25 @@ impl Qwen2 {
             let m = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h));
             h = h + m;
         }
-        let h = if last_only { h.narrow(1, h.size()[1] - 1, 1) } else { h };
+        let h = match keep {
+            Keep::All => h,
+            Keep::Last => h.narrow(1, h.size()[1] - 1, 1),
+            Keep::Rows(rows) => {
+                let (b, k, d) = (rows.size()[0], rows.size()[1], h.size()[2]);
+                h.gather(1, &rows.view([b, k, 1]).expand([b, k, d], false), false)
+            }
+        };
         let h = self.norm.forward(&h);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         h.matmul(&head.tr())
     }
+}
+
+/// Which positions get logits.
+enum Keep<'a> {
+    All,
+    Last,
+    Rows(&'a Tensor),
 }
 
 trait EmbeddingFor {

@@ -94,7 +94,8 @@ impl Op for TrainGrpo {
         // 3: metrics, state metadata and WAL checkpoints are the shared
         // `TrainingMetrics` type; updates go through `UpdateBatch`.
         // 4: the event-log summary lost its always-true `intact` flag.
-        4
+        // 5: logits at the response positions only (other float rounding).
+        5
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
@@ -274,7 +275,8 @@ impl Op for Replay {
         WorkerOp::Replay.name()
     }
     fn version(&self) -> u32 {
-        1
+        // 2: logits at the response positions only (other float rounding).
+        2
     }
     fn summary(&self) -> &'static str {
         "paired gradient replay: clean vs faulty batch at the same weights (cosine, relative L2, norms, ratios)"

@@ -135,6 +135,13 @@ pub struct GrpoParams {
     #[serde(default = "d_block")]
     #[schemars(range(min = 1))]
     pub kl_block: i64,
+    /// Groups per forward/backward pass of an update, the gradients accumulated
+    /// over the iteration's batch (as TRL's per-device batch with gradient
+    /// accumulation): less memory, the same update up to float rounding. Unset:
+    /// the whole batch in one pass (and absent from the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub micro_batch_groups: Option<usize>,
     #[serde(default = "d_tenth")]
     pub warmup_ratio: f64,
     #[serde(default = "d_tenth")]

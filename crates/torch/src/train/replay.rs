@@ -135,7 +135,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             .collect();
         (recorded, store)
     };
-    let hyper = GrpoHyper { clip_eps: p.clip_eps, beta: p.beta, kl_block: p.kl_block, max_grad_norm: f64::INFINITY };
+    let hyper = GrpoHyper {
+        clip_eps: p.clip_eps,
+        beta: p.beta,
+        kl_block: p.kl_block,
+        max_grad_norm: f64::INFINITY,
+        micro_groups: 0,
+    };
     let gradient_of = |rollouts: &[TokenArtifacts]| -> Result<(Vec<f64>, Value)> {
         let batch = batch_from_artifacts(rollouts, advantages.clone(), p.group_size);
         let stats = grpo_gradients(&policy, &reference, &params, &batch, &hyper)?;

@@ -43,7 +43,7 @@ struct Comparison {
     stats: Vec<UpdateStats>,
 }
 
-fn compare_update(lrs: &[f64]) -> Comparison {
+fn compare_update(lrs: &[f64], micro_groups: usize) -> Comparison {
     let dir = tempfile::tempdir().unwrap();
     random_model_folder(dir.path());
     let folder = HfFolder { dir: dir.path().to_path_buf() };
@@ -66,7 +66,7 @@ fn compare_update(lrs: &[f64]) -> Comparison {
         advantages,
         group_size: 4,
     };
-    let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 32, max_grad_norm: 1.0 };
+    let hyper = GrpoHyper { clip_eps: 0.2, beta: 0.02, kl_block: 32, max_grad_norm: 1.0, micro_groups };
     let params: BTreeMap<String, Tensor> = policy.vs.variables().into_iter().collect();
     let before: BTreeMap<String, Tensor> = params.iter().map(|(k, v)| (k.clone(), v.detach().copy())).collect();
     let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
@@ -108,7 +108,7 @@ fn compare_update(lrs: &[f64]) -> Comparison {
 #[test]
 fn one_grpo_update_at_the_protocol_lr_equals_an_independent_pytorch_update() {
     let _serial = serial();
-    let c = compare_update(&[1e-6, 1e-6]);
+    let c = compare_update(&[1e-6, 1e-6], 0);
     eprintln!(
         "lr 1e-6: parameters max relative difference {:e}, update relative difference {:e}",
         c.param_relative, c.update_relative
@@ -122,13 +122,40 @@ fn with_a_large_lr_both_implementations_clip_the_same_way() {
     let _serial = serial();
     // Adam normalises each gradient element, so elements at rounding-noise level
     // move by up to ±lr in either implementation: compare update directions.
-    let c = compare_update(&[3e-3, 3e-3]);
+    let c = compare_update(&[3e-3, 3e-3], 0);
     eprintln!(
         "lr 3e-3: update relative difference {:e}; second step clip fraction {}",
         c.update_relative, c.stats[1].clip_fraction
     );
     assert!(c.stats[1].clip_fraction > 0.0, "the second step clips some tokens: {:?}", c.stats);
     assert!(c.update_relative <= 1e-3, "{}", c.update_relative);
+}
+
+/// One group per forward/backward pass (the memory-bounded path the 0.5B shapes
+/// need), gradients accumulated: the same update as the independent PyTorch one
+/// on the whole batch, and the same statistics as a single pass.
+#[test]
+fn an_update_in_one_pass_per_group_equals_the_whole_batch_update() {
+    let _serial = serial();
+    let whole = compare_update(&[1e-6, 1e-6], 0);
+    let split = compare_update(&[1e-6, 1e-6], 1);
+    eprintln!(
+        "one group per pass: parameters max relative difference {:e}, update relative difference {:e}",
+        split.param_relative, split.update_relative
+    );
+    assert!(split.param_relative <= 1e-5, "{}", split.param_relative);
+    assert!(split.update_relative <= 1e-3, "{}", split.update_relative);
+    for (a, b) in whole.stats.iter().zip(&split.stats) {
+        for (name, x, y) in [
+            ("loss", a.loss, b.loss),
+            ("surrogate", a.surrogate, b.surrogate),
+            ("kl", a.kl, b.kl),
+            ("clip_fraction", a.clip_fraction, b.clip_fraction),
+            ("grad_norm", a.grad_norm, b.grad_norm),
+        ] {
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "{name}: {x} (one pass) vs {y} (per group)");
+        }
+    }
 }
 
 #[test]

@@ -32,6 +32,10 @@ pub struct GrpoHyper {
     pub beta: f64,
     pub kl_block: i64,
     pub max_grad_norm: f64,
+    /// Groups per forward/backward pass, the gradients accumulated over the
+    /// batch; 0: the whole batch in one pass.
+    #[serde(default)]
+    pub micro_groups: usize,
 }
 
 /// What one update measured (the metrics' own type).
@@ -60,10 +64,9 @@ pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64
     let seq = Tensor::from_slice(&ids).view([b, width]).to_device(device);
     let key_valid = Tensor::from_slice(&valid).view([b, width]).to_device(device);
     let positions = Tensor::arange(width, (Kind::Int64, device)).view([1, width]).expand([b, width], false);
-    let logits = model.forward(&seq, &positions, &attention_mask(&key_valid, width), None);
-    let v = logits.size()[2];
-    let index = Tensor::from_slice(&index).view([b, t_max, 1]).to_device(device).expand([b, t_max, v], false);
-    let picked = logits.gather(1, &index, false);
+    let index = Tensor::from_slice(&index).view([b, t_max]).to_device(device);
+    // The LM head at the response positions only (the prompt's logits are never used).
+    let picked = model.forward_rows(&seq, &positions, &attention_mask(&key_valid, width), &index);
     let targets = Tensor::from_slice(&targets).view([b, t_max]).to_device(device);
     let mask = Tensor::from_slice(&mask).view([b, t_max]).to_device(device);
     (picked, targets, mask)
@@ -119,6 +122,73 @@ pub fn grpo_gradients(
             batch.group_size
         );
     }
+    let g = batch.group_size;
+    let groups = rows / g;
+    let per_pass = if hyper.micro_groups == 0 { groups } else { hyper.micro_groups.min(groups) };
+    zero_grad(params);
+    let mut sums = PassStats::default();
+    let mut start = 0;
+    while start < groups {
+        let n = per_pass.min(groups - start);
+        let part = (start * g)..((start + n) * g);
+        let sub = RolloutBatch {
+            prompts: batch.prompts[part.clone()].to_vec(),
+            responses: batch.responses[part.clone()].to_vec(),
+            old_logprobs: batch.old_logprobs[part.clone()].to_vec(),
+            advantages: batch.advantages[part].to_vec(),
+            group_size: g,
+        };
+        // Each pass's loss is its groups' mean; weighted by its share of the groups,
+        // the accumulated gradient is the whole batch's.
+        let weight = if n == groups { None } else { Some(n as f64 / groups as f64) };
+        sums.add(&pass(policy, reference, &sub, hyper, weight)?);
+        start += n;
+    }
+    let tokens = sums.tokens.max(1.0);
+    Ok(LossStats {
+        loss: sums.loss,
+        surrogate: sums.surrogate,
+        kl: sums.kl,
+        clip_fraction: sums.clipped / tokens,
+        ratio_mean: sums.ratio_sum / tokens,
+        ratio_max: sums.ratio_max,
+    })
+}
+
+/// What one forward/backward pass adds up (losses already weighted by its share).
+#[derive(Default)]
+struct PassStats {
+    loss: f64,
+    surrogate: f64,
+    kl: f64,
+    clipped: f64,
+    tokens: f64,
+    ratio_sum: f64,
+    ratio_max: f64,
+}
+
+impl PassStats {
+    fn add(&mut self, o: &PassStats) {
+        self.loss += o.loss;
+        self.surrogate += o.surrogate;
+        self.kl += o.kl;
+        self.clipped += o.clipped;
+        self.tokens += o.tokens;
+        self.ratio_sum += o.ratio_sum;
+        self.ratio_max = self.ratio_max.max(o.ratio_max);
+    }
+}
+
+/// One forward/backward pass over whole groups: the loss is their mean, times
+/// `weight` (their share of the batch) when the batch takes several passes.
+fn pass(
+    policy: &Qwen2,
+    reference: &Qwen2,
+    batch: &RolloutBatch,
+    hyper: &GrpoHyper,
+    weight: Option<f64>,
+) -> Result<PassStats> {
+    let rows = batch.prompts.len();
     let device = policy.device();
     let (logits, targets, mask) = response_logits(policy, &batch.prompts, &batch.responses);
     let (ref_logits, _, _) = tch::no_grad(|| response_logits(reference, &batch.prompts, &batch.responses));
@@ -141,17 +211,21 @@ pub fn grpo_gradients(
     if !loss_value.is_finite() {
         bail!("non-finite GRPO loss");
     }
-    zero_grad(params);
-    loss.backward();
+    let w = weight.unwrap_or(1.0);
+    match weight {
+        // One pass: the loss as it is (bit for bit what a single pass always did).
+        None => loss.backward(),
+        Some(w) => (loss * w).backward(),
+    }
     tch::no_grad(|| {
-        let tokens = mask.sum(Kind::Float).double_value(&[]).max(1.0);
         let ratio = (&logp - &old).exp() * &mask;
-        Ok(LossStats {
-            loss: loss_value,
-            surrogate: reduce_tokens_responses_prompts(&surrogate, &mask, g).double_value(&[]),
-            kl: reduce_tokens_responses_prompts(&kl, &mask, g).double_value(&[]),
-            clip_fraction: (clipped.to_kind(Kind::Float) * &mask).sum(Kind::Float).double_value(&[]) / tokens,
-            ratio_mean: ratio.sum(Kind::Float).double_value(&[]) / tokens,
+        Ok(PassStats {
+            loss: loss_value * w,
+            surrogate: reduce_tokens_responses_prompts(&surrogate, &mask, g).double_value(&[]) * w,
+            kl: reduce_tokens_responses_prompts(&kl, &mask, g).double_value(&[]) * w,
+            clipped: (clipped.to_kind(Kind::Float) * &mask).sum(Kind::Float).double_value(&[]),
+            tokens: mask.sum(Kind::Float).double_value(&[]),
+            ratio_sum: ratio.sum(Kind::Float).double_value(&[]),
             ratio_max: ratio.max().double_value(&[]),
         })
     })
