@@ -53,3 +53,33 @@ fn the_worker_uses_and_reports_the_threads_it_is_given() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ORCHESTRATE_THREADS=\"many\"") && err.contains("1 to 1024"), "{err}");
 }
+
+/// Asked for CUDA where libtorch sees no GPU, the worker refuses, naming the
+/// variable, instead of keying results on a device it cannot use (and failing
+/// later inside an op with libtorch's own message).
+#[test]
+fn asking_for_cuda_without_a_gpu_is_a_clear_error() {
+    let env = |device: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orchestrate"));
+        cmd.arg("env").env_remove("ORCHESTRATE_DEVICE");
+        if let Some(d) = device {
+            cmd.env("ORCHESTRATE_DEVICE", d);
+        }
+        cmd.output().unwrap()
+    };
+    let plain = env(None);
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    if String::from_utf8_lossy(&plain.stdout).contains("device   cuda") {
+        return; // a machine with a GPU: nothing to refuse
+    }
+    for asked in ["cuda", "cuda:0"] {
+        let out = env(Some(asked));
+        assert!(
+            !out.status.success(),
+            "ORCHESTRATE_DEVICE={asked} was accepted: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("ORCHESTRATE_DEVICE={asked}")) && err.contains("no CUDA device"), "{err}");
+    }
+}

@@ -215,13 +215,29 @@ pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Res
 
 /// CUDA when available, else CPU; `ORCHESTRATE_DEVICE=cpu|cuda|cuda:N` overrides.
 pub fn pick_device() -> Result<Device> {
-    match std::env::var("ORCHESTRATE_DEVICE").ok().as_deref() {
-        None | Some("") => Ok(Device::cuda_if_available()),
-        Some("cpu") => Ok(Device::Cpu),
-        Some("cuda") => Ok(Device::Cuda(0)),
-        Some(other) => match other.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
-            Some(n) => Ok(Device::Cuda(n)),
+    let asked = std::env::var("ORCHESTRATE_DEVICE").ok();
+    let index = match asked.as_deref() {
+        None | Some("") => return Ok(Device::cuda_if_available()),
+        Some("cpu") => return Ok(Device::Cpu),
+        Some("cuda") => 0,
+        Some(other) => match other.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
+            Some(n) => n,
             None => bail!("ORCHESTRATE_DEVICE={other}: expected cpu, cuda or cuda:N"),
         },
+    };
+    // A device libtorch cannot see is refused here, not keyed and failed on later.
+    let count = tch::Cuda::device_count().max(0) as usize;
+    if index >= count {
+        bail!(
+            "ORCHESTRATE_DEVICE={}: libtorch sees {} (is this libtorch built with CUDA, and the GPU visible: \
+             CUDA_VISIBLE_DEVICES, nvidia-smi?)",
+            asked.unwrap_or_default(),
+            if count == 0 {
+                "no CUDA device".to_string()
+            } else {
+                format!("{count} CUDA device(s), 0 to {}", count - 1)
+            }
+        );
     }
+    Ok(Device::Cuda(index))
 }

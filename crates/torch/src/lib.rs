@@ -16,18 +16,19 @@ pub mod train;
 use orchestrate_core::dag::key::EnvPart;
 
 /// The environment of this process's libtorch: what numerical node keys include.
-pub fn env() -> EnvPart {
-    let device = match generate::pick_device() {
-        Ok(tch::Device::Cuda(_)) => "cuda".to_string(),
+pub fn env() -> error::Result<EnvPart> {
+    // An unusable ORCHESTRATE_DEVICE is an error, never keyed as the CPU.
+    let device = match generate::pick_device()? {
+        tch::Device::Cuda(_) => "cuda".to_string(),
         _ => "cpu".to_string(),
     };
-    EnvPart {
+    Ok(EnvPart {
         device,
         libtorch: env!("ORCHESTRATE_LIBTORCH_VERSION").to_string(),
         cpu: Some(orchestrate_core::runtime::cpu_capability()),
         cpu_vendor: Some(orchestrate_core::runtime::cpu_vendor()),
         threads: Some(tch::get_num_threads().max(1) as usize),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -88,7 +88,13 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Env { json } => {
-            let env = torch::env();
+            let env = match torch::env() {
+                Ok(env) => env,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             if json {
                 let answer = orchestrate_core::runtime::WorkerEnv {
                     env,
