@@ -21,9 +21,9 @@ const GATE_FAILED: u8 = 1;
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     let registry = Registry::builtin();
     match cli.command {
-        Command::Run { spec, jobs, force, dry_run, json, quiet } => {
+        Command::Run { spec, targets, jobs, force, dry_run, json, quiet } => {
             let (spec, dag) = load(&spec, &registry)?;
-            let force = expand_nodes(&dag, force)?;
+            let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
             if dry_run {
                 let ws = Workspace::open_read_only(&cli.workspace)?;
                 let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
@@ -81,9 +81,9 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(if result.stats.success() && gates == Ok(0) { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::ExecNode { workspace, key } => exec_node(&workspace, &key, &registry),
-        Command::Plan { spec, force, json } => {
+        Command::Plan { spec, targets, force, json } => {
             let (spec, dag) = load(&spec, &registry)?;
-            let force = expand_nodes(&dag, force)?;
+            let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
             let ws = Workspace::open_read_only(&cli.workspace)?;
             let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
             print_plan(&entries, json);
@@ -444,6 +444,39 @@ fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) -> Res
             Ok(ExitCode::from(GATE_FAILED))
         }
     }
+}
+
+/// The targets of `run`/`plan NODE...` and what they need: the spec and DAG cut
+/// down to them (keys never depend on other nodes, so each key is the one the
+/// whole spec gives), and the forced node ids, which must lie inside the cut.
+fn select(
+    mut spec: Spec,
+    dag: Dag,
+    targets: Vec<String>,
+    force: Vec<String>,
+    registry: &Registry,
+) -> Result<(Spec, Dag, BTreeSet<String>)> {
+    let forced = expand_nodes(&dag, force)?;
+    if targets.is_empty() {
+        return Ok((spec, dag, forced));
+    }
+    let named = expand_nodes(&dag, targets)?;
+    let mut keep = vec![false; dag.nodes.len()];
+    let mut stack: Vec<usize> = named.iter().filter_map(|id| dag.position(id)).collect();
+    while let Some(pos) = stack.pop() {
+        if !std::mem::replace(&mut keep[pos], true) {
+            stack.extend(dag.parents(pos));
+        }
+    }
+    if let Some(outside) = forced.iter().find(|id| dag.position(id).is_some_and(|p| !keep[p])) {
+        bail!(
+            "--force {outside}: not one of the targets ({}) or a node they need",
+            named.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    spec.nodes.retain(|n| dag.position(&n.id).is_some_and(|p| keep[p]));
+    let dag = orchestrate_core::dag::compile(&spec, registry)?;
+    Ok((spec, dag, forced))
 }
 
 /// One node id named on the command line, exactly.

@@ -113,6 +113,11 @@ pub enum Command {
     Run {
         #[command(flatten)]
         spec: SpecArgs,
+        /// Run only these nodes and what they need (as `dvc repro STAGE` and
+        /// Snakemake targets); a matrix node's written id (`grpo`) names every
+        /// expansion. None: the whole spec.
+        #[arg(value_name = "NODE")]
+        targets: Vec<String>,
         /// Run at most N nodes at once (with Slurm: jobs queued or running).
         #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
         jobs: usize,
@@ -134,6 +139,9 @@ pub enum Command {
     Plan {
         #[command(flatten)]
         spec: SpecArgs,
+        /// Plan only these nodes and what they need (as `run NODE...`).
+        #[arg(value_name = "NODE")]
+        targets: Vec<String>,
         /// Plan as if these nodes were forced.
         #[arg(long, value_name = "NODE")]
         force: Vec<String>,

@@ -18,7 +18,7 @@ use super::common::{
     examples, input_path, load_model, params, peak_rss_bytes, permutation, prompt_ids, read, restore_state,
     write_outputs,
 };
-use super::update::response_logits;
+use super::update::response_logits_every_position;
 use crate::generate::pick_device;
 use crate::qwen2::Qwen2;
 
@@ -31,7 +31,7 @@ struct Encoded {
 fn summed_logprob(model: &Qwen2, rows: &[&Encoded]) -> (tch::Tensor, f64) {
     let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.prompt.clone()).collect();
     let responses: Vec<Vec<i64>> = rows.iter().map(|r| r.response.clone()).collect();
-    let (logits, targets, mask) = response_logits(model, &prompts, &responses);
+    let (logits, targets, mask) = response_logits_every_position(model, &prompts, &responses);
     let logp = logits.log_softmax(-1, Kind::Float).gather(2, &targets.unsqueeze(2), false).squeeze_dim(2);
     let tokens = mask.sum(Kind::Float).double_value(&[]);
     ((logp * mask).sum(Kind::Float), tokens)

@@ -42,8 +42,31 @@ pub struct GrpoHyper {
 pub use orchestrate_core::train::metrics::UpdateStats;
 
 /// Logits at the response positions of each row: (rows, tokens, vocab), with
-/// the response ids and a mask, from one right-padded forward pass.
+/// the response ids and a mask, from one right-padded forward pass. The LM head
+/// runs at those positions only ([`Qwen2::forward_rows`]).
 pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> (Tensor, Tensor, Tensor) {
+    response_logits_with(model, prompts, responses, false)
+}
+
+/// The same, with the LM head run at every position and the response rows picked
+/// from its output: what SFT uses. It rounds differently from
+/// [`response_logits`] (another matmul shape), and SFT's results are keyed and
+/// cached (`train.sft` v2, and `experiments/tiny-sweep.yaml`'s table), so SFT keeps
+/// the path its cached results came from.
+pub fn response_logits_every_position(
+    model: &Qwen2,
+    prompts: &[Vec<i64>],
+    responses: &[Vec<i64>],
+) -> (Tensor, Tensor, Tensor) {
+    response_logits_with(model, prompts, responses, true)
+}
+
+fn response_logits_with(
+    model: &Qwen2,
+    prompts: &[Vec<i64>],
+    responses: &[Vec<i64>],
+    every_position: bool,
+) -> (Tensor, Tensor, Tensor) {
     let device = model.device();
     let b = prompts.len() as i64;
     let width = prompts.iter().zip(responses).map(|(p, r)| p.len() + r.len()).max().unwrap_or(1) as i64;
@@ -65,8 +88,14 @@ pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64
     let key_valid = Tensor::from_slice(&valid).view([b, width]).to_device(device);
     let positions = Tensor::arange(width, (Kind::Int64, device)).view([1, width]).expand([b, width], false);
     let index = Tensor::from_slice(&index).view([b, t_max]).to_device(device);
-    // The LM head at the response positions only (the prompt's logits are never used).
-    let picked = model.forward_rows(&seq, &positions, &attention_mask(&key_valid, width), &index);
+    let mask_4d = attention_mask(&key_valid, width);
+    let picked = if every_position {
+        let logits = model.forward(&seq, &positions, &mask_4d, None);
+        let v = logits.size()[2];
+        logits.gather(1, &index.view([b, t_max, 1]).expand([b, t_max, v], false), false)
+    } else {
+        model.forward_rows(&seq, &positions, &mask_4d, &index)
+    };
     let targets = Tensor::from_slice(&targets).view([b, t_max]).to_device(device);
     let mask = Tensor::from_slice(&mask).view([b, t_max]).to_device(device);
     (picked, targets, mask)
