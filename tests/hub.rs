@@ -242,26 +242,9 @@ fn serve(
 
 /// A tiny model built by the spec, as the Hub's file list.
 fn tiny_model(p: &Project) -> BTreeMap<String, Vec<u8>> {
-    p.write(
-        "tiny.yaml",
-        r#"
-name: tiny
-nodes:
-  data:
-    op: dataset.stock_arithmetic
-    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 8}
-  tokenizer:
-    op: tokenizer.build
-    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
-    params: {vocab_size: 400}
-  model:
-    op: model.init
-    inputs: {tokenizer: 'tokenizer:tokenizer'}
-    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
-"#,
-    );
+    p.write("tiny.yaml", &common::tiny_spec("tiny", ""));
     p.run_json(&["tiny.yaml"], 0);
-    let out = p.run(&["path", "tiny.yaml", "model:model"]);
+    let out = p.run(&["path", "tiny.yaml", "base:model"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     ["config.json", "tokenizer.json", "generation_config.json", LARGE]

@@ -38,6 +38,19 @@ pub struct GrpoHyper {
     pub micro_groups: usize,
 }
 
+impl GrpoHyper {
+    /// A run's update settings, from its params.
+    pub fn of(p: &orchestrate_core::train::params::GrpoParams) -> GrpoHyper {
+        GrpoHyper {
+            clip_eps: p.clip_eps,
+            beta: p.beta,
+            kl_block: p.kl_block,
+            max_grad_norm: p.max_grad_norm,
+            micro_groups: p.micro_batch_groups.unwrap_or(0),
+        }
+    }
+}
+
 /// What one update measured (the metrics' own type).
 pub use orchestrate_core::train::metrics::UpdateStats;
 
