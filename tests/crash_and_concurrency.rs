@@ -278,7 +278,9 @@ fn a_full_disk_fails_the_node_with_its_reason_keeps_the_log_and_exits_1() {
     let Some((p, _unmount)) = project_on_a_small_disk() else { return };
     p.write(
         "s.yaml",
-        "name: full\nnodes:\n  small:\n    op: shell\n    params: {cmd: \"echo ok > small.txt\", outs: [small.txt]}\n  big:\n    op: shell\n    params: {cmd: \"head -c 8000000 /dev/zero > big.bin\", outs: [big.bin]}\n",
+        // `big` reads small.txt, so `small` finishes (and is cached) before `big`
+        // fills the disk: run side by side, `small` could lose the race and fail too.
+        "name: full\nnodes:\n  small:\n    op: shell\n    params: {cmd: \"echo ok > small.txt\", outs: [small.txt]}\n  big:\n    op: shell\n    params: {cmd: \"head -c 8000000 /dev/zero > big.bin\", deps: [small.txt], outs: [big.bin]}\n",
     );
     let out = p.run(&["run", "s.yaml"]);
     let err = common::stderr(&out);
