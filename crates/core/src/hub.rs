@@ -141,6 +141,8 @@ pub struct FileMeta {
     pub commit: String,
     /// The content hash: 64 hex (SHA-256, a large file) or 40 hex (git blob id).
     pub etag: String,
+    /// Which of the two `etag` is.
+    pub kind: HashKind,
     pub size: u64,
     /// Where the bytes are (the CDN for a large file).
     pub location: String,
@@ -167,39 +169,67 @@ pub struct Snapshot<'a> {
     pub progress: bool,
 }
 
-fn hash_kind(etag: &str) -> Option<&'static str> {
-    let hex = etag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-    match etag.len() {
-        64 if hex => Some("sha256"),
-        40 if hex => Some("git-sha1"),
-        _ => None,
+/// How the Hub names a file's content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashKind {
+    /// SHA-256 of the bytes (a large, LFS or Xet, file: `X-Linked-Etag`).
+    Sha256,
+    /// Git's blob id, `sha1("blob {len}\0" + bytes)` (a small file: `ETag`).
+    GitBlob,
+}
+
+impl HashKind {
+    /// The kind a content hash has by its shape (lowercase hex of 64 or 40
+    /// digits), or `None`: it also becomes a file name, so nothing else passes.
+    pub fn of(etag: &str) -> Option<HashKind> {
+        let hex = etag.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        match etag.len() {
+            64 if hex => Some(HashKind::Sha256),
+            40 if hex => Some(HashKind::GitBlob),
+            _ => None,
+        }
     }
 }
 
-/// The hash of a file as the Hub names it: SHA-256 (large files) or the git
-/// blob id (`sha1("blob {len}\0" + bytes)`, small files).
-pub fn content_hash(path: &Path, kind: &str) -> Result<String> {
-    let mut f = File::open(path).map_err(io(format!("reading {}", path.display())))?;
-    let len = f.metadata().map_err(io(format!("reading {}", path.display())))?.len();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut sha256 = sha2::Sha256::new();
-    let mut sha1 = sha1::Sha1::new();
-    if kind == "git-sha1" {
-        sha1.update(format!("blob {len}\0").as_bytes());
+impl std::fmt::Display for HashKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HashKind::Sha256 => "sha256",
+            HashKind::GitBlob => "git blob id",
+        })
     }
+}
+
+/// The hash of a file as the Hub names it.
+pub fn content_hash(path: &Path, kind: HashKind) -> Result<String> {
+    let mut f = File::open(path).map_err(io(format!("reading {}", path.display())))?;
+    match kind {
+        HashKind::Sha256 => digest_of(&mut f, path, sha2::Sha256::new()),
+        HashKind::GitBlob => {
+            let len = f.metadata().map_err(io(format!("reading {}", path.display())))?.len();
+            let mut d = sha1::Sha1::new();
+            d.update(format!("blob {len}\0").as_bytes());
+            digest_of(&mut f, path, d)
+        }
+    }
+}
+
+/// Streams the rest of `f` into `d`, as lowercase hex.
+fn digest_of<D: Digest>(f: &mut File, path: &Path, mut d: D) -> Result<String> {
+    let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf).map_err(io(format!("reading {}", path.display())))?;
         if n == 0 {
             break;
         }
-        if kind == "git-sha1" {
-            sha1.update(&buf[..n]);
-        } else {
-            sha256.update(&buf[..n]);
-        }
+        d.update(&buf[..n]);
     }
-    let digest: Vec<u8> = if kind == "git-sha1" { sha1.finalize().to_vec() } else { sha256.finalize().to_vec() };
-    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(d.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `models--owner--name`: a repo's folder in the cache and in its `.locks`.
+fn repo_folder(repo: &str) -> String {
+    format!("models--{}", repo.replace('/', "--"))
 }
 
 impl<'a> Snapshot<'a> {
@@ -220,7 +250,7 @@ impl<'a> Snapshot<'a> {
 
     /// `models--owner--name` in the cache.
     pub fn repo_dir(&self) -> PathBuf {
-        self.config.cache.join(format!("models--{}", self.repo.replace('/', "--")))
+        self.config.cache.join(repo_folder(&self.repo))
     }
 
     /// `snapshots/<commit>`: the folder transformers loads.
@@ -261,7 +291,7 @@ impl<'a> Snapshot<'a> {
         } else {
             return Ok(None);
         };
-        let Some(kind) = hash_kind(&etag) else {
+        let Some(kind) = HashKind::of(&etag) else {
             return Err(HubError::Invalid(format!("{}: blob name '{etag}' is not a content hash", blob.display())));
         };
         let got = content_hash(&blob, kind)?;
@@ -309,7 +339,7 @@ impl<'a> Snapshot<'a> {
             let header = |n: &str| resp.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
             let location = header("location");
             match status {
-                401 | 403 => return Err(HubError::Invalid(self.refused(status, &url))),
+                401 | 403 => return Err(HubError::Invalid(self.refused("HEAD", status, &url))),
                 404 => return Ok(None),
                 // The Hub's own relative redirects (a renamed repo) are followed
                 // for the metadata; a redirect to the CDN carries it already.
@@ -333,11 +363,11 @@ impl<'a> Snapshot<'a> {
             }
             let etag = header("x-linked-etag").or_else(|| header("etag")).unwrap_or_default();
             let etag = etag.trim_start_matches("W/").trim_matches('"').to_string();
-            if hash_kind(&etag).is_none() {
+            let Some(kind) = HashKind::of(&etag) else {
                 return Err(HubError::Invalid(format!(
                     "HEAD {url}: ETag '{etag}' is neither a SHA-256 nor a git blob id; nothing to check {file} against"
                 )));
-            }
+            };
             let size = if (300..400).contains(&status) {
                 header("x-linked-size")
             } else {
@@ -352,19 +382,19 @@ impl<'a> Snapshot<'a> {
                 )));
             }
             let location = location.map_or(url.clone(), |l| resolve(&url, &l));
-            return Ok(Some(FileMeta { commit, etag, size, location }));
+            return Ok(Some(FileMeta { commit, etag, kind, size, location }));
         }
         Err(HubError::Invalid(format!("HEAD {}: more than {MAX_REDIRECTS} redirects", self.url(file))))
     }
 
-    fn refused(&self, status: u16, url: &str) -> String {
+    fn refused(&self, method: &str, status: u16, url: &str) -> String {
         let token = if self.config.token.is_some() {
             "the token in HF_TOKEN (or the token file) was refused: check it has read access"
         } else {
             "no token was sent: set HF_TOKEN to a token with read access (https://huggingface.co/settings/tokens)"
         };
         format!(
-            "HEAD {url}: HTTP {status}: {} is private, gated or does not exist; {token}, and for a gated model accept its \
+            "{method} {url}: HTTP {status}: {} is private, gated or does not exist; {token}, and for a gated model accept its \
              terms on its Hub page",
             self.repo
         )
@@ -405,7 +435,7 @@ impl<'a> Snapshot<'a> {
         let blob = blobs.join(&meta.etag);
         // One download of a blob at a time, here and in Python (filelock uses flock
         // on the same file).
-        let locks = self.config.cache.join(".locks").join(format!("models--{}", self.repo.replace('/', "--")));
+        let locks = self.config.cache.join(".locks").join(repo_folder(&self.repo));
         fs::create_dir_all(&locks).map_err(io(format!("creating {}", locks.display())))?;
         let lock_path = locks.join(format!("{}.lock", meta.etag));
         let lock = OpenOptions::new()
@@ -415,9 +445,8 @@ impl<'a> Snapshot<'a> {
             .open(&lock_path)
             .map_err(io(format!("opening {}", lock_path.display())))?;
         lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
-        let kind = hash_kind(&meta.etag).expect("checked in metadata");
         let mut source = "cache";
-        if !blob.is_file() || content_hash(&blob, kind)? != meta.etag {
+        if !blob.is_file() || content_hash(&blob, meta.kind)? != meta.etag {
             self.download(file, &meta, &blob)?;
             source = "downloaded";
         }
@@ -477,7 +506,7 @@ impl<'a> Snapshot<'a> {
                 }
                 // A whole body (no range asked, or the range ignored): start over.
                 200 => written = 0,
-                401 | 403 => return Err(HubError::Invalid(self.refused(status, &url).replacen("HEAD", "GET", 1))),
+                401 | 403 => return Err(HubError::Invalid(self.refused("GET", status, &url))),
                 _ => return Err(HubError::Invalid(format!("GET {url}: HTTP {status} for {file}"))),
             }
             out.set_len(written).map_err(io(format!("truncating {}", partial.display())))?;
@@ -536,7 +565,7 @@ impl<'a> Snapshot<'a> {
                 meta.size
             )));
         }
-        let kind = hash_kind(&meta.etag).expect("checked in metadata");
+        let kind = meta.kind;
         let got = content_hash(&partial, kind)?;
         if got != meta.etag {
             let _ = fs::remove_file(&partial);
@@ -595,8 +624,8 @@ mod tests {
         for bad in ["../x", "a/../../x", "/etc/passwd", "", "a//b", "a\\b", "./a"] {
             assert!(check_file_name(bad).is_err(), "{bad}");
         }
-        assert_eq!(hash_kind("../../x"), None);
-        assert_eq!(hash_kind(&"a".repeat(64)), Some("sha256"));
+        assert_eq!(HashKind::of("../../x"), None);
+        assert_eq!(HashKind::of(&"a".repeat(64)), Some(HashKind::Sha256));
     }
 
     #[test]
@@ -605,10 +634,10 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, "hello\n").unwrap();
         // `printf 'hello\n' | git hash-object --stdin`
-        assert_eq!(content_hash(&p, "git-sha1").unwrap(), "ce013625030ba8dba906f756967f9e9ca394464a");
+        assert_eq!(content_hash(&p, HashKind::GitBlob).unwrap(), "ce013625030ba8dba906f756967f9e9ca394464a");
         // `printf 'hello\n' | sha256sum`
         assert_eq!(
-            content_hash(&p, "sha256").unwrap(),
+            content_hash(&p, HashKind::Sha256).unwrap(),
             "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
         );
     }
