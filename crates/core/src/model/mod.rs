@@ -85,18 +85,7 @@ impl HfFolder {
         if !index.is_file() {
             return Ok(Vec::new());
         }
-        let text =
-            std::fs::read_to_string(&index).map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| FolderError::Invalid(format!("{}: no weight_map", index.display())))?;
-        let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(str::to_string)).collect();
-        files.sort();
-        files.dedup();
-        let paths: Vec<PathBuf> = files.iter().map(|f| self.dir.join(f)).collect();
+        let paths: Vec<PathBuf> = shard_names(&index)?.iter().map(|f| self.dir.join(f)).collect();
         if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
             return Err(FolderError::Invalid(format!("{}: shard {} is missing", index.display(), missing.display())));
         }
@@ -120,6 +109,24 @@ impl HfFolder {
     pub fn tokenizer(&self) -> Result<TextTokenizer, TokenizerError> {
         TextTokenizer::from_file(&self.dir.join("tokenizer.json"))
     }
+}
+
+/// The shard files a `model.safetensors.index.json` names, sorted and unique:
+/// plain file names only, so an index (which may come from the network) cannot
+/// point outside its folder.
+pub fn shard_names(index: &Path) -> Result<Vec<String>, FolderError> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: std::collections::BTreeMap<String, String>,
+    }
+    let text = std::fs::read_to_string(index).map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
+    let parsed: Index = serde_json::from_str(&text)
+        .map_err(|e| FolderError::Invalid(format!("{}: not a safetensors index: {e}", index.display())))?;
+    let names: std::collections::BTreeSet<String> = parsed.weight_map.into_values().collect();
+    if let Some(n) = names.iter().find(|n| n.is_empty() || n.contains(['/', '\\']) || *n == "." || *n == "..") {
+        return Err(FolderError::Invalid(format!("{}: shard '{n}' is not a plain file name", index.display())));
+    }
+    Ok(names.into_iter().collect())
 }
 
 /// One hand-made generation (`orchestrate generate`), as the CLI hands it to

@@ -386,7 +386,7 @@ impl Op for ModelHub {
                         p.repo, p.revision
                     ))
                 })?;
-                for shard in shard_names(&index.path)? {
+                for shard in crate::model::shard_names(&index.path).map_err(failed)? {
                     fetched.push(snap.fetch(&shard).map_err(failed)?.ok_or_else(|| missing(&shard))?);
                 }
                 fetched.push(index);
@@ -403,25 +403,6 @@ impl Op for ModelHub {
         let files: Vec<PathBuf> = fetched.iter().map(|f| f.path.clone()).collect();
         check_and_copy(&snap.dir(), &files, p.parameters, &ctx.output_path("model"))
     }
-}
-
-/// The shard files an index names: plain file names only (the index came from
-/// the network).
-fn shard_names(index: &Path) -> Result<Vec<String>, OpError> {
-    #[derive(Deserialize)]
-    struct Index {
-        weight_map: std::collections::BTreeMap<String, String>,
-    }
-    let text = std::fs::read_to_string(index).map_err(|e| OpError::io(format!("reading {}", index.display()), e))?;
-    let parsed: Index = serde_json::from_str(&text)
-        .map_err(|e| failed(format!("{}: not a safetensors index: {e}", index.display())))?;
-    let names: BTreeSet<String> = parsed.weight_map.into_values().collect();
-    for n in &names {
-        if n.is_empty() || n.contains(['/', '\\']) || n == "." || n == ".." {
-            return Err(failed(format!("{}: shard '{n}' is not a plain file name", index.display())));
-        }
-    }
-    Ok(names.into_iter().collect())
 }
 
 /// Checks the commit recorded by `huggingface-cli download --local-dir`.
