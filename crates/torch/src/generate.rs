@@ -158,10 +158,9 @@ pub fn generate(
     Ok(out)
 }
 
-// The trainer's behavior check uses this; until then only the tests do.
-#[cfg_attr(not(test), allow(dead_code))]
 /// Teacher-forced log-probs of each response's tokens given its prompt, at
-/// temperature 1. Rows are right-padded, so padding never precedes a scored token.
+/// temperature 1 (the trainer's behavior check). Rows are right-padded, so
+/// padding never precedes a scored token.
 pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Result<Vec<Vec<f32>>> {
     if prompts.len() != responses.len() {
         bail!("{} prompts for {} responses", prompts.len(), responses.len());
@@ -173,30 +172,8 @@ pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Res
         bail!("an empty prompt has no position that predicts its response's first token");
     }
     let device = model.device();
-    let b = prompts.len() as i64;
-    let width = prompts.iter().zip(responses).map(|(p, r)| p.len() + r.len()).max().unwrap_or(0);
-    let mut ids = Vec::with_capacity(prompts.len() * width);
-    let mut valid = Vec::with_capacity(prompts.len() * width);
-    for (p, r) in prompts.iter().zip(responses) {
-        let n = p.len() + r.len();
-        ids.extend(p.iter().chain(r).copied().chain(std::iter::repeat_n(0, width - n)));
-        valid.extend(std::iter::repeat_n(1i64, n).chain(std::iter::repeat_n(0, width - n)));
-    }
-    let w = width as i64;
-    let seq = Tensor::from_slice(&ids).view([b, w]).to_device(device);
-    let key_valid = Tensor::from_slice(&valid).view([b, w]).to_device(device);
-    let positions = Tensor::arange(w, (Kind::Int64, device)).view([1, w]).expand([b, w], false);
-    let mask = attention_mask(&key_valid, w);
-    // Logits at position t predict token t + 1: only the response's are computed.
-    let t_max = responses.iter().map(Vec::len).max().unwrap_or(0).max(1);
-    let index: Vec<i64> = prompts
-        .iter()
-        .zip(responses)
-        .flat_map(|(p, r)| (0..t_max).map(move |j| if j < r.len() { (p.len() + j) as i64 - 1 } else { 0 }))
-        .collect();
-    let index = Tensor::from_slice(&index).view([b, t_max as i64]).to_device(device);
     tch::no_grad(|| {
-        let logits = model.forward_rows(&seq, &positions, &mask, &index);
+        let (logits, _, _) = response_logits(model, prompts, responses);
         let mut out = Vec::with_capacity(prompts.len());
         for (i, r) in responses.iter().enumerate() {
             if r.is_empty() {
@@ -211,6 +188,66 @@ pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Res
         }
         Ok(out)
     })
+}
+
+/// Logits at the response positions of each row: (rows, tokens, vocab), with
+/// the response ids and a mask, from one right-padded forward pass. The LM head
+/// runs at those positions only ([`Qwen2::forward_rows`]).
+pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> (Tensor, Tensor, Tensor) {
+    response_logits_with(model, prompts, responses, false)
+}
+
+/// The same, with the LM head run at every position and the response rows picked
+/// from its output: what SFT uses. It rounds differently from
+/// [`response_logits`] (another matmul shape), and SFT's results are keyed and
+/// cached (`train.sft` v2, and `experiments/tiny-sweep.yaml`'s table), so SFT keeps
+/// the path its cached results came from.
+pub fn response_logits_every_position(
+    model: &Qwen2,
+    prompts: &[Vec<i64>],
+    responses: &[Vec<i64>],
+) -> (Tensor, Tensor, Tensor) {
+    response_logits_with(model, prompts, responses, true)
+}
+
+fn response_logits_with(
+    model: &Qwen2,
+    prompts: &[Vec<i64>],
+    responses: &[Vec<i64>],
+    every_position: bool,
+) -> (Tensor, Tensor, Tensor) {
+    let device = model.device();
+    let b = prompts.len() as i64;
+    let width = prompts.iter().zip(responses).map(|(p, r)| p.len() + r.len()).max().unwrap_or(1) as i64;
+    let t_max = responses.iter().map(Vec::len).max().unwrap_or(1).max(1) as i64;
+    let (mut ids, mut valid, mut index, mut targets, mut mask) = (vec![], vec![], vec![], vec![], vec![]);
+    for (p, r) in prompts.iter().zip(responses) {
+        let n = (p.len() + r.len()) as i64;
+        ids.extend(p.iter().chain(r).copied().chain(std::iter::repeat_n(0, (width - n) as usize)));
+        valid.extend(std::iter::repeat_n(1i64, n as usize).chain(std::iter::repeat_n(0, (width - n) as usize)));
+        for j in 0..t_max {
+            let inside = (j as usize) < r.len();
+            // Logits at position t predict token t + 1.
+            index.push(if inside { p.len() as i64 - 1 + j } else { 0 });
+            targets.push(if inside { r[j as usize] } else { 0 });
+            mask.push(if inside { 1.0f32 } else { 0.0 });
+        }
+    }
+    let seq = Tensor::from_slice(&ids).view([b, width]).to_device(device);
+    let key_valid = Tensor::from_slice(&valid).view([b, width]).to_device(device);
+    let positions = Tensor::arange(width, (Kind::Int64, device)).view([1, width]).expand([b, width], false);
+    let index = Tensor::from_slice(&index).view([b, t_max]).to_device(device);
+    let mask_4d = attention_mask(&key_valid, width);
+    let picked = if every_position {
+        let logits = model.forward(&seq, &positions, &mask_4d, None);
+        let v = logits.size()[2];
+        logits.gather(1, &index.view([b, t_max, 1]).expand([b, t_max, v], false), false)
+    } else {
+        model.forward_rows(&seq, &positions, &mask_4d, &index)
+    };
+    let targets = Tensor::from_slice(&targets).view([b, t_max]).to_device(device);
+    let mask = Tensor::from_slice(&mask).view([b, t_max]).to_device(device);
+    (picked, targets, mask)
 }
 
 /// CUDA when available, else CPU; `ORCHESTRATE_DEVICE=cpu|cuda|cuda:N` overrides.

@@ -18,8 +18,7 @@ use super::common::{
     examples, input_path, load_model, params, peak_rss_bytes, permutation, prompt_ids, read, restore_state,
     write_outputs,
 };
-use super::update::response_logits_every_position;
-use crate::generate::pick_device;
+use crate::generate::{pick_device, response_logits_every_position};
 use crate::qwen2::Qwen2;
 
 struct Encoded {

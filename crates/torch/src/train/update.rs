@@ -13,7 +13,8 @@ use orchestrate_core::guard::UpdateBatch;
 use super::adamw::{clip_grad_norm, zero_grad, AdamW};
 use super::guarded::batch_from_artifacts;
 use super::objective::{clipped_surrogate, exact_kl, reduce_tokens_responses_prompts};
-use crate::qwen2::{attention_mask, Qwen2};
+use crate::generate::response_logits;
+use crate::qwen2::Qwen2;
 
 /// A rollout set ready for updates: rows in group order, `group_size` per prompt.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -53,66 +54,6 @@ impl GrpoHyper {
 
 /// What one update measured (the metrics' own type).
 pub use orchestrate_core::train::metrics::UpdateStats;
-
-/// Logits at the response positions of each row: (rows, tokens, vocab), with
-/// the response ids and a mask, from one right-padded forward pass. The LM head
-/// runs at those positions only ([`Qwen2::forward_rows`]).
-pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> (Tensor, Tensor, Tensor) {
-    response_logits_with(model, prompts, responses, false)
-}
-
-/// The same, with the LM head run at every position and the response rows picked
-/// from its output: what SFT uses. It rounds differently from
-/// [`response_logits`] (another matmul shape), and SFT's results are keyed and
-/// cached (`train.sft` v2, and `experiments/tiny-sweep.yaml`'s table), so SFT keeps
-/// the path its cached results came from.
-pub fn response_logits_every_position(
-    model: &Qwen2,
-    prompts: &[Vec<i64>],
-    responses: &[Vec<i64>],
-) -> (Tensor, Tensor, Tensor) {
-    response_logits_with(model, prompts, responses, true)
-}
-
-fn response_logits_with(
-    model: &Qwen2,
-    prompts: &[Vec<i64>],
-    responses: &[Vec<i64>],
-    every_position: bool,
-) -> (Tensor, Tensor, Tensor) {
-    let device = model.device();
-    let b = prompts.len() as i64;
-    let width = prompts.iter().zip(responses).map(|(p, r)| p.len() + r.len()).max().unwrap_or(1) as i64;
-    let t_max = responses.iter().map(Vec::len).max().unwrap_or(1).max(1) as i64;
-    let (mut ids, mut valid, mut index, mut targets, mut mask) = (vec![], vec![], vec![], vec![], vec![]);
-    for (p, r) in prompts.iter().zip(responses) {
-        let n = (p.len() + r.len()) as i64;
-        ids.extend(p.iter().chain(r).copied().chain(std::iter::repeat_n(0, (width - n) as usize)));
-        valid.extend(std::iter::repeat_n(1i64, n as usize).chain(std::iter::repeat_n(0, (width - n) as usize)));
-        for j in 0..t_max {
-            let inside = (j as usize) < r.len();
-            // Logits at position t predict token t + 1.
-            index.push(if inside { p.len() as i64 - 1 + j } else { 0 });
-            targets.push(if inside { r[j as usize] } else { 0 });
-            mask.push(if inside { 1.0f32 } else { 0.0 });
-        }
-    }
-    let seq = Tensor::from_slice(&ids).view([b, width]).to_device(device);
-    let key_valid = Tensor::from_slice(&valid).view([b, width]).to_device(device);
-    let positions = Tensor::arange(width, (Kind::Int64, device)).view([1, width]).expand([b, width], false);
-    let index = Tensor::from_slice(&index).view([b, t_max]).to_device(device);
-    let mask_4d = attention_mask(&key_valid, width);
-    let picked = if every_position {
-        let logits = model.forward(&seq, &positions, &mask_4d, None);
-        let v = logits.size()[2];
-        logits.gather(1, &index.view([b, t_max, 1]).expand([b, t_max, v], false), false)
-    } else {
-        model.forward_rows(&seq, &positions, &mask_4d, &index)
-    };
-    let targets = Tensor::from_slice(&targets).view([b, t_max]).to_device(device);
-    let mask = Tensor::from_slice(&mask).view([b, t_max]).to_device(device);
-    (picked, targets, mask)
-}
 
 /// The largest gap between captured behavior log-probs and a full teacher-forced
 /// re-scoring of the same sequences by `policy`. Before the first update of an
