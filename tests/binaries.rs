@@ -31,17 +31,20 @@ fn env_reports_the_pinned_libtorch_through_the_worker() {
     assert!(text.contains("device   cpu") || text.contains("device   cuda"), "{text}");
 }
 
+/// `orchestrate env` with `var` unset, or set to `value`.
+fn env_with(var: &str, value: Option<&str>) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orchestrate"));
+    cmd.arg("env").env_remove(var);
+    if let Some(v) = value {
+        cmd.env(var, v);
+    }
+    cmd.output().unwrap()
+}
+
 #[cfg(feature = "torch")]
 #[test]
 fn the_worker_uses_and_reports_the_threads_it_is_given() {
-    let env_with = |threads: Option<&str>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orchestrate"));
-        cmd.arg("env").env_remove("ORCHESTRATE_THREADS");
-        if let Some(t) = threads {
-            cmd.env("ORCHESTRATE_THREADS", t);
-        }
-        cmd.output().unwrap()
-    };
+    let env_with = |threads: Option<&str>| env_with("ORCHESTRATE_THREADS", threads);
     // libtorch's own count, read back by the worker after setting it.
     let out = env_with(None);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -57,16 +60,10 @@ fn the_worker_uses_and_reports_the_threads_it_is_given() {
 /// Asked for CUDA where libtorch sees no GPU, the worker refuses, naming the
 /// variable, instead of keying results on a device it cannot use (and failing
 /// later inside an op with libtorch's own message).
+#[cfg(feature = "torch")]
 #[test]
 fn asking_for_cuda_without_a_gpu_is_a_clear_error() {
-    let env = |device: Option<&str>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orchestrate"));
-        cmd.arg("env").env_remove("ORCHESTRATE_DEVICE");
-        if let Some(d) = device {
-            cmd.env("ORCHESTRATE_DEVICE", d);
-        }
-        cmd.output().unwrap()
-    };
+    let env = |device: Option<&str>| env_with("ORCHESTRATE_DEVICE", device);
     let plain = env(None);
     assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
     if String::from_utf8_lossy(&plain.stdout).contains("device   cuda") {

@@ -7,21 +7,27 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn the_gpu_check_script_runs_every_step_on_its_cpu_fallback() {
+/// Runs scripts/gpu-check.sh with this build's binaries and `ORCHESTRATE_DEVICE=device`:
+/// its exit code and everything it printed.
+fn gpu_check(device: &str) -> (Option<i32>, String) {
     let bin_dir = Path::new(common::bin()).parent().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
     let out = Command::new("bash")
         .arg(root.join("scripts/gpu-check.sh"))
-        .env("ORCHESTRATE_DEVICE", "cpu")
+        .env("ORCHESTRATE_DEVICE", device)
         .env("ORCHESTRATE_BIN_DIR", bin_dir)
         .env("ORCHESTRATE_PYTHON", python)
         .env_remove("ORCHESTRATE_THREADS")
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn the_gpu_check_script_runs_every_step_on_its_cpu_fallback() {
+    let (code, text) = gpu_check("cpu");
+    assert_eq!(code, Some(0), "{text}");
     for step in ["== 1.", "== 2.", "== 3.", "== 4.", "== 5."] {
         assert!(text.contains(step), "step {step} ran: {text}");
     }
@@ -44,18 +50,8 @@ fn the_gpu_check_fails_when_cuda_is_asked_for_and_absent() {
         // This machine has a GPU: the other test's fallback is the one to check.
         return;
     }
-    let bin_dir = Path::new(common::bin()).parent().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
-    let out = Command::new("bash")
-        .arg(root.join("scripts/gpu-check.sh"))
-        .env("ORCHESTRATE_DEVICE", "cuda")
-        .env("ORCHESTRATE_BIN_DIR", bin_dir)
-        .env("ORCHESTRATE_PYTHON", python)
-        .output()
-        .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert_ne!(out.status.code(), Some(0), "{text}");
+    let (code, text) = gpu_check("cuda");
+    assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("FAIL: CUDA was asked for") && text.contains("no CUDA device"), "{text}");
     assert!(!text.contains("== 2."), "nothing runs after a failed step 1: {text}");
 }

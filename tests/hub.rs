@@ -260,11 +260,9 @@ fn hub_spec(p: &Project, revision: &str) {
     );
 }
 
-/// `orchestrate run --json` with the Hugging Face variables of this test only.
-fn run_hub(p: &Project, endpoint: &str, cache: &Path, extra: &[(&str, &str)], args: &[&str]) -> std::process::Output {
-    let mut full = vec!["run", "--json", "hub.yaml"];
-    full.extend_from_slice(args);
-    let mut c = p.cmd(&full);
+/// `orchestrate run --json hub.yaml` with the Hugging Face variables of this test only.
+fn hub_cmd(p: &Project, endpoint: &str, cache: &Path, extra: &[(&str, &str)]) -> std::process::Command {
+    let mut c = p.cmd(&["run", "--json", "hub.yaml"]);
     for v in ["HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HF_HOME", "HF_ENDPOINT", "HF_TOKEN_PATH"] {
         c.env_remove(v);
     }
@@ -272,7 +270,11 @@ fn run_hub(p: &Project, endpoint: &str, cache: &Path, extra: &[(&str, &str)], ar
     for (k, v) in extra {
         c.env(k, v);
     }
-    c.output().unwrap()
+    c
+}
+
+fn run_hub(p: &Project, endpoint: &str, cache: &Path, extra: &[(&str, &str)]) -> std::process::Output {
+    hub_cmd(p, endpoint, cache, extra).output().unwrap()
 }
 
 fn failure(out: &std::process::Output) -> String {
@@ -297,7 +299,7 @@ fn a_pinned_model_is_fetched_into_the_hf_cache_reused_without_network_and_readab
     hub_spec(&p, COMMIT);
     let cache = p.path().join("hf-cache");
 
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
     assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
     assert_eq!(nodes_with(&common::events(&out), "node_finished"), ["qwen"]);
     // The output holds the served bytes.
@@ -338,14 +340,14 @@ fn a_pinned_model_is_fetched_into_the_hf_cache_reused_without_network_and_readab
     let before = std::fs::read_dir(p.path().join(".orchestrate")).is_ok();
     assert!(before);
     std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace")).unwrap();
-    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[], &[]);
+    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[]);
     assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
     assert_eq!(nodes_with(&common::events(&out), "node_finished"), ["qwen"]);
 
     // Offline with an empty cache: a clear error naming the missing file.
     std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace-2")).unwrap();
     let empty = p.path().join("empty-cache");
-    let out = run_hub(&p, "http://127.0.0.1:9", &empty, &[("HF_HUB_OFFLINE", "1")], &[]);
+    let out = run_hub(&p, "http://127.0.0.1:9", &empty, &[("HF_HUB_OFFLINE", "1")]);
     assert_eq!(out.status.code(), Some(1));
     let e = failure(&out);
     assert!(e.contains("HF_HUB_OFFLINE") && e.contains("config.json") && e.contains(REPO) && e.contains(COMMIT), "{e}");
@@ -358,7 +360,7 @@ fn a_pinned_model_is_fetched_into_the_hf_cache_reused_without_network_and_readab
     perms.set_readonly(false);
     std::fs::set_permissions(&blob, perms).unwrap();
     std::fs::write(&blob, &damaged).unwrap();
-    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[("HF_HUB_OFFLINE", "1")], &[]);
+    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[("HF_HUB_OFFLINE", "1")]);
     assert_eq!(out.status.code(), Some(1));
     let e = failure(&out);
     assert!(e.contains("damaged") && e.contains(LARGE), "{e}");
@@ -372,7 +374,7 @@ fn wrong_bytes_from_the_hub_are_refused_and_deleted() {
     hub.set(|b| b.corrupt = true);
     hub_spec(&p, COMMIT);
     let cache = p.path().join("hf-cache");
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
     assert_eq!(out.status.code(), Some(1));
     let e = failure(&out);
     assert!(e.contains(LARGE) && e.contains("announced") && e.contains(&sha256(&files[LARGE])), "{e}");
@@ -386,7 +388,7 @@ fn wrong_bytes_from_the_hub_are_refused_and_deleted() {
     assert_ne!(p.run(&["path", "hub.yaml", "qwen:model"]).status.code(), Some(0));
     // The honest server then serves it.
     hub.set(|b| b.corrupt = false);
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
@@ -401,11 +403,7 @@ fn a_download_killed_half_way_resumes_from_where_it_stopped() {
     let cache = p.path().join("hf-cache");
     let partial = repo_dir(&cache).join("blobs").join(format!("{}.incomplete", sha256(&files[LARGE])));
 
-    let mut c = p.cmd(&["run", "--json", "hub.yaml"]);
-    for v in ["HF_TOKEN", "HF_HUB_OFFLINE"] {
-        c.env_remove(v);
-    }
-    c.env("HF_ENDPOINT", hub.endpoint()).env("HF_HUB_CACHE", &cache).env("HF_HOME", p.path().join("hf-home"));
+    let mut c = hub_cmd(&p, &hub.endpoint(), &cache, &[]);
     let mut child = c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let t = Instant::now();
     while std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0) < half as u64 {
@@ -418,7 +416,7 @@ fn a_download_killed_half_way_resumes_from_where_it_stopped() {
     assert!(!repo_dir(&cache).join("snapshots").join(COMMIT).join(LARGE).exists());
 
     hub.set(|b| b.stall_after = None);
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
     assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
     let resumed: Vec<Seen> =
         hub.seen().into_iter().filter(|s| s.path.starts_with("/cdn/") && s.range.is_some()).collect();
@@ -437,7 +435,7 @@ fn a_branch_name_is_refused_before_any_request_with_how_to_find_the_commit() {
     assert_eq!(out.status.code(), Some(2));
     let e = stderr(&out);
     assert!(e.contains("revision") && e.contains("'main' is not a commit") && e.contains("git ls-remote"), "{e}");
-    let out = run_hub(&p, &hub.endpoint(), &p.path().join("c"), &[], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &p.path().join("c"), &[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(hub.seen().is_empty(), "{:?}", hub.seen());
 }
@@ -450,16 +448,16 @@ fn a_401_is_explained_and_the_token_from_hf_token_opens_the_repo() {
     hub.set(|b| b.token = Some("hf_right".into()));
     hub_spec(&p, COMMIT);
     let cache = p.path().join("hf-cache");
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
     assert_eq!(out.status.code(), Some(1));
     let e = failure(&out);
     assert!(e.contains("401") && e.contains("HF_TOKEN") && e.contains("gated") && e.contains(REPO), "{e}");
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_wrong")], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_wrong")]);
     let e = failure(&out);
     assert!(e.contains("401") && e.contains("was refused"), "{e}");
     // The token never appears in what orchestrate prints.
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hf_wrong") && !stderr(&out).contains("hf_wrong"));
-    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_right")], &[]);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_right")]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(hub.seen().iter().any(|s| s.auth.as_deref() == Some("Bearer hf_right")));
 }
