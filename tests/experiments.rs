@@ -76,6 +76,90 @@ fn the_main_spec_runs_end_to_end_and_a_grpo_change_reruns_only_grpo_and_descenda
     for r in &ran {
         assert!(r.contains("grpo") || r == "results" || r == "gates", "{r} should not re-run");
     }
+
+    // `compare` says why: the two runs differ in the GRPO nodes' lr, and
+    // downstream only in inputs whose content changed.
+    let out = p.run(&["status", "--json"]);
+    let runs: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let ids: Vec<&str> = runs["runs"].as_array().unwrap().iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    let (old, new) = (ids[1], ids[0]);
+    let out = p.run(&["compare", "--json", old, new]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    for k in c["keys"].as_array().unwrap() {
+        let (node, field) = (k["node"].as_str().unwrap(), k["field"].as_str().unwrap());
+        let changed_param = field == "params.lr" && (node.starts_with("grpo@") || node == "grpo-resume");
+        assert!(changed_param || field.starts_with("input "), "{node} {field}: only lr and inputs differ: {k}");
+        if field == "params.lr" {
+            assert_eq!(k["values"][1], "0.00003", "{k}");
+        }
+    }
+    assert!(c["keys"].as_array().unwrap().iter().any(|k| k["node"] == "results" && k["field"] == "input training"));
+    // The metrics of the re-run GRPO node: both sides read from its files, the change signed.
+    let reward = |m: &serde_json::Value| {
+        let h = m["history"].as_array().unwrap();
+        h.iter().map(|i| i["mean_reward"].as_f64().unwrap()).sum::<f64>() / h.len() as f64
+    };
+    let row = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["node"] == "grpo@mode=continuous" && r["metric"] == "train reward (mean over iterations)")
+        .cloned();
+    let now = reward(&output_json(&p, "grpo@mode=continuous:metrics"));
+    match row {
+        // Unchanged rewards are hidden; then the new run's equals the old one's.
+        None => assert!(c["metrics"].as_array().unwrap().iter().any(|r| r["node"] == "grpo@mode=continuous")),
+        Some(r) => {
+            assert_eq!(r["values"][1].as_f64().unwrap(), now);
+            let change = r["changes"][0].as_f64().unwrap();
+            assert!((change - (now - r["values"][0].as_f64().unwrap())).abs() < 1e-15, "{r}");
+        }
+    }
+    // Against a freshly frozen pack of this run and the committed v0.1.0 pack.
+    let out = p.run(&[
+        "pack",
+        "freeze",
+        SPEC,
+        "--profile",
+        "tiny",
+        "--set",
+        "nodes.grpo.params.lr=3e-5",
+        "--set",
+        "nodes.grpo-resume.params.lr=3e-5",
+        "--out",
+        "pack",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v010 = format!("{}/artifacts/grpo-main-tiny/v0.1.0", env!("CARGO_MANIFEST_DIR"));
+    let out = p.run(&["compare", "--json", &v010, "pack", new]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(c["sides"][1][1], "pack pack");
+    // The pack is the run: no metric differs between B and C.
+    for r in c["metrics"].as_array().unwrap() {
+        assert_eq!(r["values"][1], r["values"][2], "{r}");
+    }
+    // v0.1.0 has the protocol's data sizes, this test a small budget: data's params differ.
+    assert!(c["keys"].as_array().unwrap().iter().any(|k| k["node"] == "data" && k["field"] == "params.train"), "{c:#}");
+    // The results table of v0.1.0 reads; its GRPO metrics predate the shared type and are listed, not zeroed.
+    let table = serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(format!("{v010}/outputs/results/table.json")).unwrap(),
+    )
+    .unwrap();
+    let first = &table["rows"][0];
+    let metric =
+        format!("greedy pass@1 {} {}", first["policy"].as_str().unwrap(), first["population"].as_str().unwrap());
+    let row =
+        c["metrics"].as_array().unwrap().iter().find(|r| r["node"] == "results" && r["metric"] == metric.as_str());
+    if let Some(row) = row {
+        assert_eq!(row["values"][0], first["greedy_pass_at_1"], "{row}");
+    }
+    assert!(
+        c["unreadable"].as_array().unwrap().iter().any(|u| u["side"] == "A" && u["node"] == "grpo@mode=continuous"),
+        "{:#}",
+        c["unreadable"]
+    );
 }
 
 #[test]

@@ -108,6 +108,61 @@ nodes:
 }
 
 #[test]
+fn a_matrix_axis_can_name_structured_values_or_only_label_expansions() {
+    let p = Project::new();
+    p.write(
+        "m.yaml",
+        r#"
+name: m
+nodes:
+  gen:
+    op: shell
+    matrix:
+      # Named structured values: the param gets the object, the id the label.
+      env: {values: {small: {N: 2}, big: {N: 4}}}
+    params: {cmd: 'seq 1 "$N" > "gen-${matrix.env}.txt"', outs: ["gen-${matrix.env}.txt"]}
+  read:
+    op: shell
+    # Label-only: sets no param (shell's env stays unset), pairs with gen's expansion.
+    matrix: {env: {labels: [small, big]}}
+    inputs: {src: "gen:gen-${matrix.env}.txt"}
+    params: {cmd: 'cat "$ORCHESTRATE_INPUT_SRC" > "read-${matrix.env}.txt"', outs: ["read-${matrix.env}.txt"]}
+"#,
+    );
+    let ev = p.run_json(&["m.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["gen@env=big", "gen@env=small", "read@env=big", "read@env=small"]);
+    assert_eq!(p.read("read-small.txt"), "1\n2\n");
+    assert_eq!(p.read("read-big.txt"), "1\n2\n3\n4\n");
+    // The key is the params', not the matrix's: the same node written out by hand is a cache hit.
+    p.write(
+        "plain.yaml",
+        "name: plain\nnodes:\n  small:\n    op: shell\n    params: {cmd: 'seq 1 \"$N\" > \"gen-small.txt\"', env: {N: 2}, outs: [gen-small.txt]}\n",
+    );
+    let ev = p.run_json(&["plain.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["small"]);
+
+    for (axis, expected) in [
+        ("{values: {a: 1}, labels: [a]}", "give either values (label → value) or labels, not both"),
+        ("{labels: ['a b']}", "label \"a b\": a label is a number or a string"),
+        ("{values: {'x,y': 1}}", "label 'x,y': a label is letters"),
+        ("{labels: []}", "has no values"),
+        ("{label: [a]}", "unknown key 'label'"),
+        ("7", "a matrix axis is a list of values"),
+    ] {
+        p.write(
+            "bad.yaml",
+            &format!(
+                "name: bad\nnodes:\n  gen:\n    op: shell\n    matrix: {{k: {axis}}}\n    params: {{cmd: 'true'}}\n"
+            ),
+        );
+        let out = p.run(&["validate", "bad.yaml"]);
+        assert_eq!(out.status.code(), Some(2), "{axis}");
+        let err = stderr(&out);
+        assert!(err.contains(expected) && err.contains("bad.yaml:5"), "{axis}: {err}");
+    }
+}
+
+#[test]
 fn a_reference_to_a_matrix_node_without_matching_axes_lists_its_expansions() {
     let p = Project::new();
     p.write(

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 
 use super::{Cli, Command, Finish, GuardCommand, PackCommand, SpecArgs, VerifierCommand};
+use orchestrate_core::compare;
 use orchestrate_core::dag::{self, Dag};
 use orchestrate_core::data::verifier::{FinishReason, Response, VerifierRegistry};
 use orchestrate_core::exec::plan::{self, PlanEntry, PlanState};
@@ -235,6 +236,30 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             outln!("wrote {} ({} nodes)", out.display(), source.nodes.len());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Compare { targets, profile, all, group_by, json, md } => {
+            let sides = targets
+                .iter()
+                .map(|t| compare_side(&cli.workspace, t, profile.as_deref(), &registry))
+                .collect::<Result<Vec<_>>>()?;
+            let (text, markdown, value) = if let Some(axis) = &group_by {
+                let [side] = sides.as_slice() else {
+                    bail!("--group-by groups the matrix of one run, spec or pack; {} were named", sides.len());
+                };
+                let g = compare::group(side, axis).map_err(anyhow::Error::msg)?;
+                (g.text(), g.markdown(), serde_json::to_value(&g)?)
+            } else {
+                let c = compare::compare(&sides, all);
+                (c.text(), c.markdown(), serde_json::to_value(&c)?)
+            };
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&value)?);
+            } else if md {
+                out!("{markdown}");
+            } else {
+                out!("{text}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };
@@ -361,6 +386,56 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// One side of `compare`: a pack folder (it has a MANIFEST.json), a spec
+/// file (its latest run in the workspace, with `--profile` if given), or a
+/// run id of the workspace.
+fn compare_side(
+    workspace: &std::path::Path,
+    target: &str,
+    profile: Option<&str>,
+    registry: &Registry,
+) -> Result<compare::Side> {
+    let path = std::path::Path::new(target);
+    if path.join("MANIFEST.json").exists() {
+        let source = orchestrate_core::pack::report_source(path)?;
+        return Ok(compare::Side { name: format!("pack {target}"), source });
+    }
+    let open = || -> Result<Workspace> {
+        Workspace::open_read_only(workspace)?.with_context(|| {
+            format!(
+                "'{target}' is not a pack folder (no MANIFEST.json) and there is no workspace at {} to find it as a run or a spec's run",
+                workspace.display()
+            )
+        })
+    };
+    if path.is_file() {
+        let args = SpecArgs {
+            spec: path.to_path_buf(),
+            profile: profile.map(str::to_string),
+            set: Vec::new(),
+            executor: Default::default(),
+        };
+        let (spec, _) = load(&args, registry)?;
+        let ws = open()?;
+        let run = ws
+            .index()?
+            .recent_runs(usize::MAX >> 1)?
+            .into_iter()
+            .find(|r| r.spec == spec.name && r.profile == spec.profile)
+            .with_context(|| {
+                let p = spec.profile.as_deref().map(|p| format!(" --profile {p}")).unwrap_or_default();
+                format!("no run of spec '{}'{p} ({target}) in {}", spec.name, ws.root().display())
+            })?;
+        let source = orchestrate_core::report::from_run(&ws, Some(run.run_id.clone()))?;
+        return Ok(compare::Side { name: format!("{target}: {}", source.title), source });
+    }
+    let ws = open()?;
+    let source = orchestrate_core::report::from_run(&ws, Some(target.to_string())).with_context(|| {
+        format!("'{target}' is neither a pack folder (with a MANIFEST.json), a spec file, nor a run of the workspace")
+    })?;
+    Ok(compare::Side { name: source.title.clone(), source })
 }
 
 fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {

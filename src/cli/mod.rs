@@ -236,6 +236,34 @@ pub enum Command {
         #[arg(long, value_name = "FILE", default_value = "report.html")]
         out: PathBuf,
     },
+    /// What changed between runs, specs (their latest run) or pack folders, and
+    /// why: the hash-input fields of nodes whose keys differ, the metrics of
+    /// matching nodes with the signed change, and gates whose verdict flipped.
+    /// The first is the baseline. Exit 0 whatever differs (a comparison is not
+    /// a check); 2 if something named cannot be read.
+    Compare {
+        /// Run ids of the workspace, spec files (their latest run) or pack
+        /// folders; with `--group-by`, exactly one.
+        #[arg(required = true, value_name = "RUN|SPEC|PACK")]
+        targets: Vec<String>,
+        /// The profile of every SPEC argument (its latest run with that profile).
+        #[arg(long, value_name = "P")]
+        profile: Option<String>,
+        /// Also show the rows that are the same everywhere.
+        #[arg(long)]
+        all: bool,
+        /// Group one run's matrix nodes over this axis (e.g. `seed`): mean ±
+        /// std and n at each remaining matrix point, and paired bootstrap
+        /// intervals between evaluations of the same problems.
+        #[arg(long, value_name = "AXIS")]
+        group_by: Option<String>,
+        /// The comparison as JSON.
+        #[arg(long, conflicts_with = "md")]
+        json: bool,
+        /// The comparison as Markdown tables.
+        #[arg(long)]
+        md: bool,
+    },
     /// Run one node submitted by `orchestrate run` with executor slurm, from a
     /// shared workspace: what each Slurm job runs. Exit code 0 if the node ran
     /// or was cached, 1 if it failed, 2 if the ticket or spec cannot be read.

@@ -13,6 +13,7 @@
 //! (`tests/layers.rs` fails on a new one).
 
 pub mod canonical;
+pub mod compare;
 pub mod dag;
 pub mod data;
 pub mod exec;

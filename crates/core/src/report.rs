@@ -35,6 +35,12 @@ pub struct Node {
     pub deps: Vec<String>,
     /// Output name → readable file (absent when not available).
     pub outputs: BTreeMap<String, PathBuf>,
+    /// Output name → blake3 of its content (also for outputs a pack lists
+    /// without their bytes).
+    pub hashes: BTreeMap<String, String>,
+    /// The hash-input record its key was computed from (absent when the
+    /// node never completed).
+    pub record: Option<crate::dag::key::HashInputs>,
 }
 
 /// What a report is made from.
@@ -63,22 +69,27 @@ pub fn from_run(ws: &Workspace, run: Option<String>) -> Result<Source> {
             None => None,
         };
         let mut outputs = BTreeMap::new();
+        let mut hashes = BTreeMap::new();
         if let Some(c) = &cached {
             for o in &c.outputs {
                 producers.entry(o.object.hash.clone()).or_default().push(n.node_id.clone());
                 outputs.insert(o.name.clone(), ws.object_path(&o.object.hash));
+                hashes.insert(o.name.clone(), o.object.hash.clone());
             }
         }
         let record = cached.as_ref().map(|c| crate::dag::key::HashInputs::from_stored(&c.record)).transpose()?;
         records.push(record.as_ref().map(|r| r.inputs.clone()).unwrap_or_default());
+        let op = record.as_ref().map(|r| r.op.clone()).unwrap_or_default();
         nodes.push(Node {
             id: n.node_id.clone(),
-            op: record.as_ref().map(|r| r.op.clone()).unwrap_or_default(),
+            op,
             key: n.key.clone(),
             outcome: n.outcome.to_string(),
             seconds: n.seconds,
             deps: Vec::new(),
             outputs,
+            hashes,
+            record,
         });
     }
     for (node, inputs) in nodes.iter_mut().zip(records) {
@@ -514,6 +525,8 @@ mod tests {
             seconds: Some(1.0),
             deps: vec![],
             outputs: outputs.iter().map(|(k, p)| (k.to_string(), p.to_path_buf())).collect(),
+            hashes: BTreeMap::new(),
+            record: None,
         }
     }
 
@@ -561,6 +574,8 @@ mod tests {
             seconds: None,
             deps: vec![],
             outputs: BTreeMap::new(),
+            hashes: BTreeMap::new(),
+            record: None,
         };
         let html = render(&Source { title: "<t>".into(), nodes: vec![n] });
         assert!(html.contains("a&lt;b&gt;&amp;&quot;c&quot;") && !html.contains("a<b>"));

@@ -78,10 +78,7 @@ impl std::fmt::Display for Change {
 
 /// The field-level differences between an old and a new record, sorted by field.
 pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
-    let mut a = BTreeMap::new();
-    let mut b = BTreeMap::new();
-    flatten("", &serde_json::to_value(old).unwrap_or(Value::Null), &mut a);
-    flatten("", &serde_json::to_value(new).unwrap_or(Value::Null), &mut b);
+    let (a, b) = (fields(old), fields(new));
     let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
     fields.sort();
     fields.dedup();
@@ -90,6 +87,14 @@ pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
         .filter(|f| a.get(*f) != b.get(*f))
         .map(|f| Change { field: f.clone(), old: a.get(f).cloned(), new: b.get(f).cloned() })
         .collect()
+}
+
+/// A record as dotted field → canonical JSON value (`params.lr` → `0.001`):
+/// the fields [`diff`] compares.
+pub fn fields(record: &HashInputs) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    flatten("", &serde_json::to_value(record).unwrap_or(Value::Null), &mut out);
+    out
 }
 
 fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {

@@ -16,7 +16,7 @@ pub mod manifest;
 use manifest::{Environment, EventsInfo, FreezeRecord, PackedGate, PackedNode, PackedOutput, SpecInfo};
 pub use manifest::{Manifest, SealedEvent, FORMAT};
 
-use crate::dag::key::canonical_json;
+use crate::dag::key::{canonical_json, HashInputs};
 use crate::dag::Dag;
 use crate::exec::plan::{plan, PlanState};
 use crate::exec::EnvProvider;
@@ -698,6 +698,13 @@ pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
         let outputs =
             n.outputs.iter().filter_map(|o| Some((o.name.clone(), inside(dir, o.path.as_ref()?).ok()?))).collect();
         let (o, seconds) = outcome.get(&n.id).cloned().unwrap_or_else(|| ("frozen".into(), None));
+        let record = HashInputs::from_stored(&n.hash_inputs).map_err(|e| {
+            ReportError::Invalid(format!(
+                "{}: node '{}': field hash_inputs: {e}",
+                dir.join("MANIFEST.json").display(),
+                n.id
+            ))
+        })?;
         nodes.push(Node {
             id: n.id.clone(),
             op: n.op.clone(),
@@ -706,6 +713,8 @@ pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
             seconds,
             deps,
             outputs,
+            hashes: n.outputs.iter().map(|o| (o.name.clone(), o.blake3.clone())).collect(),
+            record: Some(record),
         });
     }
     if nodes.is_empty() {

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::error::{did_you_mean, Location, SpecError, SpecErrorKind};
 use super::locate::Locator;
-use super::{matrix_value_label, NodeDef, OutputRef, Spec, SpecDoc};
+use super::{matrix_value_label, AxisValue, NodeDef, OutputRef, Spec, SpecDoc};
 
 /// Choices made on the command line.
 #[derive(Debug, Clone, Default)]
@@ -413,8 +413,8 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 format!("node id '{base_id}': ids may not be empty or contain ':', '@', '/' or spaces"),
             ));
         }
-        for axis in node.matrix.keys() {
-            if get_dotted(&Value::Object(node.params.clone()), axis).is_some() {
+        for (axis, written) in &node.matrix {
+            if written.sets_param() && get_dotted(&Value::Object(node.params.clone()), axis).is_some() {
                 return Err(SpecError::new(
                     SpecErrorKind::DuplicateId,
                     sources.locate(&node_path(&["matrix", axis])),
@@ -422,16 +422,19 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 ));
             }
         }
-        for (axis, values) in &node.matrix {
-            if values.is_empty() {
-                return Err(SpecError::new(
+        let mut axes: BTreeMap<String, Vec<AxisValue>> = BTreeMap::new();
+        for (axis, written) in &node.matrix {
+            let values = written.values().map_err(|why| {
+                SpecError::new(
                     SpecErrorKind::Constraint,
                     sources.locate(&node_path(&["matrix", axis])),
-                    format!("matrix axis '{axis}' of node '{base_id}' has no values"),
-                ));
-            }
+                    format!("matrix axis '{axis}' of node '{base_id}': {why}"),
+                )
+            })?;
+            axes.insert(axis.clone(), values);
         }
-        for binding in cartesian(&node.matrix) {
+        for chosen in cartesian(&axes) {
+            let binding: BTreeMap<String, Value> = chosen.iter().map(|(k, v)| (k.clone(), v.label.clone())).collect();
             let id = if binding.is_empty() {
                 base_id.clone()
             } else {
@@ -440,8 +443,10 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 format!("{base_id}@{}", parts.join(","))
             };
             let mut params = Value::Object(node.params.clone());
-            for (axis, v) in &binding {
-                set_dotted(&mut params, axis, v.clone());
+            for (axis, v) in &chosen {
+                if let Some(p) = &v.param {
+                    set_dotted(&mut params, axis, p.clone());
+                }
             }
             if !binding.is_empty() {
                 interpolate(&mut params, &binding).map_err(|unknown| {
@@ -554,13 +559,13 @@ fn interpolate(v: &mut Value, binding: &BTreeMap<String, Value>) -> Result<(), S
     Ok(())
 }
 
-fn cartesian(matrix: &BTreeMap<String, Vec<Value>>) -> Vec<BTreeMap<String, Value>> {
+fn cartesian<T: Clone>(matrix: &BTreeMap<String, Vec<T>>) -> Vec<BTreeMap<String, T>> {
     let mut combos = vec![BTreeMap::new()];
     for (axis, values) in matrix {
         let mut next = Vec::with_capacity(combos.len() * values.len());
         for combo in &combos {
             for v in values {
-                let mut c: BTreeMap<String, Value> = combo.clone();
+                let mut c: BTreeMap<String, T> = combo.clone();
                 c.insert(axis.clone(), v.clone());
                 next.push(c);
             }

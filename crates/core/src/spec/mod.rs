@@ -141,9 +141,12 @@ pub struct NodeSpec {
     /// Param values to expand over: `{group_size: [2, 4, 8]}` gives the nodes
     /// `ID@group_size=2`, `ID@group_size=4` and `ID@group_size=8`, each with that
     /// param set. A dotted axis (`env.SEED`) sets a nested param, and
-    /// `${matrix.AXIS}` inside any string param is replaced by the value.
+    /// `${matrix.AXIS}` inside any string param or input is replaced by the
+    /// value. An axis may also name its values (`{values: {f1: {...}}}`: the
+    /// param gets the structured value, the id and `${matrix.AXIS}` the label),
+    /// or only label the expansions without setting a param (`{labels: [0, 1]}`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub matrix: BTreeMap<String, Vec<Value>>,
+    pub matrix: BTreeMap<String, MatrixAxis>,
     /// This node's Slurm job resources, over the spec's `slurm:` block (every
     /// matrix expansion gets the same). Ignored by the local executor; never
     /// part of the node's key, except that GPUs decide the keyed device.
@@ -155,6 +158,100 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
     pub threads: Option<usize>,
+}
+
+/// One matrix axis as written.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum MatrixAxis {
+    /// Values, each set as the param named by the axis and written in the id.
+    Values(Vec<Value>),
+    /// Named values, or labels only.
+    Named(NamedAxis),
+}
+
+/// An axis whose expansions are named by labels: `values` maps each label to
+/// the value the param is set to (a fault spec, a list, an object), `labels`
+/// sets no param at all (an axis that pairs a node with its seed's upstream
+/// node, say). Exactly one of the two.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamedAxis {
+    /// Label → the value the axis's param is set to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<BTreeMap<String, Value>>,
+    /// Labels that only name the expansions (and fill `${matrix.AXIS}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<Value>>,
+}
+
+impl<'de> Deserialize<'de> for MatrixAxis {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match Value::deserialize(d)? {
+            Value::Array(values) => Ok(MatrixAxis::Values(values)),
+            Value::Object(map) => {
+                serde_json::from_value(Value::Object(map)).map(MatrixAxis::Named).map_err(D::Error::custom)
+            }
+            other => Err(D::Error::custom(format!(
+                "a matrix axis is a list of values, {{values: {{LABEL: VALUE, ...}}}} or {{labels: [...]}}, not {other}"
+            ))),
+        }
+    }
+}
+
+/// One expansion value of an axis: what the id and `${matrix.AXIS}` show,
+/// and what the param is set to (`None`: a label-only axis sets none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AxisValue {
+    pub label: Value,
+    pub param: Option<Value>,
+}
+
+impl MatrixAxis {
+    /// The axis's expansion values, or why the axis is ill-formed.
+    pub fn values(&self) -> Result<Vec<AxisValue>, String> {
+        let label_ok = |l: &str| {
+            !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+'))
+        };
+        let out: Vec<AxisValue> = match self {
+            MatrixAxis::Values(v) => v.iter().map(|v| AxisValue { label: v.clone(), param: Some(v.clone()) }).collect(),
+            MatrixAxis::Named(NamedAxis { values: Some(_), labels: Some(_) }) => {
+                return Err("give either values (label → value) or labels, not both".into())
+            }
+            MatrixAxis::Named(NamedAxis { values: None, labels: None }) => {
+                return Err("give values (label → value) or labels".into())
+            }
+            MatrixAxis::Named(NamedAxis { values: Some(map), .. }) => {
+                if let Some(bad) = map.keys().find(|l| !label_ok(l)) {
+                    return Err(format!(
+                        "label '{bad}': a label is letters, digits and _ - . + (it becomes part of node ids)"
+                    ));
+                }
+                map.iter().map(|(l, v)| AxisValue { label: Value::String(l.clone()), param: Some(v.clone()) }).collect()
+            }
+            MatrixAxis::Named(NamedAxis { labels: Some(labels), .. }) => {
+                for l in labels {
+                    let shown = matrix_value_label(l);
+                    if !(l.is_string() || l.is_number()) || !label_ok(&shown) {
+                        return Err(format!(
+                            "label {l}: a label is a number or a string of letters, digits and _ - . +"
+                        ));
+                    }
+                }
+                labels.iter().map(|l| AxisValue { label: l.clone(), param: None }).collect()
+            }
+        };
+        if out.is_empty() {
+            return Err("has no values".into());
+        }
+        Ok(out)
+    }
+
+    /// Whether the axis sets a param (every form but `labels`).
+    pub fn sets_param(&self) -> bool {
+        !matches!(self, MatrixAxis::Named(NamedAxis { labels: Some(_), values: None }))
+    }
 }
 
 /// One reference or a list of references to other nodes' outputs.
@@ -197,7 +294,7 @@ pub struct NodeDef {
     pub op: String,
     pub params: serde_json::Map<String, Value>,
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
-    /// This node's matrix values, if it came from a matrix.
+    /// This node's matrix values (their labels), if it came from a matrix.
     pub binding: BTreeMap<String, Value>,
     /// Its Slurm resources, the spec's `slurm:` block already applied under them.
     pub resources: SlurmResources,
