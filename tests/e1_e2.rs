@@ -111,10 +111,23 @@ fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
         assert_eq!(a["runs"], 5);
         let mut values = Vec::new();
         for seed in 0..5 {
-            let r = json_at(&p, spec, &format!("score-{arm}-{seed}:results"));
+            let r = json_at(&p, spec, &format!("score@policy={arm},seed={seed}:results"));
             values.push(r["greedy"]["ALL"]["success_rate"].as_f64().unwrap());
         }
         assert_eq!(a["success"]["values"], serde_json::json!(values), "{arm}");
+        // `compare --group-by seed` groups the same five scores (label-only axes).
+        let out = p.run(&["compare", spec, "--profile", "smoke", "--group-by", "seed", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let g: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let row = g["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["group"] == format!("score@policy={arm}") && r["metric"] == "greedy success ALL")
+            .unwrap_or_else(|| panic!("{g:#}"))
+            .clone();
+        assert_eq!(row["values"], serde_json::json!(values), "{row}");
+        assert_eq!(row["n"], 5);
         let mean = values.iter().sum::<f64>() / 5.0;
         assert!((a["success"]["mean"].as_f64().unwrap() - mean).abs() < 1e-12);
         assert!(a["step_seconds"]["mean"].as_f64().unwrap() > 0.0);
