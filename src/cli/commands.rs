@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
-use super::{Cli, Command, Finish, GuardCommand, PackCommand, SpecArgs, VerifierCommand};
+use super::{Cli, Command, ExportCommand, Finish, GuardCommand, PackCommand, SpecArgs, VerifierCommand};
 use orchestrate_core::compare;
 use orchestrate_core::dag::{self, Dag};
 use orchestrate_core::data::verifier::{FinishReason, Response, VerifierRegistry};
@@ -259,6 +259,22 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 out!("{text}");
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Export(ExportCommand::Tensorboard { target, dir, profile }) => {
+            let side = compare_side(&cli.workspace, &target, profile.as_deref(), &registry)?;
+            let now =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            let done = orchestrate_core::tensorboard::export(&side.source, &dir, now).map_err(anyhow::Error::msg)?;
+            for (node, path, n) in &done.written {
+                outln!("{node}: {n} scalars → {}", path.display());
+            }
+            for (node, why) in &done.unreadable {
+                eprintln!("cannot read the metrics of {node}: {why}");
+            }
+            if done.written.is_empty() && done.unreadable.is_empty() {
+                bail!("{} has no training node (train.sft or train.grpo) with metrics", side.name);
+            }
+            Ok(if done.unreadable.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
         Command::Ops => {
             for op in registry.iter() {

@@ -264,6 +264,9 @@ pub enum Command {
         #[arg(long)]
         md: bool,
     },
+    /// Export a run's or a pack's curves for other tools.
+    #[command(subcommand)]
+    Export(ExportCommand),
     /// Run one node submitted by `orchestrate run` with executor slurm, from a
     /// shared workspace: what each Slurm job runs. Exit code 0 if the node ran
     /// or was cached, 1 if it failed, 2 if the ticket or spec cannot be read.
@@ -313,6 +316,23 @@ pub enum GuardCommand {
     /// that spends it, `lost` (exit 1) for everyone else.
     #[command(hide = true)]
     SpendNonce { nonce: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportCommand {
+    /// TensorBoard event files: one run folder per training node (`DIR/NODE`),
+    /// scalars per GRPO iteration and per SFT update under TRL's names as
+    /// TensorBoard shows them (`train/reward`, `train/kl`, ...). Then
+    /// `tensorboard --logdir DIR`. Exit 1 if a node's metrics could not be read.
+    Tensorboard {
+        /// A run id of the workspace, a spec (its latest run) or a pack folder.
+        target: String,
+        /// The log folder; a run folder that already exists is refused.
+        dir: PathBuf,
+        /// The profile of a SPEC target.
+        #[arg(long, value_name = "P")]
+        profile: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

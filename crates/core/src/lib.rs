@@ -29,4 +29,5 @@ pub mod spec;
 pub mod stats;
 pub mod store;
 pub mod suggest;
+pub mod tensorboard;
 pub mod train;

@@ -525,6 +525,7 @@ mod tests {
             zero_variance_groups: 0,
             zero_variance_fraction: 0.0,
             finish: FinishCounts { eos: 0, length: 0 },
+            response_tokens: None,
             behavior_max_gap: 0.0,
             updates: vec![],
             weights_changed: true,

@@ -95,7 +95,8 @@ impl Op for TrainGrpo {
         // `TrainingMetrics` type; updates go through `UpdateBatch`.
         // 4: the event-log summary lost its always-true `intact` flag.
         // 5: logits at the response positions only (other float rounding).
-        5
+        // 6: metrics record each response's length (`response_tokens`).
+        6
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"

@@ -210,6 +210,10 @@ pub struct GrpoIteration {
     pub zero_variance_groups: usize,
     pub zero_variance_fraction: f64,
     pub finish: FinishCounts,
+    /// Each response's length in tokens, its EOS included (as TRL's
+    /// `completions/*_length`); absent from metrics written before train.grpo v6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_tokens: Option<Vec<usize>>,
     pub behavior_max_gap: f64,
     /// The updates made (none when the guard refused the batch).
     pub updates: Vec<UpdateStats>,

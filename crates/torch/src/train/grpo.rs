@@ -548,6 +548,7 @@ pub fn record(
         zero_variance_groups: scored.zero_variance_groups,
         zero_variance_fraction: scored.zero_variance_groups as f64 / p.prompts_per_iteration as f64,
         finish: scored.finishes,
+        response_tokens: Some(sampled.generated.iter().map(|g| g.ids.len()).collect()),
         behavior_max_gap: scored.behavior_gap,
         updates,
         weights_changed: weights_before != after,
