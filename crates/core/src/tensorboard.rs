@@ -73,7 +73,7 @@ pub struct Scalar {
 
 fn masked_crc(data: &[u8]) -> u32 {
     let c = crc32c::crc32c(data);
-    ((c >> 15) | (c << 17)).wrapping_add(0xa282_ead8)
+    c.rotate_right(15).wrapping_add(0xa282_ead8)
 }
 
 /// Appends one framed record.
@@ -135,7 +135,7 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
         // TRL: the mean over groups of each group's reward std.
         let group = if h.prompts.is_empty() { 0 } else { h.rewards.len() / h.prompts.len() };
         let stds: Option<Vec<f64>> = (group > 0).then(|| h.rewards.chunks(group).filter_map(sample_std).collect());
-        push("train/reward_std", stds.and_then(|s| mean(s)));
+        push("train/reward_std", stds.and_then(mean));
         push("train/frac_reward_zero_std", Some(h.zero_variance_fraction));
         let over = |f: fn(&crate::train::metrics::UpdateStats) -> f64| mean(h.updates.iter().map(f));
         push("train/loss", over(|u| u.loss));
