@@ -79,7 +79,7 @@ fn expected_sft(m: &Value) -> BTreeMap<String, Vec<(i64, f64)>> {
         }
     }
     for v in m["validation_history"].as_array().unwrap() {
-        let last = history.iter().filter(|u| u["epoch"] == v["epoch"]).next_back().unwrap();
+        let last = history.iter().rfind(|u| u["epoch"] == v["epoch"]).unwrap();
         out.entry("eval/loss".into())
             .or_default()
             .push((last["update"].as_i64().unwrap() + 1, v["validation_nll"].as_f64().unwrap()));

@@ -130,16 +130,75 @@ fn colour(outcome: &str) -> &'static str {
     }
 }
 
-fn dag_svg(nodes: &[Node]) -> String {
+/// Where each node of a DAG drawing goes. Vertices are the nodes (`0..real`)
+/// and, as in Graphviz's `dot`, one dummy vertex per rank an edge passes over,
+/// so a long edge is routed between the boxes instead of through them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    /// Each vertex's rank, top to bottom (a node's: the longest path from a source).
+    pub rank: Vec<usize>,
+    /// Vertices per rank, left to right.
+    pub layers: Vec<Vec<usize>>,
+    /// How many vertices are nodes.
+    pub real: usize,
+    /// Each edge as the vertices it passes: `[parent, dummies..., child]`.
+    pub chains: Vec<Vec<usize>>,
+}
+
+impl Layout {
+    /// A vertex's place within its rank, centred on the rank's middle.
+    fn x(&self, i: usize) -> f64 {
+        let layer = &self.layers[self.rank[i]];
+        let at = layer.iter().position(|&j| j == i).unwrap_or(0);
+        at as f64 - (layer.len() as f64 - 1.0) / 2.0
+    }
+
+    /// Pairs of segments (between adjacent ranks) that cross.
+    pub fn crossings(&self) -> usize {
+        let segments: Vec<(usize, f64, f64)> = self
+            .chains
+            .iter()
+            .flat_map(|c| c.windows(2).map(|w| (self.rank[w[0]], self.x(w[0]), self.x(w[1]))))
+            .collect();
+        let mut n = 0;
+        for (i, a) in segments.iter().enumerate() {
+            for b in &segments[i + 1..] {
+                if a.0 == b.0 && (a.1 - b.1) * (a.2 - b.2) < 0.0 {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+}
+
+/// The edges (parent, child) of nodes listed with their deps by id.
+pub fn edges(nodes: &[Node]) -> Vec<(usize, usize)> {
     let pos: BTreeMap<&str, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
-    let mut depth = vec![0usize; nodes.len()];
-    // Longest path from a source; a few passes suffice for a DAG listed in any order.
+    let mut out = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for d in &n.deps {
+            if let Some(&j) = pos.get(d.as_str()) {
+                if j != i {
+                    out.push((j, i));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Ranks and dummy vertices, each rank in listing order: the layout before
+/// any crossing is reduced.
+pub fn listed(nodes: &[Node]) -> Layout {
+    let edges = edges(nodes);
+    let mut rank = vec![0usize; nodes.len()];
+    // Longest path from a source; a pass per node suffices for a DAG listed in any order.
     for _ in 0..nodes.len() {
         let mut changed = false;
-        for (i, n) in nodes.iter().enumerate() {
-            let d = n.deps.iter().filter_map(|d| pos.get(d.as_str())).map(|&j| depth[j] + 1).max().unwrap_or(0);
-            if d > depth[i] {
-                depth[i] = d;
+        for &(u, v) in &edges {
+            if rank[v] < rank[u] + 1 && rank[u] < nodes.len() {
+                rank[v] = rank[u] + 1;
                 changed = true;
             }
         }
@@ -147,37 +206,111 @@ fn dag_svg(nodes: &[Node]) -> String {
             break;
         }
     }
-    let (w, h, gx, gy) = (210.0, 44.0, 60.0, 14.0);
-    let mut row_of = vec![0usize; nodes.len()];
-    let mut rows: BTreeMap<usize, usize> = BTreeMap::new();
-    for i in 0..nodes.len() {
-        let r = rows.entry(depth[i]).or_default();
-        row_of[i] = *r;
-        *r += 1;
+    let mut chains = Vec::with_capacity(edges.len());
+    for &(u, v) in &edges {
+        let mut chain = vec![u];
+        for r in rank[u] + 1..rank[v] {
+            rank.push(r);
+            chain.push(rank.len() - 1);
+        }
+        chain.push(v);
+        chains.push(chain);
     }
-    let cols = depth.iter().max().map_or(1, |d| d + 1);
-    let max_rows = rows.values().max().copied().unwrap_or(1);
-    let (width, height) = (cols as f64 * (w + gx) + 20.0, max_rows as f64 * (h + gy) + 20.0);
-    let at = |i: usize| (10.0 + depth[i] as f64 * (w + gx), 10.0 + row_of[i] as f64 * (h + gy));
+    let ranks = rank.iter().max().map_or(0, |r| r + 1);
+    let mut layers: Vec<Vec<usize>> = vec![Vec::new(); ranks];
+    for (i, &r) in rank.iter().enumerate() {
+        layers[r].push(i);
+    }
+    Layout { rank, layers, real: nodes.len(), chains }
+}
+
+/// A layered drawing as Graphviz's `dot` makes one (Sugiyama's method, simply):
+/// [`listed`], then sweeps down and up that order each rank by the mean place
+/// of its neighbours in the rank above (below), the barycentre heuristic,
+/// keeping the order with the fewest crossings.
+pub fn layered(nodes: &[Node]) -> Layout {
+    let mut layout = listed(nodes);
+    let segments: Vec<(usize, usize)> = layout.chains.iter().flat_map(|c| c.windows(2).map(|w| (w[0], w[1]))).collect();
+    let ranks = layout.layers.len();
+    let mut best = (layout.crossings(), layout.layers.clone());
+    for sweep in 0..12 {
+        let down = sweep % 2 == 0;
+        let order: Vec<usize> = if down { (1..ranks).collect() } else { (0..ranks.saturating_sub(1)).rev().collect() };
+        for r in order {
+            let centre = (layout.layers[r].len() as f64 - 1.0) / 2.0;
+            let mut keyed: Vec<(f64, usize, usize)> = layout.layers[r]
+                .iter()
+                .enumerate()
+                .map(|(at, &i)| {
+                    let near: Vec<f64> = segments
+                        .iter()
+                        .filter_map(|&(u, v)| match (down, u == i, v == i) {
+                            (true, _, true) => Some(layout.x(u)),
+                            (false, true, _) => Some(layout.x(v)),
+                            _ => None,
+                        })
+                        .collect();
+                    let key =
+                        if near.is_empty() { at as f64 - centre } else { near.iter().sum::<f64>() / near.len() as f64 };
+                    (key, at, i)
+                })
+                .collect();
+            keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            layout.layers[r] = keyed.into_iter().map(|(_, _, i)| i).collect();
+        }
+        let c = layout.crossings();
+        if c < best.0 {
+            best = (c, layout.layers.clone());
+        }
+    }
+    layout.layers = best.1;
+    layout
+}
+
+fn dag_svg(nodes: &[Node]) -> String {
+    let layout = layered(nodes);
+    let (w, h, gx, gy, dummy) = (210.0, 44.0, 24.0, 46.0, 14.0);
+    let width_of = |i: usize| if i < layout.real { w } else { dummy };
+    let layer_width = |l: &Vec<usize>| l.iter().map(|&i| width_of(i) + gx).sum::<f64>();
+    let widest = layout.layers.iter().map(layer_width).fold(0.0, f64::max);
+    let (width, height) = (widest + 20.0, layout.layers.len() as f64 * (h + gy) + 20.0);
+    // Each vertex's box: left x, top y.
+    let mut place = vec![(0.0, 0.0); layout.rank.len()];
+    for (r, layer) in layout.layers.iter().enumerate() {
+        let mut x = 10.0 + (widest - layer_width(layer)) / 2.0;
+        for &i in layer {
+            place[i] = (x, 10.0 + r as f64 * (h + gy));
+            x += width_of(i) + gx;
+        }
+    }
     let mut svg = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
     );
-    for (i, n) in nodes.iter().enumerate() {
-        for d in &n.deps {
-            if let Some(&j) = pos.get(d.as_str()) {
-                let ((x1, y1), (x2, y2)) = (at(j), at(i));
-                let _ = write!(
-                    svg,
-                    r##"<line x1="{}" y1="{}" x2="{x2}" y2="{}" stroke="#888" stroke-width="1"/>"##,
-                    x1 + w,
-                    y1 + h / 2.0,
-                    y2 + h / 2.0
-                );
+    svg.push_str(r##"<defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#888"/></marker></defs>"##);
+    for chain in &layout.chains {
+        // Down the middle of each dummy, a curve between ranks.
+        let mut d = String::new();
+        for (k, pair) in chain.windows(2).enumerate() {
+            let (a, b) = (pair[0], pair[1]);
+            let (sx, sy) = (place[a].0 + width_of(a) / 2.0, place[a].1 + h);
+            let (ex, ey) = (place[b].0 + width_of(b) / 2.0, place[b].1);
+            let mid = (sy + ey) / 2.0;
+            if k == 0 {
+                let _ = write!(d, "M{sx:.1},{sy:.1} ");
+            }
+            let _ = write!(d, "C{sx:.1},{mid:.1} {ex:.1},{mid:.1} {ex:.1},{ey:.1} ");
+            if b >= layout.real {
+                let _ = write!(d, "L{ex:.1},{:.1} ", ey + h);
             }
         }
+        let _ = write!(
+            svg,
+            r##"<path d="{}" fill="none" stroke="#888" stroke-width="1" marker-end="url(#arrow)"/>"##,
+            d.trim_end()
+        );
     }
     for (i, n) in nodes.iter().enumerate() {
-        let (x, y) = at(i);
+        let (x, y) = place[i];
         let key = n.key.as_deref().map_or("--------", |k| &k[..8.min(k.len())]);
         let secs = n.seconds.map_or(String::new(), |s| format!(" · {s:.1}s"));
         let _ = write!(
@@ -562,6 +695,39 @@ mod tests {
         assert!(!grpo.contains("<figure>"), "nothing drawn from defaults: {grpo}");
         let g = section("gates");
         assert!(g.contains("cannot be read") && g.contains("gates.json") && !g.contains("No gates"), "{g}");
+    }
+
+    fn dag(edges: &[(&str, &[&str])]) -> Vec<Node> {
+        edges
+            .iter()
+            .map(|(id, deps)| Node { deps: deps.iter().map(|d| d.to_string()).collect(), ..node(id, "shell", &[]) })
+            .collect()
+    }
+
+    #[test]
+    fn the_layered_layout_ranks_by_longest_path_and_uncrosses_what_listing_order_crosses() {
+        // Listed in this order, p (child of y) sits left of q (child of x): the
+        // edges cross; x → z passes rank 1 through a dummy vertex.
+        let nodes = dag(&[("x", &[]), ("y", &[]), ("p", &["y"]), ("q", &["x"]), ("z", &["p", "x"])]);
+        let naive = listed(&nodes);
+        assert_eq!(&naive.rank[..5], [0, 0, 1, 1, 2], "z is below p, which is below y");
+        assert_eq!(naive.rank.len(), 6, "one dummy, for x → z at rank 1");
+        assert!(naive.crossings() >= 1);
+        let l = layered(&nodes);
+        assert_eq!(l.crossings(), 0, "{l:?}");
+        assert!(l.chains.iter().all(|c| c.windows(2).all(|w| l.rank[w[0]] + 1 == l.rank[w[1]])), "{l:?}");
+    }
+
+    #[test]
+    fn the_committed_packs_dag_is_drawn_in_ranks_with_fewer_crossings_than_listed() {
+        let pack = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../artifacts/grpo-main-tiny/v0.2.0");
+        let src = crate::pack::report_source(&pack).unwrap();
+        let (l, naive) = (layered(&src.nodes), listed(&src.nodes));
+        assert!(l.chains.iter().all(|c| c.windows(2).all(|w| l.rank[w[0]] + 1 == l.rank[w[1]])));
+        assert!(l.crossings() < naive.crossings(), "{} vs {}", l.crossings(), naive.crossings());
+        // More than one rank: not every node in one row.
+        assert!(l.layers.len() >= 6, "{:?}", l.layers);
+        eprintln!("crossings: listed {}, layered {}", naive.crossings(), l.crossings());
     }
 
     #[test]
