@@ -213,4 +213,16 @@ nodes:
     // Text: mean, std and n per group.
     let out = p.run(&["compare", "seeds.yaml", "--group-by", "seed"]);
     assert!(stdout(&out).contains("grouped by seed"), "{}", stdout(&out));
+
+    // The report draws the three seeds as one mean line with a band.
+    let out = p.run(&["report", "seeds.yaml", "--group-by", "seed", "--out", "g.html"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let html = p.read("g.html");
+    let grpo = html.split("<section id=\"grpo\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert!(grpo.contains("<h3>grpo</h3>") && !grpo.contains("grpo@seed="), "one group, not three nodes: {grpo}");
+    assert_eq!(grpo.matches("<figure>").count(), 6);
+    assert_eq!(grpo.matches("(A n=3)").count(), 6, "{grpo}");
+    // Gradient norms differ by seed (checked above): that chart has a band.
+    let norm = grpo.split("<figure>").find(|f| f.contains("gradient norm")).unwrap();
+    assert!(norm.contains("class=\"band\""), "{norm}");
 }

@@ -93,6 +93,44 @@ fn the_report_renders_in_headless_chromium_without_console_errors() {
     assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a screenshot was produced");
 }
 
+/// Two packs overlaid: one line per pack in each chart, a legend naming both;
+/// what v0.1.0 cannot give (its metrics predate the shared type) is named in
+/// red, not drawn. Rendered in headless Chromium like the single report.
+#[test]
+fn two_packs_overlay_their_curves_with_a_legend_and_render_in_chromium() {
+    let p = Project::new();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let (new, old) =
+        (format!("{root}/artifacts/grpo-main-tiny/v0.2.0"), format!("{root}/artifacts/grpo-main-tiny/v0.1.0"));
+    let html = p.path().join("overlay.html");
+    let out = p.run(&["report", &new, &old, "--out", html.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        text.contains(&format!("<b>A</b>: pack {new}")) && text.contains(&format!("<b>B</b>: pack {old}")),
+        "legend"
+    );
+    assert!(text.contains("grpo@mode=continuous on B: the metrics cannot be read"), "named in red");
+    let grpo = text.split("<section id=\"grpo\">").nth(1).unwrap().split("</section>").next().unwrap();
+    // grpo@mode=continuous, grpo@mode=interrupt, grpo-resume: six charts each, one line (A's colour) per chart.
+    assert_eq!(grpo.matches("<figure>").count(), 18, "{grpo}");
+    assert_eq!(grpo.matches("stroke=\"#1565c0\"").count(), 18);
+    assert!(!grpo.contains("stroke=\"#c62828\""), "nothing drawn for B");
+    assert!(!text.contains("<script"));
+    let shot = p.path().join("overlay.png");
+    let out = std::process::Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1600,3000")
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .expect("headless Chromium not found: install Debian's `chromium` (scripts/test.sh does when it can)");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(!log.contains(":CONSOLE") && !log.contains("Uncaught"), "console messages: {log}");
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+}
+
 /// v0.1.0 was frozen before the training metrics had one shared type: its
 /// report says which file and field it cannot read instead of drawing from defaults.
 #[test]

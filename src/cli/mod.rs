@@ -229,12 +229,22 @@ pub enum Command {
     },
     /// One self-contained HTML report (inline SVG, no network) of a run or a pack:
     /// the DAG, GRPO and SFT curves, evaluation, costs, gates, fault matrix.
+    /// With several runs or packs (or `--group-by`), their GRPO and SFT curves
+    /// overlaid, one line per run, a legend naming each.
     Report {
-        /// A run id of the workspace, or a pack folder (default: the latest run).
-        target: Option<String>,
+        /// Run ids of the workspace or pack folders (default: the latest run);
+        /// with two or more, or `--group-by`, also spec files (their latest run).
+        targets: Vec<String>,
         /// Where to write the HTML.
         #[arg(long, value_name = "FILE", default_value = "report.html")]
         out: PathBuf,
+        /// Draw a matrix node's expansions over this axis (e.g. `seed`) as one
+        /// mean line with a band of ± one sample std.
+        #[arg(long, value_name = "AXIS")]
+        group_by: Option<String>,
+        /// The profile of SPEC targets.
+        #[arg(long, value_name = "P")]
+        profile: Option<String>,
     },
     /// What changed between runs, specs (their latest run) or pack folders, and
     /// why: the hash-input fields of nodes whose keys differ, the metrics of

@@ -22,6 +22,7 @@ pub mod guard;
 pub mod hub;
 pub mod model;
 pub mod ops;
+pub mod overlay;
 pub mod pack;
 pub mod report;
 pub mod runtime;

@@ -109,7 +109,7 @@ pub fn from_run(ws: &Workspace, run: Option<String>) -> Result<Source> {
     Ok(Source { title: format!("{}{profile} — run {run} ({})", row.spec, row.status), nodes })
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -396,7 +396,7 @@ fn chart(title: &str, xs: &[f64], ys: &[Option<f64>]) -> String {
     svg
 }
 
-fn short(v: f64) -> String {
+pub(crate) fn short(v: f64) -> String {
     if v != 0.0 && (v.abs() < 1e-2 || v.abs() >= 1e4) {
         format!("{v:.2e}")
     } else {
