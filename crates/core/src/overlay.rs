@@ -51,6 +51,10 @@ fn sft_curves(m: &SftMetrics) -> Vec<(&'static str, Curve)> {
     ]
 }
 
+/// One point of a line: x, the mean (`None` where no member is defined), and
+/// the band (mean ± sample std) where two or more are.
+pub type Point = (f64, Option<f64>, Option<(f64, f64)>);
+
 /// One line of a chart: a side's node, or its group's mean with a band.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Line {
@@ -59,11 +63,11 @@ pub struct Line {
     pub n: usize,
     /// (x, mean, band) at every x some member has; `None` mean where none is
     /// defined; the band (mean ± sample std) where two or more are.
-    pub points: Vec<(f64, Option<f64>, Option<(f64, f64)>)>,
+    pub points: Vec<Point>,
 }
 
 /// The mean line and band of several curves of one metric.
-pub fn combine(curves: &[&Curve]) -> Vec<(f64, Option<f64>, Option<(f64, f64)>)> {
+pub fn combine(curves: &[&Curve]) -> Vec<Point> {
     let mut at: BTreeMap<u64, (f64, Vec<f64>)> = BTreeMap::new();
     for c in curves {
         for &(x, y) in c.iter() {
@@ -73,7 +77,7 @@ pub fn combine(curves: &[&Curve]) -> Vec<(f64, Option<f64>, Option<(f64, f64)>)>
             }
         }
     }
-    let mut out: Vec<(f64, Option<f64>, Option<(f64, f64)>)> = at
+    let mut out: Vec<Point> = at
         .into_values()
         .map(|(x, ys)| {
             if ys.is_empty() {
