@@ -96,10 +96,13 @@ pub fn combine(curves: &[&Curve]) -> Vec<Point> {
     out
 }
 
+/// A chart's place: its section (`grpo`, `sft`), curve id and metric.
+pub type ChartKey = (&'static str, String, &'static str);
+
 /// Every chart: (section, curve id, metric) → its lines, in order of appearance.
 #[derive(Debug, Default)]
 pub struct Charts {
-    pub charts: Vec<((&'static str, String, &'static str), Vec<Line>)>,
+    pub charts: Vec<(ChartKey, Vec<Line>)>,
     /// (side, node, why its metrics could not be read)
     pub unreadable: Vec<(usize, String, String)>,
 }
@@ -123,7 +126,7 @@ fn curve_id(id: &str, group_by: Option<&str>) -> String {
 pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
     let mut out = Charts::default();
     // (section, curve id, metric) → side → member curves
-    let mut members: Vec<((&'static str, String, &'static str), BTreeMap<usize, Vec<Curve>>)> = Vec::new();
+    let mut members: Vec<(ChartKey, BTreeMap<usize, Vec<Curve>>)> = Vec::new();
     for (s, side) in sides.iter().enumerate() {
         for node in &side.source.nodes {
             let Some(path) = node.outputs.get("metrics") else { continue };
