@@ -22,6 +22,13 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)
         echo "test: could not install ${missing[*]}; the report or Slurm test will fail" >&2
     fi
 fi
+# The remote-cache tests start moto's S3 server on 127.0.0.1 (`moto_server`).
+# The machine image has it; elsewhere it goes into the project's venv.
+if ! command -v moto_server >/dev/null 2>&1; then
+    echo "test: installing moto[server] into the venv for the remote-cache tests"
+    "$ORCHESTRATE_PYTHON" -m pip install --disable-pip-version-check --no-input -q 'moto[server]==5.2.1' >&2 \
+        || echo "test: could not install moto[server]; the remote-cache tests will fail" >&2
+fi
 cargo fmt --check
 cargo build --all-targets --locked
 log="$(mktemp)"

@@ -88,7 +88,7 @@ fn setup() -> (tempfile::TempDir, spec::Spec, orchestrate_core::dag::Dag) {
 }
 
 fn opts(device: &'static str) -> RunOptions {
-    RunOptions { jobs: 1, force: BTreeSet::new(), env: env(device), argv: "test".into(), slurm: None }
+    RunOptions { jobs: 1, force: BTreeSet::new(), env: env(device), argv: "test".into(), slurm: None, remote: None }
 }
 
 #[test]

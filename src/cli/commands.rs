@@ -13,6 +13,7 @@ use orchestrate_core::exec::report::{JsonReporter, PlainReporter, ProgressReport
 use orchestrate_core::exec::{self, RunOptions};
 use orchestrate_core::gate;
 use orchestrate_core::ops::Registry;
+use orchestrate_core::remote;
 use orchestrate_core::runtime;
 use orchestrate_core::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
 use orchestrate_core::store::{hash_file, write_atomic, Workspace};
@@ -22,12 +23,24 @@ const GATE_FAILED: u8 = 1;
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     let registry = Registry::builtin();
     match cli.command {
-        Command::Run { spec, targets, jobs, force, dry_run, json, quiet } => {
+        Command::Run { spec, targets, jobs, force, dry_run, json, quiet, remote, push } => {
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
+            // `--remote [URL]` consults the remote on a local miss; `--push`
+            // uploads what ran (to the same remote, or the configured one).
+            let consult =
+                remote.remote.as_deref().map(|url| open_remote(&cli.workspace, Some(url), None)).transpose()?;
+            let push_to = if push { Some(open_remote(&cli.workspace, remote.remote.as_deref(), None)?) } else { None };
             if dry_run {
                 let ws = Workspace::open_read_only(&cli.workspace)?;
-                let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
+                let entries = plan::plan_with_remote(
+                    ws.as_ref(),
+                    &spec,
+                    &dag,
+                    &force,
+                    &runtime::env_provider(),
+                    consult.as_ref(),
+                )?;
                 print_plan(&entries, json);
                 return Ok(ExitCode::SUCCESS);
             }
@@ -52,6 +65,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 env: runtime::env_provider(),
                 argv: std::env::args().collect::<Vec<_>>().join(" "),
                 slurm,
+                remote: consult,
             };
             let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
             if let Some(e) = &result.unrecorded {
@@ -69,6 +83,20 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if !json && !quiet {
                 print_tables(&ws, &dag, &result);
             }
+            let mut push_failed = false;
+            if let Some(to) = &push_to {
+                let index = ws.index()?;
+                let mut nodes = Vec::new();
+                for o in result.outcomes.values() {
+                    if let exec::Outcome::Ran { key, .. } = o {
+                        nodes.extend(index.lookup(key)?);
+                    }
+                }
+                let progress = remote::Progress::new(!json && std::io::stderr().is_terminal(), "push");
+                let t = remote::push(&ws, to, &nodes, &progress)?;
+                push_failed = !t.failed.is_empty();
+                print_transfer("pushed", to, &t, json);
+            }
             let gates = failed_gates(&ws, &dag, &result);
             match &gates {
                 Ok(0) => {}
@@ -79,14 +107,21 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 eprintln!("interrupted: the run's Slurm jobs were cancelled; finished nodes stay cached");
                 return Ok(ExitCode::from(130));
             }
-            Ok(if result.stats.success() && gates == Ok(0) { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+            Ok(if result.stats.success() && gates == Ok(0) && !push_failed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(GATE_FAILED)
+            })
         }
         Command::ExecNode { workspace, key } => exec_node(&workspace, &key, &registry),
-        Command::Plan { spec, targets, force, json } => {
+        Command::Plan { spec, targets, force, json, remote } => {
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
+            let remote =
+                remote.remote.as_deref().map(|url| open_remote(&cli.workspace, Some(url), None)).transpose()?;
             let ws = Workspace::open_read_only(&cli.workspace)?;
-            let entries = plan::plan(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider())?;
+            let entries =
+                plan::plan_with_remote(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider(), remote.as_ref())?;
             print_plan(&entries, json);
             let broken = entries.iter().any(|e| matches!(e.state, PlanState::Error { .. }));
             Ok(if broken { ExitCode::from(GATE_FAILED) } else { ExitCode::SUCCESS })
@@ -294,6 +329,47 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(if done.unreadable.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
+        Command::Push { spec, profile, all, remote, jobs, json } => {
+            let to = open_remote(&cli.workspace, remote.as_deref(), jobs)?;
+            let ws = Workspace::open_read_only(&cli.workspace)?
+                .with_context(|| format!("no workspace at {}: nothing is cached to push", cli.workspace.display()))?;
+            let index = ws.index()?;
+            let nodes = match spec {
+                _ if all => index.all_nodes()?,
+                Some(path) => {
+                    let args = SpecArgs { spec: path, profile, set: Vec::new(), executor: Default::default() };
+                    let (spec, dag) = load(&args, &registry)?;
+                    let entries = plan::plan(Some(&ws), &spec, &dag, &BTreeSet::new(), &runtime::env_provider())?;
+                    let mut nodes = Vec::new();
+                    for e in &entries {
+                        if let PlanState::Cached { key } = &e.state {
+                            nodes.extend(index.lookup(key)?);
+                        }
+                    }
+                    nodes
+                }
+                None => bail!("give a spec, or --all"),
+            };
+            let progress = remote::Progress::new(!json && std::io::stderr().is_terminal(), "push");
+            let t = remote::push(&ws, &to, &nodes, &progress)?;
+            print_transfer("pushed", &to, &t, json);
+            Ok(if t.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+        }
+        Command::Pull { spec, targets, remote, jobs, json } => {
+            let from = open_remote(&cli.workspace, remote.as_deref(), jobs)?;
+            let (spec, dag) = load(&spec, &registry)?;
+            let (spec, dag, _) = select(spec, dag, targets, Vec::new(), &registry)?;
+            let ws = Workspace::open(&cli.workspace)?;
+            let progress = remote::Progress::new(!json && std::io::stderr().is_terminal(), "pull");
+            let t = plan::pull_spec(&ws, &spec, &dag, &runtime::env_provider(), &from, &progress)?;
+            progress.finish();
+            print_transfer("pulled", &from, &t, json);
+            Ok(if t.failed.is_empty() && t.missing.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(GATE_FAILED)
+            })
+        }
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };
@@ -419,6 +495,43 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// The remote of `push`, `pull` and `run --remote`: the URL given (empty:
+/// the configured one), else ORCHESTRATE_REMOTE, else the workspace config.
+/// Missing credentials and a bad URL are usage errors (exit 2).
+fn open_remote(workspace: &std::path::Path, url: Option<&str>, jobs: Option<usize>) -> Result<remote::Remote> {
+    let given = url.filter(|u| !u.is_empty());
+    let Some((parsed, configured_jobs)) = remote::resolve(given, workspace)? else {
+        bail!(
+            "no remote: give --remote s3://BUCKET/PREFIX (or file:///PATH), set ORCHESTRATE_REMOTE, or add \
+             `remote: {{url: ...}}` to {}",
+            remote::config_path(workspace).display()
+        );
+    };
+    Ok(remote::Remote::open(parsed, jobs.or(configured_jobs).unwrap_or(8))?)
+}
+
+fn print_transfer(verb: &str, r: &remote::Remote, t: &remote::Transfer, json: bool) {
+    if json {
+        outln!("{}", serde_json::to_string(t).expect("a transfer serializes"));
+    } else {
+        outln!(
+            "{verb} {} nodes ({} objects, {} bytes) {} {}; {} already there",
+            t.nodes,
+            t.objects,
+            t.bytes,
+            if verb == "pushed" { "to" } else { "from" },
+            r.url,
+            t.present
+        );
+    }
+    for m in &t.missing {
+        eprintln!("not on the remote: {m}");
+    }
+    for f in &t.failed {
+        eprintln!("failed: {f}");
     }
 }
 
@@ -640,6 +753,10 @@ fn print_plan(entries: &[PlanEntry], json: bool) {
             PlanState::Cached { key } => {
                 cached += 1;
                 outln!("{:<width$}  cached   {}", e.node, &key[..8]);
+            }
+            PlanState::CachedRemote { key, remote } => {
+                cached += 1;
+                outln!("{:<width$}  cached (remote) {}  from {remote}", e.node, &key[..8]);
             }
             PlanState::Run { key, reason } => {
                 run += 1;

@@ -40,6 +40,16 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// `--remote [URL]` of `run` and `plan`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RemoteArgs {
+    /// Consult a shared remote cache on a local miss: `--remote s3://bucket/prefix`
+    /// (or `file:///path`), or `--remote` alone for ORCHESTRATE_REMOTE or
+    /// `remote.url` in WORKSPACE/config.yaml. Credentials: the AWS variables and files.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "", help_heading = "Remote cache")]
+    pub remote: Option<String>,
+}
+
 /// How a spec is read: the profile and overrides.
 #[derive(Debug, Clone, Args)]
 pub struct SpecArgs {
@@ -134,6 +144,11 @@ pub enum Command {
         /// Only failures and the summary.
         #[arg(long, short = 'q')]
         quiet: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+        /// Upload the nodes this run executed to the remote cache afterwards.
+        #[arg(long)]
+        push: bool,
     },
     /// Each node: cached, or will run and why.
     Plan {
@@ -145,6 +160,50 @@ pub enum Command {
         /// Plan as if these nodes were forced.
         #[arg(long, value_name = "NODE")]
         force: Vec<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Upload cached nodes (records and output objects) to the remote cache:
+    /// the spec's, or every cached node with `--all`. Objects go before the
+    /// record that names them; what the remote has is skipped (HEAD requests).
+    Push {
+        /// The spec whose cached nodes to push.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        spec: Option<PathBuf>,
+        /// The spec's profile.
+        #[arg(long, value_name = "P")]
+        profile: Option<String>,
+        /// Push every node cached in the workspace.
+        #[arg(long)]
+        all: bool,
+        /// The remote (default: ORCHESTRATE_REMOTE, else `remote.url` in WORKSPACE/config.yaml).
+        #[arg(long, value_name = "URL")]
+        remote: Option<String>,
+        /// Parallel transfers.
+        #[arg(long, short = 'j', value_name = "N")]
+        jobs: Option<usize>,
+        /// The summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Download from the remote cache what a run of the spec (or of these
+    /// targets) needs and the local cache lacks. Every object is re-hashed
+    /// before it is published; a record is kept only once all its objects are.
+    Pull {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Only these nodes and what they need.
+        #[arg(value_name = "NODE")]
+        targets: Vec<String>,
+        /// The remote (default: ORCHESTRATE_REMOTE, else `remote.url` in WORKSPACE/config.yaml).
+        #[arg(long, value_name = "URL")]
+        remote: Option<String>,
+        /// Parallel transfers.
+        #[arg(long, short = 'j', value_name = "N")]
+        jobs: Option<usize>,
+        /// The summary as JSON.
         #[arg(long)]
         json: bool,
     },

@@ -24,6 +24,7 @@ pub mod model;
 pub mod ops;
 pub mod overlay;
 pub mod pack;
+pub mod remote;
 pub mod report;
 pub mod runtime;
 pub mod spec;

@@ -23,6 +23,9 @@ pub enum Event {
     CacheHit {
         node: String,
         key: Key,
+        /// The remote cache it was fetched from (absent: the local cache).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// Another process holds this node; this run waits for it.
     Waiting {

@@ -40,6 +40,8 @@ pub struct RunOptions {
     /// How jobs are submitted when the spec's executor is `slurm` (default:
     /// this executable, polling every 2 s).
     pub slurm: Option<slurm::SlurmSettings>,
+    /// A shared remote cache consulted on a local miss, before a node runs.
+    pub remote: Option<crate::remote::Remote>,
 }
 
 /// The result of a run.
@@ -213,6 +215,7 @@ pub fn run_with(
                         force: opts.force.contains(node.id()),
                         cancel,
                         cpu: Some(cpu),
+                        remote: opts.remote.as_ref(),
                     };
                     let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
                     let outcome = node::resolve(&job, executor, &mut observer);
@@ -248,10 +251,14 @@ pub fn run_with(
             pending -= 1;
             let id = dag.nodes[pos].id().to_string();
             match &outcome {
-                Outcome::Cached { key, outputs: outs } => {
+                Outcome::Cached { key, outputs: outs, remote } => {
                     stats.cached += 1;
                     outputs.insert(id.clone(), outs.clone());
-                    emit(Event::CacheHit { node: id.clone(), key: key.clone() }, reporter, &mut log);
+                    emit(
+                        Event::CacheHit { node: id.clone(), key: key.clone(), from: remote.clone() },
+                        reporter,
+                        &mut log,
+                    );
                 }
                 Outcome::Ran { key, outputs: outs, seconds, .. } => {
                     stats.ran += 1;

@@ -21,6 +21,8 @@ pub enum Outcome {
     Cached {
         key: Key,
         outputs: Vec<OutputRecord>,
+        /// The remote it was fetched from (`None`: the local cache).
+        remote: Option<String>,
     },
     Ran {
         key: Key,
@@ -56,6 +58,8 @@ pub struct NodeJob<'a> {
     /// The run's CPU slots, shared by its numerical nodes on the CPU (`None`
     /// where nodes run elsewhere, as Slurm jobs).
     pub cpu: Option<&'a CpuSlots>,
+    /// The shared remote cache consulted on a local miss (`run --remote`).
+    pub remote: Option<&'a crate::remote::Remote>,
 }
 
 /// The machine's cores, shared by the numerical nodes running on its CPU: each
@@ -255,7 +259,7 @@ pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn No
     };
     let key = record.key();
     match decide(job.ws, job.index, job.spec_dir, job.node.id(), &record, &key, job.force) {
-        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs },
+        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None },
         Ok(Decision::Run(reason)) => {
             executor.execute(job, &ToRun { record: &record, key: &key, reason: &reason, started }, observer)
         }
@@ -307,7 +311,25 @@ impl Executor for Local {
         if !job.force {
             // The process we waited for may have completed it.
             if let Ok(Ok(outputs)) = job.cached_valid(key) {
-                return Outcome::Cached { key: key.clone(), outputs };
+                return Outcome::Cached { key: key.clone(), outputs, remote: None };
+            }
+        }
+        // A local miss: the shared remote cache may have it (`run --remote`).
+        let mut reason = run.reason.to_string();
+        if let (false, Some(remote)) = (job.force, job.remote) {
+            let quiet = crate::remote::sync_progress_none();
+            let local = (job.node.id(), job.spec_name);
+            match crate::remote::fetch_node(job.ws, job.index, remote, key, local, job.spec_dir, &quiet) {
+                Ok(Some(node)) => {
+                    return Outcome::Cached {
+                        key: key.clone(),
+                        outputs: node.outputs,
+                        remote: Some(remote.url.to_string()),
+                    }
+                }
+                Ok(None) => {}
+                // Refused or unreachable: say so, and run it here.
+                Err(e) => reason = format!("{reason}; not taken from {}: {e}", remote.url),
             }
         }
         let _slot = match (&job.env, job.cpu) {
@@ -316,7 +338,7 @@ impl Executor for Local {
             }
             _ => None,
         };
-        observer.started(key, &run.reason.to_string());
+        observer.started(key, &reason);
         match run_and_publish(job, run.record, key) {
             Ok(outputs) => {
                 Outcome::Ran { key: key.clone(), outputs, seconds: run.started.elapsed().as_secs_f64(), job: None }

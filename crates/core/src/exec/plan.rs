@@ -19,6 +19,12 @@ pub enum PlanState {
     Cached {
         key: Key,
     },
+    /// Not in the local cache, but the remote has it: a run with `--remote`
+    /// fetches it instead of running it.
+    CachedRemote {
+        key: Key,
+        remote: String,
+    },
     /// Will run; `key` is known when every input is.
     Run {
         key: Option<Key>,
@@ -43,6 +49,7 @@ pub struct PlanEntry {
 
 struct Ctx<'a> {
     ws: Option<&'a Workspace>,
+    remote: Option<&'a crate::remote::Remote>,
     index: Option<Index>,
     env: Option<Result<crate::dag::key::EnvPart, String>>,
     provider: &'a EnvProvider,
@@ -63,8 +70,22 @@ pub fn plan(
     force: &BTreeSet<String>,
     env: &EnvProvider,
 ) -> Result<Vec<PlanEntry>, StoreError> {
+    plan_with_remote(ws, spec, dag, force, env, None)
+}
+
+/// The plan of a run with `--remote`: a node the local cache lacks but the
+/// remote has is `cached_remote` (its record, read from the remote, gives
+/// the outputs its downstream nodes' keys are computed from).
+pub fn plan_with_remote(
+    ws: Option<&Workspace>,
+    spec: &Spec,
+    dag: &Dag,
+    force: &BTreeSet<String>,
+    env: &EnvProvider,
+    remote: Option<&crate::remote::Remote>,
+) -> Result<Vec<PlanEntry>, StoreError> {
     let index = ws.map(Workspace::index).transpose()?;
-    let mut ctx = Ctx { ws, index, env: None, provider: env };
+    let mut ctx = Ctx { ws, remote, index, env: None, provider: env };
     let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
     let mut runs: BTreeSet<String> = BTreeSet::new();
     let mut entries = Vec::with_capacity(dag.nodes.len());
@@ -77,6 +98,19 @@ pub fn plan(
         } else {
             let unknown: Vec<String> = parents.iter().filter(|p| runs.contains(*p)).cloned().collect();
             state_of(&mut ctx, spec, dag, pos, &known, &unknown, force.contains(&id))?
+        };
+        let state = match (state, ctx.remote, force.contains(&id)) {
+            (PlanState::Run { key: Some(key), reason }, Some(remote), false) => {
+                match crate::remote::read_record(remote, &key) {
+                    Ok(Some(node)) => {
+                        known.insert(id.clone(), node.outputs);
+                        PlanState::CachedRemote { key, remote: remote.url.to_string() }
+                    }
+                    Ok(None) => PlanState::Run { key: Some(key), reason },
+                    Err(e) => PlanState::Run { key: Some(key), reason: format!("{reason}; the remote's copy: {e}") },
+                }
+            }
+            (state, _, _) => state,
         };
         match &state {
             PlanState::Cached { key } => {
@@ -91,7 +125,7 @@ pub fn plan(
             PlanState::Run { .. } | PlanState::Pending { .. } => {
                 runs.insert(id.clone());
             }
-            PlanState::Error { .. } => {}
+            PlanState::CachedRemote { .. } | PlanState::Error { .. } => {}
         }
         entries.push(PlanEntry { node: id, state });
     }
@@ -260,4 +294,82 @@ pub fn explain(
         Err(e) => out.notes.push(e),
     }
     Ok(out)
+}
+
+/// `orchestrate pull SPEC [NODE...]`: fetches from the remote every node of
+/// the DAG that the local cache lacks, in waves (a node's key needs its
+/// upstream outputs, local or just fetched); each wave's records and objects
+/// in parallel. Nodes the remote lacks, and everything below them, stay
+/// missing.
+pub fn pull_spec(
+    ws: &Workspace,
+    spec: &Spec,
+    dag: &Dag,
+    env: &EnvProvider,
+    remote: &crate::remote::Remote,
+    progress: &crate::remote::Progress,
+) -> Result<crate::remote::Transfer, crate::remote::RemoteError> {
+    let index = ws.index()?;
+    let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
+    let mut unresolved: BTreeSet<usize> = dag.order.iter().copied().collect();
+    let mut total = crate::remote::Transfer::default();
+    let mut env_part: Option<crate::dag::key::EnvPart> = None;
+    loop {
+        let wave: Vec<usize> = dag
+            .order
+            .iter()
+            .copied()
+            .filter(|&p| {
+                unresolved.contains(&p) && dag.parents(p).iter().all(|&q| known.contains_key(dag.nodes[q].id()))
+            })
+            .collect();
+        if wave.is_empty() {
+            break;
+        }
+        let mut keys = Vec::new();
+        for pos in wave {
+            unresolved.remove(&pos);
+            let node = &dag.nodes[pos];
+            let id = node.id().to_string();
+            let part = if node.op.numerical() {
+                if env_part.is_none() {
+                    env_part = Some(env().map_err(crate::remote::RemoteError::Config)?);
+                }
+                Some(super::slurm::node_env(spec.executor, &node.def, env_part.as_ref().expect("set above")))
+            } else {
+                None
+            };
+            let record = match hash_inputs(ws, &index, node, &spec.base_dir, &known, part) {
+                Ok(r) => r,
+                Err(e) => {
+                    total.failed.push(format!("node '{id}': {e}"));
+                    continue;
+                }
+            };
+            let key = record.key();
+            match decide(ws, &index, &spec.base_dir, &id, &record, &key, false)? {
+                Decision::Hit(outputs) => {
+                    total.present += 1;
+                    known.insert(id, outputs);
+                }
+                Decision::Run(_) => keys.push((id, key)),
+            }
+        }
+        if keys.is_empty() {
+            continue;
+        }
+        let (t, done) = crate::remote::pull(ws, &index, remote, &keys, (&spec.name, &spec.base_dir), progress)?;
+        total.nodes += t.nodes;
+        total.objects += t.objects;
+        total.bytes = t.bytes;
+        total.missing.extend(t.missing);
+        total.failed.extend(t.failed);
+        for (id, node) in done {
+            known.insert(id, node.outputs);
+        }
+    }
+    for pos in unresolved {
+        total.missing.push(format!("{} (below a node that is missing)", dag.nodes[pos].id()));
+    }
+    Ok(total)
 }

@@ -40,7 +40,8 @@ pub fn describe(event: &Event) -> Option<String> {
         Event::NodeStarted { node, key, reason } => {
             format!("running  {node} {} ({reason})", short(key))
         }
-        Event::CacheHit { node, key } => format!("cached   {node} {}", short(key)),
+        Event::CacheHit { node, key, from: None } => format!("cached   {node} {}", short(key)),
+        Event::CacheHit { node, key, from: Some(remote) } => format!("cached   {node} {} (from {remote})", short(key)),
         Event::Waiting { node, reason, .. } => format!("waiting  {node}: {reason}"),
         Event::NodeFinished { node, key, seconds } => {
             format!("done     {node} {} in {seconds:.2}s", short(key))

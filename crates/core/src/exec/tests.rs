@@ -109,6 +109,7 @@ impl World {
             env: Box::new(|| Err("no numerical node here".into())),
             argv: "test".into(),
             slurm: None,
+            remote: None,
         };
         let executor = Recording::default();
         let result = run_with(&self.ws, &spec, &dag, &opts, &executor, &mut Quiet).expect("the run completes");

@@ -87,24 +87,37 @@ fn list_files(root: &Path) -> Result<Vec<PathBuf>, StoreError> {
     Ok(out)
 }
 
+/// The first line of a folder's listing.
+pub const DIR_LISTING_HEADER: &[u8] = b"orchestrate.dir.v1\n";
+
+/// One file of a folder's listing: its path relative to the folder, its
+/// blake3 and its size.
+pub type ListedFile = (String, String, u64);
+
+/// A folder's sorted listing of file hashes, and the bytes a folder's hash is
+/// blake3 over: the header, then `path \0 hash \0 size \n` per file.
+pub fn dir_listing(root: &Path) -> Result<(Vec<ListedFile>, Vec<u8>), StoreError> {
+    let mut bytes = DIR_LISTING_HEADER.to_vec();
+    let mut files = Vec::new();
+    for rel in list_files(root)? {
+        let (h, n) = hash_file(&root.join(&rel))?;
+        let rel = rel.to_string_lossy().into_owned();
+        bytes.extend_from_slice(rel.as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(h.as_bytes());
+        bytes.extend_from_slice(format!("\0{n}\n").as_bytes());
+        files.push((rel, h, n));
+    }
+    Ok((files, bytes))
+}
+
 /// Hashes a folder: blake3 over its sorted listing of file hashes.
 pub fn hash_dir(root: &Path) -> Result<ObjectInfo, StoreError> {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(b"orchestrate.dir.v1\n");
-    let mut size = 0;
-    let files = list_files(root)?;
-    for rel in &files {
-        let (h, n) = hash_file(&root.join(rel))?;
-        size += n;
-        hasher.update(rel.to_string_lossy().as_bytes());
-        hasher.update(b"\0");
-        hasher.update(h.as_bytes());
-        hasher.update(format!("\0{n}\n").as_bytes());
-    }
+    let (files, bytes) = dir_listing(root)?;
     Ok(ObjectInfo {
-        hash: hasher.finalize().to_hex().to_string(),
+        hash: blake3::hash(&bytes).to_hex().to_string(),
         kind: OutputKind::Dir,
-        size,
+        size: files.iter().map(|f| f.2).sum(),
         files: files.len() as u64,
     })
 }

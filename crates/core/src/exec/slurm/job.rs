@@ -117,6 +117,7 @@ pub fn exec_node(
             cancel: &cancel,
             // One node per Slurm job: its CPUs are Slurm's to share out.
             cpu: None,
+            remote: None,
         };
         match nj.record() {
             Ok(r) if r.key() == ticket.key => {}

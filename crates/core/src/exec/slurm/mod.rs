@@ -168,7 +168,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
         let (job_id, adopted) = match submitted {
             Ok(Submission::Submitted(id)) => (id, false),
             Ok(Submission::Adopted(id)) => (id, true),
-            Ok(Submission::Cached(outputs)) => return Outcome::Cached { key, outputs },
+            Ok(Submission::Cached(outputs)) => return Outcome::Cached { key, outputs, remote: None },
             Err(e) => return to_run.failed(e),
         };
         if adopted {
@@ -223,7 +223,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
                     seconds: r.seconds,
                     job: Some(format!("Slurm job {job_id} on {}", r.host)),
                 },
-                Some(outputs) => Outcome::Cached { key, outputs },
+                Some(outputs) => Outcome::Cached { key, outputs, remote: None },
                 None => to_run.failed(format!(
                     "Slurm job {job_id} on {} reports the node {}, but this coordinator finds no valid cache entry \
                          for it: do the coordinator and the compute nodes share the workspace {}?",

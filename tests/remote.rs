@@ -1,0 +1,434 @@
+//! The shared remote cache against a real S3-compatible server on 127.0.0.1
+//! (moto's `moto_server`, started and stopped by each test), and a folder
+//! remote: push then pull, `run --remote`, a tampered object, a push killed
+//! half-way, concurrent pushes, lying records, missing credentials.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{nodes_with, stderr, stdout, tiny_spec, Project, CHAIN};
+
+/// A moto S3 server on a free loopback port, with one bucket; killed on drop.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+const BUCKET: &str = "team-cache";
+
+/// moto checks that a request carries credentials, not their signature: the
+/// test's own reads and writes (as a tamperer's would) send a placeholder.
+const AUTH: &str =
+    "AWS4-HMAC-SHA256 Credential=testing/20261201/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0";
+
+impl Moto {
+    fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server (pip's moto[server]) must be installed: scripts/test.sh installs it");
+        let m = Moto { child, port };
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = ureq::put(&format!("{}/{BUCKET}", m.endpoint())).send_empty() {
+                assert!(r.status().is_success(), "creating the bucket: {}", r.status());
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "moto_server did not start on port {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        m
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Keys under a prefix (ListObjectsV2; moto does not check signatures).
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut url = format!("{}/{BUCKET}?list-type=2&prefix={prefix}", self.endpoint());
+            if let Some(t) = &token {
+                url.push_str(&format!(
+                    "&continuation-token={}",
+                    t.replace('+', "%2B").replace('/', "%2F").replace('=', "%3D")
+                ));
+            }
+            let body = ureq::get(&url).call().unwrap().body_mut().read_to_string().unwrap();
+            out.extend(body.split("<Key>").skip(1).map(|s| s.split("</Key>").next().unwrap().to_string()));
+            token = body.split("<NextContinuationToken>").nth(1).map(|s| s.split('<').next().unwrap().to_string());
+            if token.is_none() {
+                return out;
+            }
+        }
+    }
+
+    fn put(&self, key: &str, bytes: &[u8]) {
+        let r = ureq::put(&format!("{}/{BUCKET}/{key}", self.endpoint()))
+            .header("Authorization", AUTH)
+            .send(bytes)
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+
+    fn get(&self, key: &str) -> String {
+        let url = format!("{}/{BUCKET}/{key}", self.endpoint());
+        ureq::get(&url).header("Authorization", AUTH).call().unwrap().body_mut().read_to_string().unwrap()
+    }
+
+    /// `orchestrate ARGS` in a project with this server's credentials and endpoint.
+    fn cmd(&self, p: &Project, args: &[&str]) -> Command {
+        let mut c = p.cmd(args);
+        c.env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", self.endpoint())
+            .env_remove("AWS_PROFILE")
+            .env_remove("ORCHESTRATE_REMOTE");
+        c
+    }
+
+    fn run(&self, p: &Project, args: &[&str]) -> std::process::Output {
+        self.cmd(p, args).output().unwrap()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const URL: &str = "s3://team-cache/orch";
+
+fn ok(out: &std::process::Output) -> String {
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(out), stderr(out));
+    stdout(out)
+}
+
+/// Every file under a folder with its bytes, by relative path.
+fn tree(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.strip_prefix(root).unwrap().display().to_string(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn output_path(m: &Moto, p: &Project, spec: &str, output: &str) -> std::path::PathBuf {
+    stdout(&m.run(p, &["path", spec, output])).trim().into()
+}
+
+/// The tiny data, tokenizer and model (a folder output) plus a shell node.
+fn tiny() -> String {
+    tiny_spec("tiny", "  note:\n    op: shell\n    params: {cmd: 'echo noted > note.txt', outs: [note.txt]}\n")
+}
+
+#[cfg(feature = "torch")]
+#[test]
+fn push_then_pull_into_an_empty_workspace_gives_identical_bytes_and_a_no_op_run() {
+    let m = Moto::start();
+    let (a, b) = (Project::new(), Project::new());
+    for p in [&a, &b] {
+        p.write("t.yaml", &tiny());
+    }
+    ok(&m.run(&a, &["run", "-q", "t.yaml"]));
+    let pushed = ok(&m.run(&a, &["push", "t.yaml", "--remote", URL]));
+    assert!(pushed.starts_with("pushed 4 nodes"), "{pushed}");
+    // A second push is a no-op: every record is there.
+    assert!(ok(&m.run(&a, &["push", "t.yaml", "--remote", URL])).starts_with("pushed 0 nodes"));
+    // The layout: records by key, objects by content hash.
+    assert_eq!(m.keys("orch/records/").len(), 4);
+    assert!(m.keys("orch/objects/").len() > 4, "the model folder's files are objects too");
+
+    let pulled = ok(&m.run(&b, &["pull", "t.yaml", "--remote", URL]));
+    assert!(pulled.starts_with("pulled 4 nodes"), "{pulled}");
+    for output in ["data:pages.train", "tokenizer:tokenizer", "base:model", "note:note.txt"] {
+        let (x, y) = (output_path(&m, &a, "t.yaml", output), output_path(&m, &b, "t.yaml", output));
+        if x.is_dir() {
+            assert_eq!(tree(&x), tree(&y), "{output}");
+        } else {
+            assert_eq!(std::fs::read(&x).unwrap(), std::fs::read(&y).unwrap(), "{output}");
+        }
+    }
+    // The shell node's out is checked out into the spec's folder, as `dvc pull` does.
+    assert_eq!(b.read("note.txt"), "noted\n");
+    let out = m.run(&b, &["run", "--json", "t.yaml"]);
+    let ev = common::events(&out);
+    assert!(nodes_with(&ev, "node_finished").is_empty(), "nothing runs after a pull: {}", stdout(&out));
+    assert_eq!(nodes_with(&ev, "cache_hit").len(), 4);
+}
+
+#[cfg(feature = "torch")]
+#[test]
+fn run_remote_on_a_second_workspace_executes_nothing_the_first_pushed() {
+    let m = Moto::start();
+    let (a, b) = (Project::new(), Project::new());
+    for p in [&a, &b] {
+        p.write("t.yaml", &tiny());
+    }
+    // `run --push` uploads what it ran.
+    let out = ok(&m.run(&a, &["run", "t.yaml", "--remote", URL, "--push"]));
+    assert!(out.contains("pushed 4 nodes"), "{out}");
+    let out = m.run(&b, &["run", "--json", "t.yaml", "--remote", URL]);
+    let ev = common::events(&out);
+    assert!(nodes_with(&ev, "node_finished").is_empty(), "{}", stdout(&out));
+    let hits: Vec<&serde_json::Value> = ev.iter().filter(|e| e["event"] == "cache_hit").collect();
+    assert_eq!(hits.len(), 4);
+    assert!(hits.iter().all(|e| e["from"] == URL), "{hits:?}");
+    // Now cached locally: no remote needed.
+    let ev = common::events(&m.run(&b, &["run", "--json", "t.yaml"]));
+    assert!(ev.iter().filter(|e| e["event"] == "cache_hit").all(|e| e.get("from").is_none()));
+}
+
+#[test]
+fn plan_says_cached_remote_for_what_the_remote_has() {
+    let m = Moto::start();
+    let (a, b) = (Project::new(), Project::new());
+    for p in [&a, &b] {
+        p.write("chain.yaml", CHAIN);
+    }
+    ok(&m.run(&a, &["run", "-q", "chain.yaml", "--remote", URL, "--push"]));
+    // b has a workspace, and d cached locally.
+    ok(&m.run(&b, &["run", "-q", "chain.yaml", "d"]));
+    let plan = ok(&m.run(&b, &["plan", "chain.yaml", "--remote", URL]));
+    for n in ["a", "b", "c"] {
+        assert!(plan.lines().any(|l| l.starts_with(n) && l.contains("cached (remote)")), "{n}: {plan}");
+    }
+    assert!(plan.lines().any(|l| l.starts_with('d') && l.contains("cached ") && !l.contains("remote")), "{plan}");
+}
+
+#[test]
+fn a_tampered_remote_object_is_refused_naming_the_object_and_node_and_nothing_is_published() {
+    let m = Moto::start();
+    let (a, b) = (Project::new(), Project::new());
+    for p in [&a, &b] {
+        p.write("chain.yaml", CHAIN);
+    }
+    ok(&m.run(&a, &["run", "-q", "chain.yaml"]));
+    ok(&m.run(&a, &["push", "chain.yaml", "--remote", URL]));
+    // Replace c's output on the server with other bytes of the same length.
+    let c_out = output_path(&m, &a, "chain.yaml", "c:c.txt");
+    let hash = c_out.file_name().unwrap().to_string_lossy().to_string();
+    let good = std::fs::read(&c_out).unwrap();
+    let mut bad = good.clone();
+    bad[0] ^= 1;
+    m.put(&format!("orch/objects/{}/{hash}", &hash[..2]), &bad);
+
+    let out = m.run(&b, &["pull", "chain.yaml", "--remote", URL]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(err.contains("node 'c'") && err.contains(&hash) && err.contains("refused"), "{err}");
+    // a, b, d arrived; c did not, and no object of its bytes is in the store.
+    let plan = ok(&b.run(&["plan", "chain.yaml"]));
+    assert!(plan.lines().any(|l| l.starts_with('c') && l.contains("run")), "{plan}");
+    assert!(!b.path().join(format!(".orchestrate/objects/{}/{hash}", &hash[..2])).exists());
+    let wrong = blake3::hash(&bad).to_hex().to_string();
+    assert!(!b.path().join(format!(".orchestrate/objects/{}/{wrong}", &wrong[..2])).exists());
+    // run --remote runs c here instead, saying why.
+    let out = ok(&m.run(&b, &["run", "chain.yaml", "--remote", URL]));
+    assert!(out.contains("running  c") && out.contains("refused"), "{out}");
+    assert_eq!(b.read("c.txt").as_bytes(), good);
+}
+
+/// A spec of `n` independent shell nodes, each writing a small file.
+fn many(n: usize) -> String {
+    let mut s = String::from("name: many\nnodes:\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "  n{i}:\n    op: shell\n    params: {{cmd: 'echo node {i} > o{i}.txt', outs: [o{i}.txt]}}\n"
+        ));
+    }
+    s
+}
+
+/// Every record on the server names objects that are there.
+fn records_have_objects(m: &Moto) -> usize {
+    let objects: std::collections::BTreeSet<String> = m.keys("orch/objects/").into_iter().collect();
+    let records = m.keys("orch/records/");
+    for r in &records {
+        let body: serde_json::Value = serde_json::from_str(&m.get(r)).unwrap();
+        for o in body["outputs"].as_array().unwrap() {
+            let h = o["hash"].as_str().unwrap();
+            assert!(
+                objects.contains(&format!("orch/objects/{}/{h}", &h[..2])),
+                "record {r} names {h}, which is not there"
+            );
+        }
+    }
+    records.len()
+}
+
+#[test]
+fn a_push_killed_half_way_leaves_no_record_without_its_objects_and_a_second_push_completes_it() {
+    let m = Moto::start();
+    let p = Project::new();
+    p.write("many.yaml", &many(120));
+    ok(&p.run(&["run", "-q", "many.yaml"]));
+    let start = Instant::now();
+    let mut child = m
+        .cmd(&p, &["push", "many.yaml", "--remote", URL, "-j", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once some records are up (or it ends first, on a fast machine).
+    while m.keys("orch/records/").len() < 10 && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let before = records_have_objects(&m);
+    eprintln!("killed with {before} of 120 records pushed");
+    assert!(before >= 10);
+    let out = ok(&m.run(&p, &["push", "many.yaml", "--remote", URL]));
+    assert!(out.contains(&format!("{before} already there")), "{out}");
+    assert_eq!(records_have_objects(&m), 120);
+}
+
+#[test]
+fn two_concurrent_pushes_of_the_same_nodes_are_harmless() {
+    let m = Moto::start();
+    let (a, b, c) = (Project::new(), Project::new(), Project::new());
+    for p in [&a, &b, &c] {
+        p.write("many.yaml", &many(40));
+    }
+    ok(&a.run(&["run", "-q", "many.yaml"]));
+    ok(&b.run(&["run", "-q", "many.yaml"]));
+    let pushes: Vec<Child> = [&a, &b]
+        .iter()
+        .map(|p| {
+            m.cmd(p, &["push", "many.yaml", "--remote", URL])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in pushes {
+        let out = child.wait_with_output().unwrap();
+        ok(&out);
+    }
+    assert_eq!(records_have_objects(&m), 40);
+    ok(&m.run(&c, &["pull", "many.yaml", "--remote", URL]));
+    assert_eq!(c.read("o7.txt"), "node 7\n");
+}
+
+#[test]
+fn a_folder_remote_round_trips_and_its_lying_records_are_refused() {
+    let (a, b) = (Project::new(), Project::new());
+    let remote = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", remote.path().display());
+    for p in [&a, &b] {
+        p.write("chain.yaml", CHAIN);
+    }
+    ok(&a.run(&["run", "-q", "chain.yaml", "--remote", &url, "--push"]));
+    ok(&b.run(&["pull", "chain.yaml", "--remote", &url]));
+    assert_eq!(b.read("c.txt"), "ALPHA\nALPHA\n");
+    let ev = common::events(&b.run(&["run", "--json", "chain.yaml"]));
+    assert!(nodes_with(&ev, "node_finished").is_empty());
+
+    // Records that lie: a size, a path outside the spec's folder, an oversized object.
+    let records: Vec<std::path::PathBuf> = walk(&remote.path().join("records"));
+    let d =
+        records.iter().find(|r| std::fs::read_to_string(r).unwrap().contains("\"node_id\": \"d\"")).unwrap().clone();
+    let original = std::fs::read_to_string(&d).unwrap();
+    for (lie, expected, env) in [
+        (original.replace("\"size\": 6,", "\"size\": 3,"), "more than the 3 bytes", None),
+        (
+            original.replace("\"workspace_path\": \"d.txt\"", "\"workspace_path\": \"../../outside.txt\""),
+            "leaves the spec's folder",
+            None,
+        ),
+        (original.clone(), "over the limit of 4", Some("4")),
+    ] {
+        assert!(env.is_some() || lie != original, "the lie changed the record: {expected}");
+        std::fs::write(&d, &lie).unwrap();
+        let fresh = Project::new();
+        fresh.write("chain.yaml", CHAIN);
+        let mut cmd = fresh.cmd(&["pull", "chain.yaml", "--remote", &url]);
+        if let Some(max) = env {
+            cmd.env("ORCHESTRATE_REMOTE_MAX_BYTES", max);
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{lie}");
+        assert!(stderr(&out).contains(expected), "{expected}: {}", stderr(&out));
+        assert!(!fresh.path().join("d.txt").exists() && !Path::new("/outside.txt").exists());
+    }
+    std::fs::write(&d, &original).unwrap();
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn missing_credentials_are_a_usage_error_and_no_secret_is_written_anywhere() {
+    let m = Moto::start();
+    let p = Project::new();
+    p.write("chain.yaml", CHAIN);
+    ok(&p.run(&["run", "-q", "chain.yaml"]));
+    let out = p
+        .cmd(&["push", "chain.yaml", "--remote", URL])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("HOME", p.path())
+        .env("AWS_ENDPOINT_URL", m.endpoint())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no AWS credentials") && stderr(&out).contains("AWS_ACCESS_KEY_ID"),
+        "{}",
+        stderr(&out)
+    );
+    // A profile in the shared credentials file works, and the secret is nowhere in the workspace.
+    p.write(".aws/credentials", "[team]\naws_access_key_id = KEYID123\naws_secret_access_key = SECRET-s3cr3t\n");
+    p.write(".orchestrate/config.yaml", &format!("remote:\n  url: {URL}\n  jobs: 2\n"));
+    let out = p
+        .cmd(&["push", "chain.yaml"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("HOME", p.path())
+        .env("AWS_PROFILE", "team")
+        .env("AWS_ENDPOINT_URL", m.endpoint())
+        .output()
+        .unwrap();
+    assert!(ok(&out).starts_with("pushed 4 nodes"));
+    for f in walk(&p.path().join(".orchestrate")) {
+        let bytes = std::fs::read(&f).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("SECRET-s3cr3t"), "{}", f.display());
+    }
+    // A config that is not what it should be names the file and the field.
+    p.write(".orchestrate/config.yaml", "remote:\n  uri: s3://x/y\n");
+    let out = p.run(&["push", "chain.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("config.yaml") && stderr(&out).contains("uri"), "{}", stderr(&out));
+}
