@@ -432,3 +432,29 @@ fn missing_credentials_are_a_usage_error_and_no_secret_is_written_anywhere() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("config.yaml") && stderr(&out).contains("uri"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_large_output_goes_up_in_parts_and_comes_back_identical() {
+    let m = Moto::start();
+    let (a, b) = (Project::new(), Project::new());
+    let spec = "name: big\nnodes:\n  big:\n    op: shell\n    params: {cmd: 'head -c 12000000 /dev/urandom > big.bin', outs: [big.bin]}\n";
+    for p in [&a, &b] {
+        p.write("big.yaml", spec);
+    }
+    ok(&a.run(&["run", "-q", "big.yaml"]));
+    let out =
+        m.cmd(&a, &["push", "big.yaml", "--remote", URL]).env("ORCHESTRATE_S3_PART_BYTES", "5242880").output().unwrap();
+    assert!(ok(&out).contains("12000000 bytes"), "{}", stdout(&out));
+    // A multipart object's ETag is `"<md5 of the parts' md5s>-<parts>"`: 5 + 5 + 1.4 MB.
+    let hash = output_path(&m, &a, "big.yaml", "big:big.bin").file_name().unwrap().to_string_lossy().to_string();
+    let url = format!("{}/{BUCKET}/orch/objects/{}/{hash}", m.endpoint(), &hash[..2]);
+    let head = ureq::head(&url).header("Authorization", AUTH).call().unwrap();
+    let etag = head.headers().get("etag").unwrap().to_str().unwrap().to_string();
+    assert!(etag.trim_matches('"').ends_with("-3"), "{etag}");
+    // A part size under S3's 5 MiB minimum is a usage error.
+    let out =
+        m.cmd(&a, &["push", "big.yaml", "--remote", URL]).env("ORCHESTRATE_S3_PART_BYTES", "1000").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    ok(&m.run(&b, &["pull", "big.yaml", "--remote", URL]));
+    assert_eq!(std::fs::read(b.path().join("big.bin")).unwrap(), std::fs::read(a.path().join("big.bin")).unwrap());
+}
