@@ -79,18 +79,23 @@ fn the_report_renders_in_headless_chromium_without_console_errors() {
     let pack = format!("{}/artifacts/grpo-main-tiny/v0.2.0", env!("CARGO_MANIFEST_DIR"));
     let html = p.path().join("pack.html");
     assert_eq!(p.run(&["report", &pack, "--out", html.to_str().unwrap()]).status.code(), Some(0));
-    let shot = p.path().join("report.png");
+    render_in_chromium(&html, &p.path().join("report.png"), "1600,4000");
+}
+
+/// Renders `html` in headless Chromium: no console message at all (a report
+/// has no script, so any is an error), and a screenshot of it at `shot`.
+fn render_in_chromium(html: &std::path::Path, shot: &std::path::Path, size: &str) {
     let out = std::process::Command::new("chromium")
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"])
         .arg(format!("--screenshot={}", shot.display()))
-        .arg("--window-size=1600,4000")
+        .arg(format!("--window-size={size}"))
         .arg(format!("file://{}", html.display()))
         .output()
         .expect("headless Chromium not found: install Debian's `chromium` (scripts/test.sh does when it can)");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(!log.contains(":CONSOLE") && !log.contains("Uncaught"), "console messages: {log}");
-    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a screenshot was produced");
+    assert!(std::fs::metadata(shot).unwrap().len() > 10_000, "a screenshot was produced");
 }
 
 /// Two packs overlaid: one line per pack in each chart, a legend naming both;
@@ -117,18 +122,7 @@ fn two_packs_overlay_their_curves_with_a_legend_and_render_in_chromium() {
     assert_eq!(grpo.matches("stroke=\"#1565c0\"").count(), 18);
     assert!(!grpo.contains("stroke=\"#c62828\""), "nothing drawn for B");
     assert!(!text.contains("<script"));
-    let shot = p.path().join("overlay.png");
-    let out = std::process::Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"])
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg("--window-size=1600,3000")
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .expect("headless Chromium not found: install Debian's `chromium` (scripts/test.sh does when it can)");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
-    assert!(!log.contains(":CONSOLE") && !log.contains("Uncaught"), "console messages: {log}");
-    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+    render_in_chromium(&html, &p.path().join("overlay.png"), "1600,3000");
 }
 
 /// v0.1.0 was frozen before the training metrics had one shared type: its

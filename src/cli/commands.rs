@@ -329,7 +329,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(if done.unreadable.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
-        Command::Push { spec, profile, all, remote, jobs, json } => {
+        Command::Push { spec, profile, all, transfer: super::TransferArgs { remote, jobs, json } } => {
             let to = open_remote(&cli.workspace, remote.as_deref(), jobs)?;
             let ws = Workspace::open_read_only(&cli.workspace)?
                 .with_context(|| format!("no workspace at {}: nothing is cached to push", cli.workspace.display()))?;
@@ -355,7 +355,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             print_transfer("pushed", &to, &t, json);
             Ok(if t.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
-        Command::Pull { spec, targets, remote, jobs, json } => {
+        Command::Pull { spec, targets, transfer: super::TransferArgs { remote, jobs, json } } => {
             let from = open_remote(&cli.workspace, remote.as_deref(), jobs)?;
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, _) = select(spec, dag, targets, Vec::new(), &registry)?;

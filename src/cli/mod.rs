@@ -40,6 +40,20 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Where `push` and `pull` transfer, and how.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TransferArgs {
+    /// The remote (default: ORCHESTRATE_REMOTE, else `remote.url` in WORKSPACE/config.yaml).
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+    /// Parallel transfers (default: the config's `remote.jobs`, else 8).
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+    /// The summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `--remote [URL]` of `run` and `plan`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct RemoteArgs {
@@ -178,15 +192,8 @@ pub enum Command {
         /// Push every node cached in the workspace.
         #[arg(long)]
         all: bool,
-        /// The remote (default: ORCHESTRATE_REMOTE, else `remote.url` in WORKSPACE/config.yaml).
-        #[arg(long, value_name = "URL")]
-        remote: Option<String>,
-        /// Parallel transfers.
-        #[arg(long, short = 'j', value_name = "N")]
-        jobs: Option<usize>,
-        /// The summary as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        transfer: TransferArgs,
     },
     /// Download from the remote cache what a run of the spec (or of these
     /// targets) needs and the local cache lacks. Every object is re-hashed
@@ -197,15 +204,8 @@ pub enum Command {
         /// Only these nodes and what they need.
         #[arg(value_name = "NODE")]
         targets: Vec<String>,
-        /// The remote (default: ORCHESTRATE_REMOTE, else `remote.url` in WORKSPACE/config.yaml).
-        #[arg(long, value_name = "URL")]
-        remote: Option<String>,
-        /// Parallel transfers.
-        #[arg(long, short = 'j', value_name = "N")]
-        jobs: Option<usize>,
-        /// The summary as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        transfer: TransferArgs,
     },
     /// The hash-input diff of a node between its cached record and now.
     Explain {

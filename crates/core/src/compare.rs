@@ -25,6 +25,7 @@ use crate::gate::GateReport;
 use crate::ops::eval::{EvalResults, EvalSummary, POPULATIONS};
 use crate::ops::results::ResultsTableFile;
 use crate::report::{Node, Source};
+use crate::stats::mean_of as mean;
 use crate::stats::Interval;
 use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics, UpdateStats};
 
@@ -91,15 +92,6 @@ pub struct Metric {
 
 fn metric(name: impl Into<String>, unit: Unit, value: Option<f64>) -> Metric {
     Metric { name: name.into(), unit, value: value.filter(|v| v.is_finite()) }
-}
-
-fn mean(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let (mut sum, mut n) = (0.0, 0usize);
-    for x in xs {
-        sum += x;
-        n += 1;
-    }
-    (n > 0).then(|| sum / n as f64)
 }
 
 /// The mean of one statistic over every update of a run (undefined when none ran).
@@ -651,14 +643,12 @@ impl Summary {
     pub fn of(values: &[Option<f64>]) -> Summary {
         let defined: Vec<f64> = values.iter().flatten().copied().filter(|v| v.is_finite()).collect();
         let n = defined.len();
-        let m = mean(defined.iter().copied());
-        let std = match (m, n) {
-            (Some(m), n) if n >= 2 => {
-                Some((defined.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt())
-            }
-            _ => None,
-        };
-        Summary { n, undefined: values.len() - n, mean: m, std }
+        Summary {
+            n,
+            undefined: values.len() - n,
+            mean: mean(defined.iter().copied()),
+            std: crate::stats::sample_std(&defined),
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::compare::{label, split_id, Side};
-use crate::report::{esc, short};
+use crate::report::{esc, Plot};
 use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics, UpdateStats};
 
 const PALETTE: [&str; 8] = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e"];
@@ -83,12 +83,8 @@ pub fn combine(curves: &[&Curve]) -> Vec<Point> {
             if ys.is_empty() {
                 return (x, None, None);
             }
-            let n = ys.len() as f64;
-            let m = ys.iter().sum::<f64>() / n;
-            let band = (ys.len() >= 2).then(|| {
-                let sd = (ys.iter().map(|y| (y - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-                (m - sd, m + sd)
-            });
+            let m = ys.iter().sum::<f64>() / ys.len() as f64;
+            let band = crate::stats::sample_std(&ys).map(|sd| (m - sd, m + sd));
             (x, Some(m), band)
         })
         .collect();
@@ -166,7 +162,6 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
 }
 
 fn chart(title: &str, lines: &[Line]) -> String {
-    let (w, h, m) = (340.0, 180.0, 38.0);
     let mut xs = Vec::new();
     let mut ys = Vec::new();
     for l in lines {
@@ -176,36 +171,20 @@ fn chart(title: &str, lines: &[Line]) -> String {
                 ys.push(*y);
             }
             if let Some((lo, hi)) = band {
-                ys.push(*lo);
-                ys.push(*hi);
+                ys.extend([*lo, *hi]);
             }
         }
     }
-    let mut svg = format!(
-        r#"<figure><svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">"#
-    );
-    let _ = write!(
-        svg,
-        r##"<rect x="{m}" y="8" width="{}" height="{}" fill="none" stroke="#aaa"/>"##,
-        w - m - 8.0,
-        h - m - 8.0
-    );
-    if xs.is_empty() {
-        let _ = write!(svg, r#"<text x="{}" y="{}">undefined</text>"#, w / 2.0 - 20.0, h / 2.0);
-    } else {
-        let (x0, x1) = xs.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
-        let (y0, y1) = ys.iter().fold((f64::MAX, f64::MIN), |(a, b), y| (a.min(*y), b.max(*y)));
-        let (y0, y1) = if (y1 - y0).abs() < 1e-300 { (y0 - 1.0, y1 + 1.0) } else { (y0, y1) };
-        let sx = |x: f64| m + (x - x0) / (x1 - x0).max(1e-300) * (w - m - 8.0);
-        let sy = |y: f64| 8.0 + (1.0 - (y - y0) / (y1 - y0)) * (h - m - 8.0);
+    let mut svg = String::new();
+    if let Some(plot) = Plot::open(&mut svg, (340.0, 180.0, 38.0), &xs, &ys) {
         for l in lines {
             let c = colour(l.side);
             // The band: one polygon per run of consecutive points that have one.
             let mut run: Vec<(f64, f64, f64)> = Vec::new();
             let flush_band = |run: &mut Vec<(f64, f64, f64)>, svg: &mut String| {
                 if run.len() >= 2 {
-                    let upper = run.iter().map(|(x, _, hi)| format!("{:.1},{:.1}", sx(*x), sy(*hi)));
-                    let lower = run.iter().rev().map(|(x, lo, _)| format!("{:.1},{:.1}", sx(*x), sy(*lo)));
+                    let upper = run.iter().map(|(x, _, hi)| format!("{:.1},{:.1}", plot.sx(*x), plot.sy(*hi)));
+                    let lower = run.iter().rev().map(|(x, lo, _)| format!("{:.1},{:.1}", plot.sx(*x), plot.sy(*lo)));
                     let pts: Vec<String> = upper.chain(lower).collect();
                     let _ = write!(
                         svg,
@@ -222,37 +201,9 @@ fn chart(title: &str, lines: &[Line]) -> String {
                 }
             }
             flush_band(&mut run, &mut svg);
-            // The line, broken where undefined.
-            let mut seg: Vec<String> = Vec::new();
-            let flush = |seg: &mut Vec<String>, svg: &mut String| {
-                if seg.len() == 1 {
-                    let (cx, cy) = seg[0].split_once(',').unwrap_or(("0", "0"));
-                    let _ = write!(svg, r#"<circle cx="{cx}" cy="{cy}" r="2.5" fill="{c}"/>"#);
-                } else if seg.len() > 1 {
-                    let _ = write!(
-                        svg,
-                        r#"<polyline class="line" fill="none" stroke="{c}" stroke-width="1.5" points="{}"/>"#,
-                        seg.join(" ")
-                    );
-                }
-                seg.clear();
-            };
-            for (x, y, _) in &l.points {
-                match y {
-                    Some(y) => seg.push(format!("{:.1},{:.1}", sx(*x), sy(*y))),
-                    None => flush(&mut seg, &mut svg),
-                }
-            }
-            flush(&mut seg, &mut svg);
+            plot.line(&mut svg, l.points.iter().map(|(x, y, _)| (*x, *y)), c);
         }
-        let _ = write!(svg, r#"<text x="2" y="14">{}</text><text x="2" y="{}">{}</text>"#, short(y1), h - m, short(y0));
-        let _ = write!(
-            svg,
-            r#"<text x="{m}" y="{}">{x0}</text><text x="{}" y="{}" text-anchor="end">{x1}</text>"#,
-            h - m + 14.0,
-            w - 8.0,
-            h - m + 14.0
-        );
+        plot.labels(&mut svg);
     }
     svg.push_str("</svg>");
     let who: Vec<String> =

@@ -332,63 +332,99 @@ fn dag_svg(nodes: &[Node]) -> String {
     svg
 }
 
+/// A chart's frame and scales: a `W`×`H` SVG whose plot box starts `M` from
+/// the left and ends `M` above the bottom, scaled to the points' bounds.
+pub(crate) struct Plot {
+    w: f64,
+    h: f64,
+    m: f64,
+    x: (f64, f64),
+    y: (f64, f64),
+}
+
+impl Plot {
+    /// Opens the figure and draws the plot box; `None` (after writing
+    /// `undefined` in the box) when there is no point to draw.
+    pub(crate) fn open(svg: &mut String, (w, h, m): (f64, f64, f64), xs: &[f64], ys: &[f64]) -> Option<Plot> {
+        let _ = write!(
+            svg,
+            r##"<figure><svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10"><rect x="{m}" y="8" width="{}" height="{}" fill="none" stroke="#aaa"/>"##,
+            w - m - 8.0,
+            h - m - 8.0
+        );
+        if xs.is_empty() || ys.is_empty() {
+            let _ = write!(svg, r#"<text x="{}" y="{}">undefined</text>"#, w / 2.0 - 20.0, h / 2.0);
+            return None;
+        }
+        let bounds = |v: &[f64]| v.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+        let (y0, y1) = bounds(ys);
+        let y = if (y1 - y0).abs() < 1e-300 { (y0 - 1.0, y1 + 1.0) } else { (y0, y1) };
+        Some(Plot { w, h, m, x: bounds(xs), y })
+    }
+
+    pub(crate) fn sx(&self, x: f64) -> f64 {
+        self.m + (x - self.x.0) / (self.x.1 - self.x.0).max(1e-300) * (self.w - self.m - 8.0)
+    }
+
+    pub(crate) fn sy(&self, y: f64) -> f64 {
+        8.0 + (1.0 - (y - self.y.0) / (self.y.1 - self.y.0)) * (self.h - self.m - 8.0)
+    }
+
+    /// A line through the defined points, broken at undefined ones; a point
+    /// alone between two gaps is a dot (a one-point line draws nothing).
+    pub(crate) fn line(&self, svg: &mut String, points: impl IntoIterator<Item = (f64, Option<f64>)>, colour: &str) {
+        let mut seg: Vec<String> = Vec::new();
+        let flush = |seg: &mut Vec<String>, svg: &mut String| {
+            if seg.len() == 1 {
+                let (cx, cy) = seg[0].split_once(',').unwrap_or(("0", "0"));
+                let _ = write!(svg, r#"<circle cx="{cx}" cy="{cy}" r="2.5" fill="{colour}"/>"#);
+            } else if seg.len() > 1 {
+                let _ = write!(
+                    svg,
+                    r#"<polyline class="line" fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"#,
+                    seg.join(" ")
+                );
+            }
+            seg.clear();
+        };
+        for (x, y) in points {
+            match y.filter(|v| v.is_finite()) {
+                Some(v) => seg.push(format!("{:.1},{:.1}", self.sx(x), self.sy(v))),
+                None => flush(&mut seg, svg),
+            }
+        }
+        flush(&mut seg, svg);
+    }
+
+    /// The axes' end labels.
+    pub(crate) fn labels(&self, svg: &mut String) {
+        let (w, h, m) = (self.w, self.h, self.m);
+        let _ = write!(
+            svg,
+            r#"<text x="2" y="14">{}</text><text x="2" y="{}">{}</text><text x="{m}" y="{}">{}</text><text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            short(self.y.1),
+            h - m,
+            short(self.y.0),
+            h - m + 14.0,
+            self.x.0,
+            w - 8.0,
+            h - m + 14.0,
+            self.x.1
+        );
+    }
+}
+
 /// A line chart of one series; `None` points are gaps, listed as undefined.
 fn chart(title: &str, xs: &[f64], ys: &[Option<f64>]) -> String {
-    let (w, h, m) = (320.0, 170.0, 36.0);
     let defined: Vec<(f64, f64)> =
         xs.iter().zip(ys).filter_map(|(x, y)| y.filter(|v| v.is_finite()).map(|v| (*x, v))).collect();
     let undefined = ys.iter().filter(|y| !y.is_some_and(f64::is_finite)).count();
-    let mut svg = format!(
-        r#"<figure><svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">"#
-    );
-    let _ = write!(
-        svg,
-        r##"<rect x="{m}" y="8" width="{}" height="{}" fill="none" stroke="#aaa"/>"##,
-        w - m - 8.0,
-        h - m - 8.0
-    );
-    if defined.is_empty() {
-        let _ = write!(svg, r#"<text x="{}" y="{}">undefined</text>"#, w / 2.0 - 20.0, h / 2.0);
-    } else {
-        let (x0, x1) = defined.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-        let (y0, y1) = defined.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-        let (y0, y1) = if (y1 - y0).abs() < 1e-300 { (y0 - 1.0, y1 + 1.0) } else { (y0, y1) };
-        let sx = |x: f64| m + (x - x0) / (x1 - x0).max(1e-300) * (w - m - 8.0);
-        let sy = |y: f64| 8.0 + (1.0 - (y - y0) / (y1 - y0)) * (h - m - 8.0);
-        // Break the line at undefined points.
-        let mut segment = Vec::new();
-        let flush = |seg: &mut Vec<String>, svg: &mut String| {
-            if seg.len() == 1 {
-                // A point between two gaps: a dot, since a one-point line draws nothing.
-                let (cx, cy) = seg[0].split_once(',').unwrap_or(("0", "0"));
-                let _ = write!(svg, r##"<circle cx="{cx}" cy="{cy}" r="2.5" fill="#1565c0"/>"##);
-            }
-            if !seg.is_empty() {
-                let _ = write!(
-                    svg,
-                    r##"<polyline fill="none" stroke="#1565c0" stroke-width="1.5" points="{}"/>"##,
-                    seg.join(" ")
-                );
-                seg.clear();
-            }
-        };
-        for (x, y) in xs.iter().zip(ys) {
-            match y.filter(|v| v.is_finite()) {
-                Some(v) => segment.push(format!("{:.1},{:.1}", sx(*x), sy(v))),
-                None => flush(&mut segment, &mut svg),
-            }
-        }
-        flush(&mut segment, &mut svg);
-        let _ = write!(svg, r#"<text x="2" y="14">{}</text><text x="2" y="{}">{}</text>"#, short(y1), h - m, short(y0));
-        let _ = write!(
-            svg,
-            r#"<text x="{m}" y="{}">{}</text><text x="{}" y="{}" text-anchor="end">{}</text>"#,
-            h - m + 14.0,
-            x0,
-            w - 8.0,
-            h - m + 14.0,
-            x1
-        );
+    let mut svg = String::new();
+    let dx: Vec<f64> = defined.iter().map(|p| p.0).collect();
+    let dy: Vec<f64> = defined.iter().map(|p| p.1).collect();
+    if let Some(plot) = Plot::open(&mut svg, (320.0, 170.0, 36.0), &dx, &dy) {
+        plot.line(&mut svg, xs.iter().copied().zip(ys.iter().copied()), "#1565c0");
+        plot.labels(&mut svg);
     }
     svg.push_str("</svg>");
     let note = if undefined > 0 { format!(" ({undefined} undefined)") } else { String::new() };
@@ -643,8 +679,10 @@ mod tests {
         assert_eq!(num(Some(f64::NAN), 2), "undefined");
         let c = chart("kl", &[0.0, 1.0, 2.0], &[Some(1.0), None, Some(3.0)]);
         assert!(c.contains("kl (1 undefined)"), "{c}");
-        // The line breaks at the gap: two one-point segments are not drawn as one.
-        assert_eq!(c.matches("<polyline").count(), 2);
+        // The line breaks at the gap: two one-point segments are two dots, not one line.
+        assert_eq!((c.matches("<circle").count(), c.matches("<polyline").count()), (2, 0), "{c}");
+        let joined = chart("kl", &[0.0, 1.0, 2.0], &[Some(1.0), Some(2.0), Some(3.0)]);
+        assert_eq!((joined.matches("<circle").count(), joined.matches("<polyline").count()), (0, 1));
         let empty = chart("reward", &[0.0], &[None]);
         assert!(empty.contains(">undefined<") && !empty.contains("<polyline"));
     }

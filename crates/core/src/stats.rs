@@ -56,6 +56,23 @@ fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len() as f64
 }
 
+/// The mean, or `None` for no values (undefined, never 0).
+pub fn mean_of(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for x in xs {
+        sum += x;
+        n += 1;
+    }
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// The sample standard deviation (n − 1, as `torch.std` and numpy's `ddof=1`);
+/// `None` below two values.
+pub fn sample_std(xs: &[f64]) -> Option<f64> {
+    let m = mean_of(xs.iter().copied())?;
+    (xs.len() >= 2).then(|| (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt())
+}
+
 /// The 2.5 % and 97.5 % percentiles of the resampled statistics.
 fn percentile_interval(estimate: f64, mut stats: Vec<f64>) -> Interval {
     stats.sort_by(f64::total_cmp);

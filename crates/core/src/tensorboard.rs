@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 
 use crate::report::{Node, Source};
+use crate::stats::{mean_of as mean, sample_std};
 use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics};
 
 /// `tensorflow.Event`: the fields written here.
@@ -102,21 +103,6 @@ pub fn event_file(scalars: &[Scalar], base_time: f64) -> Vec<u8> {
         record(&mut out, &e.encode_to_vec());
     }
     out
-}
-
-fn mean(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
-    let (mut sum, mut n) = (0.0, 0usize);
-    for x in xs {
-        sum += x;
-        n += 1;
-    }
-    (n > 0).then(|| sum / n as f64)
-}
-
-/// The sample standard deviation (n − 1, as `torch.std`); `None` below two values.
-fn sample_std(xs: &[f64]) -> Option<f64> {
-    let m = mean(xs.iter().copied())?;
-    (xs.len() >= 2).then(|| (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt())
 }
 
 /// GRPO's scalars, one step per iteration.
