@@ -241,6 +241,27 @@ pub fn decide(
     })
 }
 
+impl NodeJob<'_> {
+    /// On a local miss, the node from the shared remote cache (`run
+    /// --remote`): `Ok(None)` when there is no remote, the node is forced, or
+    /// the remote lacks it; `Err` says why a copy it has was not taken
+    /// (refused, unreachable), and the node then runs here.
+    pub fn from_remote(&self, key: &Key) -> Result<Option<Outcome>, String> {
+        let (false, Some(remote)) = (self.force, self.remote) else { return Ok(None) };
+        let quiet = crate::remote::sync_progress_none();
+        let local = (self.node.id(), self.spec_name);
+        match crate::remote::fetch_node(self.ws, self.index, remote, key, local, self.spec_dir, &quiet) {
+            Ok(Some(node)) => Ok(Some(Outcome::Cached {
+                key: key.clone(),
+                outputs: node.outputs,
+                remote: Some(remote.url.to_string()),
+            })),
+            Ok(None) => Ok(None),
+            Err(e) => Err(format!("not taken from {}: {e}", remote.url)),
+        }
+    }
+}
+
 /// What the caller hears about while a node resolves.
 pub trait NodeObserver {
     fn started(&mut self, key: &Key, reason: &str);
@@ -316,21 +337,11 @@ impl Executor for Local {
         }
         // A local miss: the shared remote cache may have it (`run --remote`).
         let mut reason = run.reason.to_string();
-        if let (false, Some(remote)) = (job.force, job.remote) {
-            let quiet = crate::remote::sync_progress_none();
-            let local = (job.node.id(), job.spec_name);
-            match crate::remote::fetch_node(job.ws, job.index, remote, key, local, job.spec_dir, &quiet) {
-                Ok(Some(node)) => {
-                    return Outcome::Cached {
-                        key: key.clone(),
-                        outputs: node.outputs,
-                        remote: Some(remote.url.to_string()),
-                    }
-                }
-                Ok(None) => {}
-                // Refused or unreachable: say so, and run it here.
-                Err(e) => reason = format!("{reason}; not taken from {}: {e}", remote.url),
-            }
+        match job.from_remote(key) {
+            Ok(Some(cached)) => return cached,
+            Ok(None) => {}
+            // Refused or unreachable: said in the reason, and it runs here.
+            Err(why) => reason = format!("{reason}; {why}"),
         }
         let _slot = match (&job.env, job.cpu) {
             (Some(env), Some(slots)) if env.device == "cpu" => {

@@ -156,6 +156,14 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
     if interrupted() {
         return to_run.failed("not submitted: the run was interrupted".into());
     }
+    // A local miss: the shared remote cache may have it (`run --remote`),
+    // fetched into the shared workspace by this process, before any job.
+    let mut reason = to_run.reason.to_string();
+    match job.from_remote(&key) {
+        Ok(Some(cached)) => return cached,
+        Ok(None) => {}
+        Err(why) => reason = format!("{reason}; {why}"),
+    }
     let ws = job.ws.root();
     let res = &job.node.def.resources;
 
@@ -176,7 +184,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
         } else if retried > 0 {
             observer.waiting(&key, &format!("resubmitted as Slurm job {job_id} (retry {retried} of {retries})"));
         } else {
-            observer.started(&key, &format!("{}; Slurm job {job_id}", to_run.reason));
+            observer.started(&key, &format!("{reason}; Slurm job {job_id}"));
         }
         run.tracker.add(&job_id, adopted);
         let mut reported_pending = String::new();
