@@ -20,6 +20,10 @@ pub trait Backend: Send + Sync {
     /// Uploads a file, reporting bytes sent as they go. Large files go in parts.
     fn put_file(&self, key: &str, path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<(), RemoteError>;
     fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError>;
+    /// Every key under a prefix, or `None` when that takes more than
+    /// `max_pages` list requests (of up to 1,000 keys each): then asking for
+    /// each key (HEAD) is cheaper.
+    fn list(&self, prefix: &str, max_pages: usize) -> Result<Option<Vec<String>>, RemoteError>;
 }
 
 fn transfer(what: String) -> impl FnOnce(std::io::Error) -> RemoteError {
@@ -116,6 +120,26 @@ impl Backend for DirBackend {
 
     fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError> {
         self.write(key, |f| f.write_all(bytes).map_err(transfer(format!("writing {key}"))))
+    }
+
+    fn list(&self, prefix: &str, _max_pages: usize) -> Result<Option<Vec<String>>, RemoteError> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.root.join(prefix)];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for e in entries.flatten() {
+                let Ok(t) = e.file_type() else { continue };
+                let path = e.path();
+                if t.is_dir() {
+                    stack.push(path);
+                } else if t.is_file() && !e.file_name().to_string_lossy().starts_with('.') {
+                    if let Ok(rel) = path.strip_prefix(&self.root) {
+                        out.push(rel.to_string_lossy().into_owned());
+                    }
+                }
+            }
+        }
+        Ok(Some(out))
     }
 }
 
@@ -454,6 +478,37 @@ impl Backend for S3Backend {
 
     fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError> {
         self.put_single(key, bytes)
+    }
+
+    fn list(&self, prefix: &str, max_pages: usize) -> Result<Option<Vec<String>>, RemoteError> {
+        let full = self.object(prefix);
+        let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..max_pages.max(1) {
+            let creds = self.creds();
+            let mut action = self.bucket.list_objects_v2(Some(&creds));
+            action.with_prefix(full.as_str());
+            if let Some(t) = &token {
+                action.with_continuation_token(t.as_str());
+            }
+            let r = self.send("GET", action.sign(PRESIGN), prefix, None)?;
+            let mut r = self.check("LIST", prefix, r)?;
+            let body = r
+                .body_mut()
+                .with_config()
+                .limit(16 << 20)
+                .read_to_string()
+                .map_err(|e| RemoteError::Transfer(format!("LIST {}/{prefix}: {e}", self.name)))?;
+            let page = rusty_s3::actions::ListObjectsV2::parse_response(&body)
+                .map_err(|e| RemoteError::Transfer(format!("LIST {}/{prefix}: unreadable answer: {e}", self.name)))?;
+            out.extend(page.contents.into_iter().filter_map(|c| c.key.strip_prefix(&strip).map(str::to_string)));
+            match page.next_continuation_token {
+                Some(t) => token = Some(t),
+                None => return Ok(Some(out)),
+            }
+        }
+        Ok(None)
     }
 }
 

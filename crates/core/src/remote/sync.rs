@@ -134,7 +134,16 @@ pub fn push(
 ) -> Result<Transfer, RemoteError> {
     let backend = remote.backend.as_ref();
     let mut t = Transfer::default();
-    let have = parallel(nodes, remote.jobs, |n| backend.exists(&record_key(&n.key)));
+    // Which records the remote has: one listing when that is cheaper than a
+    // HEAD per node (as DVC weighs listing against queries), else HEADs.
+    let listed = known_keys(remote, "records/", nodes.len())?;
+    let have = parallel(nodes, remote.jobs, |n| {
+        let key = record_key(&n.key);
+        match &listed {
+            Some(set) => Ok(set.contains(&key)),
+            None => backend.exists(&key),
+        }
+    });
     let mut todo = Vec::new();
     for (n, has) in nodes.iter().zip(have) {
         if has? {
@@ -193,10 +202,19 @@ pub fn push(
         }
     }
     let sent_objects = AtomicUsize::new(0);
+    let objects_there =
+        known_keys(remote, "objects/", uploads.iter().map(|u| 1 + u.listing.as_ref().map_or(0, |l| l.0.len())).sum())?;
     let results = parallel(&uploads, remote.jobs, |u| -> Result<(), String> {
         let fail = |e: RemoteError| format!("node '{}', object {}: {e}", u.node, u.hash);
         let send = |key: &str, path: &Path, size: u64| -> Result<(), String> {
-            if backend.exists(key).map_err(fail)? {
+            // Known there, or asked (a HEAD) unless small enough that sending
+            // it again costs what asking does.
+            let there = match &objects_there {
+                Some(set) => set.contains(key),
+                None if size <= SMALL_OBJECT => false,
+                None => backend.exists(key).map_err(fail)?,
+            };
+            if there {
                 progress.add(size);
                 return Ok(());
             }
@@ -254,6 +272,19 @@ pub fn push(
     t.bytes = progress.bytes.load(Ordering::Relaxed);
     progress.finish();
     Ok(t)
+}
+
+/// An object this small is sent without asking first whether it is there.
+const SMALL_OBJECT: u64 = 256 << 10;
+
+/// The keys under a prefix when listing them costs less than asking for
+/// `queries` keys one by one (a list page holds 1,000 keys; one page is
+/// weighed as 200 HEAD requests); `None` for few queries or a large remote.
+fn known_keys(remote: &Remote, prefix: &str, queries: usize) -> Result<Option<BTreeSet<String>>, RemoteError> {
+    if queries < 64 {
+        return Ok(None);
+    }
+    Ok(remote.backend.list(prefix, queries / 200 + 1)?.map(|keys| keys.into_iter().collect()))
 }
 
 /// A relative path inside a folder: no root, no `..` or `.`, no empty part.
