@@ -458,3 +458,27 @@ fn a_large_output_goes_up_in_parts_and_comes_back_identical() {
     ok(&m.run(&b, &["pull", "big.yaml", "--remote", URL]));
     assert_eq!(std::fs::read(b.path().join("big.bin")).unwrap(), std::fs::read(a.path().join("big.bin")).unwrap());
 }
+
+#[test]
+fn a_damaged_local_object_is_never_pushed_nor_any_record_that_names_it() {
+    let p = Project::new();
+    let remote = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", remote.path().display());
+    // Two nodes whose outputs have the same bytes: one object, two records.
+    p.write(
+        "same.yaml",
+        "name: same\nnodes:\n  x: {op: shell, params: {cmd: 'echo same > x.txt', outs: [x.txt]}}\n  y: {op: shell, params: {cmd: 'echo same > y.txt', outs: [y.txt]}}\n  z: {op: shell, params: {cmd: 'echo other > z.txt', outs: [z.txt]}}\n",
+    );
+    ok(&p.run(&["run", "-q", "same.yaml"]));
+    let object = std::path::PathBuf::from(stdout(&p.run(&["path", "same.yaml", "x:x.txt"])).trim());
+    std::fs::set_permissions(&object, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&object, "sane\n").unwrap();
+    let out = p.run(&["push", "same.yaml", "--remote", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("is damaged"), "{}", stderr(&out));
+    let records: Vec<String> =
+        walk(&remote.path().join("records")).iter().map(|r| std::fs::read_to_string(r).unwrap()).collect();
+    assert_eq!(records.len(), 1, "only z: {records:?}");
+    assert!(records[0].contains("\"node_id\": \"z\""));
+    assert!(walk(&remote.path().join("objects")).iter().all(|o| std::fs::read_to_string(o).unwrap() != "sane\n"));
+}

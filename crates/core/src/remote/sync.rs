@@ -156,6 +156,8 @@ pub fn push(
     let mut uploads: Vec<Upload> = Vec::new();
     let mut seen = BTreeSet::new();
     let mut broken: BTreeMap<String, String> = BTreeMap::new();
+    // Local objects that are damaged: no node naming one is pushed.
+    let mut damaged: BTreeSet<String> = BTreeSet::new();
     for n in &todo {
         for o in &n.outputs {
             if !seen.insert(o.object.hash.clone()) {
@@ -167,6 +169,7 @@ pub fn push(
                     match crate::store::hash_file(&path) {
                         Ok((h, _)) if h == o.object.hash => {}
                         Ok(_) => {
+                            damaged.insert(o.object.hash.clone());
                             broken.insert(
                                 n.node_id.clone(),
                                 format!("local object {} of output '{}' is damaged", o.object.hash, o.name),
@@ -174,6 +177,7 @@ pub fn push(
                             continue;
                         }
                         Err(e) => {
+                            damaged.insert(o.object.hash.clone());
                             broken.insert(n.node_id.clone(), format!("output '{}': {e}", o.name));
                             continue;
                         }
@@ -185,6 +189,7 @@ pub fn push(
                         Some((files, bytes))
                     }
                     Ok(_) => {
+                        damaged.insert(o.object.hash.clone());
                         broken.insert(
                             n.node_id.clone(),
                             format!("local folder {} of output '{}' is damaged", o.object.hash, o.name),
@@ -192,6 +197,7 @@ pub fn push(
                         continue;
                     }
                     Err(e) => {
+                        damaged.insert(o.object.hash.clone());
                         broken.insert(n.node_id.clone(), format!("output '{}': {e}", o.name));
                         continue;
                     }
@@ -252,7 +258,10 @@ pub fn push(
     let ready: Vec<&CachedNode> = todo
         .into_iter()
         .filter(|n| {
-            !broken.contains_key(&n.node_id) && n.outputs.iter().all(|o| !failed_objects.contains(&o.object.hash))
+            !broken.contains_key(&n.node_id)
+                && n.outputs
+                    .iter()
+                    .all(|o| !failed_objects.contains(&o.object.hash) && !damaged.contains(&o.object.hash))
         })
         .collect();
     let sent = parallel(&ready, remote.jobs, |n| {
