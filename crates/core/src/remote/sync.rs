@@ -164,44 +164,23 @@ pub fn push(
                 continue;
             }
             let path = ws.object_path(&o.object.hash);
-            let listing = match o.object.kind {
-                OutputKind::File => {
-                    match crate::store::hash_file(&path) {
-                        Ok((h, _)) if h == o.object.hash => {}
-                        Ok(_) => {
-                            damaged.insert(o.object.hash.clone());
-                            broken.insert(
-                                n.node_id.clone(),
-                                format!("local object {} of output '{}' is damaged", o.object.hash, o.name),
-                            );
-                            continue;
-                        }
-                        Err(e) => {
-                            damaged.insert(o.object.hash.clone());
-                            broken.insert(n.node_id.clone(), format!("output '{}': {e}", o.name));
-                            continue;
-                        }
-                    }
-                    None
+            // The local object must still hash to its name before it is sent.
+            let checked = match o.object.kind {
+                OutputKind::File => crate::store::hash_file(&path).map(|(h, _)| (h, None)),
+                OutputKind::Dir => dir_listing(&path)
+                    .map(|(files, bytes)| (blake3::hash(&bytes).to_hex().to_string(), Some((files, bytes)))),
+            };
+            let listing = match checked {
+                Ok((h, listing)) if h == o.object.hash => listing,
+                other => {
+                    let why = match other {
+                        Ok(_) => format!("local object {} of output '{}' is damaged", o.object.hash, o.name),
+                        Err(e) => format!("output '{}': {e}", o.name),
+                    };
+                    damaged.insert(o.object.hash.clone());
+                    broken.insert(n.node_id.clone(), why);
+                    continue;
                 }
-                OutputKind::Dir => match dir_listing(&path) {
-                    Ok((files, bytes)) if blake3::hash(&bytes).to_hex().as_str() == o.object.hash => {
-                        Some((files, bytes))
-                    }
-                    Ok(_) => {
-                        damaged.insert(o.object.hash.clone());
-                        broken.insert(
-                            n.node_id.clone(),
-                            format!("local folder {} of output '{}' is damaged", o.object.hash, o.name),
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        damaged.insert(o.object.hash.clone());
-                        broken.insert(n.node_id.clone(), format!("output '{}': {e}", o.name));
-                        continue;
-                    }
-                },
             };
             progress.grow(o.object.size);
             uploads.push(Upload { node: n.node_id.clone(), hash: o.object.hash.clone(), path, listing });
