@@ -216,6 +216,45 @@ pub fn node_metrics(node: &Node) -> Result<Vec<Metric>, String> {
     }
 }
 
+/// The metrics of several nodes side by side (a node absent from a side has none).
+struct MetricTable {
+    /// Each node's metrics by name.
+    by_node: Vec<BTreeMap<String, Metric>>,
+    /// Every name, in order of first appearance.
+    order: Vec<String>,
+    /// (position, why its files did not read): nothing is taken from those.
+    unreadable: Vec<(usize, String)>,
+}
+
+impl MetricTable {
+    fn of(nodes: &[Option<&Node>]) -> MetricTable {
+        let mut t = MetricTable { by_node: Vec::with_capacity(nodes.len()), order: Vec::new(), unreadable: Vec::new() };
+        for (i, x) in nodes.iter().enumerate() {
+            let mut m = BTreeMap::new();
+            match x.map(node_metrics) {
+                Some(Ok(list)) => {
+                    for metric in list {
+                        if !t.order.contains(&metric.name) {
+                            t.order.push(metric.name.clone());
+                        }
+                        m.insert(metric.name.clone(), metric);
+                    }
+                }
+                Some(Err(error)) => t.unreadable.push((i, error)),
+                None => {}
+            }
+            t.by_node.push(m);
+        }
+        t
+    }
+
+    /// One metric's unit and its value on each node (`None`: undefined or absent).
+    fn column(&self, name: &str) -> (Unit, Vec<Option<f64>>) {
+        let unit = self.by_node.iter().find_map(|m| m.get(name)).map_or(Unit::Value, |m| m.unit);
+        (unit, self.by_node.iter().map(|m| m.get(name).and_then(|m| m.value)).collect())
+    }
+}
+
 /// One hash-input field (or the node's presence) that differs between sides.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KeyRow {
@@ -388,28 +427,12 @@ pub fn compare(sides: &[Side], all: bool) -> Comparison {
             }
         }
         // Metrics.
-        let mut per_side: Vec<BTreeMap<String, Metric>> = Vec::with_capacity(n);
-        let mut order: Vec<String> = Vec::new();
-        for (i, x) in nodes.iter().enumerate() {
-            let mut m = BTreeMap::new();
-            if let Some(node) = x {
-                match node_metrics(node) {
-                    Ok(list) => {
-                        for metric in list {
-                            if !order.contains(&metric.name) {
-                                order.push(metric.name.clone());
-                            }
-                            m.insert(metric.name.clone(), metric);
-                        }
-                    }
-                    Err(error) => out.unreadable.push(Unreadable { side: label(i), node: id.clone(), error }),
-                }
-            }
-            per_side.push(m);
+        let table = MetricTable::of(&nodes);
+        for (i, error) in &table.unreadable {
+            out.unreadable.push(Unreadable { side: label(*i), node: id.clone(), error: error.clone() });
         }
-        for name in &order {
-            let unit = per_side.iter().find_map(|m| m.get(name)).map_or(Unit::Value, |m| m.unit);
-            let values: Vec<Option<f64>> = per_side.iter().map(|m| m.get(name).and_then(|m| m.value)).collect();
+        for name in &table.order {
+            let (unit, values) = table.column(name);
             let bits: Vec<Option<u64>> = values.iter().map(|v| v.map(f64::to_bits)).collect();
             if !all && same(&bits) {
                 continue;
@@ -626,6 +649,16 @@ pub fn split_id(id: &str) -> (String, BTreeMap<String, String>) {
     (base.to_string(), binding)
 }
 
+/// The group of a matrix node over one axis (its id without that axis:
+/// `e2@guard=on,seed=3` over `seed` → `e2@guard=on`) and its value on the
+/// axis; `None` when the node does not have the axis.
+pub fn group_of(id: &str, axis: &str) -> Option<(String, String)> {
+    let (base, mut binding) = split_id(id);
+    let member = binding.remove(axis)?;
+    let rest: Vec<String> = binding.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    Some((if rest.is_empty() { base } else { format!("{base}@{}", rest.join(",")) }, member))
+}
+
 /// Mean, sample standard deviation and count of the defined values of a group.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
@@ -700,11 +733,8 @@ pub fn group(side: &Side, axis: &str) -> Result<Grouped, String> {
     let mut groups: BTreeMap<String, Vec<(String, &Node)>> = BTreeMap::new();
     let mut axes = BTreeSet::new();
     for node in &side.source.nodes {
-        let (base, mut binding) = split_id(&node.id);
-        axes.extend(binding.keys().cloned());
-        let Some(member) = binding.remove(axis) else { continue };
-        let rest: Vec<String> = binding.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let id = if rest.is_empty() { base } else { format!("{base}@{}", rest.join(",")) };
+        axes.extend(split_id(&node.id).1.into_keys());
+        let Some((id, member)) = group_of(&node.id, axis) else { continue };
         groups.entry(id).or_default().push((member, node));
     }
     if groups.is_empty() {
@@ -724,29 +754,16 @@ pub fn group(side: &Side, axis: &str) -> Result<Grouped, String> {
     // Per group: each problem's success per member, for the paired intervals.
     let mut problems: BTreeMap<String, Result<Outcomes, String>> = BTreeMap::new();
     for (id, members) in &groups {
-        let mut per_member: Vec<BTreeMap<String, Metric>> = Vec::new();
-        let mut order: Vec<String> = Vec::new();
-        for (_, node) in members {
-            let mut m = BTreeMap::new();
-            match node_metrics(node) {
-                Ok(list) => {
-                    for metric in list {
-                        if !order.contains(&metric.name) {
-                            order.push(metric.name.clone());
-                        }
-                        m.insert(metric.name.clone(), metric);
-                    }
-                }
-                Err(error) => out.unreadable.push(Unreadable { side: side.name.clone(), node: node.id.clone(), error }),
-            }
-            per_member.push(m);
+        let table = MetricTable::of(&members.iter().map(|(_, n)| Some(*n)).collect::<Vec<_>>());
+        for (i, error) in &table.unreadable {
+            let node = members[*i].1.id.clone();
+            out.unreadable.push(Unreadable { side: side.name.clone(), node, error: error.clone() });
         }
-        for name in order {
-            let unit = per_member.iter().find_map(|m| m.get(&name)).map_or(Unit::Value, |m| m.unit);
-            let values: Vec<Option<f64>> = per_member.iter().map(|m| m.get(&name).and_then(|m| m.value)).collect();
+        for name in &table.order {
+            let (unit, values) = table.column(name);
             out.rows.push(GroupRow {
                 group: id.clone(),
-                metric: name,
+                metric: name.clone(),
                 unit,
                 members: members.iter().map(|(v, _)| v.clone()).collect(),
                 summary: Summary::of(&values),

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::compare::{label, split_id, Side};
+use crate::compare::{group_of, label, Side};
 use crate::report::{esc, Plot};
 use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics, UpdateStats};
 
@@ -106,16 +106,7 @@ pub struct Charts {
 /// The curve id of a node: its id, or with `group_by` its group's (the id
 /// without that axis), when the node has the axis.
 fn curve_id(id: &str, group_by: Option<&str>) -> String {
-    let Some(axis) = group_by else { return id.to_string() };
-    let (base, mut binding) = split_id(id);
-    if binding.remove(axis).is_none() {
-        return id.to_string();
-    }
-    if binding.is_empty() {
-        base
-    } else {
-        format!("{base}@{}", binding.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
-    }
+    group_by.and_then(|axis| group_of(id, axis)).map_or_else(|| id.to_string(), |(group, _)| group)
 }
 
 /// Reads every training node of every side and builds the charts.
