@@ -387,12 +387,7 @@ fn fetch_object(
     o: &OutputRecord,
     progress: &Progress,
 ) -> Result<u64, RemoteError> {
-    let local = ws.object_path(&o.object.hash);
-    let present = match o.object.kind {
-        OutputKind::File => std::fs::metadata(&local).is_ok_and(|m| m.is_file() && m.len() == o.object.size),
-        OutputKind::Dir => local.is_dir(),
-    };
-    if present {
+    if ws.has_object(&o.object) {
         return Ok(0);
     }
     let what = format!("node '{}', output '{}'", node.node_id, o.name);
@@ -492,9 +487,15 @@ pub fn fetch_node(
     for o in &node.outputs {
         fetch_object(ws, remote, &node, o, progress)?;
     }
+    land(ws, index, spec_dir, node).map(Some)
+}
+
+/// Commits a node whose objects are all in the store, checks its outputs out
+/// into the user's tree, and returns it as the index now holds it.
+fn land(ws: &Workspace, index: &Index, spec_dir: &Path, node: CachedNode) -> Result<CachedNode, RemoteError> {
     ws.commit_node(index, &node)?;
     checkout(ws, index, spec_dir, &node)?;
-    Ok(index.lookup(key)?.or(Some(node)))
+    Ok(index.lookup(&node.key)?.unwrap_or(node))
 }
 
 /// Writes outputs that live in the user's tree (a shell node's `outs`) there
@@ -577,11 +578,9 @@ pub fn pull(
     for (n, r) in found.into_iter().zip(fetched) {
         match r {
             Ok(k) => {
-                ws.commit_node(index, &n)?;
-                checkout(ws, index, spec_dir, &n)?;
                 t.objects += k;
                 t.nodes += 1;
-                done.insert(n.node_id.clone(), index.lookup(&n.key)?.unwrap_or(n));
+                done.insert(n.node_id.clone(), land(ws, index, spec_dir, n)?);
             }
             Err(e) => t.failed.push(e.to_string()),
         }

@@ -498,6 +498,16 @@ impl Workspace {
         Ok(h)
     }
 
+    /// Whether the store holds this object: a file of its size, or a folder
+    /// (the cheap check; `check_object` re-hashes).
+    pub fn has_object(&self, object: &ObjectInfo) -> bool {
+        let path = self.object_path(&object.hash);
+        match object.kind {
+            OutputKind::File => fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == object.size),
+            OutputKind::Dir => path.is_dir(),
+        }
+    }
+
     /// Why a cached node's outputs can no longer be trusted, or `None` if they can.
     /// Outputs in the user's tree are re-hashed only when their stat changed; a
     /// stat-only change (touch) that leaves the bytes equal is refreshed, not a miss.
@@ -510,14 +520,7 @@ impl Workspace {
         let mut refreshed = node.outputs.clone();
         let mut changed = false;
         for out in refreshed.iter_mut() {
-            let obj = self.object_path(&out.object.hash);
-            let present = match out.object.kind {
-                OutputKind::File => {
-                    fs::metadata(&obj).map(|m| m.is_file() && m.len() == out.object.size).unwrap_or(false)
-                }
-                OutputKind::Dir => obj.is_dir(),
-            };
-            if !present {
+            if !self.has_object(&out.object) {
                 return Ok(Some(format!("output '{}' is missing from the store", out.name)));
             }
             let Some(rel) = &out.workspace_path else {
