@@ -250,43 +250,32 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { targets, out, group_by, profile } => {
-            if targets.len() > 1 || group_by.is_some() {
-                let named = if targets.is_empty() {
-                    let ws = Workspace::open_read_only(&cli.workspace)?
-                        .with_context(|| format!("no workspace at {}", cli.workspace.display()))?;
-                    vec![ws.resolve_run(None)?]
-                } else {
-                    targets
-                };
-                let sides = named
-                    .iter()
-                    .map(|t| compare_side(&cli.workspace, t, profile.as_deref(), &registry))
-                    .collect::<Result<Vec<_>>>()?;
-                let html = orchestrate_core::overlay::render(&sides, group_by.as_deref());
-                write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
-                outln!("wrote {} ({} runs overlaid)", out.display(), sides.len());
-                return Ok(ExitCode::SUCCESS);
-            }
-            let target = targets.into_iter().next();
-            let source = match &target {
-                Some(t) if std::path::Path::new(t).join("MANIFEST.json").exists() => {
-                    orchestrate_core::pack::report_source(std::path::Path::new(t))?
+            let named = if targets.is_empty() {
+                let ws = Workspace::open_read_only(&cli.workspace)?.with_context(|| {
+                    format!("no workspace at {}: name a run, a spec or a pack folder", cli.workspace.display())
+                })?;
+                vec![ws.resolve_run(None)?]
+            } else {
+                targets
+            };
+            let sides = named
+                .iter()
+                .map(|t| compare_side(&cli.workspace, t, profile.as_deref(), &registry))
+                .collect::<Result<Vec<_>>>()?;
+            // Never a half-written report.
+            let write = |html: String| {
+                write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))
+            };
+            match (sides.as_slice(), &group_by) {
+                ([one], None) => {
+                    write(orchestrate_core::report::render(&one.source))?;
+                    outln!("wrote {} ({} nodes)", out.display(), one.source.nodes.len());
                 }
                 _ => {
-                    let ws = Workspace::open_read_only(&cli.workspace)?.with_context(|| {
-                        format!(
-                            "no workspace at {} (and {} is not a pack folder with a MANIFEST.json)",
-                            cli.workspace.display(),
-                            target.as_deref().unwrap_or("-")
-                        )
-                    })?;
-                    orchestrate_core::report::from_run(&ws, target)?
+                    write(orchestrate_core::overlay::render(&sides, group_by.as_deref()))?;
+                    outln!("wrote {} ({} runs overlaid)", out.display(), sides.len());
                 }
-            };
-            let html = orchestrate_core::report::render(&source);
-            // Never a half-written report.
-            write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()))?;
-            outln!("wrote {} ({} nodes)", out.display(), source.nodes.len());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Compare { targets, profile, all, group_by, json, md } => {

@@ -291,8 +291,8 @@ pub enum Command {
     /// With several runs or packs (or `--group-by`), their GRPO and SFT curves
     /// overlaid, one line per run, a legend naming each.
     Report {
-        /// Run ids of the workspace or pack folders (default: the latest run);
-        /// with two or more, or `--group-by`, also spec files (their latest run).
+        /// Run ids of the workspace, spec files (their latest run) or pack
+        /// folders (default: the latest run).
         targets: Vec<String>,
         /// Where to write the HTML.
         #[arg(long, value_name = "FILE", default_value = "report.html")]
