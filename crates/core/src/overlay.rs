@@ -10,45 +10,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::compare::{group_of, label, Side};
-use crate::report::{esc, Plot};
-use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics, UpdateStats};
+use crate::report::{esc, grpo_curves, sft_curves, Curve, Plot};
+use crate::train::metrics::TrainingMetrics;
 
 const PALETTE: [&str; 8] = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e"];
 
 /// One side's colour.
 pub fn colour(side: usize) -> &'static str {
     PALETTE[side % PALETTE.len()]
-}
-
-/// One metric of one node: y at each x, `None` where undefined.
-type Curve = Vec<(f64, Option<f64>)>;
-
-fn mean_of(updates: &[UpdateStats], field: fn(&UpdateStats) -> f64) -> Option<f64> {
-    (!updates.is_empty()).then(|| updates.iter().map(field).sum::<f64>() / updates.len() as f64)
-}
-
-/// The report's GRPO curves, by iteration.
-fn grpo_curves(m: &GrpoMetrics) -> Vec<(&'static str, Curve)> {
-    let h = &m.history;
-    let x = |i: &crate::train::metrics::GrpoIteration| i.iteration as f64;
-    vec![
-        ("mean reward", h.iter().map(|i| (x(i), Some(i.mean_reward))).collect()),
-        ("zero-variance group fraction", h.iter().map(|i| (x(i), Some(i.zero_variance_fraction))).collect()),
-        ("mean exact KL", h.iter().map(|i| (x(i), mean_of(&i.updates, |u| u.kl))).collect()),
-        ("clip fraction", h.iter().map(|i| (x(i), mean_of(&i.updates, |u| u.clip_fraction))).collect()),
-        ("gradient norm", h.iter().map(|i| (x(i), mean_of(&i.updates, |u| u.grad_norm))).collect()),
-        ("learning rate", h.iter().map(|i| (x(i), mean_of(&i.updates, |u| u.lr))).collect()),
-    ]
-}
-
-fn sft_curves(m: &SftMetrics) -> Vec<(&'static str, Curve)> {
-    vec![
-        ("training NLL per update", m.history.iter().map(|u| (u.update as f64, Some(u.loss))).collect()),
-        (
-            "validation NLL per epoch",
-            m.validation_history.iter().map(|v| (v.epoch as f64 + 1.0, Some(v.validation_nll))).collect(),
-        ),
-    ]
 }
 
 /// One point of a line: x, the mean (`None` where no member is defined), and

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use crate::gate::{GateReport, GateResult};
 use crate::ops::results::{pct, ResultsTableFile};
+use crate::stats::mean_of;
 use crate::store::{StoreError, Workspace};
 use crate::train::metrics::{GrpoMetrics, IterationCosts, SftMetrics, TrainingMetrics, UpdateStats};
 
@@ -414,16 +415,48 @@ impl Plot {
     }
 }
 
+/// One metric of one node: y at each x, `None` where undefined.
+pub(crate) type Curve = Vec<(f64, Option<f64>)>;
+
+/// The GRPO curves the reports draw, by iteration (the last four averaged
+/// over the iteration's updates; undefined, not 0, where none ran).
+pub(crate) fn grpo_curves(m: &GrpoMetrics) -> Vec<(&'static str, Curve)> {
+    let h = &m.history;
+    let over = |i: &crate::train::metrics::GrpoIteration, f: fn(&UpdateStats) -> f64| mean_of(i.updates.iter().map(f));
+    let curve = |y: &dyn Fn(&crate::train::metrics::GrpoIteration) -> Option<f64>| -> Curve {
+        h.iter().map(|i| (i.iteration as f64, y(i))).collect()
+    };
+    vec![
+        ("mean reward", curve(&|i| Some(i.mean_reward))),
+        ("zero-variance group fraction", curve(&|i| Some(i.zero_variance_fraction))),
+        ("mean exact KL", curve(&|i| over(i, |u| u.kl))),
+        ("clip fraction", curve(&|i| over(i, |u| u.clip_fraction))),
+        ("gradient norm", curve(&|i| over(i, |u| u.grad_norm))),
+        ("learning rate", curve(&|i| over(i, |u| u.lr))),
+    ]
+}
+
+/// The SFT curves the reports draw.
+pub(crate) fn sft_curves(m: &SftMetrics) -> Vec<(&'static str, Curve)> {
+    vec![
+        ("training NLL per update", m.history.iter().map(|u| (u.update as f64, Some(u.loss))).collect()),
+        (
+            "validation NLL per epoch",
+            m.validation_history.iter().map(|v| (v.epoch as f64 + 1.0, Some(v.validation_nll))).collect(),
+        ),
+    ]
+}
+
 /// A line chart of one series; `None` points are gaps, listed as undefined.
-fn chart(title: &str, xs: &[f64], ys: &[Option<f64>]) -> String {
+fn chart(title: &str, curve: &[(f64, Option<f64>)]) -> String {
     let defined: Vec<(f64, f64)> =
-        xs.iter().zip(ys).filter_map(|(x, y)| y.filter(|v| v.is_finite()).map(|v| (*x, v))).collect();
-    let undefined = ys.iter().filter(|y| !y.is_some_and(f64::is_finite)).count();
+        curve.iter().filter_map(|(x, y)| y.filter(|v| v.is_finite()).map(|v| (*x, v))).collect();
+    let undefined = curve.len() - defined.len();
     let mut svg = String::new();
     let dx: Vec<f64> = defined.iter().map(|p| p.0).collect();
     let dy: Vec<f64> = defined.iter().map(|p| p.1).collect();
     if let Some(plot) = Plot::open(&mut svg, (320.0, 170.0, 36.0), &dx, &dy) {
-        plot.line(&mut svg, xs.iter().copied().zip(ys.iter().copied()), "#1565c0");
+        plot.line(&mut svg, curve.iter().copied(), "#1565c0");
         plot.labels(&mut svg);
     }
     svg.push_str("</svg>");
@@ -437,16 +470,6 @@ pub(crate) fn short(v: f64) -> String {
         format!("{v:.2e}")
     } else {
         format!("{v:.3}")
-    }
-}
-
-/// The mean of one update statistic over an iteration's updates; undefined
-/// (not 0) when the guard refused the batch and no update ran.
-fn mean_of(updates: &[UpdateStats], field: impl Fn(&UpdateStats) -> f64) -> Option<f64> {
-    if updates.is_empty() {
-        None
-    } else {
-        Some(updates.iter().map(field).sum::<f64>() / updates.len() as f64)
     }
 }
 
@@ -501,19 +524,9 @@ pub fn render(src: &Source) -> String {
         cannot_read(&mut html, "metrics", &unreadable);
     }
     for (n, m) in &grpo {
-        let h = &m.history;
-        let xs: Vec<f64> = h.iter().map(|h| h.iteration as f64).collect();
-        let series: [(&str, Vec<Option<f64>>); 6] = [
-            ("mean reward", h.iter().map(|h| Some(h.mean_reward)).collect()),
-            ("zero-variance group fraction", h.iter().map(|h| Some(h.zero_variance_fraction)).collect()),
-            ("mean exact KL", h.iter().map(|h| mean_of(&h.updates, |u| u.kl)).collect()),
-            ("clip fraction", h.iter().map(|h| mean_of(&h.updates, |u| u.clip_fraction)).collect()),
-            ("gradient norm", h.iter().map(|h| mean_of(&h.updates, |u| u.grad_norm)).collect()),
-            ("learning rate", h.iter().map(|h| mean_of(&h.updates, |u| u.lr)).collect()),
-        ];
         let _ = writeln!(html, "<h3>{}</h3><div>", esc(&n.id));
-        for (title, ys) in &series {
-            html.push_str(&chart(title, &xs, ys));
+        for (title, curve) in grpo_curves(m) {
+            html.push_str(&chart(title, &curve));
         }
         html.push_str("</div>\n");
     }
@@ -522,13 +535,10 @@ pub fn render(src: &Source) -> String {
     }
     html.push_str("</section>\n<section id=\"sft\"><h2>SFT</h2>\n");
     for (n, m) in &sft {
-        let xs: Vec<f64> = m.history.iter().map(|h| h.update as f64).collect();
-        let ys: Vec<Option<f64>> = m.history.iter().map(|h| Some(h.loss)).collect();
-        let vx: Vec<f64> = m.validation_history.iter().map(|v| v.epoch as f64 + 1.0).collect();
-        let vy: Vec<Option<f64>> = m.validation_history.iter().map(|v| Some(v.validation_nll)).collect();
         let _ = writeln!(html, "<h3>{}</h3><div>", esc(&n.id));
-        html.push_str(&chart("training NLL per update", &xs, &ys));
-        html.push_str(&chart("validation NLL per epoch", &vx, &vy));
+        for (title, curve) in sft_curves(m) {
+            html.push_str(&chart(title, &curve));
+        }
         html.push_str("</div>\n");
     }
     if sft.is_empty() {
@@ -677,13 +687,13 @@ mod tests {
     fn an_undefined_value_is_shown_as_undefined_never_as_zero() {
         assert_eq!(num(None, 2), "undefined");
         assert_eq!(num(Some(f64::NAN), 2), "undefined");
-        let c = chart("kl", &[0.0, 1.0, 2.0], &[Some(1.0), None, Some(3.0)]);
+        let c = chart("kl", &[(0.0, Some(1.0)), (1.0, None), (2.0, Some(3.0))]);
         assert!(c.contains("kl (1 undefined)"), "{c}");
         // The line breaks at the gap: two one-point segments are two dots, not one line.
         assert_eq!((c.matches("<circle").count(), c.matches("<polyline").count()), (2, 0), "{c}");
-        let joined = chart("kl", &[0.0, 1.0, 2.0], &[Some(1.0), Some(2.0), Some(3.0)]);
+        let joined = chart("kl", &[(0.0, Some(1.0)), (1.0, Some(2.0)), (2.0, Some(3.0))]);
         assert_eq!((joined.matches("<circle").count(), joined.matches("<polyline").count()), (0, 1));
-        let empty = chart("reward", &[0.0], &[None]);
+        let empty = chart("reward", &[(0.0, None)]);
         assert!(empty.contains(">undefined<") && !empty.contains("<polyline"));
     }
 
