@@ -53,20 +53,32 @@ impl Op for TrainSft {
                 unknown_key: false,
             });
         }
+        if p.mix_examples.is_some() && p.branch != SftBranch::Pretrain {
+            return Err(ParamError {
+                path: vec!["mix_examples".into()],
+                message: format!(
+                    "a second corpus is for the pretraining branch only; the {} branch trains on the protocol's examples alone",
+                    if p.branch == SftBranch::Warmstart { "warmstart" } else { "sft" }
+                ),
+                unknown_key: false,
+            });
+        }
         Ok(())
     }
     fn inputs(&self, params: &Self::Params) -> Option<Vec<InputDecl>> {
         let mode = params.mode;
-        Some(mode_inputs(
-            mode,
-            vec![
-                InputDecl::required("model", "the starting model folder"),
-                InputDecl::required("pages", "train pages"),
-                InputDecl::required("labels", "train labels (reference responses)"),
-                InputDecl::required("validation_pages", "validation pages"),
-                InputDecl::required("validation_labels", "validation labels (for the NLL, never for selection)"),
-            ],
-        ))
+        let mut inputs = vec![
+            InputDecl::required("model", "the starting model folder"),
+            InputDecl::required("pages", "train pages"),
+            InputDecl::required("labels", "train labels (reference responses)"),
+            InputDecl::required("validation_pages", "validation pages"),
+            InputDecl::required("validation_labels", "validation labels (for the NLL, never for selection)"),
+        ];
+        if params.mix_examples.is_some() {
+            inputs.push(InputDecl::required("mix_pages", "pages of the second corpus (with mix_examples)"));
+            inputs.push(InputDecl::required("mix_labels", "labels of the second corpus (with mix_examples)"));
+        }
+        Some(mode_inputs(mode, inputs))
     }
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         train_outputs()

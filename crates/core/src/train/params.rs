@@ -97,6 +97,14 @@ pub struct SftParams {
     pub max_prompt_tokens: usize,
     #[serde(default = "d_response_tokens")]
     pub max_response_tokens: usize,
+    /// Pretraining only: also train, every epoch, on the first N examples of a
+    /// second corpus (inputs `mix_pages` and `mix_labels`, required when this
+    /// is set), shuffled in with the others. Replaying an earlier stage's corpus
+    /// keeps what it taught while a new one is learned (the tiny profile replays
+    /// arithmetic drills during statement pretraining). Absent: no second corpus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub mix_examples: Option<usize>,
 }
 
 pub(crate) fn d_usize_one() -> usize {

@@ -72,6 +72,14 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     if rows.is_empty() {
         bail!("no {:?} examples in the labels", p.branch);
     }
+    if let Some(n) = p.mix_examples {
+        let mut mix = examples(input_path(job, "mix_pages")?, input_path(job, "mix_labels")?)?;
+        if mix.len() < n {
+            bail!("mix_examples is {n}, but the second corpus (mix_pages, mix_labels) has {} examples", mix.len());
+        }
+        mix.truncate(n);
+        rows.extend(mix);
+    }
     let rows: Vec<Encoded> = rows.iter().map(&encode).collect::<Result<_>>()?;
     let validation: Vec<Encoded> = validation.iter().map(&encode).collect::<Result<_>>()?;
 
