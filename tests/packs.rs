@@ -308,7 +308,7 @@ fn a_gate_with_unknown_evidence_does_not_compile() {
 #[test]
 fn the_committed_example_packs_audit_clean() {
     // Every release stays auditable by every later orchestrate.
-    for version in ["v0.1.0", "v0.2.0"] {
+    for version in ["v0.1.0", "v0.2.0", "v0.3.0"] {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts/grpo-main-tiny").join(version);
         let p = Project::new();
         let (code, text) = audit(&p, &dir);

@@ -432,7 +432,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(format!("../../artifacts/grpo-main-tiny/{v}/outputs/results/table.json"))
         };
-        for version in ["v0.1.0", "v0.2.0"] {
+        for version in ["v0.1.0", "v0.2.0", "v0.3.0"] {
             let path = pack(version);
             let table: ResultsTableFile = crate::canonical::read_typed(&path).expect("the committed table reads");
             assert!(!table.rows.is_empty());

@@ -325,8 +325,9 @@ mod resume_report_tests {
 
     #[test]
     fn the_committed_resume_reports_read_and_a_missing_field_is_an_error() {
-        for (version, check) in
-            ["v0.1.0", "v0.2.0"].iter().flat_map(|v| ["warmstart-check", "sft-check", "grpo-check"].map(|c| (*v, c)))
+        for (version, check) in ["v0.1.0", "v0.2.0", "v0.3.0"]
+            .iter()
+            .flat_map(|v| ["warmstart-check", "sft-check", "grpo-check"].map(|c| (*v, c)))
         {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join(format!("../../artifacts/grpo-main-tiny/{version}/outputs/{check}/report"));

@@ -304,23 +304,25 @@ mod tests {
     use super::TrainingMetrics;
 
     #[test]
-    fn every_training_metrics_file_of_the_committed_v0_2_0_pack_reads_typed_and_writes_back_identically() {
-        let outputs =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../artifacts/grpo-main-tiny/v0.2.0/outputs");
-        let mut read = 0;
-        for node in std::fs::read_dir(&outputs).unwrap() {
-            let path = node.unwrap().path().join("metrics");
-            if !path.is_file() {
-                continue;
+    fn every_training_metrics_file_of_the_committed_packs_since_v0_2_0_reads_typed_and_writes_back_identically() {
+        for version in ["v0.2.0", "v0.3.0"] {
+            let outputs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("../../artifacts/grpo-main-tiny/{version}/outputs"));
+            let mut read = 0;
+            for node in std::fs::read_dir(&outputs).unwrap() {
+                let path = node.unwrap().path().join("metrics");
+                if !path.is_file() {
+                    continue;
+                }
+                let m = TrainingMetrics::read(&path).unwrap_or_else(|e| panic!("{e}"));
+                assert!(m.updates() > 0, "{}", path.display());
+                let text = std::fs::read_to_string(&path).unwrap();
+                let again: serde_json::Value = serde_json::to_value(&m).unwrap();
+                assert_eq!(again, serde_json::from_str::<serde_json::Value>(&text).unwrap(), "{}", path.display());
+                read += 1;
             }
-            let m = TrainingMetrics::read(&path).unwrap_or_else(|e| panic!("{e}"));
-            assert!(m.updates() > 0, "{}", path.display());
-            let text = std::fs::read_to_string(&path).unwrap();
-            let again: serde_json::Value = serde_json::to_value(&m).unwrap();
-            assert_eq!(again, serde_json::from_str::<serde_json::Value>(&text).unwrap(), "{}", path.display());
-            read += 1;
+            // drills, pretrain, 2 warm-start, warm-start resume, 2 SFT, SFT resume, 2 GRPO, GRPO resume.
+            assert_eq!(read, 11, "{version}");
         }
-        // drills, pretrain, 2 warm-start, warm-start resume, 2 SFT, SFT resume, 2 GRPO, GRPO resume.
-        assert_eq!(read, 11);
     }
 }
