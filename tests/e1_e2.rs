@@ -156,3 +156,36 @@ fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
     let evidence = BTreeMap::from([("s".to_string(), summary)]);
     assert!(orchestrate_core::gate::evaluate(margin, &evidence, &BTreeMap::new()).passed);
 }
+
+/// E1 with a persistent fault and a clean arm: every faulted iteration of the
+/// guarded runs is refused at injection, every update of the unguarded ones on a
+/// faulted batch is counted, the clean arm has no fault, and both the guarded and
+/// the clean arm are compared with the unguarded one.
+#[test]
+fn e1_persistent_fault_has_a_clean_arm_and_compares_every_arm_with_the_unguarded_one() {
+    let p = project_with("e1-persistent-fault");
+    let root = env!("CARGO_MANIFEST_DIR");
+    p.write(
+        "experiments/e1-fault-survival.yaml",
+        &std::fs::read_to_string(format!("{root}/experiments/e1-fault-survival.yaml")).unwrap(),
+    );
+    let spec = "experiments/e1-persistent-fault.yaml";
+    let out = p.run(&["run", spec, "--profile", "smoke", "--quiet"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let summary = json_at(&p, spec, "summary:summary.json");
+    let per_iteration = json_at(&p, spec, "e1@guard=off,seed=0:metrics")["identity"]["params"]["updates_per_iteration"]
+        .as_u64()
+        .unwrap();
+    let arms = &summary["arms"];
+    assert_eq!(arms["on"]["faults_injected"], 6, "3 faults in each of 2 runs: {arms}");
+    assert_eq!(arms["on"]["undetected_faults"], 0);
+    assert_eq!(arms["on"]["bad_updates_applied"], 0);
+    assert_eq!(arms["off"]["bad_updates_applied"].as_u64().unwrap(), 6 * per_iteration);
+    assert_eq!(arms["clean"]["faults_injected"], 0);
+    assert_eq!(arms["clean"]["bad_updates_applied"], 0);
+    for arm in ["on", "clean"] {
+        let c = &summary["versus_baseline"][arm];
+        assert!(c["success_difference"].is_number(), "{arm}: {c}");
+    }
+    assert!(summary["versus_baseline"].get("off").is_none(), "the baseline is not compared with itself");
+}
