@@ -128,9 +128,12 @@ fn edit(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
+/// What a tampering case does to a pack folder.
+type Tamper = Box<dyn FnOnce(&Path)>;
+
 #[test]
 fn each_kind_of_tampering_gets_its_own_message() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&Path)>, &str)> = vec![
+    let cases: Vec<(&str, Tamper, &str)> = vec![
         (
             "edited file",
             Box::new(|d: &Path| edit(&d.join("outputs/measure/m.json"), "0.7", "0.9")),

@@ -76,7 +76,7 @@ fn a_second_resume_of_the_same_interrupt_may_not_consume_its_rollouts_again() {
     assert_eq!(failed.len(), 1, "{failed:?}");
     let error = failed[0]["error"].as_str().unwrap();
     // Same run identity (interrupt_at is ignored when resuming), another node key.
-    assert_eq!(failed[0]["node"].as_str().unwrap().starts_with("grpo-resume"), true);
+    assert!(failed[0]["node"].as_str().unwrap().starts_with("grpo-resume"));
     assert!(error.contains("was already consumed by node key") && error.contains("never consumed twice"), "{error}");
 }
 

@@ -404,6 +404,8 @@ pub enum ExportCommand {
     },
 }
 
+// Parsed once per process: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum PackCommand {
     /// Freeze a spec's cached results into a new pack folder (never into an existing one).

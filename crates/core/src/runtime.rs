@@ -270,7 +270,7 @@ fn env_fingerprint(worker: &std::path::Path, ignore_device_choice: bool) -> Stri
 
 /// Starts the worker and reads its `env --json`.
 fn ask_worker(worker: &std::path::Path, ignore_device_choice: bool) -> Result<WorkerEnv, String> {
-    let mut cmd = Command::new(&worker);
+    let mut cmd = Command::new(worker);
     cmd.args(["env", "--json"]);
     if ignore_device_choice {
         cmd.env_remove("ORCHESTRATE_DEVICE");

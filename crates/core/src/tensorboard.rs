@@ -258,7 +258,7 @@ mod tests {
         assert_eq!(&out[..8], &3u64.to_le_bytes());
         assert_eq!(&out[12..15], b"abc");
         let crc = crc32c::crc32c(b"abc");
-        let masked = ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8);
+        let masked = crc.rotate_right(15).wrapping_add(0xa282_ead8);
         assert_eq!(&out[15..], &masked.to_le_bytes());
     }
 

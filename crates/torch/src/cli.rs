@@ -46,7 +46,8 @@ pub fn generate_command(args: &GenerateRequest) -> Result<ExitCode> {
     };
     let eos = tokenizer.eos_id()?;
     let start = std::time::Instant::now();
-    let out = generate(&model, &[prompt_ids.clone()], args.max_new_tokens, eos, &sampling, !args.no_cache)?.remove(0);
+    let out = generate(&model, std::slice::from_ref(&prompt_ids), args.max_new_tokens, eos, &sampling, !args.no_cache)?
+        .remove(0);
     let seconds = start.elapsed().as_secs_f64();
     // The final EOS is not part of the text; every other special token is.
     let body = match out.finish {

@@ -92,7 +92,8 @@ macro_rules! bail {
 /// Returns an [`Error::Msg`] unless the condition holds.
 macro_rules! ensure {
     ($cond:expr, $($arg:tt)*) => {
-        if !$cond {
+        let holds: bool = $cond;
+        if !holds {
             $crate::error::bail!($($arg)*);
         }
     };

@@ -4,6 +4,11 @@
 //! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
 //! checks that the CLI does not link it.
 
+// `h = h + a` must not become `h += a`: on a tch `Tensor`, `+=` is the in-place
+// `add_`, which overwrites a value autograd saved for the backward pass (the
+// GRPO and SFT updates then fail with "modified by an inplace operation").
+#![allow(clippy::assign_op_pattern)]
+
 pub mod bench;
 pub mod cli;
 pub mod error;

@@ -184,7 +184,7 @@ fn a_batch_of_one_equals_the_same_row_in_a_batch_of_many() {
     for (i, p) in prompts.iter().enumerate() {
         let alone = generate(
             &model,
-            &[p.clone()],
+            std::slice::from_ref(p),
             16,
             -1,
             &Sampling::Sample { seed: 5, rollout_ids: vec![10 + i as u64] },

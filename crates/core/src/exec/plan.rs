@@ -58,7 +58,7 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn env(&mut self) -> Result<crate::dag::key::EnvPart, String> {
         let provider = self.provider;
-        self.env.get_or_insert_with(|| provider()).clone()
+        self.env.get_or_insert_with(provider).clone()
     }
 }
 

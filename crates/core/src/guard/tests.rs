@@ -224,10 +224,10 @@ fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
         materialize(&[w.env.clone(), bad], &ctx, "pol5", &serde_json::json!({}), &mut index).unwrap_err().to_string();
     assert!(err.contains("rejected before backward") && err.contains("T002_TOKENIZER_MISMATCH"), "{err}");
     let binding = serde_json::json!({"rewards": [1.0], "group_size": 1});
-    let (batch, handle) = materialize(&[w.env.clone()], &ctx, "pol5", &binding, &mut index).unwrap();
+    let (batch, handle) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding, &mut index).unwrap();
     // The handle is bound to the rewards and group layout too.
     let (other, _) = materialize(
-        &[w.env.clone()],
+        std::slice::from_ref(&w.env),
         &ctx,
         "pol5",
         &serde_json::json!({"rewards": [0.0], "group_size": 1}),
@@ -267,8 +267,8 @@ fn a_handle_spent_on_another_batch_than_its_own_authorizes_nothing() {
     let w = world();
     let ctx = materialize_ctx(&w);
     let binding = |g: usize| serde_json::json!({"rewards": [1.0], "group_size": g});
-    let (mine, handle) = materialize(&[w.env.clone()], &ctx, "pol5", &binding(1), &mut index).unwrap();
-    let (other, _) = materialize(&[w.env.clone()], &ctx, "pol5", &binding(2), &mut index).unwrap();
+    let (mine, handle) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(1), &mut index).unwrap();
+    let (other, _) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(2), &mut index).unwrap();
     let nonce = handle.nonce().to_string();
     assert!(matches!(handle.spend(other, &mut index), Err(GuardError::OtherBatch { .. })));
     drop(mine);

@@ -72,16 +72,16 @@ impl Qwen2Config {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             return Err(ConfigError("attention heads must be positive".into()));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(ConfigError(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             )));
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(ConfigError("hidden_size must be a multiple of num_attention_heads".into()));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(ConfigError("head_dim must be even for rotary embeddings".into()));
         }
         Ok(())

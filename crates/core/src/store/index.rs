@@ -201,6 +201,9 @@ CREATE TABLE file_stats (
 );
 ";
 
+/// A cache row as read: key, node id, spec, record, outputs, seconds, finished at, run id.
+type CachedRow = (String, String, String, String, String, f64, String, String);
+
 /// A connection to the index. Each thread opens its own.
 pub struct Index {
     conn: Connection,
@@ -344,13 +347,11 @@ impl Index {
         Ok(Index { conn: open_database_read_only(path, "the index")? })
     }
 
-    fn row_to_cached(
-        row: &rusqlite::Row<'_>,
-    ) -> rusqlite::Result<(String, String, String, String, String, f64, String, String)> {
+    fn row_to_cached(row: &rusqlite::Row<'_>) -> rusqlite::Result<CachedRow> {
         Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
     }
 
-    fn cached(raw: (String, String, String, String, String, f64, String, String)) -> Result<CachedNode, StoreError> {
+    fn cached(raw: CachedRow) -> Result<CachedNode, StoreError> {
         let (key, node_id, spec, record, outputs, seconds, finished_at, run_id) = raw;
         Ok(CachedNode {
             record: parse(&record, "hash-input record")?,

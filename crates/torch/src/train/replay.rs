@@ -87,7 +87,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let mut rewards = Vec::new();
     for (row, g) in generated.iter().enumerate() {
         if p.constructed_rewards {
-            rewards.push(((row % p.group_size) % 2 == 0) as u8 as f64);
+            rewards.push((row % p.group_size).is_multiple_of(2) as u8 as f64);
             continue;
         }
         let example = &pool[row / p.group_size];

@@ -99,7 +99,11 @@ pub fn grpo_gradients(
     hyper: &GrpoHyper,
 ) -> Result<LossStats> {
     let rows = batch.prompts.len();
-    if rows == 0 || rows % batch.group_size != 0 || batch.responses.len() != rows || batch.old_logprobs.len() != rows {
+    if rows == 0
+        || !rows.is_multiple_of(batch.group_size)
+        || batch.responses.len() != rows
+        || batch.old_logprobs.len() != rows
+    {
         bail!(
             "a rollout batch needs whole groups of {} with one response and old log-probs per prompt",
             batch.group_size
