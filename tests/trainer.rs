@@ -161,25 +161,14 @@ fn a_rekeyed_grpo_node_runs_again_in_the_same_workspace() {
     assert_eq!(first["rollouts_consumed"], again["rollouts_consumed"]);
 }
 
-const MIX: &str = r#"
-name: mix
-nodes:
-  data:
-    op: dataset.stock_arithmetic
-    params: {seed: 0, train: 60, validation: 8, test_id50: 4, test_ood100: 4, warmstart: 16, pretrain: 10, drills: 5}
-  tokenizer:
-    op: tokenizer.build
-    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}
-    params: {vocab_size: 400}
-  base:
-    op: model.init
-    inputs: {tokenizer: 'tokenizer:tokenizer'}
-    params: {seed: 0, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2}
-  pretrain:
-    op: train.sft
-    inputs: {model: 'base:model', pages: 'data:pages.pretrain', labels: 'data:labels.pretrain', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation', mix_pages: 'data:pages.drills', mix_labels: 'data:labels.drills'}
-    params: {branch: pretrain, epochs: 2, batch_size: 8, lr: 1e-3, mix_examples: 14}
-"#;
+/// train-small's data, tokenizer and base model, with pretraining and drill
+/// corpora, and one pretraining node that replays drills.
+fn mix_spec() -> String {
+    let head = SPEC.split("  warmstart:\n").next().unwrap();
+    let head = head.replace("warmstart: 16}", "warmstart: 16, pretrain: 10, drills: 5}");
+    assert!(head.contains("drills: 5"), "train-small's data params changed: {head}");
+    head + "  pretrain:\n    op: train.sft\n    inputs: {model: 'base:model', pages: 'data:pages.pretrain', labels: 'data:labels.pretrain', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation', mix_pages: 'data:pages.drills', mix_labels: 'data:labels.drills'}\n    params: {branch: pretrain, epochs: 2, batch_size: 8, lr: 1e-3, mix_examples: 14}\n"
+}
 
 /// `mix_examples` replays the first N examples of a second corpus in every
 /// epoch of a pretraining stage: 10 statements + 14 of the 20 drills are 24
@@ -187,7 +176,8 @@ nodes:
 #[test]
 fn a_pretraining_stage_replays_the_first_examples_of_a_second_corpus() {
     let p = Project::new();
-    p.write("train.yaml", MIX);
+    let mix = mix_spec();
+    p.write("train.yaml", &mix);
     let ev = p.run_json(&["train.yaml"], 0);
     assert!(nodes_with(&ev, "node_failed").is_empty(), "{ev:?}");
     let m = json_output(&p, "pretrain:metrics");
@@ -196,18 +186,18 @@ fn a_pretraining_stage_replays_the_first_examples_of_a_second_corpus() {
     assert_eq!(m["updates"], 6);
 
     // More than the second corpus holds: the node fails and says how many there are.
-    p.write("train.yaml", &MIX.replace("mix_examples: 14", "mix_examples: 21"));
+    p.write("train.yaml", &mix.replace("mix_examples: 14", "mix_examples: 21"));
     let ev = p.run_json(&["train.yaml"], 1);
     let failed = ev.iter().find(|e| e["event"] == "node_failed" && e["node"] == "pretrain").expect("it fails");
     assert!(failed["error"].as_str().unwrap().contains("mix_examples is 21, but the second corpus"), "{failed}");
     assert!(failed["error"].as_str().unwrap().contains("has 20 examples"), "{failed}");
 
     // Without the second corpus's inputs, or on a protocol branch, the spec does not compile.
-    p.write("train.yaml", &MIX.replace(", mix_pages: 'data:pages.drills', mix_labels: 'data:labels.drills'", ""));
+    p.write("train.yaml", &mix.replace(", mix_pages: 'data:pages.drills', mix_labels: 'data:labels.drills'", ""));
     let out = p.run(&["validate", "train.yaml"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("mix_pages"), "{}", stderr(&out));
-    p.write("train.yaml", &MIX.replace("branch: pretrain", "branch: sft"));
+    p.write("train.yaml", &mix.replace("branch: pretrain", "branch: sft"));
     let out = p.run(&["validate", "train.yaml"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
