@@ -349,6 +349,23 @@ impl S3Backend {
         Err(RemoteError::Transfer(format!("{method} {}/{key}: HTTP {status} {code}{hint}", self.name)))
     }
 
+    /// The XML answer of a successful request, read up to `limit` bytes (a
+    /// longer one is an error, never truncated).
+    fn answer(
+        &self,
+        method: &str,
+        key: &str,
+        r: ureq::http::Response<ureq::Body>,
+        limit: u64,
+    ) -> Result<String, RemoteError> {
+        let mut r = self.check(method, key, r)?;
+        r.body_mut()
+            .with_config()
+            .limit(limit)
+            .read_to_string()
+            .map_err(|e| RemoteError::Transfer(format!("{method} {}/{key}: {e}", self.name)))
+    }
+
     fn put_single(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError> {
         let url = self.bucket.put_object(Some(&self.creds()), &self.object(key)).sign(PRESIGN);
         let r = self.send("PUT", url, key, Some(bytes))?;
@@ -409,13 +426,7 @@ impl Backend for S3Backend {
         let object = self.object(key);
         let url = self.bucket.create_multipart_upload(Some(&self.creds()), &object).sign(PRESIGN);
         let r = self.send("POST", url, key, Some(&[]))?;
-        let mut r = self.check("POST", key, r)?;
-        let body = r
-            .body_mut()
-            .with_config()
-            .limit(1 << 20)
-            .read_to_string()
-            .map_err(|e| RemoteError::Transfer(format!("{key}: {e}")))?;
+        let body = self.answer("POST", key, r, 1 << 20)?;
         let created = rusty_s3::actions::CreateMultipartUpload::parse_response(&body)
             .map_err(|e| RemoteError::Transfer(format!("POST {}/{key}: unreadable answer: {e}", self.name)))?;
         let upload_id = created.upload_id().to_string();
@@ -493,13 +504,7 @@ impl Backend for S3Backend {
                 action.with_continuation_token(t.as_str());
             }
             let r = self.send("GET", action.sign(PRESIGN), prefix, None)?;
-            let mut r = self.check("LIST", prefix, r)?;
-            let body = r
-                .body_mut()
-                .with_config()
-                .limit(16 << 20)
-                .read_to_string()
-                .map_err(|e| RemoteError::Transfer(format!("LIST {}/{prefix}: {e}", self.name)))?;
+            let body = self.answer("LIST", prefix, r, 16 << 20)?;
             let page = rusty_s3::actions::ListObjectsV2::parse_response(&body)
                 .map_err(|e| RemoteError::Transfer(format!("LIST {}/{prefix}: unreadable answer: {e}", self.name)))?;
             out.extend(page.contents.into_iter().filter_map(|c| c.key.strip_prefix(&strip).map(str::to_string)));

@@ -156,8 +156,9 @@ pub fn push(
     let mut uploads: Vec<Upload> = Vec::new();
     let mut seen = BTreeSet::new();
     let mut broken: BTreeMap<String, String> = BTreeMap::new();
-    // Local objects that are damaged: no node naming one is pushed.
-    let mut damaged: BTreeSet<String> = BTreeSet::new();
+    // Objects this push does not put on the remote (damaged here, or their
+    // upload failed): no record naming one is pushed.
+    let mut not_sent: BTreeSet<String> = BTreeSet::new();
     for n in &todo {
         for o in &n.outputs {
             if !seen.insert(o.object.hash.clone()) {
@@ -177,7 +178,7 @@ pub fn push(
                         Ok(_) => format!("local object {} of output '{}' is damaged", o.object.hash, o.name),
                         Err(e) => format!("output '{}': {e}", o.name),
                     };
-                    damaged.insert(o.object.hash.clone());
+                    not_sent.insert(o.object.hash.clone());
                     broken.insert(n.node_id.clone(), why);
                     continue;
                 }
@@ -191,15 +192,17 @@ pub fn push(
         known_keys(remote, "objects/", uploads.iter().map(|u| 1 + u.listing.as_ref().map_or(0, |l| l.0.len())).sum())?;
     let results = parallel(&uploads, remote.jobs, |u| -> Result<(), String> {
         let fail = |e: RemoteError| format!("node '{}', object {}: {e}", u.node, u.hash);
+        // Known there, or asked (a HEAD) unless small enough that sending it
+        // again costs what asking does.
+        let there = |key: &str, size: u64| -> Result<bool, String> {
+            match &objects_there {
+                Some(set) => Ok(set.contains(key)),
+                None if size <= SMALL_OBJECT => Ok(false),
+                None => backend.exists(key).map_err(fail),
+            }
+        };
         let send = |key: &str, path: &Path, size: u64| -> Result<(), String> {
-            // Known there, or asked (a HEAD) unless small enough that sending
-            // it again costs what asking does.
-            let there = match &objects_there {
-                Some(set) => set.contains(key),
-                None if size <= SMALL_OBJECT => false,
-                None => backend.exists(key).map_err(fail)?,
-            };
-            if there {
+            if there(key, size)? {
                 progress.add(size);
                 return Ok(());
             }
@@ -218,7 +221,7 @@ pub fn push(
                 }
                 // The listing last: a listing on the remote has its files.
                 let key = object_key(&u.hash);
-                if !backend.exists(&key).map_err(fail)? {
+                if !there(&key, bytes.len() as u64)? {
                     backend.put_bytes(&key, bytes).map_err(fail)?;
                     sent_objects.fetch_add(1, Ordering::Relaxed);
                 }
@@ -226,22 +229,16 @@ pub fn push(
             }
         }
     });
-    let mut failed_objects: BTreeSet<String> = BTreeSet::new();
     for (u, r) in uploads.iter().zip(results) {
         if let Err(e) = r {
-            failed_objects.insert(u.hash.clone());
+            not_sent.insert(u.hash.clone());
             t.failed.push(e);
         }
     }
     // Records, only of nodes all of whose objects are on the remote.
     let ready: Vec<&CachedNode> = todo
         .into_iter()
-        .filter(|n| {
-            !broken.contains_key(&n.node_id)
-                && n.outputs
-                    .iter()
-                    .all(|o| !failed_objects.contains(&o.object.hash) && !damaged.contains(&o.object.hash))
-        })
+        .filter(|n| !broken.contains_key(&n.node_id) && n.outputs.iter().all(|o| !not_sent.contains(&o.object.hash)))
         .collect();
     let sent = parallel(&ready, remote.jobs, |n| {
         let bytes = serde_json::to_vec_pretty(&portable(n)).expect("a record serializes");
