@@ -33,3 +33,28 @@ pub mod store;
 pub mod suggest;
 pub mod tensorboard;
 pub mod train;
+
+/// The committed example packs (`artifacts/grpo-main-tiny`), which every later
+/// orchestrate must still read: the tests that read their files go through here.
+#[cfg(test)]
+pub(crate) mod example_packs {
+    /// Every committed pack, oldest first.
+    pub const VERSIONS: [&str; 3] = ["v0.1.0", "v0.2.0", "v0.3.0"];
+
+    fn root() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../artifacts/grpo-main-tiny")
+    }
+
+    /// A pack's `outputs` folder.
+    pub fn outputs(version: &str) -> std::path::PathBuf {
+        root().join(version).join("outputs")
+    }
+
+    #[test]
+    fn every_committed_pack_is_listed() {
+        let mut found: Vec<String> =
+            std::fs::read_dir(root()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        found.sort();
+        assert_eq!(found, VERSIONS, "a pack added under artifacts/grpo-main-tiny goes into VERSIONS");
+    }
+}

@@ -428,11 +428,9 @@ mod tests {
 
     #[test]
     fn the_committed_table_reads_and_a_missing_rate_is_an_error_naming_the_field() {
-        let pack = |v: &str| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("../../artifacts/grpo-main-tiny/{v}/outputs/results/table.json"))
-        };
-        for version in ["v0.1.0", "v0.2.0", "v0.3.0"] {
+        use crate::example_packs::{outputs, VERSIONS};
+        let pack = |v: &str| outputs(v).join("results/table.json");
+        for version in VERSIONS {
             let path = pack(version);
             let table: ResultsTableFile = crate::canonical::read_typed(&path).expect("the committed table reads");
             assert!(!table.rows.is_empty());

@@ -325,12 +325,11 @@ mod resume_report_tests {
 
     #[test]
     fn the_committed_resume_reports_read_and_a_missing_field_is_an_error() {
-        for (version, check) in ["v0.1.0", "v0.2.0", "v0.3.0"]
-            .iter()
-            .flat_map(|v| ["warmstart-check", "sft-check", "grpo-check"].map(|c| (*v, c)))
+        use crate::example_packs::{outputs, VERSIONS};
+        for (version, check) in
+            VERSIONS.iter().flat_map(|v| ["warmstart-check", "sft-check", "grpo-check"].map(|c| (*v, c)))
         {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("../../artifacts/grpo-main-tiny/{version}/outputs/{check}/report"));
+            let path = outputs(version).join(check).join("report");
             let r: ResumeReport = crate::canonical::read_typed(&path).unwrap();
             assert!(r.identical && r.first_difference.is_none() && r.tensors > 0, "{check}: {r:?}");
             // Written as before, byte for byte: cached reports stay valid.
