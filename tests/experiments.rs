@@ -200,3 +200,48 @@ fn the_group_size_spec_reuses_the_cached_warm_start() {
         "{ran:?}"
     );
 }
+
+/// Every spec shipped under experiments/ validates, with no profile and with each
+/// profile it has (its own or one from the spec it extends): a spec the docs tell
+/// a user to run cannot be broken unnoticed by a change to an op, a params type
+/// or the spec it extends.
+#[test]
+fn every_shipped_spec_validates_with_each_of_its_profiles() {
+    use orchestrate_core::spec::{load, LoadOptions};
+    fn specs(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                specs(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    specs(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments"), &mut files);
+    files.sort();
+    let p = Project::new();
+    let mut checked = Vec::new();
+    for file in &files {
+        let spec = load(file, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let profiles: Vec<String> = spec
+            .resolved
+            .get("profiles")
+            .and_then(serde_json::Value::as_object)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        let path = file.to_str().unwrap();
+        for profile in std::iter::once(None).chain(profiles.iter().map(Some)) {
+            let mut args = vec!["validate", path];
+            if let Some(profile) = profile {
+                args.extend(["--profile", profile.as_str()]);
+            }
+            let out = p.run(&args);
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+            checked.push(format!("{}{}", path, profile.map(|p| format!(" --profile {p}")).unwrap_or_default()));
+        }
+    }
+    // The main spec and its tiny profile are among them (the walk found the folder).
+    assert!(checked.iter().any(|c| c.ends_with("experiments/grpo-main.yaml --profile tiny")), "{checked:?}");
+}
