@@ -32,7 +32,20 @@ fi
 cargo fmt --check
 cargo build --all-targets --locked
 log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
+release_log="$(mktemp)"
+release_pid=
+# On the way out (a failed test included), a build still running is stopped, rustc
+# processes too: setsid gives it a process group of its own.
+trap 'if [ -n "$release_pid" ]; then kill -- "-$release_pid" 2>/dev/null; fi; rm -f "$log" "$release_log"' EXIT
+# The main job's release build starts now, at the lowest CPU priority, beside the
+# tests: they run one test binary at a time and leave about 40 % of 2 cores idle,
+# which the build takes instead of running after them (another profile, so the two
+# cargo commands do not wait on each other's lock). run-main.sh's own
+# `cargo build --release` then finds it done.
+if [ "${ORCHESTRATE_SKIP_MAIN_JOB:-}" != 1 ]; then
+    setsid nice -n 19 cargo build --release --locked >"$release_log" 2>&1 &
+    release_pid=$!
+fi
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
 # Compile-fail examples (the guard's handle and the update path's types).
 cargo test --locked --doc 2>&1 | tee -a "$log"
@@ -42,6 +55,15 @@ cargo test --locked --doc 2>&1 | tee -a "$log"
 if [ "${ORCHESTRATE_SKIP_MAIN_JOB:-}" = 1 ]; then
     echo "test: ORCHESTRATE_SKIP_MAIN_JOB=1: the README's main job (bash scripts/run-main.sh) was NOT run"
 else
+    waited=$SECONDS
+    if ! wait "$release_pid"; then
+        release_pid=
+        cat "$release_log" >&2
+        echo "test: the release build for the main job failed" >&2
+        exit 1
+    fi
+    release_pid=
+    echo "test: the release build ($(tail -n 1 "$release_log" | sed 's/^ *//')), waited $((SECONDS - waited)) s for it after the tests"
     echo "test: the README's main job: bash scripts/run-main.sh"
     main_started=$SECONDS
     bash scripts/run-main.sh
