@@ -17,19 +17,49 @@ struct Cluster {
     conf: PathBuf,
 }
 
+/// One test cluster at a time in this process (two would share the host's node name).
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The test clusters' daemons come up within this, or cluster.sh fails.
+const START_LIMIT: Duration = Duration::from_secs(120);
+
 impl Cluster {
     fn start() -> Cluster {
+        // A port of this process's own, so two test runs on one machine do not meet;
+        // below the kernel's ephemeral range (32768 and up), where an outgoing
+        // connection can hold any port for a while.
+        Cluster::start_on(10000 + (std::process::id() % 10000) * 2)
+    }
+
+    /// Starts the cluster with its controller asked for `port` (the node: port + 1).
+    /// A start that outlives START_LIMIT is killed and fails the test: a hang
+    /// would otherwise hold CI until its own limit.
+    fn start_on(port: u32) -> Cluster {
         let dir = tempfile::Builder::new().prefix("slurm-").tempdir_in("/tmp").expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh");
-        // A port of this process's own, so two test runs on one machine do not meet.
-        let port = 20000 + (std::process::id() % 20000) * 2;
-        let out = Command::new("bash")
+        let mut child = Command::new("bash")
             .arg(&script)
             .arg("start")
             .arg(dir.path())
             .env("ORCHESTRATE_TEST_SLURM_PORT", port.to_string())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("bash runs");
+        let started = Instant::now();
+        while child.try_wait().expect("wait on cluster.sh").is_none() {
+            if started.elapsed() > START_LIMIT {
+                let _ = child.kill();
+                let _ = Command::new("bash").arg(&script).arg("stop").arg(dir.path()).status();
+                let logs: String = ["slurmctld.log", "slurmd.log"]
+                    .iter()
+                    .map(|f| format!("--- {f}\n{}", std::fs::read_to_string(dir.path().join(f)).unwrap_or_default()))
+                    .collect();
+                panic!("tests/slurm/cluster.sh start did not finish within {START_LIMIT:?}\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = child.wait_with_output().expect("cluster.sh output");
         assert!(
             out.status.success(),
             "the test Slurm cluster did not start ({}); the Slurm executor is untested.\nstdout:\n{}\nstderr:\n{}",
@@ -145,6 +175,7 @@ fn slurm_executor_on_a_real_cluster() {
         let _ = writeln!(std::io::stderr(), "SKIPPED: the Slurm executor test (ORCHESTRATE_SKIP_SLURM_TEST is set)");
         return;
     }
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = Cluster::start();
 
     // 1. A small pipeline through Slurm: every node a job, in DAG order.
@@ -418,4 +449,38 @@ nodes:
         orchestrate(&cluster, &p, &["run", "s.yaml", "--force", "a"]).env("PATH", "/nonexistent").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", show(&out));
     assert!(stderr(&out).contains("`sbatch` is not on PATH"), "{}", show(&out));
+}
+
+/// The test cluster's port may be taken: by a server, or by an outgoing
+/// connection that holds it as its ephemeral port (how a CI run once hung here
+/// for over ten minutes: slurmctld died with "Address already in use" and the
+/// start script kept asking it for the node's state). The start moves on to
+/// other ports, and comes up.
+#[test]
+fn the_test_cluster_comes_up_when_its_port_is_taken() {
+    if std::env::var_os("ORCHESTRATE_SKIP_SLURM_TEST").is_some() {
+        use std::io::Write;
+        let _ =
+            writeln!(std::io::stderr(), "SKIPPED: the test cluster's port test (ORCHESTRATE_SKIP_SLURM_TEST is set)");
+        return;
+    }
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    // Both of the ports it is asked for are held here, on every address.
+    let port = 10001 + (std::process::id() % 10000) * 2;
+    let held: Vec<std::net::TcpListener> =
+        [port, port + 1].iter().filter_map(|p| std::net::TcpListener::bind(("0.0.0.0", *p as u16)).ok()).collect();
+    assert_eq!(held.len(), 2, "ports {port} and {} are free for this test", port + 1);
+    let cluster = Cluster::start_on(port);
+    let conf = std::fs::read_to_string(&cluster.conf).unwrap();
+    assert!(!conf.contains(&format!("SlurmctldPort={port}\n")), "{conf}");
+    // The cluster is up: a job runs.
+    let out = cluster.cmd("sbatch").args(["--parsable", "--wrap", "true", "--job-name", "port-test"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster.job_state(&id) != "COMPLETED" {
+        assert!(Instant::now() < deadline, "job {id} did not complete: {}", cluster.job_state(&id));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(held);
 }

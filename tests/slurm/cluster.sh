@@ -84,8 +84,14 @@ munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock
 host=$(hostname -s)
 cpus=$(nproc)
 mem=$(awk '/MemTotal/ {print int($2 / 1024 / 2)}' /proc/meminfo)
+# The controller's port (the node's is the next one): ORCHESTRATE_TEST_SLURM_PORT,
+# or 16817. Another process may hold either (a server, or an outgoing connection
+# using it as its ephemeral port); a daemon that dies with "Address already in
+# use" is started again on the next pair of ports, up to 10 pairs.
 port=${ORCHESTRATE_TEST_SLURM_PORT:-16817}
-cat >"$dir/slurm.conf" <<CONF
+
+write_conf() {
+    cat >"$dir/slurm.conf" <<CONF
 ClusterName=orchestrate-test
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$port
@@ -118,13 +124,57 @@ MpiDefault=none
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
+}
+
+# Whether a daemon has died: its pid file names a process that is gone, or it
+# wrote none within 10 s of its start (it writes it once it has daemonized).
+dead() {
+    local pidfile="$dir/$1.pid"
+    if [[ -f $pidfile ]]; then
+        ! kill -0 "$(cat "$pidfile")" 2>/dev/null
+    else
+        ((SECONDS - started > 10))
+    fi
+}
+
+start_daemons() {
+    write_conf
+    started=$SECONDS
+    slurmctld -i -f "$dir/slurm.conf" || { logs; echo "slurmctld did not start" >&2; exit 1; }
+    slurmd -N "$host" -f "$dir/slurm.conf" || { logs; echo "slurmd did not start" >&2; exit 1; }
+}
+
 export SLURM_CONF=$dir/slurm.conf
-
-slurmctld -i -f "$dir/slurm.conf" || { logs; echo "slurmctld did not start" >&2; exit 1; }
-slurmd -N "$host" -f "$dir/slurm.conf" || { logs; echo "slurmd did not start" >&2; exit 1; }
-
-for _ in $(seq 120); do
-    state=$(sinfo -h -N -o '%T' 2>/dev/null | head -n 1 || true)
+start_daemons
+attempts=1
+# Up within 60 s, judged by the clock: each sinfo is bounded too, since a client
+# asking a controller that is gone waits out its own timeouts.
+deadline=$((SECONDS + 60))
+state=
+while ((SECONDS < deadline)); do
+    for daemon in slurmctld slurmd; do
+        if dead "$daemon"; then
+            if grep -q "Address already in use" "$dir/$daemon.log" 2>/dev/null && ((attempts < 10)); then
+                echo "cluster.sh: port $port or $((port + 1)) is taken; trying $((port + 2))" >&2
+                for d in slurmd slurmctld; do
+                    [[ -f $dir/$d.pid ]] && { kill "$(cat "$dir/$d.pid")" 2>/dev/null || true; }
+                    rm -f "$dir/$d.pid"
+                done
+                sleep 0.5
+                mv "$dir/$daemon.log" "$dir/$daemon.port-$port.log"
+                port=$((port + 2))
+                attempts=$((attempts + 1))
+                start_daemons
+                deadline=$((SECONDS + 60))
+                continue 2
+            fi
+            logs
+            echo "the test cluster's $daemon exited (its log is above)" >&2
+            stop
+            exit 1
+        fi
+    done
+    state=$(timeout 5 sinfo -h -N -o '%T' 2>/dev/null | head -n 1 || true)
     if [[ $state == idle ]]; then
         echo "export SLURM_CONF=$dir/slurm.conf"
         exit 0
