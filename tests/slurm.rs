@@ -474,7 +474,11 @@ fn the_test_cluster_comes_up_when_its_port_is_taken() {
     let conf = std::fs::read_to_string(&cluster.conf).unwrap();
     assert!(!conf.contains(&format!("SlurmctldPort={port}\n")), "{conf}");
     // The cluster is up: a job runs.
-    let out = cluster.cmd("sbatch").args(["--parsable", "--wrap", "true", "--job-name", "port-test"]).output().unwrap();
+    let out = cluster
+        .cmd("sbatch")
+        .args(["--parsable", "--wrap", "true", "--job-name", "port-test", "--output", "/dev/null"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let deadline = Instant::now() + Duration::from_secs(60);
