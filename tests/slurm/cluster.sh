@@ -19,8 +19,11 @@ if [[ -z $cmd || -z $dir ]]; then
 fi
 dir=$(mkdir -p "$dir" && cd "$dir" && pwd)
 
+# Stops the named daemons (all three by default), each within 5 s.
 stop() {
-    for name in slurmd slurmctld munged; do
+    local names=("$@")
+    ((${#names[@]})) || names=(slurmd slurmctld munged)
+    for name in "${names[@]}"; do
         local pidfile="$dir/$name.pid"
         if [[ -f $pidfile ]]; then
             local pid
@@ -156,11 +159,7 @@ while ((SECONDS < deadline)); do
         if dead "$daemon"; then
             if grep -q "Address already in use" "$dir/$daemon.log" 2>/dev/null && ((attempts < 10)); then
                 echo "cluster.sh: port $port or $((port + 1)) is taken; trying $((port + 2))" >&2
-                for d in slurmd slurmctld; do
-                    [[ -f $dir/$d.pid ]] && { kill "$(cat "$dir/$d.pid")" 2>/dev/null || true; }
-                    rm -f "$dir/$d.pid"
-                done
-                sleep 0.5
+                stop slurmd slurmctld
                 mv "$dir/$daemon.log" "$dir/$daemon.port-$port.log"
                 port=$((port + 2))
                 attempts=$((attempts + 1))
