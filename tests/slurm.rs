@@ -37,13 +37,15 @@ impl Cluster {
     fn start_on(port: u32) -> Cluster {
         let dir = tempfile::Builder::new().prefix("slurm-").tempdir_in("/tmp").expect("temp dir");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh");
+        // Its output goes to files, not pipes: nobody reads a pipe while it runs.
+        let (out_path, err_path) = (dir.path().join("start.out"), dir.path().join("start.err"));
         let mut child = Command::new("bash")
             .arg(&script)
             .arg("start")
             .arg(dir.path())
             .env("ORCHESTRATE_TEST_SLURM_PORT", port.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(std::fs::File::create(&out_path).expect("start.out"))
+            .stderr(std::fs::File::create(&err_path).expect("start.err"))
             .spawn()
             .expect("bash runs");
         let started = Instant::now();
@@ -51,7 +53,7 @@ impl Cluster {
             if started.elapsed() > START_LIMIT {
                 let _ = child.kill();
                 let _ = Command::new("bash").arg(&script).arg("stop").arg(dir.path()).status();
-                let logs: String = ["slurmctld.log", "slurmd.log"]
+                let logs: String = ["start.err", "slurmctld.log", "slurmd.log"]
                     .iter()
                     .map(|f| format!("--- {f}\n{}", std::fs::read_to_string(dir.path().join(f)).unwrap_or_default()))
                     .collect();
@@ -59,7 +61,12 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let out = child.wait_with_output().expect("cluster.sh output");
+        let status = child.wait().expect("cluster.sh exit status");
+        let out = Output {
+            status,
+            stdout: std::fs::read(&out_path).unwrap_or_default(),
+            stderr: std::fs::read(&err_path).unwrap_or_default(),
+        };
         assert!(
             out.status.success(),
             "the test Slurm cluster did not start ({}); the Slurm executor is untested.\nstdout:\n{}\nstderr:\n{}",
