@@ -58,7 +58,7 @@ impl Op for TrainSft {
                 path: vec!["mix_examples".into()],
                 message: format!(
                     "a second corpus is for the pretraining branch only; the {} branch trains on the protocol's examples alone",
-                    if p.branch == SftBranch::Warmstart { "warmstart" } else { "sft" }
+                    p.branch.label()
                 ),
                 unknown_key: false,
             });

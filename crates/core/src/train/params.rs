@@ -33,6 +33,17 @@ pub enum SftBranch {
     Pretrain,
 }
 
+impl SftBranch {
+    /// As written in a spec (`warmstart`, `sft`, `pretrain`).
+    pub fn label(self) -> &'static str {
+        match self {
+            SftBranch::Warmstart => "warmstart",
+            SftBranch::Sft => "sft",
+            SftBranch::Pretrain => "pretrain",
+        }
+    }
+}
+
 pub(crate) fn d_system() -> String {
     DEFAULT_SYSTEM.to_string()
 }
@@ -289,4 +300,20 @@ pub(crate) fn d_behavior_tol() -> f64 {
 }
 pub(crate) fn d_verifier() -> String {
     "stock_arithmetic_v1".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GuardSwitch, SftBranch};
+
+    /// A label is what a spec writes: the serde name of the value.
+    #[test]
+    fn labels_are_the_spec_spellings() {
+        for b in [SftBranch::Warmstart, SftBranch::Sft, SftBranch::Pretrain] {
+            assert_eq!(serde_json::to_value(b).unwrap(), b.label());
+        }
+        for g in [GuardSwitch::On, GuardSwitch::Off] {
+            assert_eq!(serde_json::to_value(g).unwrap(), g.label());
+        }
+    }
 }
