@@ -17,6 +17,17 @@ struct Cluster {
     conf: PathBuf,
 }
 
+/// Whether ORCHESTRATE_SKIP_SLURM_TEST skips `what`; the skip is printed, to
+/// stderr itself, not through eprintln!, which the test harness captures.
+fn skipped(what: &str) -> bool {
+    if std::env::var_os("ORCHESTRATE_SKIP_SLURM_TEST").is_none() {
+        return false;
+    }
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {what} (ORCHESTRATE_SKIP_SLURM_TEST is set)");
+    true
+}
+
 /// One test cluster at a time in this process (two would share the host's node name).
 static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -176,10 +187,7 @@ nodes:
 
 #[test]
 fn slurm_executor_on_a_real_cluster() {
-    if std::env::var_os("ORCHESTRATE_SKIP_SLURM_TEST").is_some() {
-        // Written to stderr itself, not through eprintln!, which the test harness captures.
-        use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "SKIPPED: the Slurm executor test (ORCHESTRATE_SKIP_SLURM_TEST is set)");
+    if skipped("the Slurm executor test") {
         return;
     }
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
@@ -465,10 +473,7 @@ nodes:
 /// other ports, and comes up.
 #[test]
 fn the_test_cluster_comes_up_when_its_port_is_taken() {
-    if std::env::var_os("ORCHESTRATE_SKIP_SLURM_TEST").is_some() {
-        use std::io::Write;
-        let _ =
-            writeln!(std::io::stderr(), "SKIPPED: the test cluster's port test (ORCHESTRATE_SKIP_SLURM_TEST is set)");
+    if skipped("the test cluster's port test") {
         return;
     }
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
