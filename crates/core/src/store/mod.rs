@@ -400,13 +400,36 @@ impl Workspace {
     }
 
     /// A fresh staging folder for this process.
+    ///
+    /// The lock comes first: a cleaner (`clear_dead_staging` in another
+    /// process) removes a lone lock it can take, which it can between our
+    /// creating the file and locking it. So once locked, the lock is checked to
+    /// be still the file at its path, and a removed one is made afresh.
     pub fn staging(&self) -> Result<Staging, StoreError> {
-        let dir = self.root.join("tmp").join(objects::unique_suffix());
-        let lock_path = dir.with_extension("lock");
-        let lock = File::create(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
-        lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
-        fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-        Ok(Staging { dir, _lock: lock })
+        use std::os::unix::fs::MetadataExt;
+        for _ in 0..100 {
+            let dir = self.root.join("tmp").join(objects::unique_suffix());
+            let lock_path = dir.with_extension("lock");
+            let lock = File::create_new(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+            lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
+            let held = lock.metadata().map_err(io(format!("reading {}", lock_path.display())))?;
+            let linked = match fs::symlink_metadata(&lock_path) {
+                Ok(m) => Some((m.dev(), m.ino())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => {
+                    return Err(StoreError::Io { context: format!("reading {}", lock_path.display()), source: e })
+                }
+            };
+            if linked != Some((held.dev(), held.ino())) {
+                continue;
+            }
+            fs::create_dir(&dir).map_err(io(format!("creating {}", dir.display())))?;
+            return Ok(Staging { dir, _lock: lock });
+        }
+        Err(StoreError::Io {
+            context: format!("creating staging in {}", self.root.join("tmp").display()),
+            source: std::io::Error::other("its lock was removed by other processes 100 times in a row"),
+        })
     }
 
     /// Removes staging folders whose owner is gone (its lock can be taken), and
@@ -418,21 +441,14 @@ impl Workspace {
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "lock") {
-                // A lock alone: its owner is gone if the lock can be taken. One
-                // younger than a minute may be a live process's, created an
-                // instant before it takes it.
+                // A lock alone: its owner is gone if the lock can be taken.
+                // `staging` takes its lock before making its folder and checks
+                // afterwards that the lock it holds is still the one linked
+                // here, so removing an untaken lock never strands a live owner.
                 let staged = path.with_extension("");
-                let old = entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > std::time::Duration::from_secs(60));
-                if !staged.exists() && old {
-                    if let Ok(f) = File::options().write(true).open(&path) {
-                        if f.try_lock().is_ok() {
-                            let _ = fs::remove_file(&path);
-                        }
+                if let Ok(f) = File::options().write(true).open(&path) {
+                    if f.try_lock().is_ok() && !staged.exists() {
+                        let _ = fs::remove_file(&path);
                     }
                 }
                 continue;
@@ -569,6 +585,58 @@ mod staging_tests {
         Workspace::open(dir.path()).unwrap();
         assert!(!orphan.exists(), "the orphan lock is removed");
         assert!(live.path().exists() && live.path().with_extension("lock").exists(), "live staging is kept");
+    }
+
+    /// A process SIGKILLed between creating its lock and its folder (or between
+    /// removing them) leaves a lone lock; the next run removes it whatever its age.
+    #[test]
+    fn a_fresh_orphan_lock_is_removed_by_the_next_open() {
+        let dir = tempfile::tempdir().unwrap();
+        Workspace::open(dir.path()).unwrap();
+        let orphan = dir.path().join("tmp").join("4242-1-0.lock");
+        std::fs::File::create(&orphan).unwrap();
+        Workspace::open(dir.path()).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(left.is_empty(), "left in tmp: {left:?}");
+    }
+
+    /// Cleaners racing a process that is creating its staging never take it
+    /// away: each staging handed out keeps its folder and its own lock.
+    #[test]
+    fn staging_survives_cleaners_running_beside_it() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        // Stops the cleaners however the loop below ends, a failed assert included.
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        Workspace::open(dir.path()).unwrap();
+                    }
+                });
+            }
+            let _stop = StopOnDrop(&stop);
+            for _ in 0..2000 {
+                let staging = ws.staging().unwrap();
+                let lock = staging.path().with_extension("lock");
+                assert!(staging.path().is_dir(), "{} was removed under its owner", staging.path().display());
+                let linked = std::fs::metadata(&lock).map(|m| m.ino()).ok();
+                assert_eq!(
+                    linked,
+                    Some(staging._lock.metadata().unwrap().ino()),
+                    "{} is not the lock held",
+                    lock.display()
+                );
+            }
+        });
     }
 }
 
