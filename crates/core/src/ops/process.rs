@@ -192,12 +192,19 @@ pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()?;
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl and getppid are async-signal-safe; nothing here allocates or
+    // touches memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             // The group's leader also dies at once with its parent.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // A parent that died before the line above took effect sent no
+            // signal, and had not yet told the watchdog the group: run nothing.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
         });
