@@ -172,6 +172,10 @@ fn table_metrics(t: &ResultsTableFile) -> Vec<Metric> {
         let at = format!("{} − {} {}", c.policy, c.baseline, c.population);
         out.push(metric(format!("paired difference {at}"), Unit::Rate, c.difference.map(|d| d.estimate)));
     }
+    for c in t.draw_comparisons.iter().flatten() {
+        let at = format!("{} − {} {}", c.policy, c.baseline, c.population);
+        out.push(metric(format!("paired per-draw difference {at}"), Unit::Rate, c.difference.map(|d| d.estimate)));
+    }
     for r in t.reward_trends.iter().flatten() {
         out.push(metric(
             format!("reward trend {} (last − first {})", r.run, r.window),
@@ -951,6 +955,29 @@ mod tests {
         assert_eq!((one.mean, one.std), (Some(0.5), None));
         let none = Summary::of(&[None, None]);
         assert_eq!((none.n, none.mean, none.std), (0, None, None));
+    }
+
+    #[test]
+    fn a_tables_per_draw_comparisons_are_compared_and_an_older_table_simply_has_none() {
+        let path = crate::example_packs::outputs("v0.3.0").join("results/table.json");
+        let mut t: ResultsTableFile = crate::canonical::read_typed(&path).unwrap();
+        assert!(t.draw_comparisons.is_none(), "v0.3.0 was written by results.table version 2");
+        let names = |t: &ResultsTableFile| table_metrics(t).into_iter().map(|m| m.name).collect::<Vec<_>>();
+        assert!(names(&t).iter().any(|n| n == "paired difference grpo − sft ID50"), "{:?}", names(&t));
+        assert!(!names(&t).iter().any(|n| n.starts_with("paired per-draw")));
+        let interval = crate::stats::paired_difference(&[(0.25, 0.5), (0.0, 0.25)], 1);
+        t.draw_comparisons = Some(vec![crate::ops::results::PairedDrawComparison {
+            baseline: "sft".into(),
+            baseline_per_draw: Some(0.125),
+            difference: interval,
+            policy: "grpo".into(),
+            policy_per_draw: Some(0.375),
+            population: "ID50".into(),
+            problems: 2,
+            undefined_because: None,
+        }]);
+        let m = table_metrics(&t).into_iter().find(|m| m.name == "paired per-draw difference grpo − sft ID50").unwrap();
+        assert_eq!(m.value, Some(0.25));
     }
 
     #[test]

@@ -170,6 +170,20 @@ pub struct EvalResults {
     /// Each problem's greedy outcome, by problem id: what a paired comparison
     /// of two policies on the same problems needs.
     pub greedy_problems: BTreeMap<String, ProblemOutcome>,
+    /// Each problem's sampled draws, scored, by problem id: what a paired
+    /// per-draw comparison needs. `None` in results written before version 3,
+    /// which did not keep them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_problems: Option<BTreeMap<String, DrawOutcomes>>,
+}
+
+/// One problem's sampled responses, scored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrawOutcomes {
+    pub population: String,
+    pub draws: usize,
+    pub correct: usize,
 }
 
 /// One problem's greedy response, scored.
@@ -239,8 +253,9 @@ impl Op for EvalScore {
         "eval.score"
     }
     /// 2: each problem's greedy outcome (`greedy_problems`).
+    /// 3: each problem's draws and correct ones (`sample_problems`).
     fn version(&self) -> u32 {
-        2
+        3
     }
     fn summary(&self) -> &'static str {
         "per-population success, JSON validity, no-EOS and lengths of evaluated responses"
@@ -312,6 +327,7 @@ pub fn score(
     let verifier = registry.get("stock_arithmetic_v1").expect("builtin verifier");
     let mut tallies: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let mut greedy_problems = BTreeMap::new();
+    let mut sample_problems: BTreeMap<String, DrawOutcomes> = BTreeMap::new();
     for r in responses {
         let label = labels.get(&r.id).ok_or_else(|| failed(format!("response for {} has no label", r.id)))?;
         let verdict = verifier
@@ -325,6 +341,20 @@ pub fn score(
             if greedy_problems.insert(r.id.clone(), outcome).is_some() {
                 return Err(failed(format!("problem {} has two greedy responses", r.id)));
             }
+        } else if r.mode == "sample" {
+            let o = sample_problems.entry(r.id.clone()).or_insert_with(|| DrawOutcomes {
+                population: r.population.clone(),
+                draws: 0,
+                correct: 0,
+            });
+            if o.population != r.population {
+                return Err(failed(format!(
+                    "problem {} has draws in two populations ({} and {})",
+                    r.id, o.population, r.population
+                )));
+            }
+            o.draws += 1;
+            o.correct += usize::from(verdict.reward > 0);
         }
         for population in ["ALL".to_string(), r.population.clone()] {
             let t = tallies.entry((r.mode.clone(), population)).or_default();
@@ -366,6 +396,7 @@ pub fn score(
         device: summary.device.clone(),
         policy,
         greedy_problems,
+        sample_problems: Some(sample_problems),
     })
 }
 
@@ -411,6 +442,55 @@ mod tests {
         assert_eq!(r.greedy.ood100.success_rate, None);
         assert!(r.greedy.ood100.undefined_because.is_some());
         assert_eq!(r.sample.all.responses, 0);
+    }
+
+    #[test]
+    fn each_problems_draws_are_counted_and_results_without_them_still_read() {
+        let counts = crate::data::generate::Counts {
+            train: 1,
+            validation: 1,
+            test_id50: 1,
+            test_ood100: 1,
+            warmstart: 0,
+            pretrain: 0,
+            drills: 0,
+        };
+        let records = crate::data::generate::generate(0, &counts).unwrap();
+        let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
+        let labels: BTreeMap<String, Value> =
+            [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
+        let response = |mode: &str, draw: usize, text: &str| EvalResponse {
+            id: "t1".into(),
+            population: "ID50".into(),
+            mode: mode.into(),
+            draw,
+            rollout_id: None,
+            ids: vec![1],
+            text: text.into(),
+            finish: FinishReason::Eos,
+            undecodable: vec![],
+        };
+        let right = record.reference_response.as_str();
+        let responses = [
+            response("greedy", 0, "not json"),
+            response("sample", 0, right),
+            response("sample", 1, "not json"),
+            response("sample", 2, right),
+        ];
+        let summary =
+            EvalSummary { problems: 1, draws: 3, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
+        let r = score(&responses, &labels, &summary, None).unwrap();
+        assert_eq!(r.sample.id50.correct, 2, "the reference response is scored correct");
+        let draws = r.sample_problems.clone().unwrap();
+        assert_eq!(draws["t1"], DrawOutcomes { population: "ID50".into(), draws: 3, correct: 2 });
+        assert!(!r.greedy_problems["t1"].correct);
+        // Results scored before version 3 have no per-problem draws: they read as None.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("results");
+        let mut v = serde_json::to_value(&r).unwrap();
+        v.as_object_mut().unwrap().remove("sample_problems").unwrap();
+        std::fs::write(&path, v.to_string()).unwrap();
+        assert_eq!(EvalResults::read(&path).unwrap().sample_problems, None);
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub struct ResultsTableFile {
     /// table written before version 2, which had none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comparisons: Option<Vec<PairedComparison>>,
+    /// The same pairs on per-draw success (`None`: a table written before
+    /// version 3, which had none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draw_comparisons: Option<Vec<PairedDrawComparison>>,
     pub evaluation_costs: Vec<EvaluationCost>,
     pub notes: Vec<String>,
     /// What per-draw success counts.
@@ -49,6 +53,28 @@ pub struct PairedComparison {
     pub policy_pass_at_1: Option<f64>,
     pub population: String,
     /// Problems both policies answered.
+    pub problems: usize,
+    #[serde(deserialize_with = "required")]
+    pub undefined_because: Option<String>,
+}
+
+/// Per-draw success of `policy` minus `baseline` on the same problems of a
+/// population, with a paired bootstrap interval over problems (each problem
+/// counts as its share of correct draws): the success rate GRPO's reward counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairedDrawComparison {
+    pub baseline: String,
+    #[serde(deserialize_with = "required")]
+    pub baseline_per_draw: Option<f64>,
+    /// `None` when undefined (`undefined_because` says why).
+    #[serde(deserialize_with = "required")]
+    pub difference: Option<crate::stats::Interval>,
+    pub policy: String,
+    #[serde(deserialize_with = "required")]
+    pub policy_per_draw: Option<f64>,
+    pub population: String,
+    /// Problems both policies drew for.
     pub problems: usize,
     #[serde(deserialize_with = "required")]
     pub undefined_because: Option<String>,
@@ -172,8 +198,9 @@ impl Op for ResultsTable {
         "results.table"
     }
     /// 2: GRPO reward trends and paired comparisons, with bootstrap intervals.
+    /// 3: paired comparisons of per-draw success too.
     fn version(&self) -> u32 {
-        2
+        3
     }
     fn summary(&self) -> &'static str {
         "a results table of policies × populations, with cost rows (JSON and Markdown)"
@@ -207,9 +234,11 @@ impl Op for ResultsTable {
         let mut md = String::from("| policy | population | greedy pass@1 | per-draw success | JSON validity | no EOS | mean tokens |\n|---|---|---|---|---|---|---|\n");
         let mut eval_costs = Vec::new();
         let mut by_policy = std::collections::BTreeMap::new();
+        let mut draws_by_policy = std::collections::BTreeMap::new();
         for (name, input) in p.policies.iter().zip(&evals) {
             let r = EvalResults::read(&input.path)?;
             by_policy.insert(name.clone(), r.greedy_problems.clone());
+            draws_by_policy.insert(name.clone(), r.sample_problems.clone());
             for population in POPULATIONS {
                 let (Some(g), Some(s)) = (r.greedy.population(population), r.sample.population(population)) else {
                     unreachable!("POPULATIONS are the populations ModeScores has")
@@ -309,6 +338,7 @@ impl Op for ResultsTable {
             }
         }
         let mut comparisons = Vec::new();
+        let mut draw_comparisons = Vec::new();
         for c in &p.compare {
             let (Some(base), Some(pol)) = (by_policy.get(&c.baseline), by_policy.get(&c.policy)) else {
                 return Err(OpError::Failed(format!(
@@ -318,6 +348,12 @@ impl Op for ResultsTable {
             };
             for population in POPULATIONS {
                 comparisons.push(paired(c, population, base, pol));
+                draw_comparisons.push(paired_draws(
+                    c,
+                    population,
+                    draws_by_policy[&c.baseline].as_ref(),
+                    draws_by_policy[&c.policy].as_ref(),
+                ));
             }
         }
         if !comparisons.is_empty() {
@@ -335,11 +371,27 @@ impl Op for ResultsTable {
                 ));
             }
         }
+        if !draw_comparisons.is_empty() {
+            md.push_str("\n| per-draw success, same problems | population | problems | baseline | policy | policy − baseline (95% paired bootstrap interval over problems) |\n|---|---|---|---|---|---|\n");
+            for c in &draw_comparisons {
+                md.push_str(&format!(
+                    "| {} vs {} | {} | {} | {} | {} | {} |\n",
+                    c.policy,
+                    c.baseline,
+                    c.population,
+                    c.problems,
+                    pct(c.baseline_per_draw),
+                    pct(c.policy_per_draw),
+                    interval_text(c.difference.as_ref(), c.undefined_because.as_deref())
+                ));
+            }
+        }
         for n in &p.notes {
             md.push_str(&format!("\n{n}\n"));
         }
         let table = ResultsTableFile {
             comparisons: Some(comparisons),
+            draw_comparisons: Some(draw_comparisons),
             reward_trends: Some(trends),
             rows,
             training_costs: run_costs,
@@ -410,9 +462,104 @@ fn paired(
     }
 }
 
+/// Per-draw success of two policies on the problems of `population` both drew
+/// for; each problem is its share of correct draws, so problems are what the
+/// bootstrap resamples (a problem's draws are not independent of each other).
+fn paired_draws(
+    c: &Compare,
+    population: &str,
+    base: Option<&std::collections::BTreeMap<String, super::eval::DrawOutcomes>>,
+    pol: Option<&std::collections::BTreeMap<String, super::eval::DrawOutcomes>>,
+) -> PairedDrawComparison {
+    let undefined = |why: String| PairedDrawComparison {
+        baseline: c.baseline.clone(),
+        policy: c.policy.clone(),
+        population: population.to_string(),
+        problems: 0,
+        baseline_per_draw: None,
+        policy_per_draw: None,
+        difference: None,
+        undefined_because: Some(why),
+    };
+    let (Some(base), Some(pol)) = (base, pol) else {
+        let which = if base.is_none() { &c.baseline } else { &c.policy };
+        return undefined(format!(
+            "{which}'s results were scored before eval.score version 3, without per-problem draws"
+        ));
+    };
+    type Draws = std::collections::BTreeMap<String, super::eval::DrawOutcomes>;
+    let ids: Vec<&String> = base
+        .iter()
+        .filter(|(_, o)| (population == "ALL" || o.population == population) && o.draws > 0)
+        .filter(|(id, _)| pol.get(*id).is_some_and(|p| p.draws > 0))
+        .map(|(id, _)| id)
+        .collect();
+    if ids.is_empty() {
+        return undefined("no problem of this population was drawn for by both".to_string());
+    }
+    let n = ids.len();
+    let share = |m: &Draws, id: &String| m[id].correct as f64 / m[id].draws as f64;
+    let pairs: Vec<(f64, f64)> = ids.iter().map(|id| (share(base, id), share(pol, id))).collect();
+    // Per-draw rates over these problems, every draw counted.
+    let rate = |m: &Draws| {
+        let (correct, draws) = ids.iter().map(|id| &m[*id]).fold((0, 0), |(c, d), o| (c + o.correct, d + o.draws));
+        Some(correct as f64 / draws as f64)
+    };
+    PairedDrawComparison {
+        baseline: c.baseline.clone(),
+        policy: c.policy.clone(),
+        population: population.to_string(),
+        problems: n,
+        baseline_per_draw: rate(base),
+        policy_per_draw: rate(pol),
+        difference: crate::stats::paired_difference(&pairs, BOOTSTRAP_SEED),
+        undefined_because: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::ResultsTableFile;
+
+    #[test]
+    fn per_draw_success_is_compared_problem_by_problem_and_undefined_without_draws() {
+        use super::super::eval::DrawOutcomes;
+        use std::collections::BTreeMap;
+        let draws = |correct: &[(usize, &str)]| -> BTreeMap<String, DrawOutcomes> {
+            correct
+                .iter()
+                .enumerate()
+                .map(|(i, (c, population))| {
+                    (format!("p{i:02}"), DrawOutcomes { population: population.to_string(), draws: 4, correct: *c })
+                })
+                .collect()
+        };
+        // 10 ID50 problems: 1 of 4 draws right before, 3 of 4 after; 5 OOD100: none either way.
+        let mut before = vec![(1, "ID50"); 10];
+        before.extend([(0, "OOD100"); 5]);
+        let mut after = vec![(3, "ID50"); 10];
+        after.extend([(0, "OOD100"); 5]);
+        let (base, pol) = (draws(&before), draws(&after));
+        let c = super::Compare { baseline: "sft".into(), policy: "grpo".into() };
+        let id50 = super::paired_draws(&c, "ID50", Some(&base), Some(&pol));
+        assert_eq!((id50.problems, id50.baseline_per_draw, id50.policy_per_draw), (10, Some(0.25), Some(0.75)));
+        let d = id50.difference.unwrap();
+        assert_eq!((d.estimate, d.low, d.high), (0.5, 0.5, 0.5));
+        let all = super::paired_draws(&c, "ALL", Some(&base), Some(&pol));
+        assert_eq!(all.problems, 15);
+        assert!((all.difference.unwrap().estimate - 5.0 / 15.0).abs() < 1e-12);
+        let ood = super::paired_draws(&c, "OOD100", Some(&base), Some(&pol)).difference.unwrap();
+        assert_eq!((ood.estimate, ood.low, ood.high), (0.0, 0.0, 0.0));
+        // A problem only one policy drew for is left out of the pairs.
+        let mut fewer = pol.clone();
+        fewer.remove("p00");
+        assert_eq!(super::paired_draws(&c, "ID50", Some(&base), Some(&fewer)).problems, 9);
+        // Results scored without per-problem draws: undefined, saying whose and why, never 0.
+        let old = super::paired_draws(&c, "ID50", Some(&base), None);
+        assert!(old.difference.is_none() && old.policy_per_draw.is_none());
+        assert!(old.undefined_because.as_deref().unwrap().contains("grpo's results"), "{old:?}");
+        assert!(old.undefined_because.as_deref().unwrap().contains("version 3"), "{old:?}");
+    }
 
     #[test]
     fn a_reward_trend_needs_two_windows_and_sees_a_rise() {
