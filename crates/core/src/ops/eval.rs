@@ -404,18 +404,8 @@ pub fn score(
 mod tests {
     use super::*;
 
-    fn results() -> EvalResults {
-        let response = |id: &str, population: &str, text: &str| EvalResponse {
-            id: id.into(),
-            population: population.into(),
-            mode: "greedy".into(),
-            draw: 0,
-            rollout_id: None,
-            ids: vec![1, 2, 3],
-            text: text.into(),
-            finish: FinishReason::Eos,
-            undecodable: vec![],
-        };
+    /// A test problem's label under id `t1`, and its reference (correct) response.
+    fn one_test_problem() -> (BTreeMap<String, Value>, String) {
         let counts = crate::data::generate::Counts {
             train: 1,
             validation: 1,
@@ -427,11 +417,30 @@ mod tests {
         };
         let records = crate::data::generate::generate(0, &counts).unwrap();
         let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
-        let labels: BTreeMap<String, Value> =
-            [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
+        let labels = [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
+        (labels, record.reference_response.clone())
+    }
+
+    /// A response to `t1` (ID50).
+    fn response(mode: &str, draw: usize, text: &str) -> EvalResponse {
+        EvalResponse {
+            id: "t1".into(),
+            population: "ID50".into(),
+            mode: mode.into(),
+            draw,
+            rollout_id: None,
+            ids: vec![1, 2, 3],
+            text: text.into(),
+            finish: FinishReason::Eos,
+            undecodable: vec![],
+        }
+    }
+
+    fn results() -> EvalResults {
+        let (labels, _) = one_test_problem();
         let summary =
             EvalSummary { problems: 1, draws: 0, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
-        score(&[response("t1", "ID50", "not json")], &labels, &summary, Some("sft".into())).unwrap()
+        score(&[response("greedy", 0, "not json")], &labels, &summary, Some("sft".into())).unwrap()
     }
 
     #[test]
@@ -446,31 +455,8 @@ mod tests {
 
     #[test]
     fn each_problems_draws_are_counted_and_results_without_them_still_read() {
-        let counts = crate::data::generate::Counts {
-            train: 1,
-            validation: 1,
-            test_id50: 1,
-            test_ood100: 1,
-            warmstart: 0,
-            pretrain: 0,
-            drills: 0,
-        };
-        let records = crate::data::generate::generate(0, &counts).unwrap();
-        let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
-        let labels: BTreeMap<String, Value> =
-            [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
-        let response = |mode: &str, draw: usize, text: &str| EvalResponse {
-            id: "t1".into(),
-            population: "ID50".into(),
-            mode: mode.into(),
-            draw,
-            rollout_id: None,
-            ids: vec![1],
-            text: text.into(),
-            finish: FinishReason::Eos,
-            undecodable: vec![],
-        };
-        let right = record.reference_response.as_str();
+        let (labels, right) = one_test_problem();
+        let right = right.as_str();
         let responses = [
             response("greedy", 0, "not json"),
             response("sample", 0, right),
