@@ -43,7 +43,40 @@ fn the_report_of_the_committed_pack_has_every_section_and_its_own_figures() {
     let table: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(format!("{pack}/outputs/results/table.json")).unwrap()).unwrap();
     let eval = html.split("<section id=\"evaluation\">").nth(1).unwrap().split("</section>").next().unwrap();
-    assert_eq!(eval.matches("<tr>").count() - 1, table["rows"].as_array().unwrap().len());
+    let rows_table = eval.split("</table>").next().unwrap();
+    assert_eq!(rows_table.matches("<tr>").count() - 1, table["rows"].as_array().unwrap().len());
+    // Its reward trend and paired comparisons, each with the interval the table holds.
+    let interval = |d: &serde_json::Value| {
+        let f = |k: &str| format!("{:+.3}", d[k].as_f64().unwrap());
+        format!("{} [{}, {}]", f("estimate"), f("low"), f("high"))
+    };
+    let trends = table["reward_trends"].as_array().unwrap();
+    let comparisons = table["comparisons"].as_array().unwrap();
+    assert!(!trends.is_empty() && !comparisons.is_empty(), "v0.2.0's table has both");
+    let of_class = |class: &str| {
+        let start = eval.find(&format!("<table class=\"{class}\">")).unwrap_or_else(|| panic!("no {class} table"));
+        eval[start..].split("</table>").next().unwrap()
+    };
+    let (trend_table, paired_table) = (of_class("trends"), of_class("paired"));
+    for t in trends {
+        let row = format!("<tr><td>{}</td>", t["run"].as_str().unwrap());
+        let at = trend_table.find(&row).unwrap_or_else(|| panic!("no trend row {row}"));
+        let line = trend_table[at..].lines().next().unwrap();
+        assert!(line.contains(&interval(&t["difference"])), "{line}");
+    }
+    for c in comparisons {
+        let row = format!(
+            "<tr><td>{} vs {}</td><td>{}</td><td>{}</td>",
+            c["policy"].as_str().unwrap(),
+            c["baseline"].as_str().unwrap(),
+            c["population"].as_str().unwrap(),
+            c["problems"]
+        );
+        let at = paired_table.find(&row).unwrap_or_else(|| panic!("no comparison row {row}"));
+        let line = paired_table[at..].lines().next().unwrap();
+        assert!(line.contains(&interval(&c["difference"])), "{line}");
+    }
+    assert_eq!(eval.matches("same problems</th>").count(), 1, "greedy only: v0.2.0 has no per-draw comparison");
     let grpo_nodes = nodes.iter().filter(|n| n["op"] == "train.grpo").count();
     let grpo = html.split("<section id=\"grpo\">").nth(1).unwrap().split("</section>").next().unwrap();
     assert_eq!(grpo.matches("<figure>").count(), 6 * grpo_nodes);

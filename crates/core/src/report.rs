@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::gate::{GateReport, GateResult};
-use crate::ops::results::{pct, ResultsTableFile};
+use crate::ops::results::{interval_text, pct, ResultsTableFile};
 use crate::stats::mean_of;
 use crate::store::{StoreError, Workspace};
 use crate::train::metrics::{GrpoMetrics, IterationCosts, SftMetrics, TrainingMetrics, UpdateStats};
@@ -580,6 +580,7 @@ pub fn render(src: &Source) -> String {
             );
         }
         html.push_str("</table>\n");
+        comparison_tables(&mut html, &t);
     }
     html.push_str("</section>\n");
 
@@ -676,6 +677,64 @@ pub fn render(src: &Source) -> String {
     }
     html.push_str("</section>\n</body></html>\n");
     html
+}
+
+/// A results table's GRPO reward trends and paired comparisons (greedy and per
+/// draw), with their intervals, as the table prints them; a table written
+/// before they existed has none, and nothing is shown for them.
+fn comparison_tables(html: &mut String, t: &ResultsTableFile) {
+    if let Some(trends) = t.reward_trends.as_ref().filter(|v| !v.is_empty()) {
+        html.push_str("<table class=\"trends\"><tr><th>GRPO run</th><th>mean train reward, first iterations</th><th>last iterations</th><th>last − first (95% bootstrap interval)</th></tr>\n");
+        for r in trends {
+            let _ = writeln!(
+                html,
+                "<tr><td>{}</td><td>{} (first {})</td><td>{} (last {})</td><td>{}</td></tr>",
+                esc(&r.run),
+                num(r.first_mean, 3),
+                r.window,
+                num(r.last_mean, 3),
+                r.window,
+                esc(&interval_text(r.difference.as_ref(), r.undefined_because.as_deref()))
+            );
+        }
+        html.push_str("</table>\n");
+    }
+    let paired = |html: &mut String, what: &str, rows: Vec<[String; 6]>| {
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(html, "<table class=\"paired\"><tr><th>{what}, same problems</th><th>population</th><th>problems</th><th>baseline</th><th>policy</th><th>policy − baseline (95% paired bootstrap interval)</th></tr>");
+        for r in rows {
+            html.push_str("<tr>");
+            for cell in r {
+                let _ = write!(html, "<td>{}</td>", esc(&cell));
+            }
+            html.push_str("</tr>\n");
+        }
+        html.push_str("</table>\n");
+    };
+    let greedy = t.comparisons.iter().flatten().map(|c| {
+        [
+            format!("{} vs {}", c.policy, c.baseline),
+            c.population.clone(),
+            c.problems.to_string(),
+            pct(c.baseline_pass_at_1),
+            pct(c.policy_pass_at_1),
+            interval_text(c.difference.as_ref(), c.undefined_because.as_deref()),
+        ]
+    });
+    paired(html, "greedy pass@1", greedy.collect());
+    let draws = t.draw_comparisons.iter().flatten().map(|c| {
+        [
+            format!("{} vs {}", c.policy, c.baseline),
+            c.population.clone(),
+            c.problems.to_string(),
+            pct(c.baseline_per_draw),
+            pct(c.policy_per_draw),
+            interval_text(c.difference.as_ref(), c.undefined_because.as_deref()),
+        ]
+    });
+    paired(html, "per-draw success", draws.collect());
 }
 
 #[cfg(test)]

@@ -409,7 +409,7 @@ impl Op for ResultsTable {
 }
 
 /// An interval as the table prints it, or why it is undefined.
-fn interval_text(i: Option<&crate::stats::Interval>, undefined: Option<&str>) -> String {
+pub fn interval_text(i: Option<&crate::stats::Interval>, undefined: Option<&str>) -> String {
     match (i, undefined) {
         (Some(i), _) => format!("{:+.3} [{:+.3}, {:+.3}]", i.estimate, i.low, i.high),
         (None, Some(why)) => format!("undefined: {why}"),
