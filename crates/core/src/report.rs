@@ -713,28 +713,8 @@ fn comparison_tables(html: &mut String, t: &ResultsTableFile) {
         }
         html.push_str("</table>\n");
     };
-    let greedy = t.comparisons.iter().flatten().map(|c| {
-        [
-            format!("{} vs {}", c.policy, c.baseline),
-            c.population.clone(),
-            c.problems.to_string(),
-            pct(c.baseline_pass_at_1),
-            pct(c.policy_pass_at_1),
-            interval_text(c.difference.as_ref(), c.undefined_because.as_deref()),
-        ]
-    });
-    paired(html, "greedy pass@1", greedy.collect());
-    let draws = t.draw_comparisons.iter().flatten().map(|c| {
-        [
-            format!("{} vs {}", c.policy, c.baseline),
-            c.population.clone(),
-            c.problems.to_string(),
-            pct(c.baseline_per_draw),
-            pct(c.policy_per_draw),
-            interval_text(c.difference.as_ref(), c.undefined_because.as_deref()),
-        ]
-    });
-    paired(html, "per-draw success", draws.collect());
+    paired(html, "greedy pass@1", t.comparisons.iter().flatten().map(|c| c.cells()).collect());
+    paired(html, "per-draw success", t.draw_comparisons.iter().flatten().map(|c| c.cells()).collect());
 }
 
 #[cfg(test)]

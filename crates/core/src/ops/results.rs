@@ -80,6 +80,45 @@ pub struct PairedDrawComparison {
     pub undefined_because: Option<String>,
 }
 
+impl PairedComparison {
+    /// Its row as the Markdown table and the HTML report show it: who against
+    /// whom, population, problems, the two rates, the difference (or why not).
+    pub fn cells(&self) -> [String; 6] {
+        let rates = (self.baseline_pass_at_1, self.policy_pass_at_1);
+        let difference = (self.difference.as_ref(), self.undefined_because.as_deref());
+        comparison_cells(&self.policy, &self.baseline, &self.population, self.problems, rates, difference)
+    }
+}
+
+impl PairedDrawComparison {
+    /// Its row, as [`PairedComparison::cells`].
+    pub fn cells(&self) -> [String; 6] {
+        let rates = (self.baseline_per_draw, self.policy_per_draw);
+        let difference = (self.difference.as_ref(), self.undefined_because.as_deref());
+        comparison_cells(&self.policy, &self.baseline, &self.population, self.problems, rates, difference)
+    }
+}
+
+/// One paired comparison's row: rates are (baseline, policy); the difference
+/// is its interval or why it is undefined.
+fn comparison_cells(
+    policy: &str,
+    baseline: &str,
+    population: &str,
+    problems: usize,
+    rates: (Option<f64>, Option<f64>),
+    difference: (Option<&crate::stats::Interval>, Option<&str>),
+) -> [String; 6] {
+    [
+        format!("{policy} vs {baseline}"),
+        population.to_string(),
+        problems.to_string(),
+        pct(rates.0),
+        pct(rates.1),
+        interval_text(difference.0, difference.1),
+    ]
+}
+
 /// Mean train reward of a GRPO run's last `window` iterations minus its first
 /// `window`, with a bootstrap interval (iterations resampled in each window).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -233,12 +272,11 @@ impl Op for ResultsTable {
         let mut rows = Vec::new();
         let mut md = String::from("| policy | population | greedy pass@1 | per-draw success | JSON validity | no EOS | mean tokens |\n|---|---|---|---|---|---|---|\n");
         let mut eval_costs = Vec::new();
+        // Each policy's per-problem outcomes: greedy, and draws (if scored with them).
         let mut by_policy = std::collections::BTreeMap::new();
-        let mut draws_by_policy = std::collections::BTreeMap::new();
         for (name, input) in p.policies.iter().zip(&evals) {
             let r = EvalResults::read(&input.path)?;
-            by_policy.insert(name.clone(), r.greedy_problems.clone());
-            draws_by_policy.insert(name.clone(), r.sample_problems.clone());
+            by_policy.insert(name.clone(), (r.greedy_problems.clone(), r.sample_problems.clone()));
             for population in POPULATIONS {
                 let (Some(g), Some(s)) = (r.greedy.population(population), r.sample.population(population)) else {
                     unreachable!("POPULATIONS are the populations ModeScores has")
@@ -347,43 +385,20 @@ impl Op for ResultsTable {
                 )));
             };
             for population in POPULATIONS {
-                comparisons.push(paired(c, population, base, pol));
-                draw_comparisons.push(paired_draws(
-                    c,
-                    population,
-                    draws_by_policy[&c.baseline].as_ref(),
-                    draws_by_policy[&c.policy].as_ref(),
-                ));
+                comparisons.push(paired(c, population, &base.0, &pol.0));
+                draw_comparisons.push(paired_draws(c, population, base.1.as_ref(), pol.1.as_ref()));
             }
         }
         if !comparisons.is_empty() {
             md.push_str("\n| greedy pass@1, same problems | population | problems | baseline | policy | policy − baseline (95% paired bootstrap interval) |\n|---|---|---|---|---|---|\n");
             for c in &comparisons {
-                md.push_str(&format!(
-                    "| {} vs {} | {} | {} | {} | {} | {} |\n",
-                    c.policy,
-                    c.baseline,
-                    c.population,
-                    c.problems,
-                    pct(c.baseline_pass_at_1),
-                    pct(c.policy_pass_at_1),
-                    interval_text(c.difference.as_ref(), c.undefined_because.as_deref())
-                ));
+                md.push_str(&format!("| {} |\n", c.cells().join(" | ")));
             }
         }
         if !draw_comparisons.is_empty() {
             md.push_str("\n| per-draw success, same problems | population | problems | baseline | policy | policy − baseline (95% paired bootstrap interval over problems) |\n|---|---|---|---|---|---|\n");
             for c in &draw_comparisons {
-                md.push_str(&format!(
-                    "| {} vs {} | {} | {} | {} | {} | {} |\n",
-                    c.policy,
-                    c.baseline,
-                    c.population,
-                    c.problems,
-                    pct(c.baseline_per_draw),
-                    pct(c.policy_per_draw),
-                    interval_text(c.difference.as_ref(), c.undefined_because.as_deref())
-                ));
+                md.push_str(&format!("| {} |\n", c.cells().join(" | ")));
             }
         }
         for n in &p.notes {
