@@ -64,7 +64,7 @@ fn freeze_verify_and_audit_pass_and_sha256sum_accepts_the_pack() {
         "MANIFEST.json",
         "SHA256SUMS",
         "events.jsonl",
-        "gates/gates.yaml",
+        "gates/gates/gates.yaml",
         "outputs/measure/m.json",
         "outputs/gates/gates.json",
         "report.html",
@@ -151,8 +151,8 @@ fn each_kind_of_tampering_gets_its_own_message() {
         ),
         (
             "edited gate definition",
-            Box::new(|d: &Path| edit(&d.join("gates/gates.yaml"), "at_least: 0.5", "at_least: 0.1")),
-            "gate definition gates/gates.yaml was edited after freezing",
+            Box::new(|d: &Path| edit(&d.join("gates/gates/gates.yaml"), "at_least: 0.5", "at_least: 0.1")),
+            "gate definition gates/gates/gates.yaml was edited after freezing",
         ),
         (
             "manifest edit",
@@ -246,10 +246,10 @@ fn a_manifest_path_outside_the_pack_is_refused_and_never_opened() {
         // The gate definition moved outside the pack (same content), the
         // manifest pointing at it, SHA256SUMS resealed.
         let outside = d.parent().unwrap().join("outside-gates.yaml");
-        std::fs::copy(d.join("gates/gates.yaml"), &outside).unwrap();
+        std::fs::copy(d.join("gates/gates/gates.yaml"), &outside).unwrap();
         edit(
             &d.join("MANIFEST.json"),
-            "\"definition\": \"gates/gates.yaml\"",
+            "\"definition\": \"gates/gates/gates.yaml\"",
             "\"definition\": \"../outside-gates.yaml\"",
         );
         reseal(d, "MANIFEST.json");
@@ -375,7 +375,7 @@ fn a_pack_holding_gate_definitions_with_an_emptied_gate_list_is_refused() {
     // Everything resealed: the gates would simply not be evaluated ("0 gates, pack intact").
     let (code, text) = tampered(|d: &Path| set_manifest(d, |v| v["gates"] = serde_json::json!([])));
     assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains("gates/gates.yaml") && text.contains("no gate of the manifest"), "{text}");
+    assert!(text.contains("gates/gates/gates.yaml") && text.contains("no gate of the manifest"), "{text}");
     // The gate node is still among the manifest's nodes: its gate entry went missing.
     assert!(text.contains("gate node 'gates'"), "{text}");
 }
@@ -448,7 +448,7 @@ fn the_root_digest_is_printed_recorded_and_checked_by_audit_expect() {
 #[test]
 fn a_gate_definition_with_too_many_gates_is_refused_not_printed_row_by_row() {
     let (code, text) = tampered(|d: &Path| {
-        let path = d.join("gates/gates.yaml");
+        let path = d.join("gates/gates/gates.yaml");
         let mut yaml = std::fs::read_to_string(&path).unwrap();
         for i in 0..5000 {
             yaml.push_str(&format!(
@@ -456,7 +456,7 @@ fn a_gate_definition_with_too_many_gates_is_refused_not_printed_row_by_row() {
             ));
         }
         std::fs::write(&path, yaml).unwrap();
-        reseal(d, "gates/gates.yaml");
+        reseal(d, "gates/gates/gates.yaml");
     });
     assert_eq!(code, Some(1), "{}", head(&text));
     assert!(text.contains("5002 gates, over the limit"), "{}", head(&text));

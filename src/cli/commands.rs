@@ -15,8 +15,9 @@ use orchestrate_core::gate;
 use orchestrate_core::ops::Registry;
 use orchestrate_core::remote;
 use orchestrate_core::runtime;
+use orchestrate_core::spec::ids::{escaped as esc, escaped_lines};
 use orchestrate_core::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
-use orchestrate_core::store::{hash_file, write_atomic, Workspace};
+use orchestrate_core::store::{write_atomic, Workspace};
 
 const GATE_FAILED: u8 = 1;
 
@@ -371,7 +372,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if !cli.workspace.is_dir() {
                 bail!("no workspace at {}", cli.workspace.display());
             }
-            let done = Workspace::open(&cli.workspace)?.reindex()?;
+            let done = Workspace::open_for_reindex(&cli.workspace)?.reindex()?;
             for (what, why) in &done.left_out {
                 outln!("left out {what}: {why}; it runs again when a spec needs it");
             }
@@ -799,10 +800,10 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
         let profile = r.profile.as_deref().map(|p| format!(" --profile {p}")).unwrap_or_default();
         outln!(
             "{}  {}{profile}  {status}  {}  (started {}, finished {finished})",
-            r.run_id,
-            r.spec,
-            r.summary.as_deref().unwrap_or(""),
-            r.started_at
+            esc(&r.run_id),
+            esc(&r.spec),
+            esc(r.summary.as_deref().unwrap_or("")),
+            esc(&r.started_at)
         );
     }
     if let Some(r) = shown {
@@ -810,8 +811,8 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
         for n in nodes {
             let key = n.key.as_deref().map(|k| &k[..8]).unwrap_or("--------");
             let secs = n.seconds.map(|s| format!("{s:.2}s")).unwrap_or_default();
-            let detail = n.detail.map(|d| format!("  {d}")).unwrap_or_default();
-            outln!("  {:<8} {key}  {:<28} {secs}{detail}", n.outcome, n.node_id);
+            let detail = n.detail.map(|d| format!("  {}", escaped_lines(&d))).unwrap_or_default();
+            outln!("  {:<8} {}  {:<28} {secs}{detail}", n.outcome, esc(key), esc(&n.node_id));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -853,37 +854,24 @@ fn pack_problems(dir: &std::path::Path, expect: Option<&str>) -> Result<Vec<Stri
 
 fn verify(root: &std::path::Path) -> Result<ExitCode> {
     let Some(ws) = Workspace::open_read_only(root)? else {
-        outln!("no workspace at {}", root.display());
+        outln!("no workspace at {}: nothing to verify", root.display());
         return Ok(ExitCode::SUCCESS);
     };
-    let index = ws.index()?;
-    let mut problems = 0;
-    let mut checked = 0;
-    for node in index.all_nodes()? {
-        for out in &node.outputs {
-            checked += 1;
-            let path = ws.object_path(&out.object.hash);
-            let actual = match out.object.kind {
-                orchestrate_core::ops::OutputKind::File => hash_file(&path).map(|(h, _)| h),
-                orchestrate_core::ops::OutputKind::Dir => {
-                    orchestrate_core::store::objects::hash_dir(&path).map(|i| i.hash)
-                }
-            };
-            match actual {
-                Ok(h) if h == out.object.hash => {}
-                Ok(h) => {
-                    problems += 1;
-                    outln!("CORRUPT  {} output '{}': object {} hashes to {h}", node.node_id, out.name, out.object.hash);
-                }
-                Err(e) => {
-                    problems += 1;
-                    outln!("MISSING  {} output '{}': {e}", node.node_id, out.name);
-                }
-            }
-        }
+    let done = ws.verify()?;
+    for p in &done.problems {
+        outln!("{p}");
     }
-    outln!("{checked} outputs checked, {problems} problems");
-    Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+    if done.index_missing {
+        outln!(
+            "{} objects checked, {} problems; the index (cache.sqlite) is missing: run `orchestrate reindex` to \
+             rebuild it from the records",
+            done.checked,
+            done.problems.len()
+        );
+        return Ok(ExitCode::from(GATE_FAILED));
+    }
+    outln!("{} outputs checked, {} problems", done.checked, done.problems.len());
+    Ok(if done.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
 }
 
 fn verifier(cmd: VerifierCommand) -> Result<ExitCode> {

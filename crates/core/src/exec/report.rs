@@ -35,25 +35,32 @@ pub struct PlainReporter {
 
 /// The one-line rendering of an event shared by the plain and progress reporters.
 pub fn describe(event: &Event) -> Option<String> {
+    // Ids, reasons and errors (a failed command's last log lines) are shown
+    // escaped: a CR or an ESC sequence from them must never rewrite a line.
+    use crate::spec::ids::{escaped as e, escaped_lines as el};
     Some(match event {
-        Event::RunStarted { run_id, spec, nodes, jobs } => format!("run {run_id}: {spec}, {nodes} nodes, {jobs} jobs"),
-        Event::NodeStarted { node, key, reason } => {
-            format!("running  {node} {} ({reason})", short(key))
+        Event::RunStarted { run_id, spec, nodes, jobs } => {
+            format!("run {run_id}: {}, {nodes} nodes, {jobs} jobs", e(spec))
         }
-        Event::CacheHit { node, key, from: None } => format!("cached   {node} {}", short(key)),
-        Event::CacheHit { node, key, from: Some(remote) } => format!("cached   {node} {} (from {remote})", short(key)),
-        Event::Waiting { node, reason, .. } => format!("waiting  {node}: {reason}"),
+        Event::NodeStarted { node, key, reason } => {
+            format!("running  {} {} ({})", e(node), short(key), el(reason))
+        }
+        Event::CacheHit { node, key, from: None } => format!("cached   {} {}", e(node), short(key)),
+        Event::CacheHit { node, key, from: Some(remote) } => {
+            format!("cached   {} {} (from {})", e(node), short(key), e(remote))
+        }
+        Event::Waiting { node, reason, .. } => format!("waiting  {}: {}", e(node), el(reason)),
         Event::NodeFinished { node, key, seconds } => {
-            format!("done     {node} {} in {seconds:.2}s", short(key))
+            format!("done     {} {} in {seconds:.2}s", e(node), short(key))
         }
         Event::NodeFailed { node, key, error, .. } => {
-            format!("FAILED   {node} {}: {error}", key.as_deref().map(short).unwrap_or("-"))
+            format!("FAILED   {} {}: {}", e(node), key.as_deref().map(short).unwrap_or("-"), el(error))
         }
-        Event::NodeSkipped { node, because } => format!("skipped  {node}: {because}"),
+        Event::NodeSkipped { node, because } => format!("skipped  {}: {}", e(node), el(because)),
         Event::RunFinished { ran, cached, failed, skipped, seconds, .. } => {
             format!("{ran} ran, {cached} cached, {failed} failed, {skipped} skipped in {seconds:.2}s")
         }
-        Event::PackFrozen { pack, root, .. } => format!("frozen   {pack}: root digest {root}"),
+        Event::PackFrozen { pack, root, .. } => format!("frozen   {}: root digest {root}", e(pack)),
     })
 }
 
@@ -120,7 +127,7 @@ fn follow(log: std::path::PathBuf, bar: ProgressBar, base: String) {
             // Keep only the unfinished last line for the next round.
             let complete = tail.rfind('\n').map_or(0, |i| i + 1);
             if let Some(p) = last_progress(&tail[..complete]) {
-                bar.set_message(format!("{base} - {p}"));
+                bar.set_message(format!("{base} - {}", crate::spec::ids::escaped(&p)));
             }
             tail.drain(..complete);
         }
@@ -172,7 +179,12 @@ impl Reporter for ProgressReporter {
             Event::NodeStarted { node, key, reason } => {
                 let bar = self.multi.add(ProgressBar::new_spinner());
                 bar.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("valid template"));
-                let base = format!("{node} {} ({reason})", short(key));
+                let base = format!(
+                    "{} {} ({})",
+                    crate::spec::ids::escaped(node),
+                    short(key),
+                    crate::spec::ids::escaped(reason)
+                );
                 bar.set_message(base.clone());
                 bar.enable_steady_tick(Duration::from_millis(120));
                 if let Some(logs) = &self.logs {

@@ -119,6 +119,89 @@ pub const MAX_GATE_FILE_BYTES: u64 = 1 << 20;
 /// At most this many gates in one file (an audit prints a row per gate).
 pub const MAX_GATES: usize = 1000;
 
+/// Where a spec's gate file is, checked: a relative path that stays inside the
+/// spec's project ([`project_root`]), also once links are resolved. `/etc/passwd`, or
+/// `../../x` past the project, is refused naming the param.
+pub fn gate_file_path(spec_dir: &Path, file: &str) -> Result<std::path::PathBuf, String> {
+    let shown = crate::spec::ids::escaped(file);
+    if file.is_empty() || Path::new(file).is_absolute() {
+        return Err(format!(
+            "gate file '{shown}': give a path relative to the spec's folder, inside its project (no absolute path)"
+        ));
+    }
+    let spec_dir = std::path::absolute(spec_dir).map_err(|e| format!("{}: {e}", spec_dir.display()))?;
+    let root = project_root(&spec_dir);
+    let mut joined = spec_dir.clone();
+    for part in Path::new(file).components() {
+        match part {
+            std::path::Component::ParentDir => {
+                joined.pop();
+            }
+            std::path::Component::Normal(p) => joined.push(p),
+            _ => {}
+        }
+    }
+    let outside = || {
+        format!(
+            "gate file '{shown}' is outside the spec's project {} (gate files, like deps, stay inside it)",
+            root.display()
+        )
+    };
+    if !joined.starts_with(&root) {
+        return Err(outside());
+    }
+    // A link inside the project may still point out of it.
+    if let (Ok(real), Ok(real_root)) = (joined.canonicalize(), root.canonicalize()) {
+        if !real.starts_with(&real_root) {
+            return Err(outside());
+        }
+    }
+    Ok(joined)
+}
+
+/// A spec's project: the nearest folder at or above `dir` holding `.git`; else
+/// the current folder, when it holds the spec (`orchestrate run
+/// experiments/x.yaml` from an unpacked tarball's top); else `dir` itself.
+fn project_root(dir: &Path) -> std::path::PathBuf {
+    if let Some(git) = dir.ancestors().find(|d| d.join(".git").exists()) {
+        return git.to_path_buf();
+    }
+    match std::env::current_dir().and_then(std::path::absolute) {
+        Ok(cwd) if dir.starts_with(&cwd) => cwd,
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// A parse error about a file that may not be a gate file at all: quoted
+/// values in it are cut to a few characters and escaped, so an error never
+/// prints the file (`/etc/passwd`, a credentials file) back.
+pub fn bounded_error(message: &str) -> String {
+    const QUOTED: usize = 16;
+    const ALL: usize = 300;
+    let mut out = String::new();
+    let mut inside = false;
+    let mut run = 0;
+    for c in message.chars() {
+        if c == '"' {
+            if inside && run > QUOTED {
+                out.push('…');
+            }
+            inside = !inside;
+            run = 0;
+            out.push(c);
+            continue;
+        }
+        if inside {
+            run += 1;
+            if run > QUOTED {
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    crate::spec::ids::excerpt(&out, ALL)
+}
+
 pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
     // A gate file may come from a pack (hostile input): a regular file, bounded.
     let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -129,7 +212,8 @@ pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
         return Err(format!("{}: {} bytes, over the limit of {MAX_GATE_FILE_BYTES}", path.display(), meta.len()));
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file: GateFile = serde_yaml_ng::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file: GateFile = serde_yaml_ng::from_str(&text)
+        .map_err(|e| format!("{}: not a gate file: {}", path.display(), bounded_error(&e.to_string())))?;
     if file.gates.len() > MAX_GATES {
         return Err(format!("{}: {} gates, over the limit of {MAX_GATES}", path.display(), file.gates.len()));
     }

@@ -17,7 +17,9 @@ use crate::gate::{evaluate, read_gate_file, table};
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GateParams {
-    /// The gate file, relative to the spec's folder (e.g. ../gates/grpo-main.yaml).
+    /// The gate file, relative to the spec's folder (e.g. ../gates/grpo-main.yaml),
+    /// inside the spec's project: the nearest folder above it holding `.git`, else
+    /// the folder orchestrate runs in when that holds the spec, else the spec's folder.
     pub file: String,
 }
 
@@ -43,7 +45,7 @@ impl Op for GateOp {
         Some(Vec::new())
     }
     fn implied_inputs(&self, params: &Self::Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
-        let file = read_gate_file(&spec_dir.join(&params.file))?;
+        let file = read_gate_file(&crate::gate::gate_file_path(spec_dir, &params.file)?)?;
         let mut refs: Vec<String> = file.gates.iter().flat_map(|g| g.evidence.values().cloned()).collect();
         refs.sort();
         refs.dedup();
@@ -62,7 +64,8 @@ impl Op for GateOp {
         Some("gates.md")
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let file = read_gate_file(&ctx.spec_dir.join(&p.file)).map_err(OpError::Failed)?;
+        let path = crate::gate::gate_file_path(ctx.spec_dir, &p.file).map_err(OpError::Failed)?;
+        let file = read_gate_file(&path).map_err(OpError::Failed)?;
         let mut loaded: BTreeMap<String, (Value, String)> = BTreeMap::new();
         for (name, artifacts) in ctx.inputs {
             let Some(reference) = name.strip_prefix("evidence:") else { continue };

@@ -150,7 +150,7 @@ impl Output {
     /// disk may still be full). Call it after freeing what the node left.
     pub fn complete_log(&self) {
         let Some(e) = &self.log_error else { return };
-        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(&self.log) {
+        if let Ok(mut f) = crate::store::fsx::open_append(&self.log) {
             let _ = write!(
                 f,
                 "\n[orchestrate] this log is incomplete: writing it failed ({e}); the last {} bytes the node wrote, kept in memory:\n",
@@ -180,7 +180,8 @@ pub struct Tied {
 /// Spawns `cmd` in a process group of its own, tied to this process (see the
 /// module's documentation), its stdout and stderr captured into `log` (created).
 pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
-    let file = std::fs::File::create(log)?;
+    // A link planted at the log's name is an error, never written through.
+    let file = crate::store::fsx::open_truncate(log)?;
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     // The watchdog starts first, so no moment exists where the node runs unwatched.
     let (reader, writer) = std::io::pipe()?;

@@ -180,6 +180,8 @@ pub fn freeze(
         let mut nodes = Vec::new();
         let mut gate_nodes = Vec::new();
         let mut packed: BTreeMap<(String, String), String> = BTreeMap::new();
+        // Every path written into the pack, so none is ever written twice.
+        let mut written: BTreeSet<String> = BTreeSet::new();
         for &pos in &dag.order {
             let node = &dag.nodes[pos];
             let key = match &entries.iter().find(|e| e.node == node.id()).map(|e| &e.state) {
@@ -198,6 +200,11 @@ pub fn freeze(
                     _ => None,
                 };
                 let path = format!("outputs/{}/{}", node.id(), o.name);
+                if omitted.is_none() && !written.insert(path.clone()) {
+                    return Err(PackError::Refused(format!(
+                        "two files of the pack would both be {path}: refusing to freeze a pack that loses one"
+                    )));
+                }
                 if omitted.is_none() {
                     copy_object(&ws.object_path(&o.object.hash), &tmp.join(&path))?;
                     packed.insert((node.id().to_string(), o.name.clone()), path.clone());
@@ -213,10 +220,17 @@ pub fn freeze(
             }
             if let Some(gate) = node.params.as_typed::<crate::ops::gate::GateParams>() {
                 let file = gate.file.as_str();
-                let gate_path = spec.base_dir.join(file);
+                let gate_path = crate::gate::gate_file_path(&spec.base_dir, file).map_err(PackError::Refused)?;
                 let file_name =
                     Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                let pack_gate = format!("gates/{file_name}");
+                // Under the node's id: two gate nodes whose files share a name
+                // (a/g.yaml, b/g.yaml) can never meet at one path.
+                let pack_gate = format!("gates/{}/{file_name}", node.id());
+                if !written.insert(pack_gate.clone()) {
+                    return Err(PackError::Refused(format!(
+                        "two files of the pack would both be {pack_gate}: refusing to freeze a pack that loses one"
+                    )));
+                }
                 copy_object(&gate_path, &tmp.join(&pack_gate))?;
                 let evidence: BTreeMap<String, String> = node
                     .inputs

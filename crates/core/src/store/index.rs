@@ -207,6 +207,15 @@ type CachedRow = (String, String, String, String, String, f64, String, String);
 /// A connection to the index. Each thread opens its own.
 pub struct Index {
     conn: Connection,
+    /// The file opened and its identity (device, inode) then, to notice a
+    /// file removed or replaced under an open connection, which SQLite goes on
+    /// writing into unseen.
+    file: Option<(std::path::PathBuf, u64, u64)>,
+}
+
+fn file_identity(path: &Path) -> Option<(std::path::PathBuf, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (path.to_path_buf(), m.dev(), m.ino()))
 }
 
 /// Names what was being done when SQLite failed.
@@ -339,12 +348,30 @@ fn open_checked(path: &Path, what: &str, schema: &str, version: i64) -> Result<C
 impl Index {
     /// Opens (and if needed creates) the index.
     pub fn open(path: &Path) -> Result<Index, StoreError> {
-        Ok(Index { conn: open_database(path, "the index", SCHEMA, SCHEMA_VERSION)? })
+        let conn = open_database(path, "the index", SCHEMA, SCHEMA_VERSION)?;
+        Ok(Index { conn, file: file_identity(path) })
+    }
+
+    /// Whether the file this connection writes is still the one at its path:
+    /// an index removed (or replaced) while a run had it open is an error
+    /// saying how to recover, not writes into a file nobody will read.
+    pub fn check_still_linked(&self) -> Result<(), StoreError> {
+        let Some((path, dev, ino)) = &self.file else {
+            return Ok(());
+        };
+        if file_identity(path).is_some_and(|(_, d, i)| (d, i) == (*dev, *ino)) {
+            return Ok(());
+        }
+        Err(StoreError::Invalid(format!(
+            "the index {} was removed or replaced while this run had it open; what this run finished \
+             is in the workspace's records: run `orchestrate reindex` to index it again",
+            path.display()
+        )))
     }
 
     /// Opens an existing index read-only (for `plan`, `--dry-run`: changes nothing).
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
-        Ok(Index { conn: open_database_read_only(path, "the index")? })
+        Ok(Index { conn: open_database_read_only(path, "the index")?, file: file_identity(path) })
     }
 
     fn row_to_cached(row: &rusqlite::Row<'_>) -> rusqlite::Result<CachedRow> {

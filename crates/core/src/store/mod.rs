@@ -5,8 +5,16 @@
 //! - `tmp/`: staging for outputs being written, one folder per live process,
 //! - `locks/`: one lock file per node key, held with an OS lock, so a killed
 //!   process releases it and nothing ever needs a manual unlock,
-//! - `logs/`: each node's log by key.
+//! - `logs/`: each node's log by key,
+//! - `workspace.json`: the marker that says the folder is a workspace, with its
+//!   format version (as `.git/` or DVC's `.dvc/` mark theirs).
+//!
+//! Only a marked folder (or a new or empty one, which is then marked) is used
+//! as a workspace: `--workspace ~` must never clean `~/tmp`. Inside it every
+//! folder and file is ours and a link found there is refused, never followed
+//! ([`fsx`]); cleanups remove only entries whose names have the form we create.
 
+pub mod fsx;
 pub mod index;
 pub mod objects;
 
@@ -14,6 +22,8 @@ use std::fs::{self, File, TryLockError};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::spec::ids as spec_ids;
 
 pub use index::{
     open_database, open_database_read_only, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow,
@@ -119,6 +129,14 @@ impl rusqlite::types::FromSql for Key {
     }
 }
 
+fn not_a_workspace(root: &Path) -> StoreError {
+    StoreError::Invalid(format!(
+        "{} is not an orchestrate workspace (it has no {MARKER}) and is not empty: refusing to use it, \
+         so nothing in it is touched. Give --workspace a new or empty folder, or an existing workspace",
+        root.display()
+    ))
+}
+
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     let context = context.into();
     move |source| StoreError::Io { context, source }
@@ -128,7 +146,7 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
 /// processes doing the same at the same moment take turns: how a database's
 /// creation (tables, journal mode) is serialized.
 pub fn while_locked<T>(lock_path: &Path, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
-    let lock = File::create(lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+    let lock = fsx::open_lock(lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
     lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
     f()
 }
@@ -144,6 +162,18 @@ pub struct Reindexed {
     pub left_out: Vec<(String, String)>,
 }
 
+/// What [`Workspace::verify`] found.
+#[derive(Debug, Default)]
+pub struct Verified {
+    /// Outputs (or, without an index, objects) re-hashed.
+    pub checked: usize,
+    /// One line each, ready to print.
+    pub problems: Vec<String>,
+    /// The index was missing: objects were checked one by one, and
+    /// `orchestrate reindex` rebuilds it from the records.
+    pub index_missing: bool,
+}
+
 /// Writes a file whole or not at all: a temporary file beside it (named after
 /// this process, so concurrent writers do not meet), synced, then renamed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -151,7 +181,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut f = File::create(&tmp)?;
+    // Fresh (O_EXCL), so a link planted at the temporary name is never written through.
+    let _ = fs::remove_file(&tmp);
+    let mut f = fsx::create_new(&tmp)?;
     f.write_all(bytes).and_then(|()| f.sync_all())?;
     fs::rename(&tmp, path)
 }
@@ -207,16 +239,119 @@ impl Drop for Staging {
     }
 }
 
+/// The file that marks a folder as a workspace.
+pub const MARKER: &str = "workspace.json";
+
+/// The workspace format this build reads and writes.
+pub const FORMAT: u32 = 1;
+
+/// The marker's contents.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Marker {
+    /// The format version of the workspace.
+    orchestrate_workspace: u32,
+}
+
+/// The folders of a workspace, all ours.
+const FOLDERS: [&str; 4] = ["objects", "tmp", "locks", "logs"];
+
+/// What a folder given as a workspace is.
+enum Found {
+    /// Marked by us (its format checked).
+    Marked,
+    /// Made by an orchestrate from before the marker: an index or records beside `objects/`.
+    Unmarked,
+    /// New or empty: safe to make a workspace of.
+    Empty,
+    /// Anything else: someone's folder, never touched.
+    Foreign,
+}
+
+fn examine(root: &Path) -> Result<Found, StoreError> {
+    let marker = root.join(MARKER);
+    match fs::symlink_metadata(&marker) {
+        Ok(meta) if meta.is_file() && meta.len() <= 4096 => {
+            let bytes = fs::read(&marker).map_err(io(format!("reading {}", marker.display())))?;
+            let found: Marker = serde_json::from_slice(&bytes).map_err(|e| {
+                StoreError::Invalid(format!(
+                    "{} is not a workspace marker ({e}); expected {{\"orchestrate_workspace\": {FORMAT}}}",
+                    marker.display()
+                ))
+            })?;
+            if found.orchestrate_workspace > FORMAT {
+                return Err(StoreError::Invalid(format!(
+                    "{} is a workspace of format {}, made by a newer orchestrate (this one knows format {FORMAT})",
+                    root.display(),
+                    found.orchestrate_workspace
+                )));
+            }
+            return Ok(Found::Marked);
+        }
+        Ok(_) => {
+            return Err(StoreError::Invalid(format!(
+                "{} is not a regular file of at most 4096 bytes: not a workspace marker (a link is never followed)",
+                marker.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StoreError::Io { context: format!("reading {}", marker.display()), source: e }),
+    }
+    let mut entries = match fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Empty),
+        Err(e) => return Err(StoreError::Io { context: format!("listing {}", root.display()), source: e }),
+    };
+    if entries.next().is_none() {
+        return Ok(Found::Empty);
+    }
+    let is = |name: &str, dir: bool| {
+        fs::symlink_metadata(root.join(name)).is_ok_and(|m| if dir { m.is_dir() } else { m.is_file() })
+    };
+    if is("objects", true) && (is("cache.sqlite", false) || is("records", true)) {
+        return Ok(Found::Unmarked);
+    }
+    Ok(Found::Foreign)
+}
+
 impl Workspace {
     /// Opens a workspace, creating it if needed, and clears staging left by killed processes.
+    ///
+    /// A folder that exists, is not empty and is not a workspace is refused
+    /// whole, and so is a workspace whose index is missing while its records
+    /// are there (`orchestrate reindex` rebuilds it; a new empty index would
+    /// make every node run again).
     pub fn open(root: &Path) -> Result<Workspace, StoreError> {
+        Self::open_with(root, false)
+    }
+
+    /// As [`Workspace::open`], but a missing index is made anew (for `reindex`).
+    pub fn open_for_reindex(root: &Path) -> Result<Workspace, StoreError> {
+        Self::open_with(root, true)
+    }
+
+    fn open_with(root: &Path, new_index_ok: bool) -> Result<Workspace, StoreError> {
         // Absolute, because ops run in other folders (a shell node runs in its spec's).
         let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
-        for sub in ["objects", "tmp", "locks", "logs"] {
-            let p = root.join(sub);
-            fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
+        if fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
+            return Err(StoreError::Invalid(format!("{} is not a folder, so it cannot be a workspace", root.display())));
+        }
+        match examine(root)? {
+            Found::Marked => {}
+            Found::Empty | Found::Unmarked => {
+                fs::create_dir_all(root).map_err(io(format!("creating {}", root.display())))?;
+                let bytes = serde_json::to_vec(&Marker { orchestrate_workspace: FORMAT }).expect("a marker serializes");
+                write_atomic(&root.join(MARKER), &bytes).map_err(io(format!("marking {}", root.display())))?;
+            }
+            Found::Foreign => return Err(not_a_workspace(root)),
+        }
+        for sub in FOLDERS {
+            fsx::own_dir(&root.join(sub))?;
         }
         let ws = Workspace { root: root.to_path_buf(), read_only: false };
+        if !new_index_ok {
+            ws.refuse_missing_index()?;
+        }
         // Creating the index (tables, WAL mode) is serialized between processes
         // that open a new workspace at the same moment.
         while_locked(&root.join("index.lock"), || ws.index())?;
@@ -225,13 +360,43 @@ impl Workspace {
     }
 
     /// Opens an existing workspace without creating or changing anything, or
-    /// `None` if there is none yet.
+    /// `None` if there is none yet (no such folder, or an empty one). A folder
+    /// that is not a workspace is an error, so a mistyped `--workspace` is said.
     pub fn open_read_only(root: &Path) -> Result<Option<Workspace>, StoreError> {
-        if !root.join("cache.sqlite").is_file() {
+        let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
+        match examine(root)? {
+            Found::Empty => return Ok(None),
+            Found::Foreign => return Err(not_a_workspace(root)),
+            Found::Marked | Found::Unmarked => {}
+        }
+        let ws = Workspace { root: root.to_path_buf(), read_only: true };
+        if ws.index_missing() && ws.refuse_missing_index().is_ok() {
+            // Marked but nothing recorded yet.
             return Ok(None);
         }
-        let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
-        Ok(Some(Workspace { root: root.to_path_buf(), read_only: true }))
+        Ok(Some(ws))
+    }
+
+    /// Whether the index file is missing, so only the objects and records are left.
+    pub fn index_missing(&self) -> bool {
+        fs::symlink_metadata(self.root.join("cache.sqlite")).is_err()
+    }
+
+    /// An error when the index is missing while nodes were recorded, saying what to run.
+    fn refuse_missing_index(&self) -> Result<(), StoreError> {
+        if !self.index_missing() {
+            return Ok(());
+        }
+        let records = fs::read_dir(self.records_dir()).map(|d| d.count()).unwrap_or(0);
+        let objects = fs::read_dir(self.objects_dir()).map(|d| d.count()).unwrap_or(0);
+        if records == 0 && objects == 0 {
+            return Ok(());
+        }
+        Err(StoreError::Invalid(format!(
+            "the workspace {} has objects and node records but its index (cache.sqlite) is missing: \
+             run `orchestrate reindex` to rebuild it from the records (`orchestrate verify` checks the objects)",
+            self.root.display()
+        )))
     }
 
     pub fn root(&self) -> &Path {
@@ -266,12 +431,14 @@ impl Workspace {
     /// first (written whole or not at all), then its cache row.
     pub fn commit_node(&self, index: &Index, node: &CachedNode) -> Result<(), StoreError> {
         let path = self.record_path(&node.key);
+        fsx::own_dir(&self.records_dir())?;
         if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+            fsx::own_dir(dir)?;
         }
         let bytes = serde_json::to_vec_pretty(node).expect("a cached node serializes");
         write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
-        index.insert_node(node)
+        index.insert_node(node)?;
+        index.check_still_linked()
     }
 
     /// Rebuilds the index's cache rows from the node records: each record
@@ -332,6 +499,64 @@ impl Workspace {
         Ok(done)
     }
 
+    /// Re-hashes what the store holds: each indexed node's outputs, or, when
+    /// the index is missing, every object against its name (so a workspace
+    /// that lost its index is still checked, and says how to rebuild it).
+    pub fn verify(&self) -> Result<Verified, StoreError> {
+        let mut done = Verified { index_missing: self.index_missing(), ..Verified::default() };
+        if !done.index_missing {
+            for node in self.index()?.all_nodes()? {
+                for out in &node.outputs {
+                    done.checked += 1;
+                    let path = self.object_path(&out.object.hash);
+                    match objects::intact(&path, &out.object.hash, out.object.kind)? {
+                        Some(true) => {}
+                        Some(false) => done.problems.push(format!(
+                            "CORRUPT  {} output '{}': object {} no longer hashes to its name",
+                            spec_ids::escaped(&node.node_id),
+                            spec_ids::escaped(&out.name),
+                            out.object.hash
+                        )),
+                        None => done.problems.push(format!(
+                            "MISSING  {} output '{}': object {} is not in the store",
+                            spec_ids::escaped(&node.node_id),
+                            spec_ids::escaped(&out.name),
+                            out.object.hash
+                        )),
+                    }
+                }
+            }
+            return Ok(done);
+        }
+        let dir = self.objects_dir();
+        let mut found = Vec::new();
+        for shard in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))?.flatten() {
+            if !shard.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            for object in fs::read_dir(shard.path()).map_err(io(format!("listing {}", shard.path().display())))? {
+                found.push(object.map_err(io(format!("listing {}", shard.path().display())))?.path());
+            }
+        }
+        found.sort();
+        for path in found {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            done.checked += 1;
+            if Key::parse(&name).is_err() {
+                done.problems.push(format!("STRAY    {}: not an object's name", spec_ids::escaped(&name)));
+                continue;
+            }
+            let kind = match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => OutputKind::Dir,
+                _ => OutputKind::File,
+            };
+            if objects::intact(&path, &name, kind)? != Some(true) {
+                done.problems.push(format!("CORRUPT  object {name} no longer hashes to its name"));
+            }
+        }
+        Ok(done)
+    }
+
     /// A record file, checked: a regular file of bounded size, named after the key it holds.
     fn read_record(&self, path: &Path) -> Result<CachedNode, String> {
         const MAX_RECORD_BYTES: u64 = 64 << 20;
@@ -356,6 +581,7 @@ impl Workspace {
     pub fn index(&self) -> Result<Index, StoreError> {
         let path = self.root.join("cache.sqlite");
         if self.read_only {
+            self.refuse_missing_index()?;
             Index::open_read_only(&path)
         } else {
             Index::open(&path)
@@ -410,7 +636,7 @@ impl Workspace {
         for _ in 0..100 {
             let dir = self.root.join("tmp").join(objects::unique_suffix());
             let lock_path = dir.with_extension("lock");
-            let lock = File::create_new(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+            let lock = fsx::create_new(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
             lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
             let held = lock.metadata().map_err(io(format!("reading {}", lock_path.display())))?;
             let linked = match fs::symlink_metadata(&lock_path) {
@@ -435,26 +661,40 @@ impl Workspace {
     /// Removes staging folders whose owner is gone (its lock can be taken), and
     /// the locks of staging that no longer exists (a process killed between
     /// creating its lock and its folder, or between removing them).
+    ///
+    /// Only entries named as [`Workspace::staging`] names them are touched; a
+    /// link among them is removed as a link (never followed). Anything else
+    /// in `tmp/` is left alone ([`Workspace::foreign_staging`] lists it).
     fn clear_dead_staging(&self) -> Result<(), StoreError> {
         let tmp = self.root.join("tmp");
         let entries = fs::read_dir(&tmp).map_err(io(format!("listing {}", tmp.display())))?;
         for entry in entries.flatten() {
             let path = entry.path();
-            if path.extension().is_some_and(|e| e == "lock") {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
+            if !fsx::is_staging_name(&name) {
+                continue;
+            }
+            if is_link {
+                // Never ours: a link cannot be a staging folder or its lock.
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            if name.ends_with(".lock") {
                 // A lock alone: its owner is gone if the lock can be taken.
                 // `staging` takes its lock before making its folder and checks
                 // afterwards that the lock it holds is still the one linked
                 // here, so removing an untaken lock never strands a live owner.
                 let staged = path.with_extension("");
-                if let Ok(f) = File::options().write(true).open(&path) {
-                    if f.try_lock().is_ok() && !staged.exists() {
+                if let Ok(f) = fsx::open_lock(&path) {
+                    if f.try_lock().is_ok() && fs::symlink_metadata(&staged).is_err() {
                         let _ = fs::remove_file(&path);
                     }
                 }
                 continue;
             }
             let lock_path = path.with_extension("lock");
-            let owner_alive = match File::options().write(true).create(true).truncate(false).open(&lock_path) {
+            let owner_alive = match fsx::open_lock(&lock_path) {
                 Ok(f) => matches!(f.try_lock(), Err(TryLockError::WouldBlock)),
                 Err(_) => true,
             };
@@ -466,16 +706,26 @@ impl Workspace {
         Ok(())
     }
 
+    /// Entries in `tmp/` that orchestrate did not create (left alone by every cleanup).
+    pub fn foreign_staging(&self) -> Vec<PathBuf> {
+        let tmp = self.root.join("tmp");
+        let mut found: Vec<PathBuf> = fs::read_dir(&tmp)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| !fsx::is_staging_name(&e.file_name().to_string_lossy()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort();
+        found
+    }
+
     /// Takes the lock of a node key. If another process holds it, `waiting` is
     /// called once (to say so) and this blocks until it is released.
     pub fn lock_node(&self, key: &str, waiting: impl FnOnce()) -> Result<NodeLock, StoreError> {
         let path = self.root.join("locks").join(format!("{key}.lock"));
-        let file = File::options()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io(format!("opening {}", path.display())))?;
+        let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
@@ -576,7 +826,7 @@ mod staging_tests {
         let ws = Workspace::open(dir.path()).unwrap();
         let tmp = dir.path().join("tmp");
         // Left by a process killed between creating its lock and its folder.
-        let orphan = tmp.join("4242-deadbeef.lock");
+        let orphan = tmp.join("4242-1700000000000000000-7.lock");
         let file = std::fs::File::create(&orphan).unwrap();
         file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600)).unwrap();
         drop(file);
@@ -585,6 +835,72 @@ mod staging_tests {
         Workspace::open(dir.path()).unwrap();
         assert!(!orphan.exists(), "the orphan lock is removed");
         assert!(live.path().exists() && live.path().with_extension("lock").exists(), "live staging is kept");
+    }
+
+    /// The repro of issue #30: `tmp` a link to the user's folder. Before,
+    /// the staging cleanup emptied the folder the link points to.
+    #[test]
+    fn a_linked_internal_folder_is_refused_and_what_it_points_to_is_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = dir.path().join("keep");
+        std::fs::create_dir(&keep).unwrap();
+        std::fs::write(keep.join("notes.txt"), "x").unwrap();
+        for sub in ["tmp", "objects", "locks", "logs"] {
+            let ws = dir.path().join(format!("ws-{sub}"));
+            Workspace::open(&ws).unwrap();
+            std::fs::remove_dir(ws.join(sub)).unwrap();
+            std::os::unix::fs::symlink(&keep, ws.join(sub)).unwrap();
+            let err = Workspace::open(&ws).unwrap_err().to_string();
+            assert!(err.contains("symbolic link") && err.contains(sub), "{sub}: {err}");
+            assert!(keep.join("notes.txt").is_file(), "{sub}: the linked folder was emptied");
+        }
+    }
+
+    /// `--workspace ~` must never clean `~/tmp`.
+    #[test]
+    fn a_folder_that_is_not_a_workspace_is_refused_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(home.join("tmp")).unwrap();
+        std::fs::write(home.join("tmp/draft.txt"), "mine").unwrap();
+        std::fs::write(home.join(".bashrc"), "mine").unwrap();
+        let err = Workspace::open(&home).unwrap_err().to_string();
+        assert!(err.contains("not an orchestrate workspace"), "{err}");
+        assert!(Workspace::open_read_only(&home).is_err(), "a read-only open refuses it too");
+        let left: Vec<_> = std::fs::read_dir(&home).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 2, "nothing was added: {left:?}");
+        assert_eq!(std::fs::read_to_string(home.join("tmp/draft.txt")).unwrap(), "mine");
+        // A new or empty folder becomes a workspace, marked; an old unmarked one is adopted.
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        Workspace::open(&empty).unwrap();
+        Workspace::open(&dir.path().join("new/deeper")).unwrap();
+        assert!(empty.join(super::MARKER).is_file() && dir.path().join("new/deeper").join(super::MARKER).is_file());
+        let old = dir.path().join("old");
+        Workspace::open(&old).unwrap();
+        std::fs::remove_file(old.join(super::MARKER)).unwrap();
+        Workspace::open(&old).unwrap();
+        assert!(old.join(super::MARKER).is_file(), "a workspace from before the marker is marked");
+    }
+
+    /// Cleanups remove only what has the form of our own staging.
+    #[test]
+    fn staging_cleanup_leaves_what_it_did_not_create() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let tmp = dir.path().join("tmp");
+        std::fs::write(tmp.join("notes.txt"), "x").unwrap();
+        std::fs::create_dir(tmp.join("someones-folder")).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("f"), "x").unwrap();
+        // A link with a staging name: removed as a link, its target untouched.
+        std::os::unix::fs::symlink(&outside, tmp.join("4242-1-0")).unwrap();
+        Workspace::open(dir.path()).unwrap();
+        assert!(tmp.join("notes.txt").is_file() && tmp.join("someones-folder").is_dir());
+        assert!(outside.join("f").is_file());
+        assert!(std::fs::symlink_metadata(tmp.join("4242-1-0")).is_err());
+        assert_eq!(ws.foreign_staging(), vec![tmp.join("notes.txt"), tmp.join("someones-folder")]);
     }
 
     /// A process SIGKILLed between creating its lock and its folder (or between

@@ -212,7 +212,7 @@ pub fn intact(path: &Path, hash: &str, kind: OutputKind) -> Result<Option<bool>,
 /// inspection, never read again), so its name is free for the right bytes.
 /// Returns where it went, or `None` if someone else moved it first.
 pub fn move_aside(object: &Path, damaged: &Path) -> Result<Option<PathBuf>, StoreError> {
-    fs::create_dir_all(damaged).map_err(io(format!("creating {}", damaged.display())))?;
+    super::fsx::own_dir(damaged)?;
     let name = object.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let to = damaged.join(format!("{name}-{}", unique_suffix()));
     match fs::rename(object, &to) {
@@ -240,7 +240,7 @@ fn install(objects: &Path, staged: &Path, info: &ObjectInfo) -> Result<(), Store
         }
         None => {}
     }
-    fs::create_dir_all(shard).map_err(io(format!("creating {}", shard.display())))?;
+    super::fsx::own_dir(shard)?;
     make_read_only(staged)?;
     match fs::rename(staged, &dest) {
         Ok(()) => {}

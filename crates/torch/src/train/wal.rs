@@ -50,7 +50,11 @@ impl Wal {
         meta: &Value,
         iteration: usize,
     ) -> Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
+        // Real folders of the workspace's own; a link there is refused, never followed.
+        for dir in [self.dir.parent().unwrap_or(&self.dir), &self.dir] {
+            orchestrate_core::store::fsx::own_dir(dir)
+                .map_err(|e| crate::error::Error::Msg(format!("checkpoint folder: {e}")))?;
+        }
         let name = format!("iter-{}.state", iteration + 1);
         save_state(&self.dir.join(&name), params, adam, meta)?;
         failpoint("checkpointed", iteration);

@@ -1,0 +1,131 @@
+//! The workspace's own files and folders, opened without following links.
+//!
+//! Everything under a workspace root is ours: made by us, as real folders and
+//! regular files. A symbolic link found where one of ours should be (planted,
+//! or left by a tool) is refused, never followed: following it would let a
+//! cleanup empty, or a write land in, a folder that belongs to someone else.
+//! Folders are made with `mkdir` (which never follows a final link) and
+//! checked with `lstat`; files are opened with `O_NOFOLLOW`, and fresh ones
+//! with `O_EXCL`.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::StoreError;
+
+/// Makes `path` a real folder of ours, or checks that it is one: a link (to
+/// anything) or a file there is an error naming it. Missing parents are made
+/// the same way, up to the first that exists.
+pub fn own_dir(path: &Path) -> Result<(), StoreError> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(meta) if meta.file_type().is_symlink() => Err(refused_link(path)),
+        Ok(_) => Err(StoreError::Invalid(format!(
+            "{} is not a folder: the workspace keeps its own folder there (move it away)",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if fs::symlink_metadata(parent).is_err() {
+                    own_dir(parent)?;
+                }
+            }
+            match fs::create_dir(path) {
+                Ok(()) => Ok(()),
+                // Another process made it first: check what it made.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match fs::symlink_metadata(path) {
+                    Ok(meta) if meta.is_dir() => Ok(()),
+                    _ => Err(refused_link(path)),
+                },
+                Err(e) => Err(StoreError::Io { context: format!("creating {}", path.display()), source: e }),
+            }
+        }
+        Err(e) => Err(StoreError::Io { context: format!("reading {}", path.display()), source: e }),
+    }
+}
+
+fn refused_link(path: &Path) -> StoreError {
+    StoreError::Invalid(format!(
+        "{} is a symbolic link (or not a folder): the workspace's own folders must be real folders, \
+         and orchestrate never follows a link out of its workspace. Remove the link (rm {}) and run again",
+        path.display(),
+        path.display()
+    ))
+}
+
+/// Opens (creating it if needed) a lock file without truncating it and
+/// without following a link there.
+pub fn open_lock(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create(true).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Opens a file of ours for appending (a log), creating it if needed; a link
+/// there is an error (`ELOOP`), never followed.
+pub fn open_append(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().append(true).create(true).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Opens a file of ours for writing from the start, creating it if needed
+/// (truncating only a regular file of ours; a link is an error, never followed).
+pub fn open_truncate(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Creates a new file that did not exist (`O_EXCL`: a link there, dangling
+/// or not, is an error, never followed).
+pub fn create_new(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).open(path)
+}
+
+/// Whether `name` has the form of a staging entry this store creates
+/// (`objects::unique_suffix`: `<pid>-<nanos>-<counter>`, digits only), with or
+/// without the `.lock` extension. Cleanups remove nothing else.
+pub fn is_staging_name(name: &str) -> bool {
+    let stem = name.strip_suffix(".lock").unwrap_or(name);
+    let parts: Vec<&str> = stem.split('-').collect();
+    parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.len() <= 40 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_dir_makes_real_folders_and_refuses_links_to_anything() {
+        let t = tempfile::tempdir().unwrap();
+        own_dir(&t.path().join("a/b/c")).unwrap();
+        assert!(fs::symlink_metadata(t.path().join("a/b/c")).unwrap().is_dir());
+        fs::create_dir(t.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("elsewhere"), t.path().join("linked")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("nowhere"), t.path().join("dangling")).unwrap();
+        for bad in ["linked", "dangling"] {
+            let err = own_dir(&t.path().join(bad)).unwrap_err().to_string();
+            assert!(err.contains("symbolic link"), "{bad}: {err}");
+        }
+        assert!(!t.path().join("nowhere").exists(), "a dangling link's target is never created");
+    }
+
+    #[test]
+    fn files_of_ours_are_never_opened_through_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let theirs = t.path().join("theirs.txt");
+        fs::write(&theirs, "keep me").unwrap();
+        let link = t.path().join("ours.log");
+        std::os::unix::fs::symlink(&theirs, &link).unwrap();
+        assert!(open_append(&link).is_err());
+        assert!(open_truncate(&link).is_err());
+        assert!(open_lock(&link).is_err());
+        assert!(create_new(&link).is_err());
+        assert_eq!(fs::read_to_string(&theirs).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn only_our_staging_names_are_recognised() {
+        assert!(is_staging_name("4242-1700000000000000000-0"));
+        assert!(is_staging_name("4242-1-0.lock"));
+        for other in ["notes.txt", "4242-1", "a-b-c", "4242-1-0-9", "-1-0", "4242-1-0.txt", ".4242-1-0"] {
+            assert!(!is_staging_name(other), "{other}");
+        }
+    }
+}

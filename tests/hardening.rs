@@ -1,0 +1,186 @@
+//! Issue #30: never touch what is not ours, and an audit that names cannot fool.
+//! Each test is a repro that failed before the fix, run through the binary.
+
+mod common;
+
+use common::{stderr, stdout, Project};
+
+const ONE: &str = "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: echo alpha > a.txt, outs: [a.txt]}\n";
+
+#[test]
+fn a_symlinked_internal_folder_is_refused_and_the_folder_it_points_to_keeps_its_files() {
+    let p = Project::new();
+    p.write("keep/notes.txt", "x");
+    p.write("s.yaml", ONE);
+    // The issue's repro: a folder holding only the link is not a workspace at all.
+    std::fs::create_dir(p.path().join(".orchestrate")).unwrap();
+    std::os::unix::fs::symlink("../keep", p.path().join(".orchestrate/tmp")).unwrap();
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(p.read("keep/notes.txt"), "x", "the folder the link points to was emptied");
+    // In a real workspace, each of its folders replaced by a link.
+    std::fs::remove_file(p.path().join(".orchestrate/tmp")).unwrap();
+    std::fs::remove_dir(p.path().join(".orchestrate")).unwrap();
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    for sub in ["tmp", "logs", "locks", "objects"] {
+        let at = p.path().join(".orchestrate").join(sub);
+        let aside = p.path().join(format!("aside-{sub}"));
+        std::fs::rename(&at, &aside).unwrap();
+        std::os::unix::fs::symlink("../keep", &at).unwrap();
+        let out = p.run(&["run", "s.yaml", "--force", "a"]);
+        assert_eq!(out.status.code(), Some(2), "{sub}: {}", stderr(&out));
+        assert!(stderr(&out).contains("symbolic link"), "{sub}: {}", stderr(&out));
+        assert_eq!(std::fs::read_dir(p.path().join("keep")).unwrap().count(), 1, "{sub}: keep/ was changed");
+        assert_eq!(p.read("keep/notes.txt"), "x");
+        std::fs::remove_file(&at).unwrap();
+        std::fs::rename(&aside, &at).unwrap();
+    }
+}
+
+#[test]
+fn a_workspace_flag_at_an_ordinary_folder_is_refused_and_its_tmp_left_alone() {
+    let p = Project::new();
+    p.write("s.yaml", ONE);
+    p.write("home/tmp/draft.txt", "mine");
+    p.write("home/.profile", "mine");
+    for cmd in [&["run", "s.yaml"][..], &["status"], &["verify"]] {
+        let mut args = cmd.to_vec();
+        args.extend(["--workspace", "home"]);
+        let out = p.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("not an orchestrate workspace"), "{cmd:?}: {}", stderr(&out));
+    }
+    assert_eq!(p.read("home/tmp/draft.txt"), "mine");
+    assert_eq!(std::fs::read_dir(p.path().join("home")).unwrap().count(), 2, "nothing was added to home/");
+    // A new folder is made a workspace, marked, and used again.
+    let out = p.run(&["run", "s.yaml", "--workspace", "ws"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(p.path().join("ws/workspace.json").is_file());
+    assert_eq!(p.run(&["run", "s.yaml", "--workspace", "ws"]).status.code(), Some(0));
+}
+
+#[test]
+fn node_ids_that_leave_a_folder_or_rewrite_a_terminal_line_are_refused_at_validate() {
+    let p = Project::new();
+    for (name, id) in
+        [("dotdot", "'..'"), ("dot", "'.'"), ("newline", "\"a\\nb\""), ("esc", "\"a\\e[2Kb\""), ("bidi", "\"a\\u202Eb\"")]
+    {
+        let spec = format!("name: s\nnodes:\n  {id}:\n    op: shell\n    params: {{cmd: 'true'}}\n");
+        p.write(&format!("{name}.yaml"), &spec);
+        let out = p.run(&["validate", &format!("{name}.yaml")]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains("node id"), "{name}: {err}");
+        assert!(!err.contains('\u{1b}') && !err.contains('\u{202e}'), "{name}: raw control in {err:?}");
+    }
+    // A matrix value becomes part of an id, so it is held to the same rule.
+    p.write(
+        "m.yaml",
+        "name: m\nnodes:\n  x:\n    op: shell\n    matrix: {env.V: ['../..']}\n    params: {cmd: 'true'}\n",
+    );
+    let out = p.run(&["validate", "m.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("'/' is not allowed"), "{}", stderr(&out));
+}
+
+const TWO_GATES: &str = r#"
+name: twogates
+nodes:
+  measure:
+    op: shell
+    params: {cmd: "echo '{\"score\": 0.3}' > m.json", outs: [m.json]}
+  ga:
+    op: gate
+    params: {file: a/g.yaml}
+  gb:
+    op: gate
+    params: {file: b/g.yaml}
+"#;
+
+#[test]
+fn two_gate_files_with_one_name_are_both_kept_in_the_pack_and_audited_each_by_its_own() {
+    let p = Project::new();
+    p.write("s.yaml", TWO_GATES);
+    let gate = |floor: f64| {
+        format!(
+            "name: g\ngates:\n  - name: floor\n    evidence: {{m: 'measure:m.json'}}\n    check: {{field: m.score, at_least: {floor}}}\n"
+        )
+    };
+    p.write("a/g.yaml", &gate(0.1));
+    p.write("b/g.yaml", &gate(0.9));
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(1), "one gate fails: {}", stderr(&out));
+    let out = p.run(&["pack", "freeze", "s.yaml", "--out", "pack"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(p.path().join("pack/gates/ga/g.yaml").is_file() && p.path().join("pack/gates/gb/g.yaml").is_file());
+    let out = p.run(&["audit", "pack"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("1 passed, 1 failed"), "{text}");
+}
+
+#[test]
+fn a_gate_file_outside_the_project_is_refused_and_no_error_prints_a_file_back() {
+    let p = Project::new();
+    p.write("proj/.git/HEAD", "ref: refs/heads/main\n");
+    p.write("secret.ini", "[default]\naws_secret_access_key = wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY\n");
+    p.write("proj/creds.yaml", "aws_secret_access_key_wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY\n");
+    for (name, file) in [("abs", "/etc/passwd"), ("up", "../secret.ini"), ("inside", "creds.yaml")] {
+        p.write(
+            &format!("proj/{name}.yaml"),
+            &format!("name: s\nnodes:\n  g:\n    op: gate\n    params: {{file: '{file}'}}\n"),
+        );
+        let out = p.run(&["validate", &format!("proj/{name}.yaml")]);
+        let all = format!("{}{}", stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(2), "{name}: {all}");
+        assert!(!all.contains("root:x:0") && !all.contains("EXAMPLEKEY"), "{name}: the file was printed: {all}");
+        if name != "inside" {
+            assert!(all.contains("outside the spec's project") || all.contains("no absolute path"), "{name}: {all}");
+        }
+    }
+}
+
+#[test]
+fn a_workspace_whose_index_is_gone_is_still_verified_and_every_command_says_reindex() {
+    let p = Project::new();
+    p.write("s.yaml", ONE);
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    // Damage an object, then lose the index.
+    let objects = p.path().join(".orchestrate/objects");
+    let object = std::fs::read_dir(&objects)
+        .unwrap()
+        .flat_map(|s| std::fs::read_dir(s.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .next()
+        .unwrap();
+    std::fs::set_permissions(&object, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&object, "tampered\n").unwrap();
+    for f in ["cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm"] {
+        let _ = std::fs::remove_file(p.path().join(".orchestrate").join(f));
+    }
+    let out = p.run(&["verify"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("CORRUPT") && stdout(&out).contains("orchestrate reindex"), "{}", stdout(&out));
+    for cmd in [&["status"][..], &["run", "s.yaml"]] {
+        let out = p.run(cmd);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {}", stdout(&out));
+        assert!(stderr(&out).contains("orchestrate reindex"), "{cmd:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn an_index_removed_during_a_run_fails_the_run_saying_how_to_recover() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: s\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: rm -f .orchestrate/cache.sqlite .orchestrate/cache.sqlite-wal .orchestrate/cache.sqlite-shm; echo a > a.txt\n      outs: [a.txt]\n",
+    );
+    let out = p.run(&["run", "s.yaml"]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert_ne!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("orchestrate reindex"), "{all}");
+    // And reindex does recover the node.
+    let out = p.run(&["reindex"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("1 nodes re-indexed"), "{}", stdout(&out));
+}
