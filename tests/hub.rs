@@ -37,6 +37,8 @@ struct Behaviour {
     corrupt: bool,
     /// Send this many bytes of the large file, then hold the connection open.
     stall_after: Option<usize>,
+    /// Stall only the first download of the large file (a flaky link).
+    stall_once: bool,
 }
 
 struct Hub {
@@ -197,8 +199,12 @@ fn serve(
         };
         let mut bytes = files[&name].clone();
         let (corrupt, stall) = {
-            let b = behaviour.lock().unwrap();
-            (b.corrupt, b.stall_after)
+            let mut b = behaviour.lock().unwrap();
+            let stall = if head { None } else { b.stall_after };
+            if stall.is_some() && b.stall_once {
+                b.stall_after = None;
+            }
+            (b.corrupt, stall)
         };
         if corrupt {
             let mid = bytes.len() / 2;
@@ -460,4 +466,122 @@ fn a_401_is_explained_and_the_token_from_hf_token_opens_the_repo() {
     let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_right")]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(hub.seen().iter().any(|s| s.auth.as_deref() == Some("Bearer hf_right")));
+}
+
+/// A symlink planted at the download's `.incomplete` name: before, the
+/// download was appended to the file it pointed to (32 B grew to 3.5 MB).
+#[test]
+fn a_link_planted_at_the_partial_download_is_never_written_through() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files.clone());
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    let victim = p.write("victim.txt", "32 bytes of somebody's own file\n");
+    let blobs = repo_dir(&cache).join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::os::unix::fs::symlink(&victim, blobs.join(format!("{}.incomplete", sha256(&files[LARGE])))).unwrap();
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(p.read("victim.txt"), "32 bytes of somebody's own file\n");
+    assert_eq!(std::fs::read(blobs.join(sha256(&files[LARGE]))).unwrap(), files[LARGE]);
+}
+
+/// Planted cache contents are never used under the genuine key: each file is
+/// checked against the hash the Hub announces, whatever its form in the cache.
+#[test]
+fn planted_cache_contents_are_checked_against_the_hub_and_replaced() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files.clone());
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    assert_eq!(run_hub(&p, &hub.endpoint(), &cache, &[]).status.code(), Some(0));
+    let snap = repo_dir(&cache).join("snapshots").join(COMMIT);
+    // A plain file with edited weights, and generation_config.json pointing at config.json's blob.
+    let mut edited = files[LARGE].clone();
+    edited[100] ^= 1;
+    std::fs::remove_file(snap.join(LARGE)).unwrap();
+    std::fs::write(snap.join(LARGE), &edited).unwrap();
+    std::fs::remove_file(snap.join("generation_config.json")).unwrap();
+    std::os::unix::fs::symlink(format!("../../blobs/{}", git_blob_id(&files["config.json"])), snap.join("generation_config.json"))
+        .unwrap();
+    // A marker saying a file the Hub has is absent.
+    std::fs::create_dir_all(repo_dir(&cache).join(".no_exists").join(COMMIT)).unwrap();
+    std::fs::write(repo_dir(&cache).join(".no_exists").join(COMMIT).join("generation_config.json"), "").unwrap();
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("ws-1")).unwrap();
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let model = p.run(&["path", "hub.yaml", "qwen:model"]);
+    let model = PathBuf::from(String::from_utf8_lossy(&model.stdout).trim());
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(model.join(name)).unwrap(), bytes, "{name} is the Hub's, not the planted one");
+    }
+    // Offline, the hashes recorded at fetch time catch a pointer moved to another file's blob.
+    std::fs::remove_file(snap.join("generation_config.json")).unwrap();
+    std::os::unix::fs::symlink(format!("../../blobs/{}", git_blob_id(&files["config.json"])), snap.join("generation_config.json"))
+        .unwrap();
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("ws-2")).unwrap();
+    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let e = failure(&out);
+    assert!(e.contains("generation_config.json") && e.contains("altered"), "{e}");
+}
+
+#[test]
+fn a_snapshot_folder_that_is_a_link_is_refused_and_not_written_into() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files.clone());
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    let elsewhere = p.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    for (name, bytes) in &files {
+        std::fs::write(elsewhere.join(name), bytes).unwrap();
+    }
+    std::fs::create_dir_all(repo_dir(&cache).join("snapshots")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, repo_dir(&cache).join("snapshots").join(COMMIT)).unwrap();
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let e = failure(&out);
+    assert!(e.contains("is a link") && e.contains(COMMIT), "{e}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), files.len(), "nothing was written into the linked folder");
+}
+
+/// A server that sends the headers and 1,000 bytes and goes silent: before,
+/// `run` hung forever. Now the read gives up after HF_HUB_DOWNLOAD_TIMEOUT and
+/// the next attempt resumes from byte 1,000 with `Range`.
+#[test]
+fn a_stalled_download_times_out_and_the_retry_resumes_with_range() {
+    let p = Project::new();
+    let files = tiny_model(&p);
+    let hub = Hub::start(files.clone());
+    hub.set(|b| {
+        b.stall_after = Some(1000);
+        b.stall_once = true;
+    });
+    hub_spec(&p, COMMIT);
+    let cache = p.path().join("hf-cache");
+    let t = Instant::now();
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_HUB_DOWNLOAD_TIMEOUT", "1")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+    let ranges: Vec<Option<String>> =
+        hub.seen().into_iter().filter(|s| s.path.starts_with("/cdn/") && s.method == "GET").map(|s| s.range).collect();
+    assert_eq!(ranges, [None, Some("bytes=1000-".to_string())], "{:?}", hub.seen());
+    assert_eq!(std::fs::read(repo_dir(&cache).join("blobs").join(sha256(&files[LARGE]))).unwrap(), files[LARGE]);
+    // A server that always stalls: a clear error after the attempts, not a hang.
+    let p2 = Project::new();
+    hub_spec(&p2, COMMIT);
+    hub.set(|b| {
+        b.stall_after = Some(1000);
+        b.stall_once = false;
+    });
+    let t = Instant::now();
+    let out = run_hub(&p2, &hub.endpoint(), &p2.path().join("hf-cache"), &[("HF_HUB_DOWNLOAD_TIMEOUT", "1")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(t.elapsed() < Duration::from_secs(40), "took {:?}", t.elapsed());
+    let e = failure(&out);
+    assert!(e.contains("no byte of the body arrived") && e.contains("gave up after 5 attempts"), "{e}");
 }

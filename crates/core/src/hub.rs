@@ -33,6 +33,10 @@ const MAX_REDIRECTS: usize = 5;
 pub enum HubError {
     #[error("{0}")]
     Invalid(String),
+    /// The Hub could not be reached (refused, timed out, name unknown): a
+    /// cached file checked against its recorded hash may stand in.
+    #[error("{0}")]
+    Unreachable(String),
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
 }
@@ -56,7 +60,17 @@ pub struct HubConfig {
     pub token: Option<String>,
     /// `HF_HUB_OFFLINE=1`: only the cache.
     pub offline: bool,
+    /// `HF_HUB_DOWNLOAD_TIMEOUT` (seconds, default 10, as `huggingface_hub`):
+    /// the longest wait for an answer's headers, and for a body that has gone
+    /// silent (or trickles under 1 KiB in that time). See [`crate::net`].
+    pub timeout: Duration,
+    /// `ORCHESTRATE_CONNECT_TIMEOUT` (default 10 s).
+    pub connect_timeout: Duration,
 }
+
+/// Attempts at one download, each resuming from what the previous one wrote
+/// (`huggingface_hub` retries 5 times too).
+const ATTEMPTS: u32 = 5;
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -68,7 +82,7 @@ fn truthy(v: &str) -> bool {
 }
 
 impl HubConfig {
-    pub fn from_env() -> HubConfig {
+    pub fn from_env() -> Result<HubConfig> {
         let home = || std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
         let hf_home = env("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
             env("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home().join(".cache")).join("huggingface")
@@ -78,7 +92,7 @@ impl HubConfig {
             let path = env("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));
             fs::read_to_string(path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
         });
-        HubConfig {
+        Ok(HubConfig {
             endpoint: env("HF_ENDPOINT")
                 .unwrap_or_else(|| "https://huggingface.co".into())
                 .trim_end_matches('/')
@@ -86,7 +100,10 @@ impl HubConfig {
             cache,
             token,
             offline: env("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v)),
-        }
+            timeout: crate::net::seconds_from_env("HF_HUB_DOWNLOAD_TIMEOUT", Duration::from_secs(10))
+                .map_err(HubError::Invalid)?,
+            connect_timeout: crate::net::connect_timeout().map_err(HubError::Invalid)?,
+        })
     }
 }
 
@@ -167,6 +184,9 @@ pub struct Snapshot<'a> {
     agent: ureq::Agent,
     /// Progress on a terminal (hidden otherwise).
     pub progress: bool,
+    /// Set once the Hub could not be reached: the other files go straight to
+    /// the cache's recorded hashes instead of each waiting out a timeout.
+    unreachable: std::cell::Cell<bool>,
 }
 
 /// How the Hub names a file's content.
@@ -240,12 +260,19 @@ impl<'a> Snapshot<'a> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_connect(Some(Duration::from_secs(20)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
+            .timeout_connect(Some(config.connect_timeout))
+            .timeout_recv_response(Some(config.timeout))
             .user_agent(format!("orchestrate/{}", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
-        Ok(Snapshot { config, repo: repo.into(), commit: commit.into(), agent, progress: false })
+        Ok(Snapshot {
+            config,
+            repo: repo.into(),
+            commit: commit.into(),
+            agent,
+            progress: false,
+            unreachable: std::cell::Cell::new(false),
+        })
     }
 
     /// `models--owner--name` in the cache.
@@ -262,50 +289,149 @@ impl<'a> Snapshot<'a> {
         format!("{}/{}/resolve/{}/{}", self.config.endpoint, self.repo, self.commit, file)
     }
 
-    /// The cached file, if its pointer resolves to a blob of this repo whose
-    /// content matches its name (a blob named by its hash is re-hashed: a file
-    /// edited in the cache is not used).
-    fn cached(&self, file: &str) -> Result<Option<Fetched>> {
+    /// Checks that the folders from the repo's to the file's pointer are real
+    /// folders (or absent): a `snapshots/<commit>` that is a link to a folder
+    /// elsewhere is refused, never read from or written into.
+    fn check_layout(&self, file: &str) -> Result<()> {
+        let mut dir = self.repo_dir();
+        let mut parts = vec!["snapshots".to_string(), self.commit.clone()];
+        parts.extend(file.split('/').map(str::to_string));
+        parts.pop();
+        for part in std::iter::once(None).chain(parts.iter().map(Some)) {
+            if let Some(part) = part {
+                dir.push(part);
+            }
+            match fs::symlink_metadata(&dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(HubError::Invalid(format!(
+                        "{} in the Hugging Face cache is a link or a file, not a folder: refusing to read from or \
+                         write through it. Remove it and run again to fetch {file} of {} afresh",
+                        dir.display(),
+                        self.repo
+                    )))
+                }
+                Err(_) => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the hash the Hub announced for a file at this commit is recorded
+    /// when we fetch it (a flat name: files can be in sub-folders).
+    fn record_path(&self, file: &str) -> PathBuf {
+        self.repo_dir()
+            .join(".orchestrate-etags")
+            .join(&self.commit)
+            .join(blake3::hash(file.as_bytes()).to_hex().as_str())
+    }
+
+    fn recorded(&self, file: &str) -> Option<String> {
+        let path = self.record_path(file);
+        let meta = fs::symlink_metadata(&path).ok()?;
+        if !meta.is_file() || meta.len() > 256 {
+            return None;
+        }
+        let text = fs::read_to_string(&path).ok()?;
+        let etag = text.split_whitespace().next()?.to_string();
+        HashKind::of(&etag).map(|_| etag)
+    }
+
+    fn record(&self, file: &str, etag: &str) -> Result<()> {
+        let path = self.record_path(file);
+        let dir = path.parent().expect("a record has a folder");
+        for d in [dir.parent().unwrap_or(dir), dir] {
+            crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()))?;
+        }
+        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+        let _ = fs::remove_file(&tmp);
+        let mut f = crate::store::fsx::create_new(&tmp).map_err(io(format!("writing {}", tmp.display())))?;
+        f.write_all(format!("{etag}\n").as_bytes()).map_err(io(format!("writing {}", tmp.display())))?;
+        fs::rename(&tmp, &path).map_err(io(format!("writing {}", path.display())))
+    }
+
+    /// The bytes a pointer stands for: the blob a layout link resolves to
+    /// (inside this repo's blobs, or an error), or a plain file as it is.
+    /// `None` when there is no pointer.
+    fn pointed(&self, file: &str) -> Result<Option<(PathBuf, Option<String>)>> {
         let pointer = self.dir().join(file);
         let Ok(meta) = fs::symlink_metadata(&pointer) else { return Ok(None) };
-        let blobs = self.repo_dir().join("blobs");
-        let (blob, etag) = if meta.file_type().is_symlink() {
-            // The layout's own symlink: it must resolve to this repo's blobs.
+        if meta.file_type().is_symlink() {
+            let blobs = self.repo_dir().join("blobs");
             let target = fs::canonicalize(&pointer).map_err(io(format!("resolving {}", pointer.display())))?;
             let blobs = fs::canonicalize(&blobs).map_err(io(format!("resolving {}", blobs.display())))?;
-            if target.parent() != Some(blobs.as_path()) {
+            if target.parent() != Some(blobs.as_path()) || !target.is_file() {
                 return Err(HubError::Invalid(format!(
-                    "{}: points to {}, outside the repo's blobs folder {}",
+                    "{}: points to {}, which is not a file of the repo's blobs folder {}",
                     pointer.display(),
                     target.display(),
                     blobs.display()
                 )));
             }
-            let etag = target.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-            (target, etag)
-        } else if meta.is_file() {
-            // Where symlinks are unavailable, huggingface_hub copies the file in:
-            // nothing names its hash, so it is used as it is.
-            let size = meta.len();
-            return Ok(Some(Fetched { name: file.into(), path: pointer, etag: String::new(), size, source: "cache" }));
-        } else {
+            let name = target.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            return Ok(Some((target, Some(name))));
+        }
+        if meta.is_file() {
+            return Ok(Some((pointer, None)));
+        }
+        Err(HubError::Invalid(format!("{} is neither a file nor a link to a blob", pointer.display())))
+    }
+
+    /// The cached file checked against the Hub's announcement, whatever its
+    /// form in the cache; `None` when absent or not those bytes (it is
+    /// fetched again and the pointer replaced).
+    fn cached_announced(&self, file: &str, meta: &FileMeta) -> Result<Option<Fetched>> {
+        let Some((bytes_at, _)) = self.pointed(file)? else { return Ok(None) };
+        if content_hash(&bytes_at, meta.kind)? != meta.etag {
             return Ok(None);
+        }
+        let size = fs::metadata(&bytes_at).map_err(io(format!("reading {}", bytes_at.display())))?.len();
+        Ok(Some(Fetched { name: file.into(), path: self.dir().join(file), etag: meta.etag.clone(), size, source: "cache" }))
+    }
+
+    /// The cached file without the Hub (offline, or unreachable): a layout
+    /// link whose blob is named by its hash, re-hashed, and the same hash we
+    /// recorded when we fetched it (so a pointer to another file's blob is
+    /// refused); a plain file only when a recorded hash checks it.
+    fn cached_recorded(&self, file: &str) -> Result<Option<Fetched>> {
+        let Some((bytes_at, named)) = self.pointed(file)? else { return Ok(None) };
+        let recorded = self.recorded(file);
+        let etag = match (&named, &recorded) {
+            (Some(name), Some(rec)) if name != rec => {
+                return Err(HubError::Invalid(format!(
+                    "{file} of {} at {} in the cache points at blob {name}, but the Hub announced {rec} for it when it \
+                     was fetched: the cache was altered. Delete {} and run with network",
+                    self.repo,
+                    self.commit,
+                    self.dir().join(file).display()
+                )))
+            }
+            (Some(name), _) => name.clone(),
+            (None, Some(rec)) => rec.clone(),
+            (None, None) => {
+                return Err(HubError::Invalid(format!(
+                    "{} is a plain file, not a link to a blob named by its hash, and no hash was recorded for it: it \
+                     cannot be checked without the Hub. Run once with network (it is then checked against the Hub's \
+                     hash), or delete it",
+                    self.dir().join(file).display()
+                )))
+            }
         };
         let Some(kind) = HashKind::of(&etag) else {
-            return Err(HubError::Invalid(format!("{}: blob name '{etag}' is not a content hash", blob.display())));
+            return Err(HubError::Invalid(format!("{}: blob name '{etag}' is not a content hash", bytes_at.display())));
         };
-        let got = content_hash(&blob, kind)?;
+        let got = content_hash(&bytes_at, kind)?;
         if got != etag {
             return Err(HubError::Invalid(format!(
-                "{file} of {} at {} in the cache ({}) is damaged: its {kind} is {got}, its name says {etag}. Delete it and \
-                 run again to download it",
+                "{file} of {} at {} in the cache ({}) is damaged: its {kind} is {got}, but it should be {etag}. Delete it \
+                 and run again to download it",
                 self.repo,
                 self.commit,
-                blob.display()
+                bytes_at.display()
             )));
         }
-        let size = fs::metadata(&blob).map_err(io(format!("reading {}", blob.display())))?.len();
-        Ok(Some(Fetched { name: file.into(), path: pointer, etag, size, source: "cache" }))
+        let size = fs::metadata(&bytes_at).map_err(io(format!("reading {}", bytes_at.display())))?.len();
+        Ok(Some(Fetched { name: file.into(), path: self.dir().join(file), etag, size, source: "cache" }))
     }
 
     /// A request with the token, which never leaves the endpoint's host.
@@ -320,7 +446,7 @@ impl<'a> Snapshot<'a> {
         }
         let request = builder.body(()).map_err(|e| HubError::Invalid(format!("{url}: {e}")))?;
         self.agent.run(request).map_err(|e| {
-            HubError::Invalid(format!(
+            HubError::Unreachable(format!(
                 "{method} {url}: {e} (the Hub endpoint is {}; set HF_ENDPOINT for a mirror, or HF_HUB_OFFLINE=1 to use \
                  only the cache)",
                 self.config.endpoint
@@ -401,17 +527,43 @@ impl<'a> Snapshot<'a> {
     }
 
     /// The file, from the cache or the Hub; `None` when it is not in the repo.
+    ///
+    /// Online, the Hub's announced hash decides: a cached copy is used only
+    /// when its bytes have that hash, and huggingface_hub's `.no_exists`
+    /// marker is not trusted. Offline (`HF_HUB_OFFLINE=1`), or when the Hub
+    /// cannot be reached, the cache stands in, checked against the hashes it
+    /// records ([`Snapshot::cached_recorded`]), and `.no_exists` is a hint.
     pub fn fetch(&self, file: &str) -> Result<Option<Fetched>> {
         check_file_name(file).map_err(HubError::Invalid)?;
-        if let Some(f) = self.cached(file)? {
-            return Ok(Some(f));
-        }
-        // huggingface_hub's marker of a file the Hub said is not there (404).
-        let absent = self.repo_dir().join(".no_exists").join(&self.commit).join(file);
-        if absent.is_file() {
-            return Ok(None);
-        }
-        if self.config.offline {
+        self.check_layout(file)?;
+        let meta = if self.config.offline || self.unreachable.get() {
+            None
+        } else {
+            match self.metadata(file) {
+                Ok(Some(meta)) => Some(meta),
+                Ok(None) => {
+                    self.remember_absent(file)?;
+                    return Ok(None);
+                }
+                Err(HubError::Unreachable(why)) => {
+                    self.unreachable.set(true);
+                    return match self.cached_recorded(file)? {
+                        Some(f) => Ok(Some(f)),
+                        None => Err(HubError::Unreachable(why)),
+                    };
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let Some(meta) = meta else {
+            if let Some(f) = self.cached_recorded(file)? {
+                return Ok(Some(f));
+            }
+            // huggingface_hub's marker of a file the Hub said is not there (404).
+            let absent = self.repo_dir().join(".no_exists").join(&self.commit).join(file);
+            if fs::symlink_metadata(&absent).is_ok_and(|m| m.is_file()) {
+                return Ok(None);
+            }
             return Err(HubError::Invalid(format!(
                 "HF_HUB_OFFLINE is set and {file} of {} at {} is not in the Hugging Face cache (no {}): run once with \
                  network, or `hf download {} --revision {}` (Python's huggingface_hub) into the same cache",
@@ -421,38 +573,38 @@ impl<'a> Snapshot<'a> {
                 self.repo,
                 self.commit
             )));
-        }
-        let Some(meta) = self.metadata(file)? else {
-            // Remembered, as Python does, so an offline run knows it is absent.
-            if let Some(parent) = absent.parent() {
-                fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
-            }
-            fs::write(&absent, b"").map_err(io(format!("writing {}", absent.display())))?;
-            return Ok(None);
         };
+        if let Some(f) = self.cached_announced(file, &meta)? {
+            self.record(file, &meta.etag)?;
+            return Ok(Some(f));
+        }
+        let own = |d: &Path| crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()));
+        fs::create_dir_all(&self.config.cache).map_err(io(format!("creating {}", self.config.cache.display())))?;
+        own(&self.repo_dir())?;
         let blobs = self.repo_dir().join("blobs");
-        fs::create_dir_all(&blobs).map_err(io(format!("creating {}", blobs.display())))?;
+        own(&blobs)?;
         let blob = blobs.join(&meta.etag);
         // One download of a blob at a time, here and in Python (filelock uses flock
         // on the same file).
-        let locks = self.config.cache.join(".locks").join(repo_folder(&self.repo));
-        fs::create_dir_all(&locks).map_err(io(format!("creating {}", locks.display())))?;
-        let lock_path = locks.join(format!("{}.lock", meta.etag));
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io(format!("opening {}", lock_path.display())))?;
+        let locks = self.config.cache.join(".locks");
+        own(&locks)?;
+        own(&locks.join(repo_folder(&self.repo)))?;
+        let lock_path = locks.join(repo_folder(&self.repo)).join(format!("{}.lock", meta.etag));
+        let lock = crate::store::fsx::open_lock(&lock_path).map_err(io(format!("opening {}", lock_path.display())))?;
         lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
         let mut source = "cache";
-        if !blob.is_file() || content_hash(&blob, meta.kind)? != meta.etag {
+        let blob_ok = fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file()) && content_hash(&blob, meta.kind)? == meta.etag;
+        if !blob_ok {
             self.download(file, &meta, &blob)?;
             source = "downloaded";
         }
         let pointer = self.dir().join(file);
         let parent = pointer.parent().expect("a pointer has a folder");
-        fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        let mut dir = self.repo_dir();
+        for part in parent.strip_prefix(self.repo_dir()).unwrap_or(parent).components() {
+            dir.push(part);
+            own(&dir)?;
+        }
         // Relative, as huggingface_hub writes it: the cache can move.
         // From snapshots/<commit>/[sub/]: up to the repo folder, then blobs/.
         let target = PathBuf::from("../".repeat(file.matches('/').count() + 2)).join("blobs").join(&meta.etag);
@@ -460,20 +612,63 @@ impl<'a> Snapshot<'a> {
             parent.join(format!(".{}.orchestrate-link", pointer.file_name().unwrap_or_default().to_string_lossy()));
         let _ = fs::remove_file(&tmp);
         std::os::unix::fs::symlink(&target, &tmp).map_err(io(format!("linking {}", tmp.display())))?;
+        // A rename replaces whatever was there (a plain file, another link) itself, never through it.
         fs::rename(&tmp, &pointer).map_err(io(format!("linking {}", pointer.display())))?;
+        self.record(file, &meta.etag)?;
         Ok(Some(Fetched { name: file.into(), path: pointer, etag: meta.etag, size: meta.size, source }))
     }
 
+    /// Remembers, as Python does, that the Hub has no such file at this commit.
+    fn remember_absent(&self, file: &str) -> Result<()> {
+        let absent = self.repo_dir().join(".no_exists").join(&self.commit).join(file);
+        let own = |d: &Path| crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()));
+        fs::create_dir_all(&self.config.cache).map_err(io(format!("creating {}", self.config.cache.display())))?;
+        let mut dir = self.config.cache.clone();
+        for part in absent.parent().expect("a marker has a folder").strip_prefix(&self.config.cache).unwrap_or(Path::new("")).components() {
+            dir.push(part);
+            own(&dir)?;
+        }
+        crate::store::fsx::open_truncate(&absent).map(drop).map_err(io(format!("writing {}", absent.display())))
+    }
+
     /// Downloads into `<blob>.incomplete` (resuming what is there), checks the
-    /// hash, then renames: a killed download never looks complete.
+    /// hash, then renames: a killed download never looks complete. A failure
+    /// the network may not repeat (a reset, a stall, an unreachable host, an
+    /// HTTP 5xx or 429) is tried again, up to [`ATTEMPTS`] in all, with capped
+    /// exponential backoff and jitter, each attempt resuming with `Range`.
     fn download(&self, file: &str, meta: &FileMeta, blob: &Path) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            match self.download_once(file, meta, blob) {
+                Ok(()) => return Ok(()),
+                Err(Attempt::Retry(e)) if attempt < ATTEMPTS => {
+                    let wait = crate::net::backoff(attempt, Duration::from_millis(250), Duration::from_secs(8));
+                    eprintln!("{e}; attempt {} of {ATTEMPTS} in {:.1} s", attempt + 1, wait.as_secs_f64());
+                    std::thread::sleep(wait);
+                    attempt += 1;
+                }
+                Err(Attempt::Retry(e)) => {
+                    return Err(HubError::Invalid(format!("{e} (gave up after {ATTEMPTS} attempts)")));
+                }
+                Err(Attempt::Fatal(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn download_once(&self, file: &str, meta: &FileMeta, blob: &Path) -> std::result::Result<(), Attempt> {
+        use std::os::unix::fs::OpenOptionsExt;
         let partial = blob.with_file_name(format!("{}.incomplete", meta.etag));
-        let have = fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
+        // Never written through a link: one planted there is removed (as a link).
+        if fs::symlink_metadata(&partial).is_ok_and(|m| !m.is_file()) {
+            fs::remove_file(&partial).map_err(io(format!("removing {}", partial.display())))?;
+        }
+        let have = fs::symlink_metadata(&partial).map(|m| m.len()).unwrap_or(0);
         let have = if have > meta.size { 0 } else { have };
         let mut out = OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&partial)
             .map_err(io(format!("opening {}", partial.display())))?;
         let mut written = have;
@@ -481,7 +676,7 @@ impl<'a> Snapshot<'a> {
             let mut url = meta.location.clone();
             let mut resp = None;
             for _ in 0..=MAX_REDIRECTS {
-                let r = self.request("GET", &url, (have > 0).then_some(have))?;
+                let r = self.request("GET", &url, (have > 0).then_some(have)).map_err(Attempt::of)?;
                 let status = r.status().as_u16();
                 if (300..400).contains(&status) {
                     let l = r.headers().get("location").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
@@ -491,8 +686,8 @@ impl<'a> Snapshot<'a> {
                 resp = Some((status, r, url.clone()));
                 break;
             }
-            let Some((status, mut r, url)) = resp else {
-                return Err(HubError::Invalid(format!("GET {}: more than {MAX_REDIRECTS} redirects", meta.location)));
+            let Some((status, r, url)) = resp else {
+                return Err(HubError::Invalid(format!("GET {}: more than {MAX_REDIRECTS} redirects", meta.location)).into());
             };
             match status {
                 // The server honoured the range: append.
@@ -501,13 +696,17 @@ impl<'a> Snapshot<'a> {
                     if !range.starts_with(&format!("bytes {have}-")) {
                         return Err(HubError::Invalid(format!(
                             "GET {url}: asked for bytes {have}- of {file}, got Content-Range '{range}'"
-                        )));
+                        ))
+                        .into());
                     }
                 }
                 // A whole body (no range asked, or the range ignored): start over.
                 200 => written = 0,
-                401 | 403 => return Err(HubError::Invalid(self.refused("GET", status, &url))),
-                _ => return Err(HubError::Invalid(format!("GET {url}: HTTP {status} for {file}"))),
+                401 | 403 => return Err(HubError::Invalid(self.refused("GET", status, &url)).into()),
+                429 | 500..=599 => {
+                    return Err(Attempt::Retry(HubError::Invalid(format!("GET {url}: HTTP {status} for {file}"))))
+                }
+                _ => return Err(HubError::Invalid(format!("GET {url}: HTTP {status} for {file}")).into()),
             }
             out.set_len(written).map_err(io(format!("truncating {}", partial.display())))?;
             out.seek(std::io::SeekFrom::Start(written)).map_err(io(format!("seeking {}", partial.display())))?;
@@ -526,18 +725,18 @@ impl<'a> Snapshot<'a> {
                 indicatif::ProgressBar::hidden()
             };
             // Never more than announced: a body that runs past the size is refused.
-            let mut body = r.body_mut().with_config().limit(meta.size - written + 1).reader();
+            let body = r.into_body().into_with_config().limit(meta.size - written + 1).reader();
+            let mut body = crate::net::StallGuard::new(body, self.config.timeout);
             let mut buf = vec![0u8; 1 << 20];
             loop {
                 let n = match body.read(&mut buf) {
                     Ok(n) => n,
                     Err(e) => {
-                        let _ = out.flush();
-                        return Err(HubError::Invalid(format!(
-                            "GET {url}: {file}: the download stopped after {written} of {} bytes ({e}); run again to \
-                             resume it",
+                        let _ = out.sync_all();
+                        return Err(Attempt::Retry(HubError::Invalid(format!(
+                            "GET {url}: {file}: the download stopped after {written} of {} bytes ({e})",
                             meta.size
-                        )));
+                        ))));
                     }
                 };
                 if n == 0 {
@@ -550,7 +749,8 @@ impl<'a> Snapshot<'a> {
                     return Err(HubError::Invalid(format!(
                         "GET {url}: {file} is longer than the {} bytes the Hub announced; the download was deleted",
                         meta.size
-                    )));
+                    ))
+                    .into());
                 }
                 out.write_all(&buf[..n]).map_err(io(format!("writing {}", partial.display())))?;
                 bar.set_position(written);
@@ -560,10 +760,10 @@ impl<'a> Snapshot<'a> {
         }
         drop(out);
         if written != meta.size {
-            return Err(HubError::Invalid(format!(
-                "{file}: the download ended after {written} of {} bytes; run again to resume it",
+            return Err(Attempt::Retry(HubError::Invalid(format!(
+                "{file}: the download ended after {written} of {} bytes",
                 meta.size
-            )));
+            ))));
         }
         let kind = meta.kind;
         let got = content_hash(&partial, kind)?;
@@ -573,10 +773,32 @@ impl<'a> Snapshot<'a> {
                 "{file} of {} at {}: the downloaded bytes have {kind} {got}, but the Hub announced {}; the download was \
                  deleted",
                 self.repo, self.commit, meta.etag
-            )));
+            ))
+            .into());
         }
         fs::rename(&partial, blob).map_err(io(format!("publishing {}", blob.display())))?;
         Ok(())
+    }
+}
+
+/// How one download attempt failed: worth another attempt, or not.
+enum Attempt {
+    Retry(HubError),
+    Fatal(HubError),
+}
+
+impl Attempt {
+    fn of(e: HubError) -> Attempt {
+        match e {
+            HubError::Unreachable(_) => Attempt::Retry(e),
+            e => Attempt::Fatal(e),
+        }
+    }
+}
+
+impl From<HubError> for Attempt {
+    fn from(e: HubError) -> Attempt {
+        Attempt::Fatal(e)
     }
 }
 

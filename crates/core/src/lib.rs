@@ -21,6 +21,7 @@ pub mod gate;
 pub mod guard;
 pub mod hub;
 pub mod model;
+pub mod net;
 pub mod ops;
 pub mod overlay;
 pub mod pack;

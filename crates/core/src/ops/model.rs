@@ -366,7 +366,7 @@ impl Op for ModelHub {
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         use std::io::{IsTerminal, Write};
-        let config = crate::hub::HubConfig::from_env();
+        let config = crate::hub::HubConfig::from_env().map_err(failed)?;
         let mut snap = crate::hub::Snapshot::new(&config, &p.repo, &p.revision).map_err(failed)?;
         snap.progress = std::io::stderr().is_terminal();
         let missing = |f: &str| failed(format!("{f} is not in {} at {} ({})", p.repo, p.revision, config.endpoint));
