@@ -482,3 +482,34 @@ fn a_damaged_local_object_is_never_pushed_nor_any_record_that_names_it() {
     assert!(records[0].contains("\"node_id\": \"z\""));
     assert!(walk(&remote.path().join("objects")).iter().all(|o| std::fs::read_to_string(o).unwrap() != "sane\n"));
 }
+
+/// Issue #30: a record whose hash inputs were edited (its `cmd`) still sat
+/// under its old key, so `plan` said cached while `explain` listed the change.
+/// The key is recomputed from the record and must be the name it is under.
+#[test]
+fn a_remote_record_whose_hash_inputs_were_edited_is_refused_and_the_node_runs_here() {
+    let a = Project::new();
+    let remote = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", remote.path().display());
+    a.write("chain.yaml", CHAIN);
+    ok(&a.run(&["run", "-q", "chain.yaml", "--remote", &url, "--push"]));
+    let records = walk(&remote.path().join("records"));
+    let rec = records.iter().find(|r| std::fs::read_to_string(r).unwrap().contains("\"node_id\": \"a\"")).unwrap();
+    let original = std::fs::read_to_string(rec).unwrap();
+    let edited = original.replace("echo alpha > a.txt", "echo omega > a.txt");
+    assert_ne!(edited, original, "the record holds the command");
+    let padded = original.replacen('{', &format!("{{\"padding\": \"{}\",", "x".repeat(5 << 20)), 1);
+    for (lie, expected) in [(edited, "the record was altered"), (padded, "more than the 4194304 bytes")] {
+        std::fs::write(rec, &lie).unwrap();
+        let b = Project::new();
+        b.write("chain.yaml", CHAIN);
+        let out = b.run(&["pull", "chain.yaml", "--remote", &url]);
+        assert_eq!(out.status.code(), Some(1), "{expected}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expected), "{expected}: {}", stderr(&out));
+        assert!(!b.path().join("a.txt").exists());
+        // `run --remote` takes nothing of it: a runs here.
+        let ev = common::events(&b.run(&["run", "--json", "chain.yaml", "--remote", &url]));
+        assert!(nodes_with(&ev, "node_finished").contains(&"a".to_string()), "{expected}: {ev:?}");
+        assert_eq!(b.read("a.txt"), "alpha\n");
+    }
+}

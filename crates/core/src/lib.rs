@@ -20,6 +20,7 @@ pub mod exec;
 pub mod gate;
 pub mod guard;
 pub mod hub;
+pub mod ids;
 pub mod model;
 pub mod net;
 pub mod ops;

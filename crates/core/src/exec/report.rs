@@ -37,7 +37,7 @@ pub struct PlainReporter {
 pub fn describe(event: &Event) -> Option<String> {
     // Ids, reasons and errors (a failed command's last log lines) are shown
     // escaped: a CR or an ESC sequence from them must never rewrite a line.
-    use crate::spec::ids::{escaped as e, escaped_lines as el};
+    use crate::ids::{escaped as e, escaped_lines as el};
     Some(match event {
         Event::RunStarted { run_id, spec, nodes, jobs } => {
             format!("run {run_id}: {}, {nodes} nodes, {jobs} jobs", e(spec))
@@ -127,7 +127,7 @@ fn follow(log: std::path::PathBuf, bar: ProgressBar, base: String) {
             // Keep only the unfinished last line for the next round.
             let complete = tail.rfind('\n').map_or(0, |i| i + 1);
             if let Some(p) = last_progress(&tail[..complete]) {
-                bar.set_message(format!("{base} - {}", crate::spec::ids::escaped(&p)));
+                bar.set_message(format!("{base} - {}", crate::ids::escaped(&p)));
             }
             tail.drain(..complete);
         }
@@ -181,9 +181,9 @@ impl Reporter for ProgressReporter {
                 bar.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("valid template"));
                 let base = format!(
                     "{} {} ({})",
-                    crate::spec::ids::escaped(node),
+                    crate::ids::escaped(node),
                     short(key),
-                    crate::spec::ids::escaped(reason)
+                    crate::ids::escaped(reason)
                 );
                 bar.set_message(base.clone());
                 bar.enable_steady_tick(Duration::from_millis(120));

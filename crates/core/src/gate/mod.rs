@@ -123,7 +123,7 @@ pub const MAX_GATES: usize = 1000;
 /// spec's project ([`project_root`]), also once links are resolved. `/etc/passwd`, or
 /// `../../x` past the project, is refused naming the param.
 pub fn gate_file_path(spec_dir: &Path, file: &str) -> Result<std::path::PathBuf, String> {
-    let shown = crate::spec::ids::escaped(file);
+    let shown = crate::ids::escaped(file);
     if file.is_empty() || Path::new(file).is_absolute() {
         return Err(format!(
             "gate file '{shown}': give a path relative to the spec's folder, inside its project (no absolute path)"
@@ -199,7 +199,7 @@ pub fn bounded_error(message: &str) -> String {
         }
         out.push(c);
     }
-    crate::spec::ids::excerpt(&out, ALL)
+    crate::ids::excerpt(&out, ALL)
 }
 
 pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {

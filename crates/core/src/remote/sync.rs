@@ -11,8 +11,10 @@ use super::{is_hex64, object_key, record_key, Remote, RemoteError};
 use crate::store::objects::{dir_listing, ListedFile, DIR_LISTING_HEADER};
 use crate::store::{CachedNode, FileStat, Index, Key, OutputKind, OutputRecord, Workspace};
 
-/// A record larger than this is not read.
-pub const MAX_RECORD_BYTES: u64 = 64 << 20;
+/// A record larger than this is not read (the largest a node writes, a
+/// results table's with every score as an input, is a few KB; nesting is
+/// bounded by serde_json's recursion limit of 128).
+pub const MAX_RECORD_BYTES: u64 = 4 << 20;
 /// A folder listing larger than this is not read.
 const MAX_LISTING_BYTES: u64 = 64 << 20;
 /// Files one folder object may hold.
@@ -290,7 +292,7 @@ pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<CachedNode>, Rem
     if remote.backend.get(&record_key(key), MAX_RECORD_BYTES, &mut bytes)?.is_none() {
         return Ok(None);
     }
-    let node: CachedNode =
+    let mut node: CachedNode =
         serde_json::from_slice(&bytes).map_err(|e| RemoteError::Refused(format!("{what}: not a node record: {e}")))?;
     if node.key != *key {
         return Err(RemoteError::Refused(format!(
@@ -298,6 +300,21 @@ pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<CachedNode>, Rem
             node.key.short()
         )));
     }
+    // The key is recomputed from the record's own hash inputs: a record whose
+    // params (or inputs, files, environment) were edited no longer names it.
+    let inputs = crate::dag::key::HashInputs::from_stored(&node.record)
+        .map_err(|e| RemoteError::Refused(format!("{what}: {e}")))?;
+    let recomputed = inputs.key();
+    if recomputed != *key {
+        return Err(RemoteError::Refused(format!(
+            "{what} (node '{}'): its hash inputs give key {}, not {}: the record was altered",
+            crate::ids::escaped(&node.node_id),
+            recomputed.short(),
+            key.short()
+        )));
+    }
+    // Kept as this build encodes them: nothing the key does not cover is stored.
+    node.record = serde_json::to_value(&inputs).expect("hash inputs serialize");
     let max = max_object_bytes();
     let mut names = BTreeSet::new();
     for o in &node.outputs {

@@ -406,11 +406,11 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
         let node_path = |rest: &[&str]| -> Vec<String> {
             ["nodes", base_id.as_str()].iter().chain(rest).map(|s| s.to_string()).collect()
         };
-        if let Some(why) = super::ids::base_id_problem(base_id) {
+        if let Some(why) = crate::ids::base_id_problem(base_id) {
             return Err(SpecError::new(
                 SpecErrorKind::WrongType,
                 sources.locate(&node_path(&[])),
-                format!("node id '{}': {why}", super::ids::escaped(base_id)),
+                format!("node id '{}': {why}", crate::ids::escaped(base_id)),
             ));
         }
         for (axis, written) in &node.matrix {
@@ -442,11 +442,11 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                     binding.iter().map(|(k, v)| format!("{k}={}", matrix_value_label(v))).collect();
                 format!("{base_id}@{}", parts.join(","))
             };
-            if let Some(why) = super::ids::id_problem(&id) {
+            if let Some(why) = crate::ids::id_problem(&id) {
                 return Err(SpecError::new(
                     SpecErrorKind::Constraint,
                     sources.locate(&node_path(&["matrix"])),
-                    format!("node id '{}' (an expansion of '{base_id}'): {why}", super::ids::escaped(&id)),
+                    format!("node id '{}' (an expansion of '{base_id}'): {why}", crate::ids::escaped(&id)),
                 ));
             }
             let mut params = Value::Object(node.params.clone());

@@ -7,7 +7,6 @@
 //! expanded into concrete nodes. The DAG compiler takes it from there.
 
 mod error;
-pub mod ids;
 mod load;
 pub mod locate;
 pub mod schema;

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::ids as spec_ids;
+use crate::ids as spec_ids;
 
 pub use index::{
     open_database, open_database_read_only, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow,
