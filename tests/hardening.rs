@@ -62,9 +62,13 @@ fn a_workspace_flag_at_an_ordinary_folder_is_refused_and_its_tmp_left_alone() {
 #[test]
 fn node_ids_that_leave_a_folder_or_rewrite_a_terminal_line_are_refused_at_validate() {
     let p = Project::new();
-    for (name, id) in
-        [("dotdot", "'..'"), ("dot", "'.'"), ("newline", "\"a\\nb\""), ("esc", "\"a\\e[2Kb\""), ("bidi", "\"a\\u202Eb\"")]
-    {
+    for (name, id) in [
+        ("dotdot", "'..'"),
+        ("dot", "'.'"),
+        ("newline", "\"a\\nb\""),
+        ("esc", "\"a\\e[2Kb\""),
+        ("bidi", "\"a\\u202Eb\""),
+    ] {
         let spec = format!("name: s\nnodes:\n  {id}:\n    op: shell\n    params: {{cmd: 'true'}}\n");
         p.write(&format!("{name}.yaml"), &spec);
         let out = p.run(&["validate", &format!("{name}.yaml")]);

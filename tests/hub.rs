@@ -504,8 +504,11 @@ fn planted_cache_contents_are_checked_against_the_hub_and_replaced() {
     std::fs::remove_file(snap.join(LARGE)).unwrap();
     std::fs::write(snap.join(LARGE), &edited).unwrap();
     std::fs::remove_file(snap.join("generation_config.json")).unwrap();
-    std::os::unix::fs::symlink(format!("../../blobs/{}", git_blob_id(&files["config.json"])), snap.join("generation_config.json"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../blobs/{}", git_blob_id(&files["config.json"])),
+        snap.join("generation_config.json"),
+    )
+    .unwrap();
     // A marker saying a file the Hub has is absent.
     std::fs::create_dir_all(repo_dir(&cache).join(".no_exists").join(COMMIT)).unwrap();
     std::fs::write(repo_dir(&cache).join(".no_exists").join(COMMIT).join("generation_config.json"), "").unwrap();
@@ -519,8 +522,11 @@ fn planted_cache_contents_are_checked_against_the_hub_and_replaced() {
     }
     // Offline, the hashes recorded at fetch time catch a pointer moved to another file's blob.
     std::fs::remove_file(snap.join("generation_config.json")).unwrap();
-    std::os::unix::fs::symlink(format!("../../blobs/{}", git_blob_id(&files["config.json"])), snap.join("generation_config.json"))
-        .unwrap();
+    std::os::unix::fs::symlink(
+        format!("../../blobs/{}", git_blob_id(&files["config.json"])),
+        snap.join("generation_config.json"),
+    )
+    .unwrap();
     std::fs::rename(p.path().join(".orchestrate"), p.path().join("ws-2")).unwrap();
     let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[("HF_HUB_OFFLINE", "1")]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -546,7 +552,11 @@ fn a_snapshot_folder_that_is_a_link_is_refused_and_not_written_into() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let e = failure(&out);
     assert!(e.contains("is a link") && e.contains(COMMIT), "{e}");
-    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), files.len(), "nothing was written into the linked folder");
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        files.len(),
+        "nothing was written into the linked folder"
+    );
 }
 
 /// A server that sends the headers and 1,000 bytes and goes silent: before,

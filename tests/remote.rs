@@ -513,3 +513,174 @@ fn a_remote_record_whose_hash_inputs_were_edited_is_refused_and_the_node_runs_he
         assert_eq!(b.read("a.txt"), "alpha\n");
     }
 }
+
+/// What the flaky proxy does with the connection it is given.
+#[derive(Clone, Copy, PartialEq)]
+enum Flake {
+    Internal,
+    SlowDown,
+    Reset,
+    /// Headers and 1,000 bytes of a 100,000-byte body, then silence.
+    Stall,
+    Forward,
+}
+
+/// A proxy on 127.0.0.1 in front of moto: the n-th connection gets
+/// `plan(n)` (an S3 error, a reset, or the real server).
+struct FlakyProxy {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl FlakyProxy {
+    fn start(upstream: u16, plan: fn(usize) -> Flake) -> FlakyProxy {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (s, n) = (stop.clone(), seen.clone());
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            while !s.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
+                let Ok((mut client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let k = n.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let error = |code: &str, status: &str, message: &str| {
+                        let body = format!(
+                            "<?xml version=\"1.0\"?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+                        );
+                        format!(
+                            "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
+                    match plan(k) {
+                        Flake::Internal => {
+                            let _ = client.write_all(
+                                error(
+                                    "InternalError",
+                                    "500 Internal Server Error",
+                                    "We encountered an internal error.",
+                                )
+                                .as_bytes(),
+                            );
+                        }
+                        Flake::SlowDown => {
+                            let _ = client.write_all(
+                                error("SlowDown", "503 Slow Down", "Please reduce your request rate.").as_bytes(),
+                            );
+                        }
+                        Flake::Reset => {
+                            let mut b = [0u8; 64];
+                            let _ = client.read(&mut b);
+                            drop(client);
+                        }
+                        Flake::Stall => {
+                            let mut b = [0u8; 4096];
+                            let _ = client.read(&mut b);
+                            let _ = client.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
+                            let _ = client.write_all(&[b'<'; 1000]);
+                            std::thread::sleep(Duration::from_secs(30));
+                        }
+                        Flake::Forward => {
+                            let Ok(up) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else { return };
+                            let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+                            let t = std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut c2, &mut u2);
+                                let _ = u2.shutdown(std::net::Shutdown::Write);
+                            });
+                            let (mut up, mut client) = (up, client);
+                            let _ = std::io::copy(&mut up, &mut client);
+                            let _ = client.shutdown(std::net::Shutdown::Both);
+                            let _ = t.join();
+                        }
+                    }
+                });
+            }
+        });
+        FlakyProxy { port, stop, seen }
+    }
+}
+
+impl Drop for FlakyProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue #30: a 500, a 503 SlowDown or a reset aborted `push` on the first
+/// HEAD with exit 2 and `HTTP 500 ` as the whole message.
+#[test]
+fn s3_errors_and_resets_are_retried_with_backoff_and_a_lasting_one_is_named_with_exit_1() {
+    let m = Moto::start();
+    let p = Project::new();
+    p.write("chain.yaml", CHAIN);
+    ok(&p.run(&["run", "-q", "chain.yaml"]));
+    // Each of the first connections fails once, in a different way; the retries go through.
+    let flaky = FlakyProxy::start(m.port, |k| match k {
+        0 => Flake::Internal,
+        1 => Flake::Reset,
+        _ => Flake::Forward,
+    });
+    let out = m
+        .cmd(&p, &["push", "chain.yaml", "--remote", URL])
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", flaky.port))
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(flaky.seen.load(std::sync::atomic::Ordering::SeqCst) > 3);
+    assert_eq!(m.keys("orch/records/").len(), 4, "every record arrived");
+    // Always throttled: exit 1 (a remote failure, not a usage error), S3's code and message said.
+    let busy = FlakyProxy::start(m.port, |_| Flake::SlowDown);
+    let q = Project::new();
+    q.write("chain.yaml", CHAIN);
+    ok(&q.run(&["run", "-q", "chain.yaml"]));
+    let out = m
+        .cmd(&q, &["push", "chain.yaml", "--remote", URL])
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", busy.port))
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("HTTP 503 Service Unavailable") && err.contains("after 3 attempts"), "{err}");
+    // A GET's error document names S3's code and message.
+    let r = Project::new();
+    r.write("chain.yaml", CHAIN);
+    let out = m
+        .cmd(&r, &["pull", "chain.yaml", "--remote", URL])
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", busy.port))
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("SlowDown: Please reduce your request rate") && err.contains("after 3 attempts"), "{err}");
+}
+
+/// Issue #30: a server that sends headers and 1,000 bytes and goes silent
+/// hung `pull` forever; now the read gives up after ORCHESTRATE_S3_TIMEOUT.
+#[test]
+fn a_stalled_s3_answer_times_out_instead_of_hanging() {
+    let m = Moto::start();
+    let stalled = FlakyProxy::start(m.port, |_| Flake::Stall);
+    let p = Project::new();
+    p.write("chain.yaml", CHAIN);
+    let t = Instant::now();
+    let out = m
+        .cmd(&p, &["pull", "chain.yaml", "--remote", URL])
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", stalled.port))
+        .env("ORCHESTRATE_S3_TIMEOUT", "1")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: {err}", t.elapsed());
+    assert!(err.contains("no byte of the body arrived"), "{err}");
+}

@@ -12,10 +12,10 @@ use orchestrate_core::exec::plan::{self, PlanEntry, PlanState};
 use orchestrate_core::exec::report::{JsonReporter, PlainReporter, ProgressReporter, Reporter};
 use orchestrate_core::exec::{self, RunOptions};
 use orchestrate_core::gate;
+use orchestrate_core::ids::{escaped as esc, escaped_lines};
 use orchestrate_core::ops::Registry;
 use orchestrate_core::remote;
 use orchestrate_core::runtime;
-use orchestrate_core::ids::{escaped as esc, escaped_lines};
 use orchestrate_core::spec::{self, did_you_mean, schema, LoadOptions, Override, Spec};
 use orchestrate_core::store::{write_atomic, Workspace};
 

@@ -476,7 +476,18 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            // A remote that failed or served what does not check out is a
+            // runtime failure (1); 2 stays for usage and input errors.
+            let remote_failed = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<orchestrate_core::remote::RemoteError>(),
+                    Some(
+                        orchestrate_core::remote::RemoteError::Transfer(_)
+                            | orchestrate_core::remote::RemoteError::Refused(_)
+                    )
+                )
+            });
+            ExitCode::from(if remote_failed { 1 } else { 2 })
         }
     }
 }

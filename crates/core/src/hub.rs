@@ -386,7 +386,13 @@ impl<'a> Snapshot<'a> {
             return Ok(None);
         }
         let size = fs::metadata(&bytes_at).map_err(io(format!("reading {}", bytes_at.display())))?.len();
-        Ok(Some(Fetched { name: file.into(), path: self.dir().join(file), etag: meta.etag.clone(), size, source: "cache" }))
+        Ok(Some(Fetched {
+            name: file.into(),
+            path: self.dir().join(file),
+            etag: meta.etag.clone(),
+            size,
+            source: "cache",
+        }))
     }
 
     /// The cached file without the Hub (offline, or unreachable): a layout
@@ -593,7 +599,8 @@ impl<'a> Snapshot<'a> {
         let lock = crate::store::fsx::open_lock(&lock_path).map_err(io(format!("opening {}", lock_path.display())))?;
         lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
         let mut source = "cache";
-        let blob_ok = fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file()) && content_hash(&blob, meta.kind)? == meta.etag;
+        let blob_ok =
+            fs::symlink_metadata(&blob).is_ok_and(|m| m.is_file()) && content_hash(&blob, meta.kind)? == meta.etag;
         if !blob_ok {
             self.download(file, &meta, &blob)?;
             source = "downloaded";
@@ -624,7 +631,13 @@ impl<'a> Snapshot<'a> {
         let own = |d: &Path| crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()));
         fs::create_dir_all(&self.config.cache).map_err(io(format!("creating {}", self.config.cache.display())))?;
         let mut dir = self.config.cache.clone();
-        for part in absent.parent().expect("a marker has a folder").strip_prefix(&self.config.cache).unwrap_or(Path::new("")).components() {
+        for part in absent
+            .parent()
+            .expect("a marker has a folder")
+            .strip_prefix(&self.config.cache)
+            .unwrap_or(Path::new(""))
+            .components()
+        {
             dir.push(part);
             own(&dir)?;
         }
@@ -687,7 +700,9 @@ impl<'a> Snapshot<'a> {
                 break;
             }
             let Some((status, r, url)) = resp else {
-                return Err(HubError::Invalid(format!("GET {}: more than {MAX_REDIRECTS} redirects", meta.location)).into());
+                return Err(
+                    HubError::Invalid(format!("GET {}: more than {MAX_REDIRECTS} redirects", meta.location)).into()
+                );
             };
             match status {
                 // The server honoured the range: append.

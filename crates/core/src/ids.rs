@@ -128,8 +128,21 @@ mod tests {
             assert_eq!(base_id_problem(good), None, "{good}");
         }
         for bad in [
-            "", ".", "..", ".hidden", "-rf", "a/b", "a b", "a:b", "a@b", "a\nb", "a\rb", "a\tb", "a\u{1b}[2Kb",
-            "a\u{202e}b", "é",
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "-rf",
+            "a/b",
+            "a b",
+            "a:b",
+            "a@b",
+            "a\nb",
+            "a\rb",
+            "a\tb",
+            "a\u{1b}[2Kb",
+            "a\u{202e}b",
+            "é",
         ] {
             assert!(base_id_problem(bad).is_some(), "{bad:?}");
         }

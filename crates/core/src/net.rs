@@ -185,6 +185,9 @@ mod tests {
 
     #[test]
     fn a_timeout_from_the_environment_is_checked() {
-        assert_eq!(seconds_from_env("ORCHESTRATE_TEST_UNSET_TIMEOUT", Duration::from_secs(3)), Ok(Duration::from_secs(3)));
+        assert_eq!(
+            seconds_from_env("ORCHESTRATE_TEST_UNSET_TIMEOUT", Duration::from_secs(3)),
+            Ok(Duration::from_secs(3))
+        );
     }
 }

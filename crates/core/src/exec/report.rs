@@ -179,12 +179,7 @@ impl Reporter for ProgressReporter {
             Event::NodeStarted { node, key, reason } => {
                 let bar = self.multi.add(ProgressBar::new_spinner());
                 bar.set_style(ProgressStyle::with_template("  {spinner} {msg} {elapsed}").expect("valid template"));
-                let base = format!(
-                    "{} {} ({})",
-                    crate::ids::escaped(node),
-                    short(key),
-                    crate::ids::escaped(reason)
-                );
+                let base = format!("{} {} ({})", crate::ids::escaped(node), short(key), crate::ids::escaped(reason));
                 bar.set_message(base.clone());
                 bar.enable_steady_tick(Duration::from_millis(120));
                 if let Some(logs) = &self.logs {

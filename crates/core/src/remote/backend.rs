@@ -253,6 +253,28 @@ pub struct S3Backend {
     part: u64,
     /// `s3://bucket/prefix`, what messages name (never a signed URL).
     name: String,
+    /// How long an answer's headers, or a silent body, are waited for.
+    timeout: Duration,
+}
+
+/// Attempts at one request: the AWS SDKs' standard retry mode.
+const ATTEMPTS: u32 = 3;
+
+/// `<Code>` and `<Message>` of an S3 error document, if it has them.
+fn s3_error(body: &str) -> (String, String) {
+    let field = |tag: &str| {
+        body.split(&format!("<{tag}>"))
+            .nth(1)
+            .and_then(|s| s.split(&format!("</{tag}>")).next())
+            .map(|s| crate::ids::excerpt(s, 200))
+            .unwrap_or_default()
+    };
+    (field("Code"), field("Message"))
+}
+
+/// What S3 answers that another attempt may not get: throttling and server errors.
+fn retryable(status: u16) -> bool {
+    matches!(status, 429 | 500 | 502 | 503 | 504)
 }
 
 impl std::fmt::Debug for S3Backend {
@@ -280,16 +302,20 @@ impl S3Backend {
             })?,
             None => DEFAULT_PART,
         };
+        let timeout = crate::net::seconds_from_env("ORCHESTRATE_S3_TIMEOUT", Duration::from_secs(60))
+            .map_err(RemoteError::Config)?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_connect(Some(Duration::from_secs(20)))
-            .timeout_recv_response(Some(Duration::from_secs(120)))
+            .timeout_connect(Some(crate::net::connect_timeout().map_err(RemoteError::Config)?))
+            .timeout_recv_response(Some(timeout))
+            // An upload whose peer stops reading (a part is at most a few hundred MiB).
+            .timeout_send_body(Some(Duration::from_secs(900)))
             .user_agent(format!("orchestrate/{}", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
         let name = if prefix.is_empty() { format!("s3://{bucket}") } else { format!("s3://{bucket}/{prefix}") };
-        Ok(S3Backend { bucket: bucket_handle, prefix: prefix.to_string(), credentials, agent, part, name })
+        Ok(S3Backend { bucket: bucket_handle, prefix: prefix.to_string(), credentials, agent, part, name, timeout })
     }
 
     fn object(&self, key: &str) -> String {
@@ -318,15 +344,37 @@ impl S3Backend {
         body: Option<&[u8]>,
     ) -> Result<ureq::http::Response<ureq::Body>, RemoteError> {
         let what = format!("{method} {}/{key}", self.name);
-        let request = ureq::http::Request::builder().method(method).uri(url.as_str());
-        let result = match body {
-            Some(b) => request.body(b.to_vec()).map(|r| self.agent.run(r)),
-            None => request.body(()).map(|r| self.agent.run(r)),
-        };
-        let response = result
-            .map_err(|e| RemoteError::Transfer(format!("{what}: {e}")))?
-            .map_err(|e| RemoteError::Transfer(format!("{what}: {}", strip_query(&e.to_string()))))?;
-        Ok(response)
+        let mut attempt = 1;
+        loop {
+            let request = ureq::http::Request::builder().method(method).uri(url.as_str());
+            let result = match body {
+                Some(b) => request.body(b.to_vec()).map(|r| self.agent.run(r)),
+                None => request.body(()).map(|r| self.agent.run(r)),
+            };
+            let failure = match result.map_err(|e| RemoteError::Transfer(format!("{what}: {e}")))? {
+                Ok(mut r) if retryable(r.status().as_u16()) => {
+                    let status = r.status().as_u16();
+                    let text = r.body_mut().with_config().limit(4096).read_to_string().unwrap_or_default();
+                    let (code, message) = s3_error(&text);
+                    // A HEAD's answer has no body: the status's own words then.
+                    let code = if code.is_empty() {
+                        r.status().canonical_reason().unwrap_or_default().to_string()
+                    } else {
+                        code
+                    };
+                    let message = if message.is_empty() { String::new() } else { format!(": {message}") };
+                    format!("{what}: HTTP {status} {code}{message}")
+                }
+                Ok(r) => return Ok(r),
+                // Refused, reset, timed out: the network, not the request.
+                Err(e) => format!("{what}: {}", strip_query(&e.to_string())),
+            };
+            if attempt >= ATTEMPTS {
+                return Err(RemoteError::Transfer(format!("{failure} (gave up after {ATTEMPTS} attempts)")));
+            }
+            std::thread::sleep(crate::net::backoff(attempt, Duration::from_millis(100), Duration::from_secs(20)));
+            attempt += 1;
+        }
     }
 
     fn check(
@@ -340,13 +388,14 @@ impl S3Backend {
             return Ok(r);
         }
         let body = r.body_mut().with_config().limit(4096).read_to_string().unwrap_or_default();
-        let code = body.split("<Code>").nth(1).and_then(|s| s.split("</Code>").next()).unwrap_or("");
+        let (code, message) = s3_error(&body);
         let hint = match status {
             401 | 403 => " (check the AWS credentials, their permissions on the bucket, and AWS_REGION)",
             404 if code == "NoSuchBucket" => " (the bucket does not exist)",
             _ => "",
         };
-        Err(RemoteError::Transfer(format!("{method} {}/{key}: HTTP {status} {code}{hint}", self.name)))
+        let message = if message.is_empty() { String::new() } else { format!(": {message}") };
+        Err(RemoteError::Transfer(format!("{method} {}/{key}: HTTP {status} {code}{message}{hint}", self.name)))
     }
 
     /// The XML answer of a successful request, read up to `limit` bytes (a
@@ -358,12 +407,13 @@ impl S3Backend {
         r: ureq::http::Response<ureq::Body>,
         limit: u64,
     ) -> Result<String, RemoteError> {
-        let mut r = self.check(method, key, r)?;
-        r.body_mut()
-            .with_config()
-            .limit(limit)
-            .read_to_string()
-            .map_err(|e| RemoteError::Transfer(format!("{method} {}/{key}: {e}", self.name)))
+        let r = self.check(method, key, r)?;
+        let body = r.into_body().into_with_config().limit(limit).reader();
+        let mut text = String::new();
+        crate::net::StallGuard::new(body, self.timeout)
+            .read_to_string(&mut text)
+            .map_err(|e| RemoteError::Transfer(format!("{method} {}/{key}: {e}", self.name)))?;
+        Ok(text)
     }
 
     fn put_single(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError> {
@@ -405,9 +455,10 @@ impl Backend for S3Backend {
         if r.status().as_u16() == 404 {
             return Ok(None);
         }
-        let mut r = self.check("GET", key, r)?;
+        let r = self.check("GET", key, r)?;
         let what = format!("{}/{key}", self.name);
-        let mut reader = r.body_mut().with_config().limit(max.saturating_add(1)).reader();
+        let body = r.into_body().into_with_config().limit(max.saturating_add(1)).reader();
+        let mut reader = crate::net::StallGuard::new(body, self.timeout);
         bounded_copy(&mut reader, out, max, &what).map(Some)
     }
 

@@ -334,7 +334,10 @@ impl Workspace {
         // Absolute, because ops run in other folders (a shell node runs in its spec's).
         let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
         if fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
-            return Err(StoreError::Invalid(format!("{} is not a folder, so it cannot be a workspace", root.display())));
+            return Err(StoreError::Invalid(format!(
+                "{} is not a folder, so it cannot be a workspace",
+                root.display()
+            )));
         }
         match examine(root)? {
             Found::Marked => {}
