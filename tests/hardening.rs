@@ -188,3 +188,43 @@ fn an_index_removed_during_a_run_fails_the_run_saying_how_to_recover() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("1 nodes re-indexed"), "{}", stdout(&out));
 }
+
+#[test]
+fn a_deeply_nested_spec_and_a_huge_matrix_are_refused_at_once() {
+    let p = Project::new();
+    p.write("deep.yaml", &format!("name: x\nnodes: {}", "[".repeat(100_000)));
+    let t = std::time::Instant::now();
+    let out = p.run(&["validate", "deep.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nests deeper than 64"), "{}", stderr(&out));
+    assert!(t.elapsed() < std::time::Duration::from_secs(1), "took {:?} (56 s before)", t.elapsed());
+    let values: Vec<String> = (0..1000).map(|i| i.to_string()).collect();
+    let axis = format!("[{}]", values.join(", "));
+    p.write("big.yaml", &format!("name: x\nnodes:\n  a:\n    op: shell\n    matrix: {{env.A: {axis}, env.B: {axis}}}\n    params: {{cmd: 'true'}}\n"));
+    let t = std::time::Instant::now();
+    let out = p.run(&["plan", "big.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("expands to 1000000 nodes") && stderr(&out).contains("100000"), "{}", stderr(&out));
+    assert!(t.elapsed() < std::time::Duration::from_secs(2), "took {:?} (35 s before)", t.elapsed());
+}
+
+#[test]
+fn extends_and_set_say_what_is_wrong_instead_of_failing_quietly() {
+    let p = Project::new();
+    p.write("base.yaml", ONE);
+    std::fs::create_dir(p.path().join("folder")).unwrap();
+    for (target, expected) in [("/dev/zero", "not a regular file"), ("folder", "is a folder")] {
+        p.write("child.yaml", &format!("extends: {target}\nname: c\n"));
+        let out = p.run(&["validate", "child.yaml"]);
+        assert_eq!(out.status.code(), Some(2), "{target}: {}", stderr(&out));
+        assert!(stderr(&out).contains(expected), "{target}: {}", stderr(&out));
+    }
+    let out = p.run(&["validate", "base.yaml", "--set", "extends=/nonexistent.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot be set with --set"), "{}", stderr(&out));
+    // `null` removes a key, as the docs say.
+    p.write("two.yaml", &format!("{ONE}  b:\n    op: shell\n    params: {{cmd: echo b > b.txt, outs: [b.txt]}}\n"));
+    let out = p.run(&["plan", "two.yaml", "--set", "nodes.b=null"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("a ") && !stdout(&out).contains("b "), "{}", stdout(&out));
+}

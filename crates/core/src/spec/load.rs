@@ -42,6 +42,24 @@ impl Override {
                 format!("'{path}' has an empty segment; expected dot-separated keys"),
             ));
         }
+        if matches!(segments[0].as_str(), "extends" | "profiles") {
+            return Err(SpecError::new(
+                SpecErrorKind::Override,
+                at,
+                format!(
+                    "'{}' cannot be set with --set: it is read before overrides apply. Write it in the spec{}",
+                    segments[0],
+                    if segments[0] == "profiles" { ", or choose a profile with --profile" } else { "" }
+                ),
+            ));
+        }
+        if super::locate::too_deep(value).is_some() {
+            return Err(SpecError::new(
+                SpecErrorKind::Override,
+                at,
+                format!("the value nests deeper than {} levels", super::locate::MAX_DEPTH),
+            ));
+        }
         let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(value).map_err(|e| {
             SpecError::new(SpecErrorKind::Override, at.clone(), format!("value '{value}' is not valid YAML: {e}"))
         })?;
@@ -200,11 +218,42 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
     })
 }
 
+/// The largest spec file read (a real one is a few KB).
+pub const MAX_SPEC_BYTES: u64 = 4 << 20;
+
+/// A spec file's text: a regular file (a FIFO, a device or a folder is said
+/// as such, not as "no such file"), at most [`MAX_SPEC_BYTES`], UTF-8.
+fn read_spec_text(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    if meta.is_dir() {
+        return Err("is a folder, not a spec file".into());
+    }
+    if !meta.is_file() {
+        return Err("is not a regular file (a FIFO, a device or a socket): a spec is a YAML file".into());
+    }
+    if meta.len() > MAX_SPEC_BYTES {
+        return Err(format!("is {} bytes, over the limit of {MAX_SPEC_BYTES} for a spec", meta.len()));
+    }
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_SPEC_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    String::from_utf8(bytes)
+        .map_err(|e| format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))
+}
+
 fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<PathBuf>) -> Result<Value, SpecError> {
     let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        SpecError::new(SpecErrorKind::Io, Location::file(display.clone(), None), format!("cannot read: {e}"))
-    })?;
+    let text = read_spec_text(path)
+        .map_err(|why| SpecError::new(SpecErrorKind::Io, Location::file(display.clone(), None), why))?;
+    if let Some(pos) = super::locate::too_deep(&text) {
+        return Err(SpecError::new(
+            SpecErrorKind::Syntax,
+            Location::file(display, Some(pos)),
+            format!("the YAML nests deeper than {} levels here; a spec never needs that", super::locate::MAX_DEPTH),
+        ));
+    }
     let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     if chain.contains(&canonical) {
         let names: Vec<String> = chain.iter().chain([&canonical]).map(|p| p.display().to_string()).collect();
@@ -269,11 +318,19 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
         None | Some(Value::Null) => Ok(doc),
         Some(Value::String(parent)) => {
             let parent_path = path.parent().unwrap_or(Path::new(".")).join(&parent);
-            if !parent_path.is_file() {
+            if let Err(why) = std::fs::metadata(&parent_path).map_err(|_| "no such file".to_string()).and_then(|m| {
+                if m.is_dir() {
+                    Err("is a folder, not a spec file".to_string())
+                } else if !m.is_file() {
+                    Err("is not a regular file (a FIFO, a device or a socket)".to_string())
+                } else {
+                    Ok(())
+                }
+            }) {
                 return Err(SpecError::new(
                     SpecErrorKind::Extends,
                     at_extends,
-                    format!("extends '{parent}': no such file {}", parent_path.display()),
+                    format!("extends '{parent}': {why}: {}", parent_path.display()),
                 ));
             }
             let mut base = read_with_extends(&parent_path, files, chain)?;
@@ -336,6 +393,22 @@ fn apply_override(doc: &mut Value, o: &Override) -> Result<(), SpecError> {
         walked.push(seg.clone());
     }
     match cur {
+        // `null` removes a key, as it does in a profile or an extending spec.
+        Value::Object(map) if o.value.is_null() => {
+            if map.remove(last).is_none() {
+                let keys: Vec<String> = map.keys().cloned().collect();
+                return Err(SpecError::new(
+                    SpecErrorKind::Override,
+                    at(),
+                    format!(
+                        "no key '{last}' to remove{}; keys there: {}",
+                        did_you_mean(last, keys.iter().map(String::as_str)),
+                        keys.join(", ")
+                    ),
+                ));
+            }
+            Ok(())
+        }
         Value::Object(map) => {
             map.insert(last.clone(), o.value.clone());
             Ok(())
@@ -400,8 +473,13 @@ fn describe(path: &[String]) -> String {
     }
 }
 
+/// The most nodes a spec may expand to (matrices included): a 1000 × 1000
+/// matrix, 8 KB of YAML, took 35 s and 7.8 GB to plan.
+pub const MAX_NODES: usize = 100_000;
+
 fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
     let mut out: BTreeMap<String, NodeDef> = BTreeMap::new();
+    let mut expanded = 0usize;
     for (base_id, node) in &doc.nodes {
         let node_path = |rest: &[&str]| -> Vec<String> {
             ["nodes", base_id.as_str()].iter().chain(rest).map(|s| s.to_string()).collect()
@@ -432,6 +510,20 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                 )
             })?;
             axes.insert(axis.clone(), values);
+        }
+        let count = axes.values().try_fold(1usize, |n, v| n.checked_mul(v.len().max(1))).unwrap_or(usize::MAX);
+        expanded = expanded.saturating_add(count);
+        if expanded > MAX_NODES {
+            return Err(SpecError::new(
+                SpecErrorKind::Constraint,
+                sources.locate(&node_path(&["matrix"])),
+                format!(
+                    "the matrix of node '{base_id}' expands to {} nodes ({} in the spec so far), over the limit of \
+                     {MAX_NODES} nodes a spec may have",
+                    if count == usize::MAX { "more than 2^64".to_string() } else { count.to_string() },
+                    if expanded == usize::MAX { "more than 2^64".to_string() } else { expanded.to_string() },
+                ),
+            ));
         }
         for chosen in cartesian(&axes) {
             let binding: BTreeMap<String, Value> = chosen.iter().map(|(k, v)| (k.clone(), v.label.clone())).collect();
