@@ -228,3 +228,61 @@ fn extends_and_set_say_what_is_wrong_instead_of_failing_quietly() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("a ") && !stdout(&out).contains("b "), "{}", stdout(&out));
 }
+
+/// Ctrl-C: before, nothing was said, `status` showed the run as "interrupted
+/// or running" forever, and the slow node's partial out stayed in the tree.
+#[test]
+fn an_interrupted_run_says_so_is_recorded_as_interrupted_and_leaves_no_partial_out() {
+    for (signal, code) in [(libc_sig::SIGINT, 130), (libc_sig::SIGTERM, 143)] {
+        let p = Project::new();
+        p.write(
+            "s.yaml",
+            "name: s\nnodes:\n  fast:\n    op: shell\n    params: {cmd: echo done > fast.txt, outs: [fast.txt]}\n  slow:\n    op: shell\n    params: {cmd: 'echo $$ > slow.pid; echo partial > slow.txt; if [ -e hold ]; then sleep 30; fi; echo rest >> slow.txt', outs: [slow.txt]}\n  after:\n    op: shell\n    params: {cmd: cat slow.txt > after.txt, deps: [slow.txt], outs: [after.txt]}\n",
+        );
+        p.write("hold", "");
+        let mut child = p
+            .cmd(&["run", "s.yaml", "-j", "2"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while !(p.path().join("slow.txt").exists()
+            && p.path().join("slow.pid").exists()
+            && p.path().join("fast.txt").exists())
+        {
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "the nodes never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let sleeper: i32 = p.read("slow.pid").trim().parse().unwrap();
+        assert!(std::process::Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let t = std::time::Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "took {:?} to stop", t.elapsed());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(code), "{err}");
+        assert!(err.contains("interrupted by SIG") && err.contains("recorded as interrupted"), "{err}");
+        assert!(!p.path().join("slow.txt").exists(), "the interrupted node's partial out was left");
+        assert!(!p.path().join("after.txt").exists());
+        assert!(!std::path::Path::new(&format!("/proc/{sleeper}")).exists(), "the slow node's process survived");
+        let status = stdout(&p.run(&["status"]));
+        assert!(status.lines().next().unwrap().contains("interrupted") && !status.contains("or running"), "{status}");
+        // The next run goes on: fast is cached, slow and after run.
+        std::fs::remove_file(p.path().join("hold")).unwrap();
+        let out = p.run(&["run", "--json", "s.yaml"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let ev = common::events(&out);
+        assert_eq!(common::nodes_with(&ev, "cache_hit"), ["fast"]);
+        assert_eq!(common::nodes_with(&ev, "node_finished"), ["after", "slow"]);
+    }
+}
+
+mod libc_sig {
+    pub const SIGINT: i32 = 2;
+    pub const SIGTERM: i32 = 15;
+}

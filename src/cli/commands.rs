@@ -47,11 +47,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             let slurm = if spec.executor == spec::ExecutorKind::Slurm {
                 exec::slurm::check_available().map_err(anyhow::Error::msg)?;
-                exec::signal::install_interrupt_handler();
                 Some(exec::slurm::SlurmSettings::for_this_exe().map_err(anyhow::Error::msg)?)
             } else {
                 None
             };
+            // Ctrl-C, SIGTERM, SIGHUP: the run stops its nodes and records itself as interrupted.
+            exec::signal::install_interrupt_handler();
             let ws = Workspace::open(&cli.workspace)?;
             let mut reporter: Box<dyn Reporter> = if json {
                 Box::new(JsonReporter)
@@ -104,9 +105,17 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Ok(n) => eprintln!("{n} gate(s) failed"),
                 Err(e) => eprintln!("error: {e}"),
             }
-            if exec::signal::interrupted() {
-                eprintln!("interrupted: the run's Slurm jobs were cancelled; finished nodes stay cached");
-                return Ok(ExitCode::from(130));
+            if let Some((sig, name)) = exec::signal::interrupting_signal().filter(|_| result.interrupted) {
+                let slurm =
+                    if spec.executor == spec::ExecutorKind::Slurm { " (its Slurm jobs were cancelled)" } else { "" };
+                eprintln!(
+                    "interrupted by {name}: run {} recorded as interrupted{slurm}; {} nodes finished or were cached and \
+                     stay cached, {} were stopped or never started (run again to go on)",
+                    result.run_id,
+                    result.stats.ran + result.stats.cached,
+                    result.stats.failed + result.stats.skipped
+                );
+                return Ok(ExitCode::from((128 + sig).clamp(0, 255) as u8));
             }
             Ok(if result.stats.success() && gates == Ok(0) && !push_failed {
                 ExitCode::SUCCESS

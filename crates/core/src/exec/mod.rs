@@ -54,6 +54,8 @@ pub struct RunResult {
     /// committed to the index, e.g. a full disk. The nodes' own results were
     /// committed as each finished; the caller decides what this costs.
     pub unrecorded: Option<String>,
+    /// A signal stopped the run: what finished is cached, the rest did not run.
+    pub interrupted: bool,
 }
 
 enum Msg {
@@ -163,6 +165,7 @@ pub fn run_with(
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
     let mut stats = RunStats::default();
+    let mut interrupted = false;
 
     std::thread::scope(|scope| -> Result<(), StoreError> {
         for _ in 0..jobs.min(n.max(1)) {
@@ -190,6 +193,12 @@ pub fn run_with(
                     let next = { job_rx.lock().expect("job queue").recv() };
                     let Ok((pos, upstream)) = next else { return };
                     let node = &dag.nodes[pos];
+                    if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+                        // Interrupted: no node starts any more.
+                        let because = "the run was interrupted before it started".to_string();
+                        let _ = msg_tx.send(Msg::Done(pos, Outcome::Skipped { because }));
+                        continue;
+                    }
                     let env = if node.op.numerical() {
                         let mut cached = env_cache.lock().expect("env cache");
                         match cached.get_or_insert_with(|| (opts.env)()) {
@@ -240,7 +249,19 @@ pub fn run_with(
             }
         }
         while pending > 0 {
-            let Ok(msg) = msg_rx.recv() else { break };
+            let msg = match msg_rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                Ok(msg) => msg,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    // Ctrl-C (or SIGTERM, SIGHUP): running nodes are stopped
+                    // (their groups killed, their incomplete outs removed) and
+                    // none starts; finished ones stay cached.
+                    if signal::interrupted() && !cancel.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        interrupted = true;
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let (pos, outcome) = match msg {
                 Msg::Event(e) => {
                     emit(e, reporter, &mut log);
@@ -269,7 +290,11 @@ pub fn run_with(
                         &mut log,
                     );
                 }
-                Outcome::Skipped { .. } => unreachable!("workers never skip; the coordinator does"),
+                // A worker skips only what an interrupt kept from starting.
+                Outcome::Skipped { because } => {
+                    stats.skipped += 1;
+                    emit(Event::NodeSkipped { node: id.clone(), because: because.clone() }, reporter, &mut log);
+                }
                 Outcome::Failed { key, error, seconds } => {
                     stats.failed += 1;
                     emit(
@@ -284,7 +309,7 @@ pub fn run_with(
                     );
                 }
             }
-            let failed = matches!(outcome, Outcome::Failed { .. });
+            let failed = matches!(outcome, Outcome::Failed { .. } | Outcome::Skipped { .. });
             outcomes[pos] = Some(outcome);
             // Children: skipped (with their whole subtree) if this failed, else one step closer to ready.
             for child in dag.children(pos) {
@@ -303,7 +328,11 @@ pub fn run_with(
                             }
                             pending -= 1;
                             stats.skipped += 1;
-                            let because = format!("'{root}' failed");
+                            let because = if interrupted {
+                                "the run was interrupted before it started".to_string()
+                            } else {
+                                format!("'{root}' failed")
+                            };
                             outcomes[c] = Some(Outcome::Skipped { because: because.clone() });
                             emit(
                                 Event::NodeSkipped { node: dag.nodes[c].id().to_string(), because },
@@ -381,11 +410,18 @@ pub fn run_with(
         rows.push(row);
         result.insert(node_id, outcome);
     }
-    let status = if stats.success() { "ok" } else { "failed" };
+    let interrupted = interrupted || signal::interrupted();
+    let status = if interrupted {
+        "interrupted"
+    } else if stats.success() {
+        "ok"
+    } else {
+        "failed"
+    };
     let summary =
         format!("{} ran, {} cached, {} failed, {} skipped", stats.ran, stats.cached, stats.failed, stats.skipped);
     let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log).err().map(|e| e.to_string());
-    Ok(RunResult { run_id, stats, outcomes: result, unrecorded })
+    Ok(RunResult { run_id, stats, outcomes: result, unrecorded, interrupted })
 }
 
 #[cfg(test)]

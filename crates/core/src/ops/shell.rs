@@ -153,17 +153,27 @@ impl Op for ShellOp {
         cmd.envs(p.env.iter().map(|(k, v)| (k, v.to_string())));
         let child = super::process::spawn_tied(&mut cmd, ctx.log_path)
             .map_err(|e| OpError::io(format!("starting sh (log {})", ctx.log_path.display()), e))?;
-        let finished = child.wait(ctx.cancel)?;
-        if !finished.status.success() {
-            // As Snakemake does: outs a failed command wrote are incomplete, and
-            // are removed (stale ones were removed before it ran). This also
-            // frees a full disk, so the log and the run's record can be written.
+        // As Snakemake does: outs a failed or interrupted command wrote are
+        // incomplete, and are removed (stale ones were removed before it ran).
+        // This also frees a full disk, so the log and the run's record can be written.
+        let remove_outs = || {
             let mut removed = Vec::new();
             for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
                 if std::fs::remove_file(ctx.spec_dir.join(&out)).is_ok() {
                     removed.push(out);
                 }
             }
+            removed
+        };
+        let finished = match child.wait(ctx.cancel) {
+            Ok(f) => f,
+            Err(e) => {
+                remove_outs();
+                return Err(e);
+            }
+        };
+        if !finished.status.success() {
+            let removed = remove_outs();
             finished.output.complete_log();
             let code = super::process::describe(finished.status);
             let removed = if removed.is_empty() {
