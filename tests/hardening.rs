@@ -35,6 +35,15 @@ fn a_symlinked_internal_folder_is_refused_and_the_folder_it_points_to_keeps_its_
         std::fs::remove_file(&at).unwrap();
         std::fs::rename(&aside, &at).unwrap();
     }
+    // The index itself: SQLite would follow a link and add our tables to their file.
+    let index = p.path().join(".orchestrate/cache.sqlite");
+    std::fs::rename(&index, p.path().join("aside.sqlite")).unwrap();
+    p.write("keep/their.db", "theirs");
+    std::os::unix::fs::symlink("../keep/their.db", &index).unwrap();
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert_eq!(p.read("keep/their.db"), "theirs");
 }
 
 #[test]
@@ -240,7 +249,7 @@ fn an_interrupted_run_says_so_is_recorded_as_interrupted_and_leaves_no_partial_o
             "name: s\nnodes:\n  fast:\n    op: shell\n    params: {cmd: echo done > fast.txt, outs: [fast.txt]}\n  slow:\n    op: shell\n    params: {cmd: 'echo $$ > slow.pid; echo partial > slow.txt; if [ -e hold ]; then sleep 30; fi; echo rest >> slow.txt', outs: [slow.txt]}\n  after:\n    op: shell\n    params: {cmd: cat slow.txt > after.txt, deps: [slow.txt], outs: [after.txt]}\n",
         );
         p.write("hold", "");
-        let mut child = p
+        let child = p
             .cmd(&["run", "s.yaml", "-j", "2"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -285,4 +294,26 @@ fn an_interrupted_run_says_so_is_recorded_as_interrupted_and_leaves_no_partial_o
 mod libc_sig {
     pub const SIGINT: i32 = 2;
     pub const SIGTERM: i32 = 15;
+}
+
+/// A dangling link where an object shard goes said `File exists (os error
+/// 17)`, and a node whose outputs could not be stored left its out in the
+/// tree while it was FAILED.
+#[test]
+fn a_node_whose_outputs_cannot_be_stored_fails_naming_why_and_leaves_no_out() {
+    let p = Project::new();
+    p.write("s.yaml", ONE);
+    assert_eq!(p.run(&["run", "s.yaml", "--workspace", "probe"]).status.code(), Some(0));
+    let object = stdout(&p.run(&["path", "s.yaml", "a:a.txt", "--workspace", "probe"]));
+    let shard = std::path::Path::new(object.trim()).parent().unwrap().file_name().unwrap().to_owned();
+    std::fs::remove_file(p.path().join("a.txt")).unwrap();
+    p.write("other.yaml", "name: o\nnodes:\n  z:\n    op: shell\n    params: {cmd: 'true'}\n");
+    assert_eq!(p.run(&["run", "other.yaml"]).status.code(), Some(0));
+    std::os::unix::fs::symlink("/nonexistent/elsewhere", p.path().join(".orchestrate/objects").join(&shard)).unwrap();
+    let out = p.run(&["run", "s.yaml"]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("symbolic link") && !all.contains("os error 17"), "{all}");
+    assert!(all.contains("outs were removed"), "{all}");
+    assert!(!p.path().join("a.txt").exists(), "the out of a failed node stayed in the tree");
 }

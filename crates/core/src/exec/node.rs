@@ -423,14 +423,38 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         threads: job.env.as_ref().and_then(|e| e.threads),
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
+    publish_and_commit(job, key, record, &staging, started).map_err(|why| {
+        // The node failed after its command wrote its outs into the tree: left
+        // there, they would pass for a finished node's (Snakemake removes them too).
+        let mut removed = Vec::new();
+        for rel in job.node.outputs.iter().filter_map(|d| d.workspace_path.as_ref()) {
+            if std::fs::remove_file(job.spec_dir.join(rel)).is_ok() {
+                removed.push(rel.as_str());
+            }
+        }
+        if removed.is_empty() {
+            why
+        } else {
+            format!("{why} (its outs were removed from the tree, as the node did not complete: {})", removed.join(", "))
+        }
+    })
+}
 
+/// Stores a finished node's outputs and commits its record and cache row.
+fn publish_and_commit(
+    job: &NodeJob<'_>,
+    key: &Key,
+    record: &HashInputs,
+    staging: &crate::store::Staging,
+    started: Instant,
+) -> Result<Vec<OutputRecord>, String> {
     let mut outputs = Vec::with_capacity(job.node.outputs.len());
     for decl in &job.node.outputs {
         let published = match &decl.workspace_path {
             Some(rel) => {
                 let path = job.spec_dir.join(rel);
                 let before = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
-                let object = job.ws.publish_copy(&path, &staging).map_err(|e| e.to_string())?;
+                let object = job.ws.publish_copy(&path, staging).map_err(|e| e.to_string())?;
                 let after = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
                 if before != after {
                     return Err(format!(

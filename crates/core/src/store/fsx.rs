@@ -47,8 +47,8 @@ pub fn own_dir(path: &Path) -> Result<(), StoreError> {
 
 fn refused_link(path: &Path) -> StoreError {
     StoreError::Invalid(format!(
-        "{} is a symbolic link (or not a folder): the workspace's own folders must be real folders, \
-         and orchestrate never follows a link out of its workspace. Remove the link (rm {}) and run again",
+        "{} is a symbolic link (or not a folder) where orchestrate keeps a folder of its own: it never follows \
+         a link out of the folders it writes. Remove the link (rm {}) and run again",
         path.display(),
         path.display()
     ))

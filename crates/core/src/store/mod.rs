@@ -351,6 +351,17 @@ impl Workspace {
         for sub in FOLDERS {
             fsx::own_dir(&root.join(sub))?;
         }
+        // SQLite follows a link: a planted `cache.sqlite -> ~/theirs.db` would get our tables.
+        for file in ["cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm", "guard.sqlite", "index.lock"] {
+            let path = root.join(file);
+            if fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+                return Err(StoreError::Invalid(format!(
+                    "{} is a symbolic link or not a regular file: the workspace's own files are never opened \
+                     through a link. Remove it and run again",
+                    path.display()
+                )));
+            }
+        }
         let ws = Workspace { root: root.to_path_buf(), read_only: false };
         if !new_index_ok {
             ws.refuse_missing_index()?;
