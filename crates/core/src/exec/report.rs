@@ -127,7 +127,7 @@ fn follow(log: std::path::PathBuf, bar: ProgressBar, base: String) {
             // Keep only the unfinished last line for the next round.
             let complete = tail.rfind('\n').map_or(0, |i| i + 1);
             if let Some(p) = last_progress(&tail[..complete]) {
-                bar.set_message(format!("{base} - {}", crate::ids::escaped(&p)));
+                bar.set_message(format!("{base} - {}", crate::ids::escaped(p)));
             }
             tail.drain(..complete);
         }
