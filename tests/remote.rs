@@ -610,6 +610,17 @@ impl FlakyProxy {
     }
 }
 
+impl FlakyProxy {
+    /// `orchestrate ARGS` against moto through this proxy: its exit code and stderr.
+    fn run(&self, m: &Moto, p: &Project, args: &[&str], extra: &[(&str, &str)]) -> (Option<i32>, String) {
+        let mut c = m.cmd(p, args);
+        c.env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", self.port));
+        c.envs(extra.iter().copied());
+        let out = c.output().unwrap();
+        (out.status.code(), stderr(&out))
+    }
+}
+
 impl Drop for FlakyProxy {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -630,12 +641,8 @@ fn s3_errors_and_resets_are_retried_with_backoff_and_a_lasting_one_is_named_with
         1 => Flake::Reset,
         _ => Flake::Forward,
     });
-    let out = m
-        .cmd(&p, &["push", "chain.yaml", "--remote", URL])
-        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", flaky.port))
-        .output()
-        .unwrap();
-    ok(&out);
+    let (code, err) = flaky.run(&m, &p, &["push", "chain.yaml", "--remote", URL], &[]);
+    assert_eq!(code, Some(0), "{err}");
     assert!(flaky.seen.load(std::sync::atomic::Ordering::SeqCst) > 3);
     assert_eq!(m.keys("orch/records/").len(), 4, "every record arrived");
     // Always throttled: exit 1 (a remote failure, not a usage error), S3's code and message said.
@@ -643,24 +650,14 @@ fn s3_errors_and_resets_are_retried_with_backoff_and_a_lasting_one_is_named_with
     let q = Project::new();
     q.write("chain.yaml", CHAIN);
     ok(&q.run(&["run", "-q", "chain.yaml"]));
-    let out = m
-        .cmd(&q, &["push", "chain.yaml", "--remote", URL])
-        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", busy.port))
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = busy.run(&m, &q, &["push", "chain.yaml", "--remote", URL], &[]);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("HTTP 503 Service Unavailable") && err.contains("after 3 attempts"), "{err}");
     // A GET's error document names S3's code and message.
     let r = Project::new();
     r.write("chain.yaml", CHAIN);
-    let out = m
-        .cmd(&r, &["pull", "chain.yaml", "--remote", URL])
-        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", busy.port))
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = busy.run(&m, &r, &["pull", "chain.yaml", "--remote", URL], &[]);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("SlowDown: Please reduce your request rate") && err.contains("after 3 attempts"), "{err}");
 }
 
@@ -673,14 +670,8 @@ fn a_stalled_s3_answer_times_out_instead_of_hanging() {
     let p = Project::new();
     p.write("chain.yaml", CHAIN);
     let t = Instant::now();
-    let out = m
-        .cmd(&p, &["pull", "chain.yaml", "--remote", URL])
-        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", stalled.port))
-        .env("ORCHESTRATE_S3_TIMEOUT", "1")
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = stalled.run(&m, &p, &["pull", "chain.yaml", "--remote", URL], &[("ORCHESTRATE_S3_TIMEOUT", "1")]);
+    assert_eq!(code, Some(1), "{err}");
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: {err}", t.elapsed());
     assert!(err.contains("no byte of the body arrived"), "{err}");
 }
