@@ -35,6 +35,13 @@ fn a_symlinked_internal_folder_is_refused_and_the_folder_it_points_to_keeps_its_
         std::fs::remove_file(&at).unwrap();
         std::fs::rename(&aside, &at).unwrap();
     }
+    // What orchestrate did not create in tmp/ is left alone, and said.
+    p.write(".orchestrate/tmp/notes.txt", "mine");
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not made by orchestrate") && stderr(&out).contains("notes.txt"), "{}", stderr(&out));
+    assert_eq!(p.read(".orchestrate/tmp/notes.txt"), "mine");
+    std::fs::remove_file(p.path().join(".orchestrate/tmp/notes.txt")).unwrap();
     // The index itself: SQLite would follow a link and add our tables to their file.
     let index = p.path().join(".orchestrate/cache.sqlite");
     std::fs::rename(&index, p.path().join("aside.sqlite")).unwrap();

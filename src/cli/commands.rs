@@ -54,6 +54,21 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             // Ctrl-C, SIGTERM, SIGHUP: the run stops its nodes and records itself as interrupted.
             exec::signal::install_interrupt_handler();
             let ws = Workspace::open(&cli.workspace)?;
+            let foreign = ws.foreign_staging();
+            if !foreign.is_empty() {
+                let shown: Vec<String> =
+                    foreign.iter().take(5).map(|f| esc(&f.display().to_string()).into_owned()).collect();
+                eprintln!(
+                    "note: {} entr{} in {} {} not made by orchestrate and {} left alone: {}{}",
+                    foreign.len(),
+                    if foreign.len() == 1 { "y" } else { "ies" },
+                    ws.root().join("tmp").display(),
+                    if foreign.len() == 1 { "was" } else { "were" },
+                    if foreign.len() == 1 { "is" } else { "are" },
+                    shown.join(", "),
+                    if foreign.len() > 5 { ", …" } else { "" }
+                );
+            }
             let mut reporter: Box<dyn Reporter> = if json {
                 Box::new(JsonReporter)
             } else if !quiet && std::io::stdout().is_terminal() {
