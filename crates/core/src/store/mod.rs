@@ -268,6 +268,27 @@ enum Found {
     Foreign,
 }
 
+fn is_marker_tmp(name: &str) -> bool {
+    name.starts_with(&format!(".{MARKER}.")) && name.ends_with(".tmp")
+}
+
+/// Writes the marker whole, or finds it written by another process that got
+/// there first: a complete temporary file is hard-linked to its name, which
+/// fails if the name exists, so no reader ever sees a half-written marker.
+fn mark(root: &Path) -> Result<(), StoreError> {
+    use std::io::Write;
+    let tmp = root.join(format!(".{MARKER}.{}.tmp", objects::unique_suffix()));
+    let bytes = serde_json::to_vec(&Marker { orchestrate_workspace: FORMAT }).expect("a marker serializes");
+    let mut f = fsx::create_new(&tmp).map_err(io(format!("marking {}", root.display())))?;
+    let written = f.write_all(&bytes).and_then(|()| f.sync_all());
+    let linked = written.and_then(|()| match fs::hard_link(&tmp, root.join(MARKER)) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    });
+    let _ = fs::remove_file(&tmp);
+    linked.map_err(io(format!("marking {}", root.display())))
+}
+
 fn examine(root: &Path) -> Result<Found, StoreError> {
     let marker = root.join(MARKER);
     match fs::symlink_metadata(&marker) {
@@ -302,7 +323,9 @@ fn examine(root: &Path) -> Result<Found, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Found::Empty),
         Err(e) => return Err(StoreError::Io { context: format!("listing {}", root.display()), source: e }),
     };
-    if entries.next().is_none() {
+    // Another process marking this folder at the same moment leaves only its
+    // marker's temporary file: still an empty folder.
+    if entries.all(|e| e.is_ok_and(|e| is_marker_tmp(&e.file_name().to_string_lossy()))) {
         return Ok(Found::Empty);
     }
     let is = |name: &str, dir: bool| {
@@ -343,8 +366,7 @@ impl Workspace {
             Found::Marked => {}
             Found::Empty | Found::Unmarked => {
                 fs::create_dir_all(root).map_err(io(format!("creating {}", root.display())))?;
-                let bytes = serde_json::to_vec(&Marker { orchestrate_workspace: FORMAT }).expect("a marker serializes");
-                write_atomic(&root.join(MARKER), &bytes).map_err(io(format!("marking {}", root.display())))?;
+                mark(root)?;
             }
             Found::Foreign => return Err(not_a_workspace(root)),
         }
@@ -895,6 +917,27 @@ mod staging_tests {
         std::fs::remove_file(old.join(super::MARKER)).unwrap();
         Workspace::open(&old).unwrap();
         assert!(old.join(super::MARKER).is_file(), "a workspace from before the marker is marked");
+    }
+
+    /// Processes opening one new workspace at the same moment all get it
+    /// (CI caught one refusing the folder the other was marking).
+    #[test]
+    fn concurrent_first_opens_of_a_new_workspace_all_succeed() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path().join(format!("ws-{round}"));
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4).map(|_| s.spawn(|| Workspace::open(&root).map(drop))).collect();
+                for h in handles {
+                    h.join().unwrap().unwrap();
+                }
+            });
+            let names: Vec<String> = std::fs::read_dir(&root)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert!(!names.iter().any(|n| super::is_marker_tmp(n)), "a temporary marker was left: {names:?}");
+        }
     }
 
     /// Cleanups remove only what has the form of our own staging.
