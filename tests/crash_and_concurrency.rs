@@ -147,6 +147,22 @@ fn two_concurrent_runs_never_execute_a_node_twice() {
     }
 }
 
+/// orchestrate dying right after it started a node, while the node's command
+/// already started a background process: the watchdog had not been told the
+/// group yet, so that process outlived the run (CI caught one such survivor).
+#[test]
+fn a_node_started_just_before_orchestrate_dies_leaves_nothing_running() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: \"sh -c 'sleep 30' & sleep 30\", outs: [a.txt]}\n",
+    );
+    let out = p.cmd(&["run", "--quiet", "spec.yaml"]).env("ORCHESTRATE_FAILPOINT", "spawned").output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let left = left_running(p.path());
+    assert!(left.is_empty(), "still running: {left:?}");
+}
+
 #[test]
 fn dry_run_changes_nothing() {
     let p = Project::new();

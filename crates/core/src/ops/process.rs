@@ -194,8 +194,9 @@ pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
         .process_group(0)
         .spawn()?;
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: prctl and getppid are async-signal-safe; nothing here allocates or
-    // touches memory of the parent.
+    let watchdog_fd = std::os::fd::AsRawFd::as_raw_fd(&writer);
+    // SAFETY: prctl, getppid, getpid and write are async-signal-safe; nothing
+    // here allocates or touches memory of the parent.
     unsafe {
         cmd.pre_exec(move || {
             // The group's leader also dies at once with its parent.
@@ -206,6 +207,16 @@ pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
             // signal, and had not yet told the watchdog the group: run nothing.
             if libc::getppid() != parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // The child tells the watchdog its group itself, before it execs:
+            // told by the parent after `spawn` returned, a parent SIGKILLed in
+            // between left the watchdog without a group while the command had
+            // already started a background process, which then outlived it.
+            // (The child's copy of the pipe closes at exec: close-on-exec.)
+            let line = pid_line(libc::getpid());
+            let (bytes, len) = (line.0.as_ptr(), line.1);
+            if libc::write(watchdog_fd, bytes.cast(), len) != len as isize {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -219,16 +230,39 @@ pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
             return Err(e);
         }
     };
+    // For tests: orchestrate dying right after the spawn, the command already
+    // running (the window the child's own report to the watchdog closes).
+    if std::env::var_os("ORCHESTRATE_FAILPOINT").is_some_and(|v| v == "spawned") {
+        std::thread::sleep(Duration::from_millis(300));
+        std::process::abort();
+    }
     let pgid = child.id() as libc::pid_t;
     let mut child = child;
     let capture = Some(Capture::start(&mut child, log, file));
-    let mut tied = Tied { child, pgid, watchdog, capture, reaped: false };
-    if let Some((_, w)) = &mut tied.watchdog {
-        // If this fails the watchdog has died: the group still dies with the
-        // node (below), only not with a SIGKILLed orchestrate.
-        let _ = writeln!(w, "{pgid}");
+    // The child told the watchdog its group before it exec'd (see pre_exec).
+    Ok(Tied { child, pgid, watchdog, capture, reaped: false })
+}
+
+/// `<pid>\n` in a buffer on the stack, for the child to write between fork
+/// and exec (no allocation there).
+fn pid_line(pid: libc::pid_t) -> ([u8; 24], usize) {
+    let mut digits = [0u8; 24];
+    let mut n = pid.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
     }
-    Ok(tied)
+    let mut out = [0u8; 24];
+    for i in 0..len {
+        out[i] = digits[len - 1 - i];
+    }
+    out[len] = b'\n';
+    (out, len + 1)
 }
 
 /// Tells the watchdog the group ended normally, and reaps it.
@@ -307,6 +341,14 @@ pub fn describe(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pid_line_is_the_decimal_pid_and_a_newline() {
+        for pid in [1, 9, 10, 4242, libc::pid_t::MAX] {
+            let (buf, len) = pid_line(pid);
+            assert_eq!(&buf[..len], format!("{pid}\n").as_bytes());
+        }
+    }
 
     #[test]
     fn output_goes_to_the_log_and_its_end_is_kept_for_the_error() {
