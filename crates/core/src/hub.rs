@@ -337,12 +337,23 @@ impl<'a> Snapshot<'a> {
         HashKind::of(&etag).map(|_| etag)
     }
 
+    /// Makes (or checks) every folder from the cache root down to `dir` as a
+    /// real folder, never following a link; the cache root itself may be one.
+    fn own_folders(&self, dir: &Path) -> Result<()> {
+        let root = &self.config.cache;
+        fs::create_dir_all(root).map_err(io(format!("creating {}", root.display())))?;
+        let mut at = root.clone();
+        for part in dir.strip_prefix(root).unwrap_or(Path::new("")).components() {
+            at.push(part);
+            crate::store::fsx::own_dir(&at).map_err(|e| HubError::Invalid(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     fn record(&self, file: &str, etag: &str) -> Result<()> {
         let path = self.record_path(file);
         let dir = path.parent().expect("a record has a folder");
-        for d in [dir.parent().unwrap_or(dir), dir] {
-            crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()))?;
-        }
+        self.own_folders(dir)?;
         let tmp = dir.join(format!(".{}.tmp", std::process::id()));
         let _ = fs::remove_file(&tmp);
         let mut f = crate::store::fsx::create_new(&tmp).map_err(io(format!("writing {}", tmp.display())))?;
@@ -584,18 +595,14 @@ impl<'a> Snapshot<'a> {
             self.record(file, &meta.etag)?;
             return Ok(Some(f));
         }
-        let own = |d: &Path| crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()));
-        fs::create_dir_all(&self.config.cache).map_err(io(format!("creating {}", self.config.cache.display())))?;
-        own(&self.repo_dir())?;
         let blobs = self.repo_dir().join("blobs");
-        own(&blobs)?;
+        self.own_folders(&blobs)?;
         let blob = blobs.join(&meta.etag);
         // One download of a blob at a time, here and in Python (filelock uses flock
         // on the same file).
-        let locks = self.config.cache.join(".locks");
-        own(&locks)?;
-        own(&locks.join(repo_folder(&self.repo)))?;
-        let lock_path = locks.join(repo_folder(&self.repo)).join(format!("{}.lock", meta.etag));
+        let locks = self.config.cache.join(".locks").join(repo_folder(&self.repo));
+        self.own_folders(&locks)?;
+        let lock_path = locks.join(format!("{}.lock", meta.etag));
         let lock = crate::store::fsx::open_lock(&lock_path).map_err(io(format!("opening {}", lock_path.display())))?;
         lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
         let mut source = "cache";
@@ -607,11 +614,7 @@ impl<'a> Snapshot<'a> {
         }
         let pointer = self.dir().join(file);
         let parent = pointer.parent().expect("a pointer has a folder");
-        let mut dir = self.repo_dir();
-        for part in parent.strip_prefix(self.repo_dir()).unwrap_or(parent).components() {
-            dir.push(part);
-            own(&dir)?;
-        }
+        self.own_folders(parent)?;
         // Relative, as huggingface_hub writes it: the cache can move.
         // From snapshots/<commit>/[sub/]: up to the repo folder, then blobs/.
         let target = PathBuf::from("../".repeat(file.matches('/').count() + 2)).join("blobs").join(&meta.etag);
@@ -628,19 +631,7 @@ impl<'a> Snapshot<'a> {
     /// Remembers, as Python does, that the Hub has no such file at this commit.
     fn remember_absent(&self, file: &str) -> Result<()> {
         let absent = self.repo_dir().join(".no_exists").join(&self.commit).join(file);
-        let own = |d: &Path| crate::store::fsx::own_dir(d).map_err(|e| HubError::Invalid(e.to_string()));
-        fs::create_dir_all(&self.config.cache).map_err(io(format!("creating {}", self.config.cache.display())))?;
-        let mut dir = self.config.cache.clone();
-        for part in absent
-            .parent()
-            .expect("a marker has a folder")
-            .strip_prefix(&self.config.cache)
-            .unwrap_or(Path::new(""))
-            .components()
-        {
-            dir.push(part);
-            own(&dir)?;
-        }
+        self.own_folders(absent.parent().expect("a marker has a folder"))?;
         crate::store::fsx::open_truncate(&absent).map(drop).map_err(io(format!("writing {}", absent.display())))
     }
 
