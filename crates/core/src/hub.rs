@@ -354,11 +354,8 @@ impl<'a> Snapshot<'a> {
         let path = self.record_path(file);
         let dir = path.parent().expect("a record has a folder");
         self.own_folders(dir)?;
-        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
-        let _ = fs::remove_file(&tmp);
-        let mut f = crate::store::fsx::create_new(&tmp).map_err(io(format!("writing {}", tmp.display())))?;
-        f.write_all(format!("{etag}\n").as_bytes()).map_err(io(format!("writing {}", tmp.display())))?;
-        fs::rename(&tmp, &path).map_err(io(format!("writing {}", path.display())))
+        crate::store::write_atomic(&path, format!("{etag}\n").as_bytes())
+            .map_err(io(format!("writing {}", path.display())))
     }
 
     /// The bytes a pointer stands for: the blob a layout link resolves to

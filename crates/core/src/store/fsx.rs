@@ -6,7 +6,7 @@
 //! cleanup empty, or a write land in, a folder that belongs to someone else.
 //! Folders are made with `mkdir` (which never follows a final link) and
 //! checked with `lstat`; files are opened with `O_NOFOLLOW`, and fresh ones
-//! with `O_EXCL`.
+//! with `O_EXCL` (std's `File::create_new`).
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -72,12 +72,6 @@ pub fn open_truncate(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
-/// Creates a new file that did not exist (`O_EXCL`: a link there, dangling
-/// or not, is an error, never followed).
-pub fn create_new(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().write(true).create_new(true).open(path)
-}
-
 /// Whether `name` has the form of a staging entry this store creates
 /// (`objects::unique_suffix`: `<pid>-<nanos>-<counter>`, digits only), with or
 /// without the `.lock` extension. Cleanups remove nothing else.
@@ -116,7 +110,8 @@ mod tests {
         assert!(open_append(&link).is_err());
         assert!(open_truncate(&link).is_err());
         assert!(open_lock(&link).is_err());
-        assert!(create_new(&link).is_err());
+        // std's File::create_new is O_EXCL: a link there, dangling or not, is an error.
+        assert!(File::create_new(&link).is_err());
         assert_eq!(fs::read_to_string(&theirs).unwrap(), "keep me");
     }
 

@@ -183,7 +183,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     // Fresh (O_EXCL), so a link planted at the temporary name is never written through.
     let _ = fs::remove_file(&tmp);
-    let mut f = fsx::create_new(&tmp)?;
+    let mut f = File::create_new(&tmp)?;
     f.write_all(bytes).and_then(|()| f.sync_all())?;
     fs::rename(&tmp, path)
 }
@@ -279,7 +279,7 @@ fn mark(root: &Path) -> Result<(), StoreError> {
     use std::io::Write;
     let tmp = root.join(format!(".{MARKER}.{}.tmp", objects::unique_suffix()));
     let bytes = serde_json::to_vec(&Marker { orchestrate_workspace: FORMAT }).expect("a marker serializes");
-    let mut f = fsx::create_new(&tmp).map_err(io(format!("marking {}", root.display())))?;
+    let mut f = File::create_new(&tmp).map_err(io(format!("marking {}", root.display())))?;
     let written = f.write_all(&bytes).and_then(|()| f.sync_all());
     let linked = written.and_then(|()| match fs::hard_link(&tmp, root.join(MARKER)) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
@@ -672,7 +672,7 @@ impl Workspace {
         for _ in 0..100 {
             let dir = self.root.join("tmp").join(objects::unique_suffix());
             let lock_path = dir.with_extension("lock");
-            let lock = fsx::create_new(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
+            let lock = File::create_new(&lock_path).map_err(io(format!("creating {}", lock_path.display())))?;
             lock.lock().map_err(io(format!("locking {}", lock_path.display())))?;
             let held = lock.metadata().map_err(io(format!("reading {}", lock_path.display())))?;
             let linked = match fs::symlink_metadata(&lock_path) {
