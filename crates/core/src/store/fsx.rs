@@ -57,19 +57,33 @@ fn refused_link(path: &Path) -> StoreError {
 /// Opens (creating it if needed) a lock file without truncating it and
 /// without following a link there.
 pub fn open_lock(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().write(true).create(true).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path)
+    said(OpenOptions::new().write(true).create(true).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path))
+}
+
+/// `O_NOFOLLOW`'s refusal (`ELOOP`, "too many levels of symbolic links") said as what it is.
+fn said(opened: std::io::Result<File>) -> std::io::Result<File> {
+    opened.map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            std::io::Error::new(
+                e.kind(),
+                "it is a symbolic link, and orchestrate never opens its own files through a link: remove it and run again",
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// Opens a file of ours for appending (a log), creating it if needed; a link
 /// there is an error (`ELOOP`), never followed.
 pub fn open_append(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().append(true).create(true).custom_flags(libc::O_NOFOLLOW).open(path)
+    said(OpenOptions::new().append(true).create(true).custom_flags(libc::O_NOFOLLOW).open(path))
 }
 
 /// Opens a file of ours for writing from the start, creating it if needed
 /// (truncating only a regular file of ours; a link is an error, never followed).
 pub fn open_truncate(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_NOFOLLOW).open(path)
+    said(OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_NOFOLLOW).open(path))
 }
 
 /// Whether `name` has the form of a staging entry this store creates
@@ -107,7 +121,8 @@ mod tests {
         fs::write(&theirs, "keep me").unwrap();
         let link = t.path().join("ours.log");
         std::os::unix::fs::symlink(&theirs, &link).unwrap();
-        assert!(open_append(&link).is_err());
+        let err = open_append(&link).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
         assert!(open_truncate(&link).is_err());
         assert!(open_lock(&link).is_err());
         // std's File::create_new is O_EXCL: a link there, dangling or not, is an error.
