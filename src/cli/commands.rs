@@ -768,6 +768,10 @@ fn print_plan(entries: &[PlanEntry], json: bool) {
                 cached += 1;
                 outln!("{:<width$}  cached   {}", e.node, &key[..8]);
             }
+            PlanState::Restore { key, reason } => {
+                cached += 1;
+                outln!("{:<width$}  restore  {}  {reason}; checked out of the store, not run", e.node, &key[..8]);
+            }
             PlanState::CachedRemote { key, remote } => {
                 cached += 1;
                 outln!("{:<width$}  cached (remote) {}  from {remote}", e.node, &key[..8]);

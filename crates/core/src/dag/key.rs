@@ -35,6 +35,12 @@ pub struct HashInputs {
     pub params: Value,
     pub inputs: BTreeMap<String, Vec<String>>,
     pub files: BTreeMap<String, String>,
+    /// Folder and glob deps: for each dep as written (`data/prepared`,
+    /// `data/*.jsonl`), the blake3 of each file it holds or matches, by path
+    /// relative to the folder (a glob's: to the spec's folder). Absent when
+    /// empty, so records without such deps keep their keys.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub trees: BTreeMap<String, BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvPart>,
 }
@@ -89,12 +95,60 @@ pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
         .collect()
 }
 
+/// Separates a tree dep from one of its files in a field name
+/// (`trees.data/prepared//train.jsonl`): `//` is in no normalized path.
+pub const TREE_FILE_SEP: &str = "//";
+
 /// A record as dotted field → canonical JSON value (`params.lr` → `0.001`):
-/// the fields [`diff`] compares.
+/// the fields [`diff`] compares. A tree dep's files are one field each,
+/// `trees.DEP//FILE`, so a diff names the files that changed.
 pub fn fields(record: &HashInputs) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    flatten("", &serde_json::to_value(record).unwrap_or(Value::Null), &mut out);
+    let mut value = serde_json::to_value(record).unwrap_or(Value::Null);
+    if let Some(map) = value.as_object_mut() {
+        map.remove("trees");
+    }
+    flatten("", &value, &mut out);
+    for (dep, files) in &record.trees {
+        for (file, hash) in files {
+            out.insert(format!("trees.{dep}{TREE_FILE_SEP}{file}"), canonical_json(&Value::String(hash.clone())));
+        }
+    }
     out
+}
+
+/// Changes as people read them: `input 'data' changed`, `dep 'raw.csv'
+/// changed`, `dep 'data/prepared': test.jsonl added, train.jsonl changed`,
+/// and other fields as `field: old → new`; joined with `; `.
+pub fn describe(changes: &[Change]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut trees: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for c in changes {
+        match c.field.split_once('.') {
+            Some(("inputs", name)) => parts.push(format!("input '{name}' changed")),
+            Some(("files", name)) => parts.push(format!("dep '{name}' changed")),
+            Some(("trees", rest)) => {
+                let (dep, file) = rest.split_once(TREE_FILE_SEP).unwrap_or((rest, ""));
+                let what = match (&c.old, &c.new) {
+                    (None, _) => "added",
+                    (_, None) => "removed",
+                    _ => "changed",
+                };
+                trees.entry(dep).or_default().push(format!("{file} {what}"));
+            }
+            _ => parts.push(c.to_string()),
+        }
+    }
+    for (dep, files) in trees {
+        const SHOWN: usize = 10;
+        let more = files.len().saturating_sub(SHOWN);
+        let mut list = files.into_iter().take(SHOWN).collect::<Vec<_>>().join(", ");
+        if more > 0 {
+            list.push_str(&format!(" and {more} more"));
+        }
+        parts.push(format!("dep '{dep}': {list}"));
+    }
+    parts.join("; ")
 }
 
 fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
@@ -124,8 +178,28 @@ mod tests {
             params,
             inputs: BTreeMap::new(),
             files: BTreeMap::new(),
+            trees: BTreeMap::new(),
             env: None,
         }
+    }
+
+    #[test]
+    fn a_tree_dep_diff_names_each_file_added_removed_or_changed() {
+        let tree = |files: &[(&str, &str)]| {
+            let mut r = record(json!({}));
+            r.trees.insert("data/prepared".into(), files.iter().map(|(f, h)| (f.to_string(), h.to_string())).collect());
+            r
+        };
+        let old = tree(&[("train.jsonl", "aa"), ("val.jsonl", "bb")]);
+        let new = tree(&[("test.jsonl", "cc"), ("train.jsonl", "ab")]);
+        assert_ne!(old.key(), new.key());
+        assert_eq!(
+            describe(&diff(&old, &new)),
+            "dep 'data/prepared': test.jsonl added, train.jsonl changed, val.jsonl removed"
+        );
+        // A record without tree deps keeps the key it had before trees existed.
+        let plain = record(json!({"lr": 1}));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("trees"));
     }
 
     #[test]

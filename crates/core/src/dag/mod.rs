@@ -2,6 +2,7 @@
 //! reported against the spec's source: unknown ops, bad params, references to
 //! missing nodes or outputs, two nodes writing one file, and cycles (named).
 
+pub mod deps;
 mod isolation;
 pub mod key;
 
@@ -30,6 +31,8 @@ pub struct DagNode {
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
     /// File deps no node writes: hashed from disk into the key.
     pub files: Vec<String>,
+    /// Folder and glob deps: hashed file by file from disk into the key.
+    pub trees: Vec<deps::TreeDep>,
 }
 
 impl DagNode {
@@ -193,6 +196,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             outputs,
             inputs: BTreeMap::new(),
             files: Vec::new(),
+            trees: Vec::new(),
         });
     }
 
@@ -301,26 +305,121 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             inputs.insert(name, vec![OutputRef { node: nodes[target].def.id.clone(), output: r.output }]);
         }
         let mut files = Vec::new();
+        let mut trees = Vec::new();
+        let deps_at = || spec.sources.locate_value(&node_path(&def, &["params", "deps"]));
+        let dep_error = |kind: SpecErrorKind, message: String| SpecError::new(kind, deps_at(), message);
+        // A writer of `path` itself, or of a folder holding it.
+        let writer_of = |path: &str| -> Option<(usize, String, String)> {
+            writers.iter().find_map(|(w, (n, out))| {
+                (path == w || path.starts_with(&format!("{w}/"))).then(|| (*n, out.clone(), w.clone()))
+            })
+        };
+        let edge = |inputs: &mut BTreeMap<String, Vec<OutputRef>>, dep: &str, w: usize, out: String| {
+            inputs.insert(
+                format!("{FILE_DEP_PREFIX}{dep}"),
+                vec![OutputRef { node: nodes[w].def.id.clone(), output: out }],
+            );
+        };
         for dep in nodes[i].op.file_deps(&nodes[i].params, &spec.base_dir) {
-            match writers.get(&dep) {
-                Some((w, out)) if *w != i => {
-                    inputs.insert(
-                        format!("{FILE_DEP_PREFIX}{dep}"),
-                        vec![OutputRef { node: nodes[*w].def.id.clone(), output: out.clone() }],
-                    );
+            let cycle = || {
+                dep_error(
+                    SpecErrorKind::Cycle,
+                    format!("cycle: node '{}' lists '{dep}' both as a dep and as an out", def.id),
+                )
+            };
+            if deps::is_glob(&dep) {
+                let glob = deps::glob_matcher(&dep)
+                    .map_err(|m| dep_error(SpecErrorKind::WrongType, format!("node '{}': dep {m}", def.id)))?;
+                let mut written: Vec<(&String, usize, String)> = writers
+                    .iter()
+                    .filter(|(w, _)| glob.is_match(w.as_str()))
+                    .map(|(w, (n, o))| (w, *n, o.clone()))
+                    .collect();
+                written.sort();
+                for (w, n, out) in &written {
+                    if *n == i {
+                        return Err(cycle());
+                    }
+                    edge(&mut inputs, w, *n, out.clone());
                 }
-                Some(_) => {
-                    return Err(SpecError::new(
-                        SpecErrorKind::Cycle,
-                        spec.sources.locate(&node_path(&def, &["params", "deps"])),
-                        format!("cycle: node '{}' lists '{dep}' both as a dep and as an out", def.id),
+                let base = deps::glob_base(&dep);
+                let on_disk = if std::fs::symlink_metadata(spec.base_dir.join(&base)).is_ok_and(|m| m.is_dir()) {
+                    deps::walk(&spec.base_dir, &base, Some(&glob)).map_err(|m| {
+                        dep_error(SpecErrorKind::MissingReference, format!("node '{}': dep '{dep}': {m}", def.id))
+                    })?
+                } else {
+                    Vec::new()
+                };
+                let matches: Vec<String> = on_disk.into_iter().filter(|f| writer_of(f).is_none()).collect();
+                if matches.is_empty() && written.is_empty() {
+                    return Err(dep_error(
+                        SpecErrorKind::MissingReference,
+                        format!(
+                            "node '{}': dep '{dep}' matches no file under {} and no node's out",
+                            def.id,
+                            spec.base_dir.join(&base).display()
+                        ),
+                    ));
+                }
+                if !matches.is_empty() {
+                    trees.push(deps::TreeDep { name: dep.clone(), kind: deps::TreeKind::Glob { matches } });
+                }
+                continue;
+            }
+            if let Some((w, out, _)) = writer_of(&dep) {
+                if w == i {
+                    return Err(cycle());
+                }
+                edge(&mut inputs, &dep, w, out);
+                continue;
+            }
+            let path = spec.base_dir.join(&dep);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => {
+                    // Outs of other nodes inside the folder are inputs; the rest is hashed from disk.
+                    let mut skip = Vec::new();
+                    let mut inside: Vec<(&String, &(usize, String))> =
+                        writers.iter().filter(|(w, _)| w.starts_with(&format!("{dep}/"))).collect();
+                    inside.sort();
+                    for (w, (n, out)) in inside {
+                        if *n == i {
+                            return Err(cycle());
+                        }
+                        edge(&mut inputs, w, *n, out.clone());
+                        skip.push(w.clone());
+                    }
+                    trees.push(deps::TreeDep { name: dep, kind: deps::TreeKind::Dir { skip } });
+                }
+                Ok(m) if m.is_file() => files.push(dep),
+                Ok(_) => {
+                    return Err(dep_error(
+                        SpecErrorKind::MissingReference,
+                        format!(
+                            "node '{}': dep '{dep}' ({}) is a symbolic link or a special file; deps are read from real files and folders only",
+                            def.id,
+                            path.display()
+                        ),
                     ))
                 }
-                None => files.push(dep),
+                Err(_) => {
+                    let near = deps::neighbours(&spec.base_dir, &dep);
+                    let mut candidates: Vec<&str> = near.iter().map(String::as_str).collect();
+                    candidates.extend(writers.keys().map(String::as_str));
+                    return Err(dep_error(
+                        SpecErrorKind::MissingReference,
+                        format!(
+                            "node '{}': dep '{dep}' does not exist ({}) and no node writes it{}",
+                            def.id,
+                            path.display(),
+                            did_you_mean(&dep, candidates)
+                        ),
+                    ));
+                }
             }
         }
         nodes[i].inputs = inputs;
         nodes[i].files = files;
+        nodes[i].trees = trees;
     }
 
     let mut graph: DiGraph<usize, ()> = DiGraph::with_capacity(nodes.len(), nodes.len());
@@ -482,6 +581,7 @@ mod tests {
             params: node.params.value().clone(),
             inputs: BTreeMap::new(),
             files: BTreeMap::new(),
+            trees: BTreeMap::new(),
             env: None,
         }
     }

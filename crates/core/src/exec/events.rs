@@ -26,6 +26,10 @@ pub enum Event {
         /// The remote cache it was fetched from (absent: the local cache).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<String>,
+        /// Its outputs in the user's tree were checked out of the store
+        /// (missing or different there): how many files and bytes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        restored: Option<String>,
     },
     /// Another process holds this node; this run waits for it.
     Waiting {

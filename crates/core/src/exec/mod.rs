@@ -272,11 +272,16 @@ pub fn run_with(
             pending -= 1;
             let id = dag.nodes[pos].id().to_string();
             match &outcome {
-                Outcome::Cached { key, outputs: outs, remote } => {
+                Outcome::Cached { key, outputs: outs, remote, restored } => {
                     stats.cached += 1;
                     outputs.insert(id.clone(), outs.clone());
                     emit(
-                        Event::CacheHit { node: id.clone(), key: key.clone(), from: remote.clone() },
+                        Event::CacheHit {
+                            node: id.clone(),
+                            key: key.clone(),
+                            from: remote.clone(),
+                            restored: restored.clone(),
+                        },
                         reporter,
                         &mut log,
                     );

@@ -23,6 +23,9 @@ pub enum Outcome {
         outputs: Vec<OutputRecord>,
         /// The remote it was fetched from (`None`: the local cache).
         remote: Option<String>,
+        /// Its outputs in the user's tree were missing or differed and were
+        /// checked out of the store: what was restored (`2 files, 16 B`).
+        restored: Option<String>,
     },
     Ran {
         key: Key,
@@ -139,12 +142,48 @@ pub fn hash_inputs(
         let h = ws.hash_user_file(index, &path).map_err(|e| e.to_string())?;
         files.insert(f.clone(), h);
     }
+    let mut trees = BTreeMap::new();
+    for t in &node.trees {
+        let mut hashes = BTreeMap::new();
+        match &t.kind {
+            crate::dag::deps::TreeKind::Dir { skip } => {
+                let dir = spec_dir.join(&t.name);
+                if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+                    return Err(format!("dep '{}' is no longer a folder ({})", t.name, dir.display()));
+                }
+                let listed =
+                    crate::dag::deps::walk(spec_dir, &t.name, None).map_err(|e| format!("dep '{}': {e}", t.name))?;
+                for rel in listed {
+                    if skip.iter().any(|s| rel == *s || rel.starts_with(&format!("{s}/"))) {
+                        continue;
+                    }
+                    let h = ws.hash_user_file(index, &spec_dir.join(&rel)).map_err(|e| e.to_string())?;
+                    let inside = rel.strip_prefix(&format!("{}/", t.name)).unwrap_or(&rel).to_string();
+                    hashes.insert(inside, h);
+                }
+            }
+            crate::dag::deps::TreeKind::Glob { matches } => {
+                for rel in matches {
+                    let path = spec_dir.join(rel);
+                    if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                        return Err(format!(
+                            "dep '{}': '{rel}' matched when the spec was read and is no longer a file",
+                            t.name
+                        ));
+                    }
+                    hashes.insert(rel.clone(), ws.hash_user_file(index, &path).map_err(|e| e.to_string())?);
+                }
+            }
+        }
+        trees.insert(t.name.clone(), hashes);
+    }
     Ok(HashInputs {
         op: node.op.name().to_string(),
         op_version: node.op.version(),
         params: node.params.value().clone(),
         inputs,
         files,
+        trees,
         env: if node.op.numerical() { env } else { None },
     })
 }
@@ -179,17 +218,7 @@ impl std::fmt::Display for DirtyReason {
                 let more = if short.len() < error.len() { "…" } else { "" };
                 write!(f, "failed in run {run_id}: {short}{more}")
             }
-            DirtyReason::Changed(changes) => {
-                let parts: Vec<String> = changes
-                    .iter()
-                    .map(|c| match c.field.split_once('.') {
-                        Some(("inputs", name)) => format!("input '{name}' changed"),
-                        Some(("files", name)) => format!("dep '{name}' changed"),
-                        _ => c.to_string(),
-                    })
-                    .collect();
-                write!(f, "{}", parts.join("; "))
-            }
+            DirtyReason::Changed(changes) => write!(f, "{}", crate::dag::key::describe(changes)),
             DirtyReason::OutputsMissing => write!(f, "outputs missing or modified"),
             DirtyReason::OutputsInvalid(why) => write!(f, "{why}"),
         }
@@ -216,6 +245,10 @@ fn why_absent(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> R
 pub enum Decision {
     /// A valid cache entry; these are its outputs.
     Hit(Vec<OutputRecord>),
+    /// A cache entry whose objects are all in the store, but whose outputs in
+    /// the user's tree are missing or differ (why): they are checked out of
+    /// the store instead of the node running.
+    Restore(CachedNode, String),
     /// The node must run, and why.
     Run(DirtyReason),
 }
@@ -236,7 +269,10 @@ pub fn decide(
     }
     Ok(match cached_valid(ws, index, spec_dir, key)? {
         Ok(outputs) => Decision::Hit(outputs),
-        Err(Some(why)) => Decision::Run(DirtyReason::OutputsInvalid(why)),
+        Err(Some(why)) => match index.lookup(key)? {
+            Some(cached) if ws.objects_present(&cached) => Decision::Restore(cached, why),
+            _ => Decision::Run(DirtyReason::OutputsInvalid(why)),
+        },
         Err(None) => Decision::Run(why_absent(index, node_id, key, record)?),
     })
 }
@@ -255,6 +291,7 @@ impl NodeJob<'_> {
                 key: key.clone(),
                 outputs: node.outputs,
                 remote: Some(remote.url.to_string()),
+                restored: None,
             })),
             Ok(None) => Ok(None),
             Err(e) => Err(format!("not taken from {}: {e}", remote.url)),
@@ -280,12 +317,28 @@ pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn No
     };
     let key = record.key();
     match decide(job.ws, job.index, job.spec_dir, job.node.id(), &record, &key, job.force) {
-        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None },
+        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None, restored: None },
+        Ok(Decision::Restore(cached, why)) => match restore(job, &cached) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let reason = DirtyReason::OutputsInvalid(format!("{why}; checking it out of the store failed: {e}"));
+                executor.execute(job, &ToRun { record: &record, key: &key, reason: &reason, started }, observer)
+            }
+        },
         Ok(Decision::Run(reason)) => {
             executor.execute(job, &ToRun { record: &record, key: &key, reason: &reason, started }, observer)
         }
         Err(e) => failed(Some(key), e.to_string()),
     }
+}
+
+/// Checks a cached node's outputs out of the store, under its node lock (a
+/// process running the same key is waited for).
+fn restore(job: &NodeJob<'_>, cached: &CachedNode) -> Result<Outcome, String> {
+    let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
+    let (outputs, files, bytes) = job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
+    let what = format!("{files} file{}, {}", if files == 1 { "" } else { "s" }, human_bytes(bytes));
+    Ok(Outcome::Cached { key: cached.key.clone(), outputs, remote: None, restored: Some(what) })
 }
 
 /// A node the scheduler decided to run, as an executor receives it.
@@ -332,7 +385,7 @@ impl Executor for Local {
         if !job.force {
             // The process we waited for may have completed it.
             if let Ok(Ok(outputs)) = job.cached_valid(key) {
-                return Outcome::Cached { key: key.clone(), outputs, remote: None };
+                return Outcome::Cached { key: key.clone(), outputs, remote: None, restored: None };
             }
         }
         // A local miss: the shared remote cache may have it (`run --remote`).
@@ -428,7 +481,7 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         // there, they would pass for a finished node's (Snakemake removes them too).
         let mut removed = Vec::new();
         for rel in job.node.outputs.iter().filter_map(|d| d.workspace_path.as_ref()) {
-            if std::fs::remove_file(job.spec_dir.join(rel)).is_ok() {
+            if crate::store::fsx::remove_out(job.spec_dir, rel).unwrap_or(false) {
                 removed.push(rel.as_str());
             }
         }
@@ -495,4 +548,19 @@ fn publish_and_commit(
         )
         .map_err(|e| e.to_string())?;
     Ok(outputs)
+}
+
+/// Bytes as people read them: `512 B`, `4.1 MB` (powers of 1000, as `du --si`).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }

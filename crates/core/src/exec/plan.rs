@@ -25,6 +25,12 @@ pub enum PlanState {
         key: Key,
         remote: String,
     },
+    /// Cached, but its outputs in the user's tree are missing or differ: a
+    /// run checks them out of the store instead of running the node.
+    Restore {
+        key: Key,
+        reason: String,
+    },
     /// Will run; `key` is known when every input is.
     Run {
         key: Option<Key>,
@@ -113,7 +119,7 @@ pub fn plan_with_remote(
             (state, _, _) => state,
         };
         match &state {
-            PlanState::Cached { key } => {
+            PlanState::Cached { key } | PlanState::Restore { key, .. } => {
                 let outs = ctx
                     .index
                     .as_ref()
@@ -177,6 +183,7 @@ fn state_of(
             partial.op_version = own.op_version;
             partial.params = own.params;
             partial.files = own.files;
+            partial.trees = own.trees;
             partial.env = own.env;
         }
         let changes = diff(&last_record, &partial);
@@ -184,7 +191,7 @@ fn state_of(
             return Ok(PlanState::Run { key: None, reason: "forced".into() });
         }
         if !changes.is_empty() {
-            let reason = changes.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+            let reason = crate::dag::key::describe(&changes);
             return Ok(PlanState::Run { key: None, reason });
         }
         return Ok(PlanState::Pending { after: unknown_parents.to_vec() });
@@ -196,6 +203,7 @@ fn state_of(
     let key = record.key();
     Ok(match decide(ws, index, &spec.base_dir, node.id(), &record, &key, forced)? {
         Decision::Hit(_) => PlanState::Cached { key },
+        Decision::Restore(_, why) => PlanState::Restore { key, reason: why },
         Decision::Run(reason) => PlanState::Run { key: Some(key), reason: reason.to_string() },
     })
 }
@@ -348,7 +356,7 @@ pub fn pull_spec(
             };
             let key = record.key();
             match decide(ws, &index, &spec.base_dir, &id, &record, &key, false)? {
-                Decision::Hit(outputs) => {
+                Decision::Hit(outputs) | Decision::Restore(crate::store::CachedNode { outputs, .. }, _) => {
                     total.present += 1;
                     known.insert(id, outputs);
                 }

@@ -15,12 +15,16 @@ pub struct ShellParams {
     /// Run with `sh -c` in the spec's folder. Inputs are in the environment as
     /// `ORCHESTRATE_INPUT_<NAME>` (paths, space-separated for lists).
     pub cmd: String,
-    /// Files the command reads, relative to the spec's folder. Their content is
-    /// in the node key; a dep that another node writes makes an edge to it.
+    /// Files the command reads, relative to the spec's folder: a file, a folder
+    /// (every file in it is in the key) or a glob (`data/*.jsonl`; `**` crosses
+    /// folders), expanded when the spec is read. Their content is in the node
+    /// key; a dep that another node writes makes an edge to it.
     #[serde(default)]
     pub deps: Vec<String>,
-    /// Files the command writes, relative to the spec's folder. Each must exist
-    /// when the command ends; other nodes refer to one as `NODE:PATH`.
+    /// Files or folders the command writes, relative to the spec's folder. Each
+    /// is removed whole before the command runs and must exist when it ends; a
+    /// folder is stored as a tree (a link inside it is refused). Other nodes
+    /// refer to one as `NODE:PATH`.
     #[serde(default)]
     pub outs: Vec<String>,
     /// Extra environment variables for the command (strings, numbers or booleans).
@@ -130,14 +134,12 @@ impl Op for ShellOp {
         params.deps.iter().filter_map(|d| normalize_rel(d)).collect()
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        // Stale outs from an earlier run must not pass for fresh ones (DVC does the same).
+        // Stale outs from an earlier run must not pass for fresh ones: each is
+        // removed whole, a folder with every file in it (DVC does the same).
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
             let path = ctx.spec_dir.join(&out);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(OpError::io(format!("removing stale out {}", path.display()), e)),
-            }
+            crate::store::fsx::remove_out(ctx.spec_dir, &out)
+                .map_err(|e| OpError::io(format!("removing stale out {}", path.display()), e))?;
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| OpError::io(format!("creating {}", parent.display()), e))?;
@@ -159,7 +161,7 @@ impl Op for ShellOp {
         let remove_outs = || {
             let mut removed = Vec::new();
             for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
-                if std::fs::remove_file(ctx.spec_dir.join(&out)).is_ok() {
+                if crate::store::fsx::remove_out(ctx.spec_dir, &out).unwrap_or(false) {
                     removed.push(out);
                 }
             }
@@ -187,8 +189,19 @@ impl Op for ShellOp {
             )));
         }
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
-            if !ctx.spec_dir.join(&out).is_file() {
-                return Err(OpError::Failed(format!("the command succeeded but did not write declared out '{out}'")));
+            match std::fs::symlink_metadata(ctx.spec_dir.join(&out)) {
+                Ok(m) if m.is_file() || m.is_dir() => {}
+                Ok(_) => {
+                    remove_outs();
+                    return Err(OpError::Failed(format!(
+                        "the command wrote its out '{out}' as a symbolic link; outs are stored from real files and folders only"
+                    )));
+                }
+                Err(_) => {
+                    return Err(OpError::Failed(format!(
+                        "the command succeeded but did not write declared out '{out}'"
+                    )))
+                }
             }
         }
         Ok(())

@@ -95,6 +95,46 @@ pub fn is_staging_name(name: &str) -> bool {
     parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.len() <= 40 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The first link on the way from `root` to `root/rel` (its folders and
+/// `rel` itself), if any: nothing is removed or written through one.
+pub fn link_on_path(root: &Path, rel: &str) -> Option<std::path::PathBuf> {
+    let mut at = root.to_path_buf();
+    for part in rel.split('/').filter(|p| !p.is_empty()) {
+        at.push(part);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// Removes a node's declared out `root/rel` whole (a file, or a folder with
+/// all it holds), as DVC removes an out before its stage runs. A link is
+/// removed as a link; a link among its folders is refused, so nothing outside
+/// `root` is ever removed. `Ok(false)`: there was nothing to remove.
+pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
+    let path = root.join(rel);
+    if let Some(link) = link_on_path(root, rel) {
+        if link == path {
+            std::fs::remove_file(&path)?;
+            return Ok(true);
+        }
+        return Err(std::io::Error::other(format!(
+            "{} is a symbolic link; the out '{rel}' is not removed or written through it",
+            link.display()
+        )));
+    }
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+        Ok(m) if m.is_dir() => {
+            super::objects::remove_any(&path).map_err(|e| std::io::Error::other(e.to_string()))?;
+            Ok(true)
+        }
+        Ok(_) => std::fs::remove_file(&path).map(|()| true),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,6 +18,7 @@ pub mod fsx;
 pub mod index;
 pub mod objects;
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, TryLockError};
 use std::path::{Path, PathBuf};
 
@@ -775,9 +776,122 @@ impl Workspace {
         Ok(NodeLock { _file: file })
     }
 
-    /// Publishes a file from the user's tree (copied; it stays where it is).
+    /// Publishes a file or a folder from the user's tree (copied; it stays
+    /// where it is). A link, or one inside the folder, is refused.
     pub fn publish_copy(&self, src: &Path, staging: &Staging) -> Result<ObjectInfo, StoreError> {
-        objects::publish_copy(&self.objects_dir(), staging.path(), src)
+        let meta = fs::symlink_metadata(src).map_err(io(format!("reading {}", src.display())))?;
+        if meta.file_type().is_symlink() {
+            return Err(StoreError::Invalid(format!(
+                "{} is a symbolic link; outs are stored from real files and folders only",
+                src.display()
+            )));
+        }
+        if meta.is_dir() {
+            objects::publish_copy_dir(&self.objects_dir(), staging.path(), src)
+        } else {
+            objects::publish_copy(&self.objects_dir(), staging.path(), src)
+        }
+    }
+
+    /// Whether every object of a cached node is in the store, so its outputs
+    /// in the user's tree can be checked out instead of the node running.
+    pub fn objects_present(&self, node: &CachedNode) -> bool {
+        node.outputs.iter().all(|o| self.has_object(&o.object))
+    }
+
+    /// Checks a cached node's outputs out of the store into the user's tree
+    /// where they are missing or differ (as `dvc checkout`): each is copied to
+    /// a temporary name beside it, then the old out is removed whole and the
+    /// copy renamed into place, so a crash leaves the old out or the new one.
+    /// Nothing is written through a link. Returns the outputs as now recorded,
+    /// and how many files and bytes were restored.
+    pub fn restore_outputs(
+        &self,
+        index: &Index,
+        node: &CachedNode,
+        spec_dir: &Path,
+    ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
+        let mut outputs = node.outputs.clone();
+        let (mut files, mut bytes) = (0u64, 0u64);
+        for o in &mut outputs {
+            let Some(rel) = o.workspace_path.clone() else { continue };
+            let single = CachedNode { outputs: vec![o.clone()], ..node.clone() };
+            if self.check_outputs(index, &single, spec_dir)?.is_none() {
+                continue;
+            }
+            let dest = spec_dir.join(&rel);
+            if let Some(link) = fsx::link_on_path(spec_dir, &rel).filter(|l| *l != dest) {
+                return Err(StoreError::Invalid(format!(
+                    "{} is a symbolic link; the output '{rel}' is not written through it",
+                    link.display()
+                )));
+            }
+            if let Some(parent) = dest.parent() {
+                fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+            }
+            let tmp = dest.with_file_name(format!(
+                ".{}.orchestrate-{}",
+                dest.file_name().unwrap_or_default().to_string_lossy(),
+                objects::unique_suffix()
+            ));
+            let copied = objects::copy_out(&self.object_path(&o.object.hash), &tmp, o.object.kind);
+            if let Err(e) = copied {
+                let _ = objects::remove_any(&tmp);
+                return Err(e);
+            }
+            fsx::remove_out(spec_dir, &rel).map_err(io(format!("removing {}", dest.display())))?;
+            fs::rename(&tmp, &dest).map_err(io(format!("renaming {} to {}", tmp.display(), dest.display())))?;
+            o.stat = FileStat::of(&dest).ok();
+            files += o.object.files;
+            bytes += o.object.size;
+        }
+        if !self.read_only {
+            index.update_outputs(&node.key, &outputs)?;
+        }
+        Ok((outputs, files, bytes))
+    }
+
+    /// How a folder in the user's tree differs from a stored folder object:
+    /// `val.jsonl changed, checkpoint-last.json added` (the first ten).
+    fn tree_changes(&self, index: &Index, stored: &Path, dir: &Path) -> String {
+        let list = |root: &Path| -> BTreeMap<String, PathBuf> {
+            objects::list_files(root)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|rel| (rel.to_string_lossy().into_owned(), root.join(rel)))
+                .collect()
+        };
+        let (old, new) = (list(stored), list(dir));
+        let mut changes = Vec::new();
+        for (rel, path) in &new {
+            match old.get(rel) {
+                None => changes.push(format!("{rel} added")),
+                Some(was) => {
+                    let same = self.hash_user_file(index, was).ok() == self.hash_user_file(index, path).ok();
+                    if !same {
+                        changes.push(format!("{rel} changed"));
+                    }
+                }
+            }
+        }
+        changes.extend(old.keys().filter(|r| !new.contains_key(*r)).map(|r| format!("{r} removed")));
+        let more = changes.len().saturating_sub(10);
+        changes.truncate(10);
+        let mut text = changes.join(", ");
+        if more > 0 {
+            text.push_str(&format!(" and {more} more"));
+        }
+        text
+    }
+
+    /// A folder in the user's tree as the store would hash it, each file
+    /// re-hashed only when its stat changed.
+    pub fn hash_user_tree(&self, index: &Index, dir: &Path) -> Result<ObjectInfo, StoreError> {
+        objects::tree_hash_with(dir, |file| {
+            let h = self.hash_user_file(index, file)?;
+            let size = fs::symlink_metadata(file).map_err(io(format!("reading {}", file.display())))?.len();
+            Ok((h, size))
+        })
     }
 
     /// Publishes a staged output (moved into the store).
@@ -829,6 +943,20 @@ impl Workspace {
                 continue;
             };
             let path = spec_dir.join(rel);
+            if out.object.kind == OutputKind::Dir {
+                // A folder out: every file's stat (hashed again only if it changed), and no file more or less.
+                if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                    return Ok(Some(format!("output '{rel}' is missing")));
+                }
+                match self.hash_user_tree(index, &path) {
+                    Ok(now) if now.hash == out.object.hash => continue,
+                    Ok(_) => {
+                        let what = self.tree_changes(index, &self.object_path(&out.object.hash), &path);
+                        return Ok(Some(format!("output '{rel}' was modified ({what})")));
+                    }
+                    Err(e) => return Ok(Some(format!("output '{rel}' cannot be checked: {e}"))),
+                }
+            }
             let Ok(stat) = FileStat::of(&path) else {
                 return Ok(Some(format!("output '{rel}' is missing")));
             };

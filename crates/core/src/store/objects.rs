@@ -62,7 +62,7 @@ pub fn hash_file(path: &Path) -> Result<(String, u64), StoreError> {
 
 /// Files under a folder, relative, sorted; symlinks are refused (they would
 /// make the object depend on something outside it).
-fn list_files(root: &Path) -> Result<Vec<PathBuf>, StoreError> {
+pub(crate) fn list_files(root: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -162,6 +162,80 @@ pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo
     let info = ObjectInfo { hash: hasher.finalize().to_hex().to_string(), kind: OutputKind::File, size, files: 1 };
     install(objects, &staged, &info)?;
     Ok(info)
+}
+
+/// Copies a folder from the user's tree into the store (the source stays
+/// where it is); a link inside it is refused, never followed.
+pub fn publish_copy_dir(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo, StoreError> {
+    let staged = tmp.join(format!("copy-{}", unique_suffix()));
+    let files = list_files(src)?;
+    fs::create_dir(&staged).map_err(io(format!("creating {}", staged.display())))?;
+    let result = (|| {
+        for rel in &files {
+            let to = staged.join(rel);
+            if let Some(parent) = to.parent() {
+                fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+            }
+            copy_no_follow(&src.join(rel), &to)?;
+        }
+        publish_move(objects, &staged, OutputKind::Dir)
+    })();
+    if result.is_err() {
+        let _ = remove_any(&staged);
+    }
+    result
+}
+
+/// Copies a stored object out to `to` (which must not exist), writable by
+/// its owner: the user's copy, never the store's own inode.
+pub fn copy_out(object: &Path, to: &Path, kind: OutputKind) -> Result<(), StoreError> {
+    match kind {
+        OutputKind::File => copy_no_follow(object, to)?,
+        OutputKind::Dir => {
+            fs::create_dir(to).map_err(io(format!("creating {}", to.display())))?;
+            for rel in list_files(object)? {
+                let dest = to.join(&rel);
+                if let Some(parent) = dest.parent() {
+                    fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+                }
+                copy_no_follow(&object.join(&rel), &dest)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies one regular file, refusing a link where the file was listed.
+fn copy_no_follow(from: &Path, to: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut input = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(from)
+        .map_err(io(format!("opening {} (a symbolic link is not stored)", from.display())))?;
+    let mut out = File::create_new(to).map_err(io(format!("creating {}", to.display())))?;
+    std::io::copy(&mut input, &mut out).map_err(io(format!("copying {}", from.display())))?;
+    Ok(())
+}
+
+/// The listing hash of a folder in the user's tree, each file's hash taken
+/// from `hash_of` (which may use a stat cache): what its object's hash is.
+pub fn tree_hash_with(
+    root: &Path,
+    mut hash_of: impl FnMut(&Path) -> Result<(String, u64), StoreError>,
+) -> Result<ObjectInfo, StoreError> {
+    let mut bytes = DIR_LISTING_HEADER.to_vec();
+    let (mut size, mut count) = (0u64, 0u64);
+    for rel in list_files(root)? {
+        let (h, n) = hash_of(&root.join(&rel))?;
+        bytes.extend_from_slice(rel.to_string_lossy().as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(h.as_bytes());
+        bytes.extend_from_slice(format!("\0{n}\n").as_bytes());
+        size += n;
+        count += 1;
+    }
+    Ok(ObjectInfo { hash: blake3::hash(&bytes).to_hex().to_string(), kind: OutputKind::Dir, size, files: count })
 }
 
 /// Moves a staged file or folder (already under the store's tmp/) into the store.

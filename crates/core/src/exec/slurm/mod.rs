@@ -176,7 +176,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
         let (job_id, adopted) = match submitted {
             Ok(Submission::Submitted(id)) => (id, false),
             Ok(Submission::Adopted(id)) => (id, true),
-            Ok(Submission::Cached(outputs)) => return Outcome::Cached { key, outputs, remote: None },
+            Ok(Submission::Cached(outputs)) => return Outcome::Cached { key, outputs, remote: None, restored: None },
             Err(e) => return to_run.failed(e),
         };
         if adopted {
@@ -231,7 +231,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
                     seconds: r.seconds,
                     job: Some(format!("Slurm job {job_id} on {}", r.host)),
                 },
-                Some(outputs) => Outcome::Cached { key, outputs, remote: None },
+                Some(outputs) => Outcome::Cached { key, outputs, remote: None, restored: None },
                 None => to_run.failed(format!(
                     "Slurm job {job_id} on {} reports the node {}, but this coordinator finds no valid cache entry \
                          for it: do the coordinator and the compute nodes share the workspace {}?",

@@ -1,0 +1,146 @@
+//! File deps as written in a spec, resolved against the tree at plan time:
+//! a file, a folder (hashed as a tree of files) or a glob (`data/*.jsonl`,
+//! `**` crossing folders), expanded sorted. Links are never followed: a dep
+//! that is one, or a folder or glob that reaches one, is refused by name.
+
+use std::path::Path;
+
+/// The most files one folder or glob dep may hold (each is in the key).
+pub const MAX_DEP_FILES: usize = 100_000;
+
+/// Whether a dep is a glob pattern rather than a path.
+pub fn is_glob(dep: &str) -> bool {
+    dep.contains(['*', '?', '[', '{'])
+}
+
+/// A folder or glob dep, hashed file by file into the key's `trees`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeDep {
+    /// The dep as written (normalized): `data/prepared`, `data/*.jsonl`.
+    pub name: String,
+    pub kind: TreeKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeKind {
+    /// A folder no node writes; `skip` are paths under it (relative to the
+    /// spec's folder) that nodes write, which enter the key as inputs instead.
+    Dir { skip: Vec<String> },
+    /// A glob's matches on disk at plan time, relative to the spec's folder, sorted.
+    Glob { matches: Vec<String> },
+}
+
+/// Compiles a glob as Snakemake and DVC read one: `*` and `?` stay within a
+/// folder, `**` crosses folders.
+pub fn glob_matcher(pattern: &str) -> Result<globset::GlobMatcher, String> {
+    globset::GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("'{pattern}' is not a glob: {e}"))
+}
+
+/// The folders a walk never enters: ours and version control's.
+fn skipped_folder(name: &str) -> bool {
+    matches!(name, ".orchestrate" | ".git" | ".dvc" | ".snakemake")
+}
+
+/// Files under `root/rel` (relative to `root`, sorted), links refused by name.
+/// With `glob`, only files it matches (relative to `root`) are kept.
+pub fn walk(root: &Path, rel: &str, glob: Option<&globset::GlobMatcher>) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![rel.to_string()];
+    while let Some(dir_rel) = stack.pop() {
+        let dir = if dir_rel.is_empty() { root.to_path_buf() } else { root.join(&dir_rel) };
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("listing {}: {e}", dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let child = if dir_rel.is_empty() { name.clone() } else { format!("{dir_rel}/{name}") };
+            let ty = entry.file_type().map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+            if ty.is_symlink() {
+                if glob.is_none_or(|g| g.is_match(&child)) {
+                    return Err(format!(
+                        "'{child}' is a symbolic link; deps are read from real files and folders only (links are never followed)"
+                    ));
+                }
+            } else if ty.is_dir() {
+                if !skipped_folder(&name) {
+                    stack.push(child);
+                }
+            } else if ty.is_file() && glob.is_none_or(|g| g.is_match(&child)) {
+                out.push(child);
+                if out.len() > MAX_DEP_FILES {
+                    return Err(format!("more than {MAX_DEP_FILES} files; a dep this large belongs in one archive"));
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The folder a glob's walk starts from: its leading components without a
+/// glob character (`data/raw/*.csv` → `data/raw`).
+pub fn glob_base(pattern: &str) -> String {
+    let parts: Vec<&str> = pattern.split('/').take_while(|p| !is_glob(p)).collect();
+    let n = if parts.len() == pattern.split('/').count() { parts.len().saturating_sub(1) } else { parts.len() };
+    parts[..n].join("/")
+}
+
+/// Paths near a missing dep, for a did-you-mean: the entries of its nearest
+/// existing folder, as paths relative to the spec's folder.
+pub fn neighbours(root: &Path, dep: &str) -> Vec<String> {
+    let mut folder = Path::new(dep).parent().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+    loop {
+        let dir = if folder.is_empty() { root.to_path_buf() } else { root.join(&folder) };
+        if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            let Ok(entries) = std::fs::read_dir(&dir) else { return Vec::new() };
+            let mut out: Vec<String> = entries
+                .flatten()
+                .take(10_000)
+                .map(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if folder.is_empty() {
+                        name
+                    } else {
+                        format!("{folder}/{name}")
+                    }
+                })
+                .collect();
+            out.sort();
+            return out;
+        }
+        match Path::new(&folder).parent() {
+            Some(p) => folder = p.to_string_lossy().into_owned(),
+            None => return Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_glob_walks_from_its_literal_folder_and_star_stays_within_one() {
+        assert_eq!(glob_base("data/raw/*.csv"), "data/raw");
+        assert_eq!(glob_base("*.csv"), "");
+        assert_eq!(glob_base("data/**/x.json"), "data");
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["data/a.jsonl", "data/b.jsonl", "data/sub/c.jsonl", "data/n.txt"] {
+            let p = dir.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, "x").unwrap();
+        }
+        let star = glob_matcher("data/*.jsonl").unwrap();
+        assert_eq!(walk(dir.path(), "data", Some(&star)).unwrap(), ["data/a.jsonl", "data/b.jsonl"]);
+        let deep = glob_matcher("data/**/*.jsonl").unwrap();
+        assert_eq!(
+            walk(dir.path(), "data", Some(&deep)).unwrap(),
+            ["data/a.jsonl", "data/b.jsonl", "data/sub/c.jsonl"]
+        );
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("data/z.jsonl")).unwrap();
+        assert!(walk(dir.path(), "data", Some(&star)).unwrap_err().contains("symbolic link"));
+    }
+}

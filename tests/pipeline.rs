@@ -1,0 +1,181 @@
+//! Issue #31: a researcher's own pipeline, as written for DVC or Snakemake.
+//! Folder outs and deps, glob deps, a missing dep said at `validate`.
+
+mod common;
+
+use common::{events, nodes_with, stderr, stdout, Project};
+
+/// A `prepare` step writing a data folder and a `train` step writing a
+/// checkpoint folder the way TRL's `output_dir` does; train "resumes" from a
+/// `checkpoint-last.json` if one is there, as a careless script would.
+const PIPELINE: &str = r#"name: own
+nodes:
+  prepare:
+    op: shell
+    params:
+      cmd: mkdir -p data/prepared && echo '{"x":1}' > data/prepared/train.jsonl && echo '{"x":2}' > data/prepared/val.jsonl
+      deps: [raw]
+      outs: [data/prepared]
+  train:
+    op: shell
+    params:
+      cmd: >-
+        test ! -e out/checkpoint-last.json || { echo stale checkpoint found >&2; exit 3; };
+        mkdir -p out/checkpoint-1 && cat data/prepared/train.jsonl > out/checkpoint-1/model.bin &&
+        echo "$LR" > out/lr.txt
+      deps: [data/prepared]
+      outs: [out]
+      env: {LR: 0.1}
+"#;
+
+fn project() -> Project {
+    let p = Project::new();
+    p.write("raw/a.csv", "1,2\n");
+    p.write("p.yaml", PIPELINE);
+    p
+}
+
+#[test]
+fn a_folder_out_is_stored_whole_and_a_folder_dep_makes_an_edge() {
+    let p = project();
+    let out = p.run(&["run", "p.yaml", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let ev = events(&out);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["prepare", "train"], "{}", stdout(&out));
+    assert_eq!(p.read("out/checkpoint-1/model.bin"), "{\"x\":1}\n");
+    // Nothing changed: both cached, the folders left as they are.
+    let again = p.run(&["run", "p.yaml", "--json"]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(nodes_with(&events(&again), "cache_hit"), ["prepare", "train"]);
+    // A file added inside an out folder: the out no longer matches its object.
+    p.write("out/checkpoint-last.json", "{\"epoch\": 7}");
+    let plan = p.run(&["plan", "p.yaml"]);
+    assert!(stdout(&plan).contains("train"), "{}", stdout(&plan));
+    // The whole out is removed before the command runs, so the stale file cannot be "resumed" from.
+    let rerun = p.run(&["run", "p.yaml", "--json"]);
+    assert_eq!(rerun.status.code(), Some(0), "{}{}", stdout(&rerun), stderr(&rerun));
+    assert!(!p.path().join("out/checkpoint-last.json").exists(), "a stale file survived in the out folder");
+    // The folder dep's files are in train's key, and plan names the file that changed.
+    p.write("data/prepared/val.jsonl", "{\"x\":3}\n");
+    let plan = p.run(&["plan", "p.yaml"]);
+    let text = stdout(&plan);
+    assert!(text.contains("prepare") && text.contains("val.jsonl"), "{text}");
+}
+
+#[test]
+fn a_folder_dep_no_node_writes_is_hashed_as_a_tree_and_its_changed_files_are_named() {
+    let p = Project::new();
+    p.write("data/prepared/train.jsonl", "1\n");
+    p.write("data/prepared/val.jsonl", "2\n");
+    p.write(
+        "p.yaml",
+        "name: d\nnodes:\n  count:\n    op: shell\n    params: {cmd: cat data/prepared/*.jsonl | wc -l > n.txt, deps: [data/prepared], outs: [n.txt]}\n",
+    );
+    let out = p.run(&["run", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    p.write("data/prepared/train.jsonl", "1\n1\n");
+    p.write("data/prepared/test.jsonl", "3\n");
+    let plan = p.run(&["plan", "p.yaml"]);
+    let text = stdout(&plan);
+    assert!(
+        text.contains("dep 'data/prepared': test.jsonl added, train.jsonl changed"),
+        "plan does not name the files that changed: {text}"
+    );
+    std::fs::remove_file(p.path().join("data/prepared/val.jsonl")).unwrap();
+    let text = stdout(&p.run(&["plan", "p.yaml"]));
+    assert!(text.contains("val.jsonl removed"), "{text}");
+}
+
+#[test]
+fn a_glob_dep_expands_sorted_into_the_key_and_one_matching_nothing_is_an_error() {
+    let p = Project::new();
+    p.write("data/a.jsonl", "a\n");
+    p.write("data/b.jsonl", "b\n");
+    p.write("data/notes.txt", "n\n");
+    p.write(
+        "p.yaml",
+        "name: g\nnodes:\n  cat:\n    op: shell\n    params: {cmd: cat data/*.jsonl > all.txt, deps: ['data/*.jsonl'], outs: [all.txt]}\n",
+    );
+    let out = p.run(&["run", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    // A file the glob does not match changes nothing; one it matches is in the key.
+    p.write("data/notes.txt", "changed\n");
+    assert!(stdout(&p.run(&["plan", "p.yaml"])).contains("cached"), "a non-matching file changed the key");
+    p.write("data/c.jsonl", "c\n");
+    let text = stdout(&p.run(&["plan", "p.yaml"]));
+    assert!(text.contains("dep 'data/*.jsonl': c.jsonl added") || text.contains("data/c.jsonl added"), "{text}");
+    // A glob over nothing is an error at validate, naming it.
+    p.write(
+        "q.yaml",
+        "name: q\nnodes:\n  cat:\n    op: shell\n    params: {cmd: 'true', deps: ['data/*.parquet'], outs: [x]}\n",
+    );
+    let out = p.run(&["validate", "q.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("data/*.parquet") && stderr(&out).contains("matches no file"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_dep_that_neither_exists_nor_is_written_fails_validate_with_a_suggestion() {
+    let p = Project::new();
+    p.write("data/train.jsonl", "a\n");
+    p.write(
+        "p.yaml",
+        "name: m\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'true', deps: [data/trian.jsonl], outs: [x]}\n",
+    );
+    for cmd in ["validate", "plan"] {
+        let out = p.run(&[cmd, "p.yaml"]);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {}{}", stdout(&out), stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("data/trian.jsonl") && err.contains("did you mean 'data/train.jsonl'"), "{cmd}: {err}");
+    }
+}
+
+#[test]
+fn a_link_inside_a_folder_out_is_refused_and_not_followed() {
+    let p = Project::new();
+    p.write("secret.txt", "mine\n");
+    p.write(
+        "p.yaml",
+        "name: l\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'mkdir -p o && ln -s ../secret.txt o/link && echo x > o/f', outs: [o]}\n",
+    );
+    let out = p.run(&["run", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("symbolic link") || stderr(&out).contains("symlinks are not stored"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(p.read("secret.txt"), "mine\n");
+}
+
+#[test]
+fn switching_a_param_back_checks_the_outs_out_of_the_store_instead_of_running() {
+    let p = project();
+    assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
+    let first = p.read("out/lr.txt");
+    let out = p.run(&["run", "p.yaml", "--set", "nodes.train.params.env.LR=0.2", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(nodes_with(&events(&out), "node_started"), ["train"]);
+    assert_eq!(p.read("out/lr.txt"), "0.2\n");
+    // Back to 0.1: the store holds those exact bytes; nothing runs.
+    let plan = stdout(&p.run(&["plan", "p.yaml"]));
+    assert!(plan.contains("restore"), "{plan}");
+    let back = p.run(&["run", "p.yaml", "--json"]);
+    assert_eq!(back.status.code(), Some(0), "{}", stderr(&back));
+    let ev = events(&back);
+    assert!(nodes_with(&ev, "node_started").is_empty(), "a node ran: {}", stdout(&back));
+    let restored: Vec<&serde_json::Value> = ev.iter().filter(|e| e.get("restored").is_some()).collect();
+    assert_eq!(restored.len(), 1, "{}", stdout(&back));
+    assert_eq!(restored[0]["node"], "train");
+    assert_eq!(p.read("out/lr.txt"), first);
+    // A deleted folder out is restored whole, and the store still verifies.
+    std::fs::remove_dir_all(p.path().join("data/prepared")).unwrap();
+    let again = p.run(&["run", "p.yaml", "--json"]);
+    assert!(nodes_with(&events(&again), "node_started").is_empty(), "{}", stdout(&again));
+    assert_eq!(p.read("data/prepared/val.jsonl"), "{\"x\":2}\n");
+    let verify = p.run(&["verify"]);
+    assert_eq!(verify.status.code(), Some(0), "{}{}", stdout(&verify), stderr(&verify));
+    // The checked-out copy is the user's: editing it leaves the store intact.
+    std::fs::write(p.path().join("out/lr.txt"), "edited\n").unwrap();
+    assert_eq!(p.run(&["verify"]).status.code(), Some(0));
+}
