@@ -45,24 +45,26 @@ fn an_upstream_rerun_that_reproduces_identical_bytes_leaves_downstream_cached() 
 }
 
 #[test]
-fn deleting_an_output_reruns_its_node() {
+fn deleting_an_output_checks_it_out_of_the_store_instead_of_running_its_node() {
     let p = chain();
     p.run_json(&["spec.yaml"], 0);
     std::fs::remove_file(p.path().join("b.txt")).unwrap();
     let plan = stdout(&p.run(&["plan", "spec.yaml"]));
-    assert!(plan.contains("output 'b.txt' is missing"), "{plan}");
+    assert!(plan.contains("restore") && plan.contains("output 'b.txt' is missing"), "{plan}");
     let ev = p.run_json(&["spec.yaml"], 0);
-    assert_eq!(nodes_with(&ev, "node_finished"), ["b"]);
+    assert!(nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
+    assert!(ev.iter().any(|e| e["node"] == "b" && e["restored"].is_string()), "{ev:?}");
     assert_eq!(p.read("b.txt"), "ALPHA\n");
 }
 
 #[test]
-fn editing_an_output_even_keeping_its_size_reruns_its_node() {
+fn editing_an_output_even_keeping_its_size_is_noticed_and_the_stored_bytes_put_back() {
     let p = chain();
     p.run_json(&["spec.yaml"], 0);
     std::fs::write(p.path().join("b.txt"), "ALPHX\n").unwrap();
     let ev = p.run_json(&["spec.yaml"], 0);
-    assert_eq!(nodes_with(&ev, "node_finished"), ["b"]);
+    assert!(ev.iter().any(|e| e["node"] == "b" && e["restored"].is_string()), "{ev:?}");
+    assert!(nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
     assert_eq!(p.read("b.txt"), "ALPHA\n");
 }
 
@@ -87,9 +89,10 @@ fn an_output_edited_in_place_with_its_mtime_restored_is_noticed_and_never_poison
     let plan = stdout(&p.run(&["plan", "spec.yaml"]));
     assert!(plan.contains("output 'a.txt' was modified"), "{plan}");
     // Forcing the consumer must not read the edited bytes under the clean key:
-    // the producer re-runs first, restoring its output.
+    // the producer's output is checked out of the store first.
     let ev = p.run_json(&["spec.yaml", "--force", "b"], 0);
-    assert_eq!(nodes_with(&ev, "node_finished"), ["a", "b"]);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["b"]);
+    assert!(ev.iter().any(|e| e["node"] == "a" && e["restored"].is_string()), "{ev:?}");
     assert_eq!(p.read("a.txt"), "alpha\n");
     assert_eq!(p.read("b.txt"), "ALPHA\n");
 }

@@ -179,3 +179,16 @@ fn switching_a_param_back_checks_the_outs_out_of_the_store_instead_of_running() 
     std::fs::write(p.path().join("out/lr.txt"), "edited\n").unwrap();
     assert_eq!(p.run(&["verify"]).status.code(), Some(0));
 }
+
+#[test]
+fn a_dotted_matrix_axis_can_be_set_from_the_command_line() {
+    let p = Project::new();
+    p.write(
+        "m.yaml",
+        "name: m\nnodes:\n  t:\n    op: shell\n    params: {cmd: 'echo $LR > o-${matrix.env.LR}.txt', outs: ['o-${matrix.env.LR}.txt']}\n    matrix: {env.LR: [0.1]}\n",
+    );
+    let out = p.run(&["plan", "m.yaml", "--set", "nodes.t.matrix.env.LR=[0.1,0.2]"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("t@env.LR=0.1") && text.contains("t@env.LR=0.2"), "{text}");
+}

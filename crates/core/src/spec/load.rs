@@ -360,9 +360,25 @@ pub fn deep_merge(base: &mut Value, overlay: Value) {
     }
 }
 
+/// The keys an override walks: a matrix axis is one key even when dotted
+/// (`nodes.train.matrix.env.LR` sets the axis `env.LR`), unless the matrix
+/// has a key named by the first segment alone.
+fn override_path(doc: &Value, path: &[String]) -> Vec<String> {
+    if path.len() > 4 && path[0] == "nodes" && path[2] == "matrix" {
+        let matrix = doc.get("nodes").and_then(|n| n.get(&path[1])).and_then(|n| n.get("matrix"));
+        if !matrix.is_some_and(|m| m.get(&path[3]).is_some()) {
+            let mut out = path[..3].to_vec();
+            out.push(path[3..].join("."));
+            return out;
+        }
+    }
+    path.to_vec()
+}
+
 fn apply_override(doc: &mut Value, o: &Override) -> Result<(), SpecError> {
     let at = || Location::file(format!("--set {}", o.raw), None);
-    let (last, parents) = o.path.split_last().expect("parse rejects an empty path");
+    let path = override_path(doc, &o.path);
+    let (last, parents) = path.split_last().expect("parse rejects an empty path");
     let mut cur = doc;
     let mut walked = Vec::new();
     for seg in parents {
