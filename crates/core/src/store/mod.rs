@@ -335,6 +335,11 @@ fn examine(root: &Path) -> Result<Found, StoreError> {
     if is("objects", true) && (is("cache.sqlite", false) || is("records", true)) {
         return Ok(Found::Unmarked);
     }
+    // Another process marked the folder (and began making its folders) after
+    // the marker was looked for above: it is a workspace, read its marker.
+    if fs::symlink_metadata(&marker).is_ok() {
+        return examine(root);
+    }
     Ok(Found::Foreign)
 }
 
