@@ -366,7 +366,7 @@ pub fn deep_merge(base: &mut Value, overlay: Value) {
 fn override_path(doc: &Value, path: &[String]) -> Vec<String> {
     if path.len() > 4 && path[0] == "nodes" && path[2] == "matrix" {
         let matrix = doc.get("nodes").and_then(|n| n.get(&path[1])).and_then(|n| n.get("matrix"));
-        if !matrix.is_some_and(|m| m.get(&path[3]).is_some()) {
+        if matrix.is_none_or(|m| m.get(&path[3]).is_none()) {
             let mut out = path[..3].to_vec();
             out.push(path[3..].join("."));
             return out;

@@ -273,6 +273,14 @@ fn is_marker_tmp(name: &str) -> bool {
     name.starts_with(&format!(".{MARKER}.")) && name.ends_with(".tmp")
 }
 
+/// What checking one output against its object found.
+enum Checked {
+    Same,
+    /// The same bytes under a new stat, now recorded in the output.
+    Refreshed,
+    Differs(String),
+}
+
 /// Writes the marker whole, or finds it written by another process that got
 /// there first: a complete temporary file is hard-linked to its name, which
 /// fails if the name exists, so no reader ever sees a half-written marker.
@@ -820,8 +828,7 @@ impl Workspace {
         let (mut files, mut bytes) = (0u64, 0u64);
         for o in &mut outputs {
             let Some(rel) = o.workspace_path.clone() else { continue };
-            let single = CachedNode { outputs: vec![o.clone()], ..node.clone() };
-            if self.check_outputs(index, &single, spec_dir)?.is_none() {
+            if !matches!(self.check_output(index, o, spec_dir)?, Checked::Differs(_)) {
                 continue;
             }
             let dest = spec_dir.join(&rel);
@@ -892,11 +899,7 @@ impl Workspace {
     /// A folder in the user's tree as the store would hash it, each file
     /// re-hashed only when its stat changed.
     pub fn hash_user_tree(&self, index: &Index, dir: &Path) -> Result<ObjectInfo, StoreError> {
-        objects::tree_hash_with(dir, |file| {
-            let h = self.hash_user_file(index, file)?;
-            let size = fs::symlink_metadata(file).map_err(io(format!("reading {}", file.display())))?.len();
-            Ok((h, size))
-        })
+        objects::tree_hash_with(dir, |file| self.hash_user_file_sized(index, file))
     }
 
     /// Publishes a staged output (moved into the store).
@@ -906,17 +909,22 @@ impl Workspace {
 
     /// The blake3 of a file in the user's tree, re-hashed only when its stat changed.
     pub fn hash_user_file(&self, index: &Index, path: &Path) -> Result<String, StoreError> {
+        self.hash_user_file_sized(index, path).map(|(h, _)| h)
+    }
+
+    /// [`Workspace::hash_user_file`], with the size its stat gave.
+    fn hash_user_file_sized(&self, index: &Index, path: &Path) -> Result<(String, u64), StoreError> {
         let stat = FileStat::of(path).map_err(io(format!("reading {}", path.display())))?;
         let abs = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
         let key = abs.to_string_lossy();
         if let Some(h) = index.file_hash(&key, &stat)? {
-            return Ok(h);
+            return Ok((h, stat.size));
         }
         let (h, _) = hash_file(path)?;
         if !self.read_only {
             index.put_file_hash(&key, &stat, &h)?;
         }
-        Ok(h)
+        Ok((h, stat.size))
     }
 
     /// Whether the store holds this object: a file of its size, or a folder
@@ -941,47 +949,60 @@ impl Workspace {
         let mut refreshed = node.outputs.clone();
         let mut changed = false;
         for out in refreshed.iter_mut() {
-            if !self.has_object(&out.object) {
-                return Ok(Some(format!("output '{}' is missing from the store", out.name)));
+            match self.check_output(index, out, spec_dir)? {
+                Checked::Same => {}
+                Checked::Refreshed => changed = true,
+                Checked::Differs(why) => return Ok(Some(why)),
             }
-            let Some(rel) = &out.workspace_path else {
-                continue;
-            };
-            let path = spec_dir.join(rel);
-            if out.object.kind == OutputKind::Dir {
-                // A folder out: every file's stat (hashed again only if it changed), and no file more or less.
-                if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-                    return Ok(Some(format!("output '{rel}' is missing")));
-                }
-                match self.hash_user_tree(index, &path) {
-                    Ok(now) if now.hash == out.object.hash => continue,
-                    Ok(_) => {
-                        let what = self.tree_changes(index, &self.object_path(&out.object.hash), &path);
-                        return Ok(Some(format!("output '{rel}' was modified ({what})")));
-                    }
-                    Err(e) => return Ok(Some(format!("output '{rel}' cannot be checked: {e}"))),
-                }
-            }
-            let Ok(stat) = FileStat::of(&path) else {
-                return Ok(Some(format!("output '{rel}' is missing")));
-            };
-            if Some(stat) == out.stat {
-                continue;
-            }
-            if stat.size != out.object.size {
-                return Ok(Some(format!("output '{rel}' was modified (size {} → {})", out.object.size, stat.size)));
-            }
-            let (h, _) = hash_file(&path)?;
-            if h != out.object.hash {
-                return Ok(Some(format!("output '{rel}' was modified (content changed)")));
-            }
-            out.stat = Some(stat);
-            changed = true;
         }
         if changed && !self.read_only {
             index.update_outputs(&node.key, &refreshed)?;
         }
         Ok(None)
+    }
+
+    /// One output against its object: in the store, and (for one in the
+    /// user's tree) the same bytes there; a stat-only change refreshes `out.stat`.
+    fn check_output(&self, index: &Index, out: &mut OutputRecord, spec_dir: &Path) -> Result<Checked, StoreError> {
+        if !self.has_object(&out.object) {
+            return Ok(Checked::Differs(format!("output '{}' is missing from the store", out.name)));
+        }
+        let Some(rel) = &out.workspace_path else {
+            return Ok(Checked::Same);
+        };
+        let path = spec_dir.join(rel);
+        if out.object.kind == OutputKind::Dir {
+            // A folder out: every file's stat (hashed again only if it changed), and no file more or less.
+            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                return Ok(Checked::Differs(format!("output '{rel}' is missing")));
+            }
+            return Ok(match self.hash_user_tree(index, &path) {
+                Ok(now) if now.hash == out.object.hash => Checked::Same,
+                Ok(_) => {
+                    let what = self.tree_changes(index, &self.object_path(&out.object.hash), &path);
+                    Checked::Differs(format!("output '{rel}' was modified ({what})"))
+                }
+                Err(e) => Checked::Differs(format!("output '{rel}' cannot be checked: {e}")),
+            });
+        }
+        let Ok(stat) = FileStat::of(&path) else {
+            return Ok(Checked::Differs(format!("output '{rel}' is missing")));
+        };
+        if Some(stat) == out.stat {
+            return Ok(Checked::Same);
+        }
+        if stat.size != out.object.size {
+            return Ok(Checked::Differs(format!(
+                "output '{rel}' was modified (size {} → {})",
+                out.object.size, stat.size
+            )));
+        }
+        let (h, _) = hash_file(&path)?;
+        if h != out.object.hash {
+            return Ok(Checked::Differs(format!("output '{rel}' was modified (content changed)")));
+        }
+        out.stat = Some(stat);
+        Ok(Checked::Refreshed)
     }
 }
 

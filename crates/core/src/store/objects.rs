@@ -97,10 +97,18 @@ pub type ListedFile = (String, String, u64);
 /// A folder's sorted listing of file hashes, and the bytes a folder's hash is
 /// blake3 over: the header, then `path \0 hash \0 size \n` per file.
 pub fn dir_listing(root: &Path) -> Result<(Vec<ListedFile>, Vec<u8>), StoreError> {
+    dir_listing_with(root, hash_file)
+}
+
+/// [`dir_listing`], each file's hash and size taken from `hash_of`.
+fn dir_listing_with(
+    root: &Path,
+    mut hash_of: impl FnMut(&Path) -> Result<(String, u64), StoreError>,
+) -> Result<(Vec<ListedFile>, Vec<u8>), StoreError> {
     let mut bytes = DIR_LISTING_HEADER.to_vec();
     let mut files = Vec::new();
     for rel in list_files(root)? {
-        let (h, n) = hash_file(&root.join(&rel))?;
+        let (h, n) = hash_of(&root.join(&rel))?;
         let rel = rel.to_string_lossy().into_owned();
         bytes.extend_from_slice(rel.as_bytes());
         bytes.push(0);
@@ -113,13 +121,7 @@ pub fn dir_listing(root: &Path) -> Result<(Vec<ListedFile>, Vec<u8>), StoreError
 
 /// Hashes a folder: blake3 over its sorted listing of file hashes.
 pub fn hash_dir(root: &Path) -> Result<ObjectInfo, StoreError> {
-    let (files, bytes) = dir_listing(root)?;
-    Ok(ObjectInfo {
-        hash: blake3::hash(&bytes).to_hex().to_string(),
-        kind: OutputKind::Dir,
-        size: files.iter().map(|f| f.2).sum(),
-        files: files.len() as u64,
-    })
+    tree_hash_with(root, hash_file)
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
@@ -168,26 +170,16 @@ pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo
 /// where it is); a link inside it is refused, never followed.
 pub fn publish_copy_dir(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo, StoreError> {
     let staged = tmp.join(format!("copy-{}", unique_suffix()));
-    let files = list_files(src)?;
-    fs::create_dir(&staged).map_err(io(format!("creating {}", staged.display())))?;
-    let result = (|| {
-        for rel in &files {
-            let to = staged.join(rel);
-            if let Some(parent) = to.parent() {
-                fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
-            }
-            copy_no_follow(&src.join(rel), &to)?;
-        }
-        publish_move(objects, &staged, OutputKind::Dir)
-    })();
+    let result = copy_out(src, &staged, OutputKind::Dir).and_then(|()| publish_move(objects, &staged, OutputKind::Dir));
     if result.is_err() {
         let _ = remove_any(&staged);
     }
     result
 }
 
-/// Copies a stored object out to `to` (which must not exist), writable by
-/// its owner: the user's copy, never the store's own inode.
+/// Copies a file or folder (a stored object, or a folder out of the user's
+/// tree) to `to`, which must not exist, writable by its owner: never the
+/// source's own inode. A link in a folder is refused, never followed.
 pub fn copy_out(object: &Path, to: &Path, kind: OutputKind) -> Result<(), StoreError> {
     match kind {
         OutputKind::File => copy_no_follow(object, to)?,
@@ -218,24 +210,19 @@ fn copy_no_follow(from: &Path, to: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The listing hash of a folder in the user's tree, each file's hash taken
-/// from `hash_of` (which may use a stat cache): what its object's hash is.
+/// The listing hash of a folder, each file's hash and size taken from
+/// `hash_of` (which may use a stat cache): what its object's hash is.
 pub fn tree_hash_with(
     root: &Path,
-    mut hash_of: impl FnMut(&Path) -> Result<(String, u64), StoreError>,
+    hash_of: impl FnMut(&Path) -> Result<(String, u64), StoreError>,
 ) -> Result<ObjectInfo, StoreError> {
-    let mut bytes = DIR_LISTING_HEADER.to_vec();
-    let (mut size, mut count) = (0u64, 0u64);
-    for rel in list_files(root)? {
-        let (h, n) = hash_of(&root.join(&rel))?;
-        bytes.extend_from_slice(rel.to_string_lossy().as_bytes());
-        bytes.push(0);
-        bytes.extend_from_slice(h.as_bytes());
-        bytes.extend_from_slice(format!("\0{n}\n").as_bytes());
-        size += n;
-        count += 1;
-    }
-    Ok(ObjectInfo { hash: blake3::hash(&bytes).to_hex().to_string(), kind: OutputKind::Dir, size, files: count })
+    let (files, bytes) = dir_listing_with(root, hash_of)?;
+    Ok(ObjectInfo {
+        hash: blake3::hash(&bytes).to_hex().to_string(),
+        kind: OutputKind::Dir,
+        size: files.iter().map(|f| f.2).sum(),
+        files: files.len() as u64,
+    })
 }
 
 /// Moves a staged file or folder (already under the store's tmp/) into the store.
