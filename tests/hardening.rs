@@ -253,7 +253,7 @@ fn an_interrupted_run_says_so_is_recorded_as_interrupted_and_leaves_no_partial_o
         let p = Project::new();
         p.write(
             "s.yaml",
-            "name: s\nnodes:\n  fast:\n    op: shell\n    params: {cmd: echo done > fast.txt, outs: [fast.txt]}\n  slow:\n    op: shell\n    params: {cmd: 'echo $$ > slow.pid; echo partial > slow.txt; if [ -e hold ]; then sleep 30; fi; echo rest >> slow.txt', outs: [slow.txt]}\n  after:\n    op: shell\n    params: {cmd: cat slow.txt > after.txt, deps: [slow.txt], outs: [after.txt]}\n",
+            "name: s\nnodes:\n  fast:\n    op: shell\n    params: {cmd: echo done > fast.txt, outs: [fast.txt]}\n  slow:\n    op: shell\n    params: {cmd: 'trap \"echo saw-term > term.txt; exit 143\" TERM; echo $$ > slow.pid; echo partial > slow.txt; if [ -e hold ]; then sleep 30 & wait; fi; echo rest >> slow.txt', outs: [slow.txt]}\n  after:\n    op: shell\n    params: {cmd: cat slow.txt > after.txt, deps: [slow.txt], outs: [after.txt]}\n",
         );
         p.write("hold", "");
         let child = p
@@ -283,11 +283,18 @@ fn an_interrupted_run_says_so_is_recorded_as_interrupted_and_leaves_no_partial_o
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(code), "{err}");
         assert!(err.contains("interrupted by SIG") && err.contains("recorded as interrupted"), "{err}");
+        assert!(err.contains("stopped slow") && err.contains("1 never started"), "{err}");
+        // The node had its grace period: SIGTERM first, so its trap ran (it
+        // was SIGKILLed at once before).
+        assert_eq!(p.read("term.txt").trim(), "saw-term", "the node never saw SIGTERM");
         assert!(!p.path().join("slow.txt").exists(), "the interrupted node's partial out was left");
         assert!(!p.path().join("after.txt").exists());
         assert!(!std::path::Path::new(&format!("/proc/{sleeper}")).exists(), "the slow node's process survived");
         let status = stdout(&p.run(&["status"]));
         assert!(status.lines().next().unwrap().contains("interrupted") && !status.contains("or running"), "{status}");
+        // Its events are stored with it: what started, what was stopped.
+        let stored = stdout(&p.run(&["events"]));
+        assert!(stored.contains("node_started") && stored.contains("node_failed"), "{stored}");
         // The next run goes on: fast is cached, slow and after run.
         std::fs::remove_file(p.path().join("hold")).unwrap();
         let out = p.run(&["run", "--json", "s.yaml"]);

@@ -123,12 +123,25 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             if let Some((sig, name)) = exec::signal::interrupting_signal().filter(|_| result.interrupted) {
                 let slurm =
                     if spec.executor == spec::ExecutorKind::Slurm { " (its Slurm jobs were cancelled)" } else { "" };
+                let (mut stopped, mut unstarted) = (Vec::new(), 0usize);
+                for (id, o) in &result.outcomes {
+                    match o {
+                        exec::Outcome::Failed { .. } => stopped.push(id.as_str()),
+                        exec::Outcome::Skipped { .. } => unstarted += 1,
+                        _ => {}
+                    }
+                }
+                let stopped = if stopped.is_empty() {
+                    "none was running".to_string()
+                } else {
+                    let shown: Vec<&str> = stopped.iter().take(5).copied().collect();
+                    format!("stopped {}{}", shown.join(", "), if stopped.len() > 5 { ", …" } else { "" })
+                };
                 eprintln!(
                     "interrupted by {name}: run {} recorded as interrupted{slurm}; {} nodes finished or were cached and \
-                     stay cached, {} were stopped or never started (run again to go on)",
+                     stay cached; {stopped}; {unstarted} never started (run again to go on)",
                     result.run_id,
                     result.stats.ran + result.stats.cached,
-                    result.stats.failed + result.stats.skipped
                 );
                 return Ok(ExitCode::from((128 + sig).clamp(0, 255) as u8));
             }

@@ -316,11 +316,48 @@ impl Tied {
                 return Ok(Finished { status, output });
             }
             if cancel.load(Ordering::Relaxed) {
-                let _ = self.end();
+                self.stop(kill_grace());
                 return Err(OpError::Cancelled);
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// Stops a cancelled child as a job scheduler does: SIGTERM to its whole
+    /// group (a trainer can save, flush its logs, remove its temporary
+    /// files), then, when the leader has not exited within `grace`, SIGKILL.
+    /// Whatever the leader leaves running is killed either way.
+    fn stop(&mut self, grace: Duration) {
+        // SAFETY: a plain syscall; ESRCH (nobody left) is fine.
+        unsafe {
+            libc::kill(-self.pgid, libc::SIGTERM);
+        }
+        let until = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < until {
+            if self.leader_exited().unwrap_or(true) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.end();
+    }
+}
+
+/// How long a cancelled node's processes have between SIGTERM and SIGKILL:
+/// `ORCHESTRATE_KILL_GRACE` seconds (a decimal number, `0` kills at once),
+/// 10 s when it is unset. A value that is not a number is a warning and the
+/// default, never a reason to leave a node running.
+pub fn kill_grace() -> Duration {
+    const DEFAULT: Duration = Duration::from_secs(10);
+    match std::env::var("ORCHESTRATE_KILL_GRACE") {
+        Err(_) => DEFAULT,
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && (0.0..=3600.0).contains(&s) => Duration::from_secs_f64(s),
+            _ => {
+                eprintln!("warning: ORCHESTRATE_KILL_GRACE={v:?} is not a number of seconds from 0 to 3600; using 10");
+                DEFAULT
+            }
+        },
     }
 }
 
@@ -395,6 +432,42 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(!alive(pid), "the grandchild {pid} outlived its node");
+    }
+
+    /// A cancelled node gets SIGTERM first and the grace period to act on it
+    /// (before, it was SIGKILLed at once: a trainer could not save or clean
+    /// up); one that ignores SIGTERM is killed when the grace period ends.
+    #[test]
+    fn cancelling_sends_sigterm_first_and_sigkill_after_the_grace_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let said = dir.path().join("said");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(format!(
+            "trap 'echo term > {}; exit 3' TERM; echo up > {}.up; while :; do sleep 0.01; done",
+            said.display(),
+            said.display()
+        ));
+        let mut tied = spawn_tied(&mut cmd, &dir.path().join("log")).unwrap();
+        let up = dir.path().join("said.up");
+        while !up.exists() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tied.stop(Duration::from_secs(5));
+        assert_eq!(std::fs::read_to_string(&said).unwrap().trim(), "term", "the node never saw SIGTERM");
+
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(format!("trap '' TERM; echo up > {}; while :; do sleep 0.01; done", up.display()));
+        std::fs::remove_file(&up).unwrap();
+        let mut tied = spawn_tied(&mut cmd, &dir.path().join("log2")).unwrap();
+        while !up.exists() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid = tied.pgid;
+        let t = std::time::Instant::now();
+        tied.stop(Duration::from_millis(300));
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(300), "killed before the grace period ended: {took:?}");
+        assert!(!alive(pid), "a node that ignores SIGTERM outlived the grace period");
     }
 
     #[test]
