@@ -192,3 +192,70 @@ fn a_dotted_matrix_axis_can_be_set_from_the_command_line() {
     let text = stdout(&out);
     assert!(text.contains("t@env.LR=0.1") && text.contains("t@env.LR=0.2"), "{text}");
 }
+
+/// Two nodes read different keys of one params file (DVC's `params:`). Before,
+/// a params file could only be a whole-file dep: any edit re-ran both, and
+/// `params_files` was an unknown param.
+#[test]
+fn a_params_file_key_change_reruns_exactly_the_nodes_that_read_that_key() {
+    let p = Project::new();
+    p.write("params.yaml", "train:\n  lr: 0.01\n  epochs: 2\neval:\n  split: val\nnotes: first\n");
+    p.write(
+        "p.yaml",
+        r#"name: params
+nodes:
+  train:
+    op: shell
+    params:
+      cmd: echo "lr=${param:train.lr} epochs=${param:params.yaml:train.epochs}" > train.txt
+      params_files: {params.yaml: [train.lr, train.epochs]}
+      outs: [train.txt]
+  evaluate:
+    op: shell
+    params:
+      cmd: echo "split=${param:eval.split}" > eval.txt
+      params_files: {params.yaml: [eval.split]}
+      outs: [eval.txt]
+"#,
+    );
+    let out = p.run(&["run", "p.yaml", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(p.read("train.txt").trim(), "lr=0.01 epochs=2");
+    assert_eq!(p.read("eval.txt").trim(), "split=val");
+    // A key no node names: nothing re-runs.
+    p.write("params.yaml", "train:\n  lr: 0.01\n  epochs: 2\neval:\n  split: val\nnotes: second\n");
+    let out = p.run(&["run", "p.yaml", "--json"]);
+    assert_eq!(nodes_with(&events(&out), "cache_hit"), ["evaluate", "train"], "{}", stdout(&out));
+    // train.lr changes (and the file is written as another YAML layout): only train re-runs, and why says the key.
+    p.write("params.yaml", "notes: second\neval: {split: val}\ntrain: {epochs: 2, lr: 0.02}\n");
+    let plan = stdout(&p.run(&["plan", "p.yaml"]));
+    assert!(plan.contains("params.yaml:train.lr: 0.01 → 0.02"), "{plan}");
+    let explain = stdout(&p.run(&["explain", "p.yaml", "train"]));
+    assert!(explain.contains("params.yaml:train.lr") && explain.contains("0.02"), "{explain}");
+    let out = p.run(&["run", "p.yaml", "--json"]);
+    let ev = events(&out);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["train"], "{}", stdout(&out));
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["evaluate"]);
+    assert_eq!(p.read("train.txt").trim(), "lr=0.02 epochs=2");
+    // Back to 0.01: checked out of the store, not run.
+    p.write("params.yaml", "train:\n  lr: 0.01\n  epochs: 2\neval:\n  split: val\nnotes: second\n");
+    let out = p.run(&["run", "p.yaml", "--json"]);
+    assert!(nodes_with(&events(&out), "node_started").is_empty(), "{}", stdout(&out));
+    assert_eq!(p.read("train.txt").trim(), "lr=0.01 epochs=2");
+
+    // A key the file lacks: validate fails with exit 2, naming the file and the key.
+    p.write("params.yaml", "train:\n  learning_rate: 0.01\n  epochs: 2\neval:\n  split: val\n");
+    let out = p.run(&["validate", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("params file 'params.yaml' has no key 'train.lr'") && err.contains("learning_rate"), "{err}");
+    // A reference to a key params_files does not list is refused: its value would not be in the key.
+    p.write("params.yaml", "train:\n  lr: 0.01\n  epochs: 2\neval:\n  split: val\n");
+    p.write(
+        "q.yaml",
+        "name: q\nnodes:\n  t:\n    op: shell\n    params:\n      cmd: echo ${param:eval.split} > t.txt\n      params_files: {params.yaml: [train.lr]}\n      outs: [t.txt]\n",
+    );
+    let out = p.run(&["validate", "q.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no params file in params_files lists the key 'eval.split'"), "{}", stderr(&out));
+}

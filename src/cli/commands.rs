@@ -184,8 +184,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                     outln!("no hash input changed");
                 } else {
                     outln!("changed hash inputs:");
-                    for c in &e.changes {
-                        outln!("  {c}");
+                    for line in dag::key::explain_lines(&e.changes) {
+                        outln!("  {line}");
                     }
                 }
             }

@@ -16,6 +16,7 @@ pub mod canonical;
 pub mod compare;
 pub mod dag;
 pub mod data;
+pub mod docfile;
 pub mod exec;
 pub mod gate;
 pub mod guard;

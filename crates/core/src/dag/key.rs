@@ -41,6 +41,11 @@ pub struct HashInputs {
     /// empty, so records without such deps keep their keys.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub trees: BTreeMap<String, BTreeMap<String, String>>,
+    /// Params files: for each file (`params.yaml`), the value of each key the
+    /// node names (`train.lr` → `0.01`); the rest of the file is not in the
+    /// key, as DVC's `params:`. Absent when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params_files: BTreeMap<String, BTreeMap<String, Value>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvPart>,
 }
@@ -99,6 +104,10 @@ pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
 /// (`trees.data/prepared//train.jsonl`): `//` is in no normalized path.
 pub const TREE_FILE_SEP: &str = "//";
 
+/// Separates a params file from one of its keys in a field name and in what
+/// people read (`params.yaml:train.lr`), as DVC writes them.
+pub const PARAMS_KEY_SEP: &str = ":";
+
 /// A record as dotted field → canonical JSON value (`params.lr` → `0.001`):
 /// the fields [`diff`] compares. A tree dep's files are one field each,
 /// `trees.DEP//FILE`, so a diff names the files that changed.
@@ -107,8 +116,14 @@ pub fn fields(record: &HashInputs) -> BTreeMap<String, String> {
     let mut value = serde_json::to_value(record).unwrap_or(Value::Null);
     if let Some(map) = value.as_object_mut() {
         map.remove("trees");
+        map.remove("params_files");
     }
     flatten("", &value, &mut out);
+    for (file, keys) in &record.params_files {
+        for (key, v) in keys {
+            out.insert(format!("params_files.{file}{PARAMS_KEY_SEP}{key}"), canonical_json(v));
+        }
+    }
     for (dep, files) in &record.trees {
         for (file, hash) in files {
             out.insert(format!("trees.{dep}{TREE_FILE_SEP}{file}"), canonical_json(&Value::String(hash.clone())));
@@ -119,14 +134,34 @@ pub fn fields(record: &HashInputs) -> BTreeMap<String, String> {
 
 /// Changes as people read them: `input 'data' changed`, `dep 'raw.csv'
 /// changed`, `dep 'data/prepared': test.jsonl added, train.jsonl changed`,
-/// and other fields as `field: old → new`; joined with `; `.
+/// `params.yaml:train.lr: 0.01 → 0.02`, and other fields as
+/// `field: old → new`; joined with `; `.
 pub fn describe(changes: &[Change]) -> String {
+    describe_each(changes).join("; ")
+}
+
+/// What `explain` lists, one line each: every field as [`Change`] shows it
+/// (with both hashes), except a folder or glob dep's files, summarised per dep
+/// as in [`describe`], and params-file keys, written `FILE:KEY: old → new`.
+pub fn explain_lines(changes: &[Change]) -> Vec<String> {
+    let (grouped, raw): (Vec<Change>, Vec<Change>) =
+        changes.iter().cloned().partition(|c| c.field.starts_with("trees.") || c.field.starts_with("params_files."));
+    let mut lines: Vec<String> = raw.iter().map(ToString::to_string).collect();
+    lines.extend(describe_each(&grouped));
+    lines
+}
+
+fn describe_each(changes: &[Change]) -> Vec<String> {
     let mut parts: Vec<String> = Vec::new();
     let mut trees: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for c in changes {
         match c.field.split_once('.') {
             Some(("inputs", name)) => parts.push(format!("input '{name}' changed")),
             Some(("files", name)) => parts.push(format!("dep '{name}' changed")),
+            Some(("params_files", key)) => {
+                let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".to_string());
+                parts.push(format!("{key}: {} → {}", show(&c.old), show(&c.new)))
+            }
             Some(("trees", rest)) => {
                 let (dep, file) = rest.split_once(TREE_FILE_SEP).unwrap_or((rest, ""));
                 let what = match (&c.old, &c.new) {
@@ -148,7 +183,7 @@ pub fn describe(changes: &[Change]) -> String {
         }
         parts.push(format!("dep '{dep}': {list}"));
     }
-    parts.join("; ")
+    parts
 }
 
 fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
@@ -179,6 +214,7 @@ mod tests {
             inputs: BTreeMap::new(),
             files: BTreeMap::new(),
             trees: BTreeMap::new(),
+            params_files: BTreeMap::new(),
             env: None,
         }
     }

@@ -33,6 +33,8 @@ pub struct DagNode {
     pub files: Vec<String>,
     /// Folder and glob deps: hashed file by file from disk into the key.
     pub trees: Vec<deps::TreeDep>,
+    /// Params files and the keys of each in the key (`params_files:`).
+    pub params_files: Vec<(String, Vec<String>)>,
 }
 
 impl DagNode {
@@ -197,6 +199,7 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
             inputs: BTreeMap::new(),
             files: Vec::new(),
             trees: Vec::new(),
+            params_files: Vec::new(),
         });
     }
 
@@ -417,9 +420,40 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
                 }
             }
         }
+        // Params files: each named key must be there now, unless a node writes
+        // the file (an edge; its keys are read when that node has run).
+        let mut params_files = Vec::new();
+        for (file, keys) in nodes[i].op.params_files(&nodes[i].params) {
+            let at = || spec.sources.locate_value(&node_path(&def, &["params", "params_files", &file]));
+            if let Some((w, out, _)) = writer_of(&file) {
+                if w == i {
+                    return Err(SpecError::new(
+                        SpecErrorKind::Cycle,
+                        at(),
+                        format!("cycle: node '{}' reads params file '{file}' and writes it", def.id),
+                    ));
+                }
+                edge(&mut inputs, &file, w, out);
+            } else {
+                let doc = crate::docfile::read(&spec.base_dir, &file).map_err(|m| {
+                    SpecError::new(SpecErrorKind::MissingReference, at(), format!("node '{}': params file {m}", def.id))
+                })?;
+                for k in &keys {
+                    crate::docfile::lookup(&doc, k).map_err(|m| {
+                        SpecError::new(
+                            SpecErrorKind::MissingReference,
+                            at(),
+                            format!("node '{}': params file '{file}' has no key '{k}': {m}", def.id),
+                        )
+                    })?;
+                }
+            }
+            params_files.push((file, keys));
+        }
         nodes[i].inputs = inputs;
         nodes[i].files = files;
         nodes[i].trees = trees;
+        nodes[i].params_files = params_files;
     }
 
     let mut graph: DiGraph<usize, ()> = DiGraph::with_capacity(nodes.len(), nodes.len());
@@ -582,6 +616,7 @@ mod tests {
             inputs: BTreeMap::new(),
             files: BTreeMap::new(),
             trees: BTreeMap::new(),
+            params_files: BTreeMap::new(),
             env: None,
         }
     }

@@ -177,6 +177,18 @@ pub fn hash_inputs(
         }
         trees.insert(t.name.clone(), hashes);
     }
+    let mut params_files = BTreeMap::new();
+    for (file, keys) in &node.params_files {
+        let doc = crate::docfile::read(spec_dir, file).map_err(|e| format!("params file {e}"))?;
+        let mut values = BTreeMap::new();
+        for k in keys {
+            let v = crate::docfile::lookup(&doc, k).map_err(|e| {
+                format!("params file '{file}' has no key '{k}' ({}): {e}", spec_dir.join(file).display())
+            })?;
+            values.insert(k.clone(), v.clone());
+        }
+        params_files.insert(file.clone(), values);
+    }
     Ok(HashInputs {
         op: node.op.name().to_string(),
         op_version: node.op.version(),
@@ -184,6 +196,7 @@ pub fn hash_inputs(
         inputs,
         files,
         trees,
+        params_files,
         env: if node.op.numerical() { env } else { None },
     })
 }
@@ -474,6 +487,7 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         workspace: job.ws.root(),
         key,
         threads: job.env.as_ref().and_then(|e| e.threads),
+        params_values: &record.params_files,
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
     publish_and_commit(job, key, record, &staging, started).map_err(|why| {

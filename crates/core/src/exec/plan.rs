@@ -184,6 +184,7 @@ fn state_of(
             partial.params = own.params;
             partial.files = own.files;
             partial.trees = own.trees;
+            partial.params_files = own.params_files;
             partial.env = own.env;
         }
         let changes = diff(&last_record, &partial);

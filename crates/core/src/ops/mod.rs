@@ -152,6 +152,9 @@ pub struct RunContext<'a> {
     pub workspace: &'a Path,
     /// This node's key.
     pub key: &'a crate::store::Key,
+    /// The values of its params-file keys that its key was computed with
+    /// (file → dotted key → value), for `${param:KEY}` in a command.
+    pub params_values: &'a BTreeMap<String, BTreeMap<String, Value>>,
     /// The libtorch CPU threads its key was computed with (numerical nodes).
     pub threads: Option<usize>,
 }
@@ -259,6 +262,11 @@ pub trait Op: Send + Sync + 'static {
     fn file_deps(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
         Vec::new()
     }
+    /// Params files (relative to the spec's folder) and the dotted keys of
+    /// each that the result depends on: only those keys' values are in the key.
+    fn params_files(&self, _params: &Self::Params) -> Vec<(String, Vec<String>)> {
+        Vec::new()
+    }
     /// Whether the key includes the device kind and libtorch version.
     fn numerical(&self) -> bool {
         false
@@ -323,6 +331,7 @@ pub trait AnyOp: Send + Sync {
     fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String>;
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
+    fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
     fn numerical(&self) -> bool;
     fn role(&self, params: &Params) -> Role;
     fn printed_output(&self) -> Option<&'static str>;
@@ -363,6 +372,9 @@ impl<T: Op> AnyOp for T {
     }
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
         Op::file_deps(self, params.typed(), spec_dir)
+    }
+    fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)> {
+        Op::params_files(self, params.typed())
     }
     fn numerical(&self) -> bool {
         Op::numerical(self)

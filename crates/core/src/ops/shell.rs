@@ -27,6 +27,14 @@ pub struct ShellParams {
     /// refer to one as `NODE:PATH`.
     #[serde(default)]
     pub outs: Vec<String>,
+    /// Params files and the dotted keys the command reads from each, as DVC's
+    /// `params:` (`{params.yaml: [train.lr, train.epochs]}`; YAML, JSON or
+    /// TOML by extension). Only these keys' values are in the node key, so an
+    /// edit elsewhere in the file re-runs nothing; `explain` names the key
+    /// (`params.yaml:train.lr: 0.01 → 0.02`). `${param:train.lr}` (or
+    /// `${param:params.yaml:train.lr}`) in `cmd` is replaced by the value.
+    #[serde(default)]
+    pub params_files: BTreeMap<String, Vec<String>>,
     /// Extra environment variables for the command (strings, numbers or booleans).
     #[serde(default)]
     pub env: BTreeMap<String, EnvValue>,
@@ -107,6 +115,34 @@ impl Op for ShellOp {
                 }
             }
         }
+        for (file, keys) in &p.params_files {
+            let err = |message: String| ParamError {
+                path: vec!["params_files".into(), file.clone()],
+                message,
+                unknown_key: false,
+            };
+            if normalize_rel(file).is_none() {
+                return Err(err(format!(
+                    "'{file}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
+                )));
+            }
+            if crate::docfile::Format::of(file).is_none() {
+                return Err(err(format!("'{file}': expected a .yaml, .yml, .json or .toml params file")));
+            }
+            if keys.is_empty() {
+                return Err(err(format!("params file '{file}' names no key; list the keys the command reads")));
+            }
+            if let Some(k) = keys.iter().find(|k| k.is_empty() || k.split('.').any(str::is_empty)) {
+                return Err(err(format!("'{k}' is not a dotted key (such as train.lr)")));
+            }
+        }
+        for reference in param_refs(&p.cmd) {
+            resolve_param(&p.params_files, reference).map_err(|message| ParamError {
+                path: vec!["cmd".into()],
+                message,
+                unknown_key: false,
+            })?;
+        }
         let mut seen = std::collections::BTreeSet::new();
         for (i, out) in p.outs.iter().enumerate() {
             if !seen.insert(normalize_rel(out)) {
@@ -133,7 +169,11 @@ impl Op for ShellOp {
     fn file_deps(&self, params: &Self::Params, _spec_dir: &std::path::Path) -> Vec<String> {
         params.deps.iter().filter_map(|d| normalize_rel(d)).collect()
     }
+    fn params_files(&self, params: &Self::Params) -> Vec<(String, Vec<String>)> {
+        params.params_files.iter().filter_map(|(f, keys)| Some((normalize_rel(f)?, keys.clone()))).collect()
+    }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let command = substitute_params(&p.cmd, &p.params_files, ctx.params_values).map_err(OpError::Failed)?;
         // Stale outs from an earlier run must not pass for fresh ones: each is
         // removed whole, a folder with every file in it (DVC does the same).
         for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
@@ -146,7 +186,7 @@ impl Op for ShellOp {
             }
         }
         let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg(&p.cmd).current_dir(ctx.spec_dir).stdin(Stdio::null());
+        cmd.arg("-c").arg(&command).current_dir(ctx.spec_dir).stdin(Stdio::null());
         cmd.env("ORCHESTRATE_NODE", ctx.node_id);
         for (name, artifacts) in ctx.inputs {
             let paths: Vec<String> = artifacts.iter().map(|a| a.path.display().to_string()).collect();
@@ -208,6 +248,99 @@ impl Op for ShellOp {
     }
 }
 
+/// The `${param:…}` references in a command, in order (what is between
+/// `${param:` and `}`).
+fn param_refs(cmd: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = cmd;
+    while let Some(at) = rest.find("${param:") {
+        let after = &rest[at + "${param:".len()..];
+        match after.find('}') {
+            Some(end) => {
+                out.push(&after[..end]);
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push(after);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The (file, key) a `${param:…}` reference names: `FILE:KEY`, or a `KEY`
+/// exactly one params file lists.
+fn resolve_param<'a>(
+    files: &'a BTreeMap<String, Vec<String>>,
+    reference: &'a str,
+) -> Result<(String, &'a str), String> {
+    if let Some((file, key)) = reference.split_once(crate::dag::key::PARAMS_KEY_SEP) {
+        return match files.iter().find(|(f, _)| normalize_rel(f).as_deref() == normalize_rel(file).as_deref()) {
+            Some((f, keys)) if keys.iter().any(|k| k == key) => Ok((normalize_rel(f).unwrap_or_default(), key)),
+            Some(_) => Err(format!("${{param:{reference}}}: '{key}' is not among the keys params_files lists for '{file}'; add it there so its value is in the key")),
+            None => Err(format!("${{param:{reference}}}: '{file}' is not a file in params_files")),
+        };
+    }
+    let holders: Vec<&String> =
+        files.iter().filter(|(_, keys)| keys.iter().any(|k| k == reference)).map(|(f, _)| f).collect();
+    match holders.as_slice() {
+        [one] => Ok((normalize_rel(one).unwrap_or_default(), reference)),
+        [] => Err(format!(
+            "${{param:{reference}}}: no params file in params_files lists the key '{reference}'; add it there so its value is in the key"
+        )),
+        many => Err(format!(
+            "${{param:{reference}}}: the key is listed for {} files; write ${{param:FILE:{reference}}}",
+            many.iter().map(|f| format!("'{f}'")).collect::<Vec<_>>().join(" and ")
+        )),
+    }
+}
+
+/// `cmd` with each `${param:…}` replaced by the value the node's key was
+/// computed with: a number or boolean as written, a string as a shell word
+/// (single-quoted unless it is plain), anything else as canonical JSON, quoted.
+fn substitute_params(
+    cmd: &str,
+    files: &BTreeMap<String, Vec<String>>,
+    values: &BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+) -> Result<String, String> {
+    if !cmd.contains("${param:") {
+        return Ok(cmd.to_string());
+    }
+    let mut out = String::with_capacity(cmd.len());
+    let mut rest = cmd;
+    while let Some(at) = rest.find("${param:") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "${param:".len()..];
+        let end = after.find('}').ok_or_else(|| format!("an unclosed ${{param:{after}"))?;
+        let (file, key) = resolve_param(files, &after[..end])?;
+        let v = values.get(&file).and_then(|m| m.get(key)).ok_or_else(|| {
+            format!("${{param:{}}}: the value of {file}:{key} was not read into the key", &after[..end])
+        })?;
+        out.push_str(&shell_word(v));
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn shell_word(v: &serde_json::Value) -> String {
+    let text = match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(_) | serde_json::Value::Bool(_) => return crate::canonical::canonical_json(v),
+        other => crate::canonical::canonical_json(other),
+    };
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+' | '/' | ',' | '=' | ':'));
+    if plain {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 fn env_name(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
@@ -223,6 +356,24 @@ mod tests {
         assert_eq!(normalize_rel("../x"), None);
         assert_eq!(normalize_rel("/etc/passwd"), None);
         assert_eq!(normalize_rel("."), None);
+    }
+
+    #[test]
+    fn param_references_resolve_to_the_keys_values_and_strings_are_quoted() {
+        let files: BTreeMap<String, Vec<String>> =
+            [("params.yaml".to_string(), vec!["train.lr".to_string(), "name".to_string()])].into();
+        let values: BTreeMap<String, BTreeMap<String, serde_json::Value>> = [(
+            "params.yaml".to_string(),
+            [("train.lr".to_string(), serde_json::json!(0.02)), ("name".to_string(), serde_json::json!("a b'c"))]
+                .into(),
+        )]
+        .into();
+        let cmd = substitute_params("t --lr ${param:train.lr} --n ${param:params.yaml:name}", &files, &values).unwrap();
+        assert_eq!(cmd, r#"t --lr 0.02 --n 'a b'\''c'"#);
+        let e = resolve_param(&files, "train.epochs").unwrap_err();
+        assert!(e.contains("no params file in params_files lists the key 'train.epochs'"), "{e}");
+        let e = resolve_param(&files, "other.yaml:train.lr").unwrap_err();
+        assert!(e.contains("'other.yaml' is not a file in params_files"), "{e}");
     }
 
     #[test]
