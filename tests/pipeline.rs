@@ -259,3 +259,124 @@ nodes:
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("no params file in params_files lists the key 'eval.split'"), "{}", stderr(&out));
 }
+
+/// Every object file or folder in the store, with its bytes (walked here, not
+/// through orchestrate).
+fn stored_objects(p: &Project) -> std::collections::BTreeMap<String, u64> {
+    fn bytes(path: &std::path::Path) -> u64 {
+        let m = std::fs::symlink_metadata(path).unwrap();
+        if m.is_dir() {
+            std::fs::read_dir(path).unwrap().map(|e| bytes(&e.unwrap().path())).sum()
+        } else {
+            m.len()
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for shard in std::fs::read_dir(p.path().join(".orchestrate/objects")).unwrap() {
+        for obj in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let obj = obj.unwrap();
+            out.insert(obj.file_name().to_string_lossy().into_owned(), bytes(&obj.path()));
+        }
+    }
+    out
+}
+
+const SWEEP: &str = r#"name: sweep
+nodes:
+  train:
+    op: shell
+    params:
+      cmd: mkdir -p ckpt && head -c 50000 /dev/urandom > ckpt/weights.bin && echo "$SEED" > ckpt/seed.txt
+      outs: [ckpt]
+      env: {SEED: 1}
+  evaluate:
+    op: shell
+    params:
+      cmd: 'cat ckpt/seed.txt > score.txt; if [ -e hold ]; then sleep 30; fi'
+      deps: [ckpt]
+      outs: [score.txt]
+"#;
+
+/// Before, the store only grew and there was no `gc` (`unrecognized subcommand`).
+#[test]
+fn gc_frees_exactly_the_unreferenced_objects_and_the_kept_spec_stays_a_full_cache_hit() {
+    let p = Project::new();
+    p.write("s.yaml", SWEEP);
+    p.write("o.yaml", "name: other\nnodes:\n  z:\n    op: shell\n    params: {cmd: echo z > z.txt, outs: [z.txt]}\n");
+    for seed in ["2", "3", "1"] {
+        let out = p.run(&["run", "s.yaml", "--set", &format!("nodes.train.params.env.SEED={seed}")]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    assert_eq!(p.run(&["run", "o.yaml"]).status.code(), Some(0));
+    // What the latest run of s.yaml needs, found through `path`, not gc.
+    let needed: std::collections::BTreeSet<String> = ["train:ckpt", "evaluate:score.txt"]
+        .iter()
+        .map(|o| {
+            let path = stdout(&p.run(&["path", "s.yaml", o]));
+            std::path::Path::new(path.trim()).file_name().unwrap().to_string_lossy().into_owned()
+        })
+        .collect();
+    let before = stored_objects(&p);
+    assert!(needed.iter().all(|h| before.contains_key(h)), "{needed:?} not in {before:?}");
+    let unreferenced: u64 = before.iter().filter(|(h, _)| !needed.contains(*h)).map(|(_, b)| b).sum();
+    assert!(unreferenced > 100_000, "the two older checkpoints are about 100 kB: {unreferenced}");
+
+    // `du`: the largest node first, and the store's object count.
+    let du = stdout(&p.run(&["du"]));
+    let first = du.lines().nth(1).unwrap_or_default();
+    assert!(first.contains("sweep") && first.contains("train") && first.contains(" 3 "), "{du}");
+    assert!(du.contains(&format!("store: {} objects", before.len())), "{du}");
+
+    // --dry-run lists and removes nothing.
+    let dry = p.run(&["gc", "s.yaml", "--dry-run", "--json"]);
+    assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
+    let plan: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let listed: u64 = plan["removed_objects"].as_array().unwrap().iter().map(|o| o["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(listed, unreferenced);
+    assert_eq!(stored_objects(&p), before, "--dry-run removed something");
+
+    // gc refuses while a run has the workspace open, and removes nothing.
+    p.write("hold", "");
+    p.write("s2.yaml", &SWEEP.replace("name: sweep", "name: held").replace("score.txt", "held.txt"));
+    let mut held = p
+        .cmd(&["run", "s2.yaml"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !p.path().join("held.txt").exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "the held run never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let refused = p.run(&["gc", "s.yaml"]);
+    assert_ne!(refused.status.code(), Some(0));
+    assert!(stderr(&refused).contains("another orchestrate process"), "{}", stderr(&refused));
+    held.kill().unwrap();
+    held.wait().unwrap();
+    std::fs::remove_file(p.path().join("hold")).unwrap();
+    let before = stored_objects(&p);
+    let unreferenced: u64 = before.iter().filter(|(h, _)| !needed.contains(*h)).map(|(_, b)| b).sum();
+
+    let out = p.run(&["gc", "s.yaml", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let done: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let after = stored_objects(&p);
+    let freed: u64 = before.iter().filter(|(h, _)| !after.contains_key(*h)).map(|(_, b)| b).sum();
+    let reported: u64 = done["removed_objects"].as_array().unwrap().iter().map(|o| o["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(freed, unreferenced, "gc freed other bytes than those of the unreferenced objects");
+    assert_eq!(reported, freed);
+    assert_eq!(after.keys().cloned().collect::<std::collections::BTreeSet<_>>(), needed);
+    assert!(p.run(&["verify"]).status.success(), "the store does not verify after gc");
+
+    // The kept spec is a full cache hit; a dropped result runs again.
+    let out = p.run(&["run", "s.yaml", "--json"]);
+    let ev = events(&out);
+    assert!(nodes_with(&ev, "node_started").is_empty(), "{}", stdout(&out));
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["evaluate", "train"]);
+    let out = p.run(&["run", "s.yaml", "--json", "--set", "nodes.train.params.env.SEED=2"]);
+    assert_eq!(nodes_with(&events(&out), "node_finished"), ["evaluate", "train"]);
+    // A spec that never ran here is named.
+    let out = p.run(&["gc", "nope.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

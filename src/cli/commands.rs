@@ -405,6 +405,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify => verify(&cli.workspace),
+        Command::Gc { specs, all_specs, keep_runs, keep_pack, dry_run, json } => {
+            gc(&cli.workspace, &specs, all_specs, keep_runs, &keep_pack, dry_run, json)
+        }
+        Command::Du { limit, json } => du(&cli.workspace, limit, json),
         Command::Reindex => {
             if !cli.workspace.is_dir() {
                 bail!("no workspace at {}", cli.workspace.display());
@@ -610,6 +614,100 @@ fn compare_side(
         format!("'{target}' is neither a pack folder (with a MANIFEST.json), a spec file, nor a run of the workspace")
     })?;
     Ok(compare::Side { name: source.title.clone(), source })
+}
+
+fn gc(
+    root: &std::path::Path,
+    specs: &[std::path::PathBuf],
+    all_specs: bool,
+    keep_runs: u64,
+    packs: &[std::path::PathBuf],
+    dry_run: bool,
+    json: bool,
+) -> Result<ExitCode> {
+    use orchestrate_core::store::gc;
+    if !root.join("workspace.json").is_file() {
+        bail!("no workspace at {}: nothing to collect", root.display());
+    }
+    let mut policy = gc::KeepPolicy { keep_runs: keep_runs as usize, ..Default::default() };
+    if !all_specs {
+        let mut names = BTreeSet::new();
+        for path in specs {
+            names.insert(spec::load(path, &LoadOptions::default())?.name);
+        }
+        policy.specs = Some(names);
+    }
+    for dir in packs {
+        let manifest = orchestrate_core::pack::manifest::Manifest::read(dir)
+            .map_err(|e| anyhow::anyhow!("--keep-pack {}: {e}", dir.display()))?;
+        for n in &manifest.nodes {
+            policy.keys.insert(n.key.clone());
+            policy.objects.extend(n.outputs.iter().map(|o| o.blake3.clone()));
+        }
+    }
+    let (plan, verb) = if dry_run {
+        let ws = Workspace::open(root)?;
+        (gc::plan(&ws, &policy)?, "would remove")
+    } else {
+        let ws = Workspace::open_exclusive(root)?;
+        (gc::collect(&ws, &policy)?, "removed")
+    };
+    if json {
+        outln!("{}", serde_json::to_string(&plan)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let human = orchestrate_core::exec::node::human_bytes;
+    if dry_run {
+        for (spec, node, key) in plan.removed_nodes.iter().take(20) {
+            outln!("remove  {spec}  {node}  {}", key.short());
+        }
+        if plan.removed_nodes.len() > 20 {
+            outln!("… and {} more results", plan.removed_nodes.len() - 20);
+        }
+    }
+    outln!(
+        "{verb} {} results and {} objects ({}; records and logs {}); kept {} results of {} runs and {} objects ({})",
+        plan.removed_nodes.len(),
+        plan.removed_objects.len(),
+        human(plan.removed_bytes()),
+        human(plan.removed_other_bytes),
+        plan.kept_nodes,
+        plan.kept_runs.len(),
+        plan.kept_objects,
+        human(plan.kept_bytes)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn du(root: &std::path::Path, limit: usize, json: bool) -> Result<ExitCode> {
+    let Some(ws) = Workspace::open_read_only(root)? else {
+        bail!("no workspace at {}", root.display());
+    };
+    let usage = orchestrate_core::store::gc::disk_usage(&ws)?;
+    if json {
+        outln!("{}", serde_json::to_string(&usage)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let human = orchestrate_core::exec::node::human_bytes;
+    let shown = &usage.nodes[..usage.nodes.len().min(limit)];
+    let w_spec = shown.iter().map(|u| u.spec.len()).max().unwrap_or(4).max(4);
+    let w_node = shown.iter().map(|u| u.node.len()).max().unwrap_or(4).max(4);
+    outln!("{:<w_spec$}  {:<w_node$}  {:>7}  {:>7}  {:>10}", "SPEC", "NODE", "RESULTS", "OBJECTS", "SIZE");
+    for u in shown {
+        outln!("{:<w_spec$}  {:<w_node$}  {:>7}  {:>7}  {:>10}", u.spec, u.node, u.keys, u.objects, human(u.bytes));
+    }
+    if usage.nodes.len() > shown.len() {
+        let rest = &usage.nodes[shown.len()..];
+        outln!("… {} more nodes, {}", rest.len(), human(rest.iter().map(|u| u.bytes).sum()));
+    }
+    outln!(
+        "store: {} objects, {}; {} objects ({}) named by no result (`orchestrate gc` removes them)",
+        usage.objects,
+        human(usage.bytes),
+        usage.unreferenced_objects,
+        human(usage.unreferenced_bytes)
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {

@@ -349,6 +349,40 @@ pub enum Command {
     Ops,
     /// Check the store: every cached output present with its recorded hash.
     Verify,
+    /// Remove what no kept run needs from the store, as `dvc gc`: cache rows,
+    /// their records and logs, and the objects no kept row names. Kept: every
+    /// result of each kept spec's latest `--keep-runs` runs, each of its nodes'
+    /// most recent result where the latest run did not finish that node, and
+    /// what a `--keep-pack` pack lists. Refused while another process has the
+    /// workspace open.
+    Gc {
+        /// The specs whose latest runs are kept (files; their `name` is what counts).
+        /// Give them, or `--all-specs`.
+        #[arg(value_name = "SPEC", required_unless_present = "all_specs")]
+        specs: Vec<PathBuf>,
+        /// Keep the latest runs of every spec the workspace has seen.
+        #[arg(long, conflicts_with = "specs")]
+        all_specs: bool,
+        /// How many of each kept spec's latest runs to keep whole.
+        #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        keep_runs: u64,
+        /// Also keep every node and output a frozen pack folder lists (repeatable).
+        #[arg(long, value_name = "DIR")]
+        keep_pack: Vec<PathBuf>,
+        /// List what would be removed (counts and bytes); remove nothing.
+        #[arg(long, short = 'n')]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The store's size by spec and node, largest first (`dvc du`-like).
+    Du {
+        /// How many nodes to list (the rest are summed).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Rebuild the index's cache rows from the node records under
     /// .orchestrate/records (after a damaged index was moved aside).
     Reindex,

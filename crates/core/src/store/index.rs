@@ -452,6 +452,18 @@ impl Index {
         Ok(())
     }
 
+    /// Removes cache rows (for `gc`), in one transaction: all or none.
+    pub fn delete_nodes(&mut self, keys: &[Key]) -> Result<(), StoreError> {
+        let tx = self.conn.transaction().map_err(db("starting to remove cache rows"))?;
+        {
+            let mut stmt = tx.prepare("DELETE FROM nodes WHERE key = ?1").map_err(db("removing cache rows"))?;
+            for k in keys {
+                stmt.execute(params![k]).map_err(db("removing a cache row"))?;
+            }
+        }
+        tx.commit().map_err(db("removing cache rows"))
+    }
+
     /// Refreshes the stats of a node's outputs after a re-hash proved them unchanged.
     pub fn update_outputs(&self, key: &str, outputs: &[OutputRecord]) -> Result<(), StoreError> {
         self.conn

@@ -15,6 +15,7 @@
 //! ([`fsx`]); cleanups remove only entries whose names have the form we create.
 
 pub mod fsx;
+pub mod gc;
 pub mod index;
 pub mod objects;
 
@@ -213,6 +214,11 @@ pub fn now_rfc3339() -> String {
 pub struct Workspace {
     root: PathBuf,
     read_only: bool,
+    /// The workspace's use lock (`use.lock`), held shared by every process
+    /// that opened it to write (a run, a checkout), and exclusively by gc, so
+    /// gc never removes what a running process may still read or commit.
+    _use_lock: Option<std::sync::Arc<File>>,
+    exclusive: bool,
 }
 
 /// A held node lock; released on drop or when the process dies.
@@ -359,15 +365,50 @@ impl Workspace {
     /// are there (`orchestrate reindex` rebuilds it; a new empty index would
     /// make every node run again).
     pub fn open(root: &Path) -> Result<Workspace, StoreError> {
-        Self::open_with(root, false)
+        Self::open_with(root, false, false)
     }
 
     /// As [`Workspace::open`], but a missing index is made anew (for `reindex`).
     pub fn open_for_reindex(root: &Path) -> Result<Workspace, StoreError> {
-        Self::open_with(root, true)
+        Self::open_with(root, true, false)
     }
 
-    fn open_with(root: &Path, new_index_ok: bool) -> Result<Workspace, StoreError> {
+    /// As [`Workspace::open`], holding the use lock exclusively (for `gc`):
+    /// an error, naming what to do, while any other process has it open.
+    pub fn open_exclusive(root: &Path) -> Result<Workspace, StoreError> {
+        Self::open_with(root, false, true)
+    }
+
+    /// Whether this process alone has the workspace open ([`Workspace::open_exclusive`]).
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+
+    fn take_use_lock(root: &Path, exclusive: bool) -> Result<File, StoreError> {
+        let path = root.join("use.lock");
+        let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
+        if exclusive {
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    return Err(StoreError::Invalid(format!(
+                        "another orchestrate process (a run, a checkout, another gc) has the workspace {} open: \
+                         gc removes nothing while one does; run it again when that process has finished",
+                        root.display()
+                    )))
+                }
+                Err(TryLockError::Error(e)) => {
+                    return Err(StoreError::Io { context: format!("locking {}", path.display()), source: e })
+                }
+            }
+        } else {
+            // A gc in progress finishes first (it takes seconds, and a run must not read what it removes).
+            file.lock_shared().map_err(io(format!("locking {}", path.display())))?;
+        }
+        Ok(file)
+    }
+
+    fn open_with(root: &Path, new_index_ok: bool, exclusive: bool) -> Result<Workspace, StoreError> {
         // Absolute, because ops run in other folders (a shell node runs in its spec's).
         let root = &std::path::absolute(root).map_err(io(format!("resolving {}", root.display())))?;
         if fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
@@ -398,7 +439,20 @@ impl Workspace {
                 )));
             }
         }
-        let ws = Workspace { root: root.to_path_buf(), read_only: false };
+        if fs::symlink_metadata(root.join("use.lock")).is_ok_and(|m| !m.is_file()) {
+            return Err(StoreError::Invalid(format!(
+                "{} is a symbolic link or not a regular file: the workspace's own files are never opened \
+                 through a link. Remove it and run again",
+                root.join("use.lock").display()
+            )));
+        }
+        let use_lock = Self::take_use_lock(root, exclusive)?;
+        let ws = Workspace {
+            root: root.to_path_buf(),
+            read_only: false,
+            _use_lock: Some(std::sync::Arc::new(use_lock)),
+            exclusive,
+        };
         if !new_index_ok {
             ws.refuse_missing_index()?;
         }
@@ -419,7 +473,7 @@ impl Workspace {
             Found::Foreign => return Err(not_a_workspace(root)),
             Found::Marked | Found::Unmarked => {}
         }
-        let ws = Workspace { root: root.to_path_buf(), read_only: true };
+        let ws = Workspace { root: root.to_path_buf(), read_only: true, _use_lock: None, exclusive: false };
         if ws.index_missing() && ws.refuse_missing_index().is_ok() {
             // Marked but nothing recorded yet.
             return Ok(None);

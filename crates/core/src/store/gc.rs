@@ -1,0 +1,288 @@
+//! `orchestrate gc` and `orchestrate du`: what the store holds, and removing
+//! what no kept run needs, as `dvc gc` does.
+//!
+//! What is kept, for each kept spec: every node result of its `keep_runs`
+//! latest runs, and, for each node that the latest run did not finish (a run
+//! of some targets only, a failure, an interrupt), that node's most recent
+//! result, so gc never takes a node's last result away unless a newer one
+//! replaced it; plus the keys and objects a pack given with `--keep-pack`
+//! lists. Everything else (cache rows, their records and logs, the objects no
+//! kept row names) is removed. Runs, their events and the stat cache stay.
+//!
+//! Cache rows go first (one transaction), then records, logs and objects: a
+//! crash between leaves objects nobody names, which the next gc removes, and
+//! never a row whose objects are gone. A run holds the workspace's use lock
+//! (shared) for as long as it has the workspace open; gc takes it exclusively
+//! and refuses while anyone holds it, so nothing in use is removed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::index::{CachedNode, NodeOutcome};
+use super::{objects, Key, StoreError, Workspace};
+
+/// What to keep.
+#[derive(Debug, Clone, Default)]
+pub struct KeepPolicy {
+    /// The specs (by name) whose runs are kept; `None`: every spec's.
+    pub specs: Option<BTreeSet<String>>,
+    /// How many of each kept spec's latest runs are kept whole (at least 1).
+    pub keep_runs: usize,
+    /// Node keys kept whatever the runs say (a pack's nodes).
+    pub keys: BTreeSet<Key>,
+    /// Object hashes kept whatever the runs say (a pack's outputs).
+    pub objects: BTreeSet<String>,
+}
+
+/// One object in the store, as found on disk.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoredObject {
+    pub hash: String,
+    /// Bytes of the file, or of every file of a folder object.
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// What gc would do, or did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GcPlan {
+    /// The runs whose results are kept.
+    pub kept_runs: Vec<String>,
+    pub kept_nodes: usize,
+    pub kept_objects: usize,
+    pub kept_bytes: u64,
+    /// Cache rows removed: (spec, node id, key).
+    pub removed_nodes: Vec<(String, String, Key)>,
+    pub removed_objects: Vec<StoredObject>,
+    /// Logs and node records removed (their bytes are in `removed_other_bytes`).
+    pub removed_files: usize,
+    pub removed_other_bytes: u64,
+}
+
+impl GcPlan {
+    pub fn removed_bytes(&self) -> u64 {
+        self.removed_objects.iter().map(|o| o.bytes).sum::<u64>()
+    }
+}
+
+/// Every object in the store, by hash.
+pub fn stored_objects(ws: &Workspace) -> Result<BTreeMap<String, StoredObject>, StoreError> {
+    let mut out = BTreeMap::new();
+    let dir = ws.objects_dir();
+    let Ok(shards) = std::fs::read_dir(&dir) else { return Ok(out) };
+    for shard in shards {
+        let shard = shard.map_err(io(&dir))?;
+        let shard_path = shard.path();
+        if !std::fs::symlink_metadata(&shard_path).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        for entry in std::fs::read_dir(&shard_path).map_err(io(&shard_path))? {
+            let entry = entry.map_err(io(&shard_path))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // Only our own names: 64 hex digits (staging and foreign files are not objects).
+            if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let (bytes, files) = size_of(&entry.path())?;
+            out.insert(name.clone(), StoredObject { hash: name, bytes, files });
+        }
+    }
+    Ok(out)
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io { context: format!("listing {}", path.display()), source }
+}
+
+/// Bytes and files under a path, links counted as themselves and never followed.
+fn size_of(path: &Path) -> Result<(u64, u64), StoreError> {
+    let meta = std::fs::symlink_metadata(path).map_err(io(path))?;
+    if !meta.is_dir() {
+        return Ok((meta.len(), 1));
+    }
+    let (mut bytes, mut files) = (0, 0);
+    for entry in std::fs::read_dir(path).map_err(io(path))? {
+        let (b, f) = size_of(&entry.map_err(io(path))?.path())?;
+        bytes += b;
+        files += f;
+    }
+    Ok((bytes, files))
+}
+
+/// What [`plan`] computes before removing anything.
+struct Kept {
+    runs: Vec<String>,
+    keys: BTreeSet<Key>,
+}
+
+fn kept(ws: &Workspace, policy: &KeepPolicy) -> Result<Kept, StoreError> {
+    let index = ws.index()?;
+    let runs = index.recent_runs(usize::MAX >> 1)?;
+    let all = index.all_nodes()?;
+    let mut per_spec: BTreeMap<&str, Vec<&super::RunRow>> = BTreeMap::new();
+    for r in &runs {
+        if policy.specs.as_ref().is_none_or(|s| s.contains(&r.spec)) {
+            per_spec.entry(r.spec.as_str()).or_default().push(r);
+        }
+    }
+    if let Some(specs) = &policy.specs {
+        let known: BTreeSet<&str> = runs.iter().map(|r| r.spec.as_str()).collect();
+        if let Some(missing) = specs.iter().find(|s| !known.contains(s.as_str())) {
+            return Err(StoreError::Invalid(format!(
+                "no run of spec '{missing}' in {}: gc keeps what a spec's latest run needs, and this one never ran here{}",
+                ws.root().display(),
+                crate::suggest::did_you_mean(missing, known.iter().copied())
+            )));
+        }
+    }
+    let mut keep = Kept { runs: Vec::new(), keys: policy.keys.clone() };
+    for (spec, spec_runs) in per_spec {
+        // recent_runs is newest first.
+        for (i, run) in spec_runs.iter().take(policy.keep_runs.max(1)).enumerate() {
+            keep.runs.push(run.run_id.clone());
+            let rows = index.run_nodes(&run.run_id)?;
+            let mut finished = BTreeSet::new();
+            for row in &rows {
+                if let (Some(k), NodeOutcome::Ran | NodeOutcome::Cached) = (&row.key, row.outcome) {
+                    keep.keys.insert(k.clone());
+                    finished.insert(row.node_id.as_str());
+                }
+            }
+            if i == 0 {
+                // The spec's nodes the latest run did not finish keep their most recent result.
+                let mut latest: BTreeMap<&str, &CachedNode> = BTreeMap::new();
+                for n in all.iter().filter(|n| n.spec == spec && !finished.contains(n.node_id.as_str())) {
+                    let newer = latest.get(n.node_id.as_str()).is_none_or(|m| n.finished_at > m.finished_at);
+                    if newer {
+                        latest.insert(n.node_id.as_str(), n);
+                    }
+                }
+                keep.keys.extend(latest.values().map(|n| n.key.clone()));
+            }
+        }
+    }
+    Ok(keep)
+}
+
+/// What gc would remove under `policy`, touching nothing.
+pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
+    let keep = kept(ws, policy)?;
+    let index = ws.index()?;
+    let all = index.all_nodes()?;
+    let stored = stored_objects(ws)?;
+    let mut named: BTreeSet<String> = policy.objects.clone();
+    let mut result = GcPlan { kept_runs: keep.runs.clone(), ..GcPlan::default() };
+    for n in &all {
+        if keep.keys.contains(&n.key) {
+            result.kept_nodes += 1;
+            named.extend(n.outputs.iter().map(|o| o.object.hash.clone()));
+        } else {
+            result.removed_nodes.push((n.spec.clone(), n.node_id.clone(), n.key.clone()));
+        }
+    }
+    for (hash, o) in stored {
+        if named.contains(&hash) {
+            result.kept_objects += 1;
+            result.kept_bytes += o.bytes;
+        } else {
+            result.removed_objects.push(o);
+        }
+    }
+    for (_, _, key) in &result.removed_nodes {
+        for path in node_files(ws, key) {
+            if let Ok(m) = std::fs::symlink_metadata(&path) {
+                result.removed_files += 1;
+                result.removed_other_bytes += m.len();
+            }
+        }
+    }
+    result.removed_objects.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.hash.cmp(&b.hash)));
+    Ok(result)
+}
+
+/// A node's record and log (the files besides its objects).
+fn node_files(ws: &Workspace, key: &Key) -> [PathBuf; 2] {
+    [ws.record_path(key), ws.log_path(key)]
+}
+
+/// Removes what [`plan`] lists. `ws` must have been opened with
+/// [`Workspace::open_exclusive`], so no other process is using it.
+pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
+    if !ws.is_exclusive() {
+        return Err(StoreError::Invalid("gc needs the workspace opened exclusively".into()));
+    }
+    let plan = plan(ws, policy)?;
+    let keys: Vec<Key> = plan.removed_nodes.iter().map(|(_, _, k)| k.clone()).collect();
+    ws.index()?.delete_nodes(&keys)?;
+    for key in &keys {
+        for path in node_files(ws, key) {
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+                std::fs::remove_file(&path)
+                    .map_err(|source| StoreError::Io { context: format!("removing {}", path.display()), source })?;
+            }
+        }
+        let wal = ws.root().join("checkpoints").join(key.as_str());
+        if std::fs::symlink_metadata(&wal).is_ok_and(|m| m.is_dir()) {
+            objects::remove_any(&wal)?;
+        }
+    }
+    for o in &plan.removed_objects {
+        objects::remove_any(&ws.object_path(&o.hash))?;
+    }
+    Ok(plan)
+}
+
+/// One line of `orchestrate du`: a node id of a spec, with every result of it the store holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub spec: String,
+    pub node: String,
+    pub keys: usize,
+    pub objects: usize,
+    /// Bytes of the objects these results name (an object two nodes share counts for each).
+    pub bytes: u64,
+}
+
+/// The store's size by spec and node, largest first, and what no cache row names.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskUsage {
+    pub nodes: Vec<Usage>,
+    pub objects: usize,
+    pub bytes: u64,
+    /// Objects no cache row names (what `gc` removes whatever it keeps).
+    pub unreferenced_objects: usize,
+    pub unreferenced_bytes: u64,
+}
+
+pub fn disk_usage(ws: &Workspace) -> Result<DiskUsage, StoreError> {
+    let index = ws.index()?;
+    let stored = stored_objects(ws)?;
+    let mut by_node: BTreeMap<(String, String), (usize, BTreeSet<String>)> = BTreeMap::new();
+    let mut named = BTreeSet::new();
+    for n in index.all_nodes()? {
+        let entry = by_node.entry((n.spec.clone(), n.node_id.clone())).or_default();
+        entry.0 += 1;
+        for o in &n.outputs {
+            entry.1.insert(o.object.hash.clone());
+            named.insert(o.object.hash.clone());
+        }
+    }
+    let mut nodes: Vec<Usage> = by_node
+        .into_iter()
+        .map(|((spec, node), (keys, hashes))| {
+            let present: Vec<&StoredObject> = hashes.iter().filter_map(|h| stored.get(h)).collect();
+            Usage { spec, node, keys, objects: present.len(), bytes: present.iter().map(|o| o.bytes).sum() }
+        })
+        .collect();
+    nodes.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (&a.spec, &a.node).cmp(&(&b.spec, &b.node))));
+    let unreferenced: Vec<&StoredObject> = stored.values().filter(|o| !named.contains(&o.hash)).collect();
+    Ok(DiskUsage {
+        nodes,
+        objects: stored.len(),
+        bytes: stored.values().map(|o| o.bytes).sum(),
+        unreferenced_objects: unreferenced.len(),
+        unreferenced_bytes: unreferenced.iter().map(|o| o.bytes).sum(),
+    })
+}
