@@ -380,3 +380,37 @@ fn gc_frees_exactly_the_unreferenced_objects_and_the_kept_spec_stays_a_full_cach
     let out = p.run(&["gc", "nope.yaml"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// `orchestrate checkout` (`dvc checkout`): before, there was no such command.
+#[test]
+fn checkout_restores_missing_and_edited_outs_from_the_store_without_running() {
+    let p = project();
+    assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
+    let model = p.read("out/checkpoint-1/model.bin");
+    std::fs::remove_dir_all(p.path().join("data/prepared")).unwrap();
+    p.write("out/lr.txt", "edited by hand\n");
+    p.write("out/extra.txt", "not ours\n");
+    // A target: only it and what it needs.
+    let out = p.run(&["checkout", "p.yaml", "prepare"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("restored    prepare"), "{}", stdout(&out));
+    assert!(p.path().join("data/prepared/train.jsonl").exists());
+    assert_eq!(p.read("out/lr.txt"), "edited by hand\n", "a node outside the targets was touched");
+    let out = p.run(&["checkout", "p.yaml", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let states: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(states[0]["state"], "up_to_date");
+    assert_eq!(states[1]["state"], "restored", "{states:?}");
+    assert_eq!(p.read("out/lr.txt").trim(), "0.1");
+    assert_eq!(p.read("out/checkpoint-1/model.bin"), model);
+    assert!(!p.path().join("out/extra.txt").exists(), "the restored folder out kept a file the store does not hold");
+    // Nothing ran: the store has one run, and the outs still verify.
+    let status = stdout(&p.run(&["status", "--json"]));
+    let runs: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "checkout recorded or started a run");
+    assert!(p.run(&["verify"]).status.success());
+    // A key the store lacks: said, exit 1.
+    let out = p.run(&["checkout", "p.yaml", "--set", "nodes.train.params.env.LR=0.3"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("not stored  train"), "{}", stdout(&out));
+}

@@ -397,6 +397,49 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 ExitCode::from(GATE_FAILED)
             })
         }
+        Command::Checkout { spec, targets, json } => {
+            let (spec, dag) = load(&spec, &registry)?;
+            let (spec, dag, _) = select(spec, dag, targets, Vec::new(), &registry)?;
+            let ws = Workspace::open(&cli.workspace)?;
+            let done = plan::checkout(&ws, &spec, &dag, &runtime::env_provider())?;
+            let human = orchestrate_core::exec::node::human_bytes;
+            let (mut restored, mut missing) = (0usize, 0usize);
+            for d in &done {
+                if json {
+                    outln!("{}", serde_json::to_string(d)?);
+                }
+                let line = match d {
+                    plan::CheckedOut::UpToDate { node, key } => format!("up to date  {node} {}", key.short()),
+                    plan::CheckedOut::Restored { node, key, files, bytes } => {
+                        restored += 1;
+                        format!(
+                            "restored    {node} {} ({files} file{}, {})",
+                            key.short(),
+                            if *files == 1 { "" } else { "s" },
+                            human(*bytes)
+                        )
+                    }
+                    plan::CheckedOut::Missing { node, reason } => {
+                        missing += 1;
+                        format!("not stored  {node} ({reason}): `orchestrate run` makes it")
+                    }
+                    plan::CheckedOut::Below { node, missing: m } => {
+                        missing += 1;
+                        format!("not stored  {node} (it reads '{m}', which is not stored)")
+                    }
+                };
+                if !json {
+                    outln!("{line}");
+                }
+            }
+            if !json {
+                outln!(
+                    "{restored} restored, {} up to date, {missing} not in the store",
+                    done.len() - restored - missing
+                );
+            }
+            Ok(if missing == 0 { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
+        }
         Command::Ops => {
             for op in registry.iter() {
                 let numerical = if op.numerical() { " [numerical]" } else { "" };

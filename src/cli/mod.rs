@@ -207,6 +207,19 @@ pub enum Command {
         #[command(flatten)]
         transfer: TransferArgs,
     },
+    /// Make the outs in the tree match the store, as `dvc checkout`: each node
+    /// (or these targets and what they need) whose current key is cached has
+    /// its missing or changed outs checked out of the store. Nothing runs.
+    /// Exit 1 when a node's key is not in the store.
+    Checkout {
+        #[command(flatten)]
+        spec: SpecArgs,
+        /// Only these nodes and what they need.
+        #[arg(value_name = "NODE")]
+        targets: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// The hash-input diff of a node between its cached record and now.
     Explain {
         #[command(flatten)]

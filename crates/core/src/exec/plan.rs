@@ -305,6 +305,84 @@ pub fn explain(
     Ok(out)
 }
 
+/// What `orchestrate checkout` did with one node.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum CheckedOut {
+    /// Its outs in the tree already match its cached outputs.
+    UpToDate { node: String, key: Key },
+    /// Its outs were checked out of the store.
+    Restored { node: String, key: Key, files: u64, bytes: u64 },
+    /// Its key is not in the store (or its objects are not): it must run.
+    Missing { node: String, reason: String },
+    /// A node it reads is missing, so its key cannot be known.
+    Below { node: String, missing: String },
+}
+
+/// `orchestrate checkout SPEC [NODE...]` (`dvc checkout`): for each node in
+/// order, the key it has now; when that key is cached and its objects are
+/// present, its outs in the tree are made to match it (checked out of the
+/// store where missing or different). Nothing runs.
+pub fn checkout(
+    ws: &Workspace,
+    spec: &Spec,
+    dag: &Dag,
+    env: &EnvProvider,
+) -> Result<Vec<CheckedOut>, crate::store::StoreError> {
+    let index = ws.index()?;
+    let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
+    let mut missing_root: BTreeMap<usize, String> = BTreeMap::new();
+    let mut env_part: Option<Result<crate::dag::key::EnvPart, String>> = None;
+    let mut out = Vec::new();
+    for &pos in &dag.order {
+        let node = &dag.nodes[pos];
+        let id = node.id().to_string();
+        if let Some(root) = dag.parents(pos).iter().find_map(|q| missing_root.get(q)).cloned() {
+            missing_root.insert(pos, root.clone());
+            out.push(CheckedOut::Below { node: id, missing: root });
+            continue;
+        }
+        let part = if node.op.numerical() {
+            match env_part.get_or_insert_with(env) {
+                Ok(e) => Some(super::slurm::node_env(spec.executor, &node.def, e)),
+                Err(e) => {
+                    missing_root.insert(pos, id.clone());
+                    out.push(CheckedOut::Missing { node: id, reason: format!("no numerical environment: {e}") });
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let record = match hash_inputs(ws, &index, node, &spec.base_dir, &known, part) {
+            Ok(r) => r,
+            Err(reason) => {
+                missing_root.insert(pos, id.clone());
+                out.push(CheckedOut::Missing { node: id, reason });
+                continue;
+            }
+        };
+        let key = record.key();
+        match decide(ws, &index, &spec.base_dir, &id, &record, &key, false)? {
+            Decision::Hit(outputs) => {
+                known.insert(id.clone(), outputs);
+                out.push(CheckedOut::UpToDate { node: id, key });
+            }
+            Decision::Restore(cached, _) => {
+                let _lock = ws.lock_node(&cached.key, || {})?;
+                let (outputs, files, bytes) = ws.restore_outputs(&index, &cached, &spec.base_dir)?;
+                known.insert(id.clone(), outputs);
+                out.push(CheckedOut::Restored { node: id, key, files, bytes });
+            }
+            Decision::Run(reason) => {
+                missing_root.insert(pos, id.clone());
+                out.push(CheckedOut::Missing { node: id, reason: reason.to_string() });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// `orchestrate pull SPEC [NODE...]`: fetches from the remote every node of
 /// the DAG that the local cache lacks, in waves (a node's key needs its
 /// upstream outputs, local or just fetched); each wave's records and objects
