@@ -414,3 +414,96 @@ fn checkout_restores_missing_and_edited_outs_from_the_store_without_running() {
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(stdout(&out).contains("not stored  train"), "{}", stdout(&out));
 }
+
+/// A fake TRL-like trainer: `output_dir/checkpoint-N/…`, `metrics.json` (nested)
+/// and a `log.jsonl` of steps.
+const TRAINER: &str = r#"import json, os, sys
+lr, seed, out = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+scale = float(os.environ.get("SCALE", "1"))
+for step in (1, 2):
+    os.makedirs(f"{out}/checkpoint-{step}", exist_ok=True)
+    open(f"{out}/checkpoint-{step}/model.safetensors", "wb").write(bytes([seed, step]) * 64)
+with open(f"{out}/log.jsonl", "w") as log:
+    for step in (1, 2):
+        log.write(json.dumps({"step": step, "loss": 1.0 / (step + lr)}) + "\n")
+mse = round(scale * (0.02 - 0.01 * lr) + 0.001 * seed, 8)
+json.dump({"test_mse": mse, "eval": {"acc": 0.5 + lr, "status": "ok"}}, open(f"{out}/metrics.json", "w"))
+"#;
+
+const TRL_SWEEP: &str = r#"name: trl
+nodes:
+  train:
+    op: shell
+    matrix: {env.LR: [0.1, 0.2, 0.3], env.SEED: [0, 1]}
+    params:
+      cmd: python3 train.py "$LR" "$SEED" "runs/$LR-$SEED"
+      deps: [train.py]
+      outs: ['runs/${matrix.env.LR}-${matrix.env.SEED}']
+      metrics: ['runs/${matrix.env.LR}-${matrix.env.SEED}/metrics.json']
+      env: {SCALE: 1}
+"#;
+
+/// Before, `compare` said `no metric differs` while a shell node's own
+/// `test_mse` changed, and `--group-by` printed an empty table.
+#[test]
+fn a_shell_nodes_own_metrics_are_compared_and_grouped_over_seeds() {
+    let p = Project::new();
+    p.write("train.py", TRAINER);
+    p.write("s.yaml", TRL_SWEEP);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "s.yaml", "--json"];
+        args.extend_from_slice(extra);
+        let out = p.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+        events(&out)[0]["run_id"].as_str().unwrap().to_string()
+    };
+    let a = run(&[]);
+    assert!(p.path().join("runs/0.1-0/checkpoint-2/model.safetensors").exists());
+    let b = run(&["--set", "nodes.train.params.env.SCALE=1.5"]);
+    // The metric read back independently from the tree.
+    let mse = |p: &Project, lr: &str, seed: u32| -> f64 {
+        let v: serde_json::Value = serde_json::from_str(&p.read(&format!("runs/{lr}-{seed}/metrics.json"))).unwrap();
+        v["test_mse"].as_f64().unwrap()
+    };
+    let out = p.run(&["compare", &a, &b, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let cmp: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = cmp["metrics"].as_array().unwrap();
+    let row = rows
+        .iter()
+        .find(|r| r["node"] == "train@env.LR=0.2,env.SEED=1" && r["metric"] == "test_mse")
+        .unwrap_or_else(|| panic!("no test_mse row: {cmp}"));
+    let expect_a = 0.02 - 0.01 * 0.2 + 0.001;
+    assert!((row["values"][0].as_f64().unwrap() - expect_a).abs() < 1e-9, "{row}");
+    assert!((row["values"][1].as_f64().unwrap() - mse(&p, "0.2", 1)).abs() < 1e-12, "{row}");
+    let text = stdout(&p.run(&["compare", &a, &b]));
+    assert!(text.contains("test_mse") && !text.contains("no metric differs"), "{text}");
+    // eval.acc did not change: hidden; eval.status is no number: undefined, never 0.
+    assert!(!rows.iter().any(|r| r["metric"] == "eval.acc"), "{cmp}");
+
+    // --group-by env.SEED: mean, sample std and n, recomputed here from the files.
+    let out = p.run(&["compare", &b, "--group-by", "env.SEED", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = g["rows"].as_array().unwrap();
+    for lr in ["0.1", "0.2", "0.3"] {
+        let xs = [mse(&p, lr, 0), mse(&p, lr, 1)];
+        let mean = (xs[0] + xs[1]) / 2.0;
+        let std = (((xs[0] - mean).powi(2) + (xs[1] - mean).powi(2)) / 1.0).sqrt();
+        let row = rows
+            .iter()
+            .find(|r| r["group"] == format!("train@env.LR={lr}") && r["metric"] == "test_mse")
+            .unwrap_or_else(|| panic!("no group row for LR={lr}: {g}"));
+        assert_eq!(row["n"], 2);
+        assert!((row["mean"].as_f64().unwrap() - mean).abs() < 1e-12, "{row}");
+        assert!((row["std"].as_f64().unwrap() - std).abs() < 1e-12, "{row}");
+        let status =
+            rows.iter().find(|r| r["group"] == format!("train@env.LR={lr}") && r["metric"] == "eval.status").unwrap();
+        assert!(status["mean"].is_null() && status["n"] == 0 && status["undefined"] == 2, "{status}");
+    }
+    // A metrics file that is not an out is refused at validate, naming it.
+    p.write("bad.yaml", &TRL_SWEEP.replace("metrics: ['runs/", "metrics: ['elsewhere/"));
+    let out = p.run(&["validate", "bad.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not among outs"), "{}", stderr(&out));
+}

@@ -48,6 +48,8 @@ pub enum Unit {
     Seconds,
     Megabytes,
     Count,
+    /// A user's own metric: six significant digits, whatever its scale.
+    Number,
 }
 
 impl Unit {
@@ -60,6 +62,7 @@ impl Unit {
                 Unit::Value => format!("{x:.4}"),
                 Unit::Seconds => format!("{x:.2}"),
                 Unit::Megabytes | Unit::Count => format!("{x:.0}"),
+                Unit::Number => significant(x, 6),
             },
             _ => "undefined".into(),
         }
@@ -78,6 +81,29 @@ impl Unit {
             }
             _ => "undefined".into(),
         }
+    }
+}
+
+/// `x` to `digits` significant digits, without trailing zeros (`0.01594`,
+/// `1.5e-7`, `12345.7`).
+fn significant(x: f64, digits: usize) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    let magnitude = x.abs().log10().floor() as i32;
+    if !(-4..15).contains(&magnitude) {
+        let s = format!("{:.*e}", digits - 1, x);
+        let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let mantissa =
+            if mantissa.contains('.') { mantissa.trim_end_matches('0').trim_end_matches('.') } else { mantissa };
+        return format!("{mantissa}e{exp}");
+    }
+    let decimals = (digits as i32 - 1 - magnitude).max(0) as usize;
+    let s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
     }
 }
 
@@ -216,8 +242,38 @@ pub fn node_metrics(node: &Node) -> Result<Vec<Metric>, String> {
             let t: ResultsTableFile = crate::canonical::read_typed(p).map_err(|e| read_err("table.json", &e))?;
             Ok(table_metrics(&t))
         }
+        "shell" => shell_metrics(node),
         _ => Ok(Vec::new()),
     }
+}
+
+/// A shell node's declared metrics files (`metrics:`), read with the one
+/// reader of the user's files ([`crate::docfile`]): each number at its dotted
+/// path, prefixed with the file when the node declares several.
+fn shell_metrics(node: &Node) -> Result<Vec<Metric>, String> {
+    let Some(record) = &node.record else { return Ok(Vec::new()) };
+    let params: crate::ops::ShellParams = serde_json::from_value(record.params.clone())
+        .map_err(|e| format!("the recorded params of shell node '{}' do not read: {e}", node.id))?;
+    let files = params.metrics_files();
+    let mut out = Vec::new();
+    for (rel, holder, inside) in &files {
+        let Some(object) = node.outputs.get(holder) else {
+            return Err(format!("metrics file '{rel}': its out '{holder}' is not available"));
+        };
+        let path = if inside.is_empty() { object.clone() } else { object.join(inside) };
+        let (root, name) = match (path.parent(), path.file_name()) {
+            (Some(dir), Some(name)) => (dir.to_path_buf(), name.to_string_lossy().into_owned()),
+            _ => return Err(format!("metrics file '{rel}': no readable path")),
+        };
+        // The object's name has no extension: the declared name says the format.
+        let format = crate::docfile::Format::of(rel).ok_or_else(|| format!("'{rel}': not a metrics file format"))?;
+        let text = crate::docfile::read_as(&root, &name, format).map_err(|e| format!("metrics file {e}"))?;
+        for (key, value) in crate::docfile::flatten_metrics(&text) {
+            let name = if files.len() == 1 { key } else { format!("{rel}:{key}") };
+            out.push(Metric { name, unit: Unit::Number, value: value.number() });
+        }
+    }
+    Ok(out)
 }
 
 /// The metrics of several nodes side by side (a node absent from a side has none).

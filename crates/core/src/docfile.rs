@@ -47,6 +47,11 @@ pub fn read(root: &Path, rel: &str) -> Result<Value, String> {
     let format = Format::of(rel).ok_or_else(|| {
         format!("'{rel}': expected a .yaml, .yml, .json or .toml file (the extension says how it is read)")
     })?;
+    read_as(root, rel, format)
+}
+
+/// [`read`] in a format given (a store object's name has no extension).
+pub fn read_as(root: &Path, rel: &str, format: Format) -> Result<Value, String> {
     if let Some(link) = crate::store::fsx::link_on_path(root, rel) {
         return Err(format!(
             "'{rel}': {} is a symbolic link; params and metrics files are read from real files only",

@@ -35,6 +35,13 @@ pub struct ShellParams {
     /// `${param:params.yaml:train.lr}`) in `cmd` is replaced by the value.
     #[serde(default)]
     pub params_files: BTreeMap<String, Vec<String>>,
+    /// Metrics files the command writes (DVC's `metrics:`), each an out or a
+    /// file inside a folder out: JSON, YAML or TOML, nested numbers named by
+    /// their dotted path (`eval.mse`). `compare` shows them old → new,
+    /// `compare --group-by` as mean ± std and n; a value that is not a number
+    /// is `undefined` with the reason, never 0.
+    #[serde(default)]
+    pub metrics: Vec<String>,
     /// Extra environment variables for the command (strings, numbers or booleans).
     #[serde(default)]
     pub env: BTreeMap<String, EnvValue>,
@@ -134,6 +141,27 @@ impl Op for ShellOp {
             }
             if let Some(k) = keys.iter().find(|k| k.is_empty() || k.split('.').any(str::is_empty)) {
                 return Err(err(format!("'{k}' is not a dotted key (such as train.lr)")));
+            }
+        }
+        let outs: Vec<String> = p.outs.iter().filter_map(|o| normalize_rel(o)).collect();
+        for (i, m) in p.metrics.iter().enumerate() {
+            let err = |message: String| ParamError {
+                path: vec!["metrics".into(), i.to_string()],
+                message,
+                unknown_key: false,
+            };
+            let Some(rel) = normalize_rel(m) else {
+                return Err(err(format!(
+                    "'{m}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
+                )));
+            };
+            if crate::docfile::Format::of(&rel).is_none() {
+                return Err(err(format!("'{m}': expected a .json, .yaml, .yml or .toml metrics file")));
+            }
+            if !outs.iter().any(|o| rel == *o || rel.starts_with(&format!("{o}/"))) {
+                return Err(err(format!(
+                    "metrics file '{m}' is not among outs: list it (or the folder it is written in) in outs, so it is stored with the node"
+                )));
             }
         }
         for reference in param_refs(&p.cmd) {
@@ -245,6 +273,23 @@ impl Op for ShellOp {
             }
         }
         Ok(())
+    }
+}
+
+impl ShellParams {
+    /// Each declared metrics file: (its path as declared, the out that holds
+    /// it, its path inside that out: empty when the out is the file itself).
+    pub fn metrics_files(&self) -> Vec<(String, String, String)> {
+        let outs: Vec<String> = self.outs.iter().filter_map(|o| normalize_rel(o)).collect();
+        self.metrics
+            .iter()
+            .filter_map(|m| {
+                let rel = normalize_rel(m)?;
+                let out = outs.iter().find(|o| rel == **o || rel.starts_with(&format!("{o}/")))?;
+                let inside = rel.strip_prefix(out.as_str()).unwrap_or("").trim_start_matches('/').to_string();
+                Some((rel.clone(), out.clone(), inside))
+            })
+            .collect()
     }
 }
 
