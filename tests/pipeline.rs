@@ -507,3 +507,43 @@ fn a_shell_nodes_own_metrics_are_compared_and_grouped_over_seeds() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("is not among outs"), "{}", stderr(&out));
 }
+
+/// Before, a downstream node had to repeat the upstream matrix by hand
+/// (`from: train` was "a matrix axis is a list of values ..."), and `explain`
+/// wanted a full expansion id.
+#[test]
+fn a_node_follows_an_upstream_matrix_and_explain_takes_the_written_id() {
+    let p = Project::new();
+    p.write("train.py", TRAINER);
+    let spec = format!(
+        "{TRL_SWEEP}  evaluate:
+    op: shell
+    matrix: {{from: train}}
+    params:
+      cmd: 'cp runs/${{matrix.env.LR}}-${{matrix.env.SEED}}/metrics.json eval-${{matrix.env.LR}}-${{matrix.env.SEED}}.json'
+      deps: ['runs/${{matrix.env.LR}}-${{matrix.env.SEED}}']
+      outs: ['eval-${{matrix.env.LR}}-${{matrix.env.SEED}}.json']
+"
+    );
+    p.write("s.yaml", &spec);
+    let out = p.run(&["run", "s.yaml", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let finished = nodes_with(&events(&out), "node_finished");
+    let evaluated: Vec<&String> = finished.iter().filter(|n| n.starts_with("evaluate@")).collect();
+    assert_eq!(evaluated.len(), 6, "{finished:?}");
+    assert!(finished.contains(&"evaluate@env.LR=0.2,env.SEED=1".to_string()), "{finished:?}");
+    assert_eq!(p.read("eval-0.2-1.json"), p.read("runs/0.2-1/metrics.json"));
+    // Each expansion reads its own upstream expansion, and only it.
+    let plan = stdout(&p.run(&["plan", "s.yaml", "evaluate@env.LR=0.2,env.SEED=1", "--workspace", "fresh"]));
+    let nodes: Vec<&str> =
+        plan.lines().filter_map(|l| l.split_whitespace().next()).filter(|n| n.contains('@')).collect();
+    assert_eq!(nodes, ["train@env.LR=0.2,env.SEED=1", "evaluate@env.LR=0.2,env.SEED=1"], "{plan}");
+    // `explain` on the written id explains every expansion.
+    let explain = stdout(&p.run(&["explain", "s.yaml", "evaluate"]));
+    assert_eq!(explain.matches("node     evaluate@").count(), 6, "{explain}");
+    // Following a node that does not exist is said, with a did-you-mean.
+    p.write("bad.yaml", &spec.replace("{from: train}", "{from: trian}"));
+    let out = p.run(&["validate", "bad.yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no node 'trian' to follow (did you mean 'train'?)"), "{}", stderr(&out));
+}

@@ -166,31 +166,26 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Explain { spec, node, json } => {
             let (spec, dag) = load(&spec, &registry)?;
-            check_nodes(&dag, vec![node.clone()])?;
+            // A matrix node's written id explains each of its expansions.
+            let ids = expand_nodes(&dag, vec![node.clone()])?;
             let ws = Workspace::open_read_only(&cli.workspace)?;
-            let e = plan::explain(ws.as_ref(), &spec, &dag, &node, &runtime::env_provider())?;
+            let mut all = Vec::new();
+            for id in &ids {
+                all.push(plan::explain(ws.as_ref(), &spec, &dag, id, &runtime::env_provider())?);
+            }
             if json {
-                outln!("{}", serde_json::to_string_pretty(&e)?);
+                if dag.get(&node).is_some() {
+                    outln!("{}", serde_json::to_string_pretty(&all[0])?);
+                } else {
+                    outln!("{}", serde_json::to_string_pretty(&all)?);
+                }
                 return Ok(ExitCode::SUCCESS);
             }
-            outln!("node     {}", e.node);
-            outln!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
-            outln!("cached   {}", e.cached_key.as_deref().unwrap_or("(never completed)"));
-            if let Some(at) = &e.cached_at {
-                outln!("         at {at}");
-            }
-            if e.cached_key.is_some() && e.key.is_some() {
-                if e.changes.is_empty() {
-                    outln!("no hash input changed");
-                } else {
-                    outln!("changed hash inputs:");
-                    for line in dag::key::explain_lines(&e.changes) {
-                        outln!("  {line}");
-                    }
+            for (i, e) in all.iter().enumerate() {
+                if i > 0 {
+                    outln!();
                 }
-            }
-            for n in &e.notes {
-                outln!("note: {n}");
+                print_explanation(e);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -870,6 +865,29 @@ fn select(
 }
 
 /// One node id named on the command line, exactly.
+/// `explain`'s lines for one node.
+fn print_explanation(e: &plan::Explanation) {
+    outln!("node     {}", e.node);
+    outln!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
+    outln!("cached   {}", e.cached_key.as_deref().unwrap_or("(never completed)"));
+    if let Some(at) = &e.cached_at {
+        outln!("         at {at}");
+    }
+    if e.cached_key.is_some() && e.key.is_some() {
+        if e.changes.is_empty() {
+            outln!("no hash input changed");
+        } else {
+            outln!("changed hash inputs:");
+            for line in dag::key::explain_lines(&e.changes) {
+                outln!("  {line}");
+            }
+        }
+    }
+    for n in &e.notes {
+        outln!("note: {n}");
+    }
+}
+
 fn check_nodes(dag: &Dag, ids: Vec<String>) -> Result<BTreeSet<String>> {
     for id in &ids {
         if dag.get(id).is_none() {

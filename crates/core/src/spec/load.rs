@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::error::{did_you_mean, Location, SpecError, SpecErrorKind};
 use super::locate::Locator;
-use super::{matrix_value_label, AxisValue, NodeDef, OutputRef, Spec, SpecDoc};
+use super::{matrix_value_label, AxisValue, MatrixAxis, NodeDef, OutputRef, Spec, SpecDoc};
 
 /// Choices made on the command line.
 #[derive(Debug, Clone, Default)]
@@ -493,6 +493,45 @@ fn describe(path: &[String]) -> String {
 /// matrix, 8 KB of YAML, took 35 s and 7.8 GB to plan.
 pub const MAX_NODES: usize = 100_000;
 
+/// The axes a `matrix: {from: NODE}` follows: NODE's own axes (and those it
+/// follows in turn), each as labels only.
+fn followed_axes(doc: &SpecDoc, from: &str, upstream: &str) -> Result<BTreeMap<String, Vec<AxisValue>>, String> {
+    let mut out = BTreeMap::new();
+    let mut at = upstream.to_string();
+    let mut seen = vec![from.to_string()];
+    loop {
+        if seen.contains(&at) {
+            return Err(format!("following matrices goes round in a circle ({} → {at})", seen.join(" → ")));
+        }
+        let Some(node) = doc.nodes.get(&at) else {
+            return Err(format!(
+                "no node '{at}' to follow{}",
+                crate::suggest::did_you_mean(&at, doc.nodes.keys().map(String::as_str))
+            ));
+        };
+        seen.push(at.clone());
+        let mut next = None;
+        for (axis, written) in &node.matrix {
+            match written {
+                MatrixAxis::From(n) if axis == super::MATRIX_FROM => next = Some(n.clone()),
+                _ => {
+                    let values = written.values().map_err(|why| format!("its axis '{axis}': {why}"))?;
+                    let labels = values.into_iter().map(|v| AxisValue { label: v.label, param: None }).collect();
+                    out.entry(axis.clone()).or_insert(labels);
+                }
+            }
+        }
+        match next {
+            Some(n) => at = n,
+            None => break,
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("'{upstream}' has no matrix to follow"));
+    }
+    Ok(out)
+}
+
 fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
     let mut out: BTreeMap<String, NodeDef> = BTreeMap::new();
     let mut expanded = 0usize;
@@ -518,6 +557,28 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
         }
         let mut axes: BTreeMap<String, Vec<AxisValue>> = BTreeMap::new();
         for (axis, written) in &node.matrix {
+            if axis == super::MATRIX_FROM {
+                if let MatrixAxis::From(upstream) = written {
+                    let followed = followed_axes(doc, base_id, upstream).map_err(|why| {
+                        SpecError::new(
+                            SpecErrorKind::MissingReference,
+                            sources.locate(&node_path(&["matrix", axis])),
+                            format!("node '{base_id}' matrix {}: {upstream}: {why}", super::MATRIX_FROM),
+                        )
+                    })?;
+                    for (a, values) in followed {
+                        if node.matrix.contains_key(&a) {
+                            return Err(SpecError::new(
+                                SpecErrorKind::DuplicateId,
+                                sources.locate(&node_path(&["matrix", &a])),
+                                format!("matrix axis '{a}' of node '{base_id}' is also followed from '{upstream}'; give it in one place"),
+                            ));
+                        }
+                        axes.insert(a, values);
+                    }
+                    continue;
+                }
+            }
             let values = written.values().map_err(|why| {
                 SpecError::new(
                     SpecErrorKind::Constraint,

@@ -145,6 +145,9 @@ pub struct NodeSpec {
     /// value. An axis may also name its values (`{values: {f1: {...}}}`: the
     /// param gets the structured value, the id and `${matrix.AXIS}` the label),
     /// or only label the expansions without setting a param (`{labels: [0, 1]}`).
+    /// `from: NODE` follows another node's matrix: one expansion per expansion
+    /// of NODE, labelled as it is (setting no param), so references to NODE
+    /// bind to the same expansion.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub matrix: BTreeMap<String, MatrixAxis>,
     /// This node's Slurm job resources, over the spec's `slurm:` block (every
@@ -168,7 +171,12 @@ pub enum MatrixAxis {
     Values(Vec<Value>),
     /// Named values, or labels only.
     Named(NamedAxis),
+    /// `from: NODE`: the axes of another node's matrix, as labels.
+    From(String),
 }
+
+/// The matrix key that follows another node's matrix (`matrix: {from: train}`).
+pub const MATRIX_FROM: &str = "from";
 
 /// An axis whose expansions are named by labels: `values` maps each label to
 /// the value the param is set to (a fault spec, a list, an object), `labels`
@@ -193,8 +201,9 @@ impl<'de> Deserialize<'de> for MatrixAxis {
             Value::Object(map) => {
                 serde_json::from_value(Value::Object(map)).map(MatrixAxis::Named).map_err(D::Error::custom)
             }
+            Value::String(node) => Ok(MatrixAxis::From(node)),
             other => Err(D::Error::custom(format!(
-                "a matrix axis is a list of values, {{values: {{LABEL: VALUE, ...}}}} or {{labels: [...]}}, not {other}"
+                "a matrix axis is a list of values, {{values: {{LABEL: VALUE, ...}}}} or {{labels: [...]}} (or `from: NODE`), not {other}"
             ))),
         }
     }
@@ -215,6 +224,11 @@ impl MatrixAxis {
             !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+'))
         };
         let out: Vec<AxisValue> = match self {
+            MatrixAxis::From(node) => {
+                return Err(format!(
+                    "'{node}' is a node to follow, which only the key `{MATRIX_FROM}` takes (`matrix: {{{MATRIX_FROM}: {node}}}`)"
+                ))
+            }
             MatrixAxis::Values(v) => v.iter().map(|v| AxisValue { label: v.clone(), param: Some(v.clone()) }).collect(),
             MatrixAxis::Named(NamedAxis { values: Some(_), labels: Some(_) }) => {
                 return Err("give either values (label → value) or labels, not both".into())
@@ -250,7 +264,7 @@ impl MatrixAxis {
 
     /// Whether the axis sets a param (every form but `labels`).
     pub fn sets_param(&self) -> bool {
-        !matches!(self, MatrixAxis::Named(NamedAxis { labels: Some(_), values: None }))
+        !matches!(self, MatrixAxis::Named(NamedAxis { labels: Some(_), values: None }) | MatrixAxis::From(_))
     }
 }
 
