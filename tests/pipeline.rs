@@ -547,3 +547,39 @@ fn a_node_follows_an_upstream_matrix_and_explain_takes_the_written_id() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("no node 'trian' to follow (did you mean 'train'?)"), "{}", stderr(&out));
 }
+
+/// Before, an interrupted `--force` left its outs deleted and the next run
+/// trained again although the store held them.
+#[test]
+fn after_an_interrupted_force_the_next_run_restores_the_outs_instead_of_running() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: s\nnodes:\n  train:\n    op: shell\n    params: {cmd: 'mkdir -p ckpt && echo w > ckpt/w.bin; if [ -e hold ]; then sleep 30 & wait; fi', outs: [ckpt]}\n",
+    );
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    p.write("hold", "");
+    let child = p
+        .cmd(&["run", "s.yaml", "--force", "train"])
+        .env("ORCHESTRATE_KILL_GRACE", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !p.path().join("ckpt/w.bin").exists() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "the forced node never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(!p.path().join("ckpt").exists(), "the interrupted node's incomplete out stayed");
+    std::fs::remove_file(p.path().join("hold")).unwrap();
+    let out = p.run(&["run", "s.yaml", "--json"]);
+    let ev = events(&out);
+    assert!(nodes_with(&ev, "node_started").is_empty(), "it ran again: {}", stdout(&out));
+    assert!(ev.iter().any(|e| e["event"] == "cache_hit" && e["restored"].is_string()), "{}", stdout(&out));
+    assert_eq!(p.read("ckpt/w.bin"), "w\n");
+}
