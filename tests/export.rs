@@ -162,3 +162,34 @@ fn the_committed_pack_exports_and_a_pack_without_response_lengths_leaves_that_cu
         assert_eq!(*v as f32, it["mean_reward"].as_f64().unwrap() as f32);
     }
 }
+
+/// A shell node's series and metrics (#31): before, `export tensorboard`
+/// refused a run without built-in training nodes. One run folder per node;
+/// each logged step read back by TensorBoard as the trainer wrote it, each
+/// metric once at the last step; a string metric is not written.
+#[test]
+fn a_shell_nodes_series_and_metrics_read_back_in_tensorboard() {
+    let p = Project::new();
+    p.write("train.py", common::TRAINER);
+    p.write("s.yaml", common::TRL_SWEEP);
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    let out = p.run(&["export", "tensorboard", "s.yaml", "logs"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let read = tensorboard_read(&p.path().join("logs"));
+    assert_eq!(read.len(), 6, "{read:?}");
+    for (lr, seed) in [(0.1, 0), (0.2, 1), (0.3, 0)] {
+        let run = &read[&format!("train@env.LR={lr},env.SEED={seed}")];
+        let loss = &run["loss"];
+        assert_eq!(loss.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 2]);
+        for (step, value) in loss {
+            let expect = 1.0 / (*step as f64 + lr);
+            assert!((value - expect).abs() < 1e-6, "loss at {step}: {value} vs {expect}");
+        }
+        let m: Value = serde_json::from_str(&p.read(&format!("runs/{lr}-{seed}/metrics.json"))).unwrap();
+        let mse = &run["metrics/test_mse"];
+        assert_eq!(mse.len(), 1);
+        assert_eq!(mse[0].0, 2);
+        assert!((mse[0].1 - m["test_mse"].as_f64().unwrap()).abs() < 1e-7, "{mse:?}");
+        assert!(!run.contains_key("metrics/eval.status"), "a string was written as a number");
+    }
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{events, nodes_with, stderr, stdout, Project};
+use common::{events, nodes_with, stderr, stdout, Project, TRAINER, TRL_SWEEP};
 
 /// A `prepare` step writing a data folder and a `train` step writing a
 /// checkpoint folder the way TRL's `output_dir` does; train "resumes" from a
@@ -414,34 +414,6 @@ fn checkout_restores_missing_and_edited_outs_from_the_store_without_running() {
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(stdout(&out).contains("not stored  train"), "{}", stdout(&out));
 }
-
-/// A fake TRL-like trainer: `output_dir/checkpoint-N/…`, `metrics.json` (nested)
-/// and a `log.jsonl` of steps.
-const TRAINER: &str = r#"import json, os, sys
-lr, seed, out = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-scale = float(os.environ.get("SCALE", "1"))
-for step in (1, 2):
-    os.makedirs(f"{out}/checkpoint-{step}", exist_ok=True)
-    open(f"{out}/checkpoint-{step}/model.safetensors", "wb").write(bytes([seed, step]) * 64)
-with open(f"{out}/log.jsonl", "w") as log:
-    for step in (1, 2):
-        log.write(json.dumps({"step": step, "loss": 1.0 / (step + lr)}) + "\n")
-mse = round(scale * (0.02 - 0.01 * lr) + 0.001 * seed, 8)
-json.dump({"test_mse": mse, "eval": {"acc": 0.5 + lr, "status": "ok"}}, open(f"{out}/metrics.json", "w"))
-"#;
-
-const TRL_SWEEP: &str = r#"name: trl
-nodes:
-  train:
-    op: shell
-    matrix: {env.LR: [0.1, 0.2, 0.3], env.SEED: [0, 1]}
-    params:
-      cmd: python3 train.py "$LR" "$SEED" "runs/$LR-$SEED"
-      deps: [train.py]
-      outs: ['runs/${matrix.env.LR}-${matrix.env.SEED}']
-      metrics: ['runs/${matrix.env.LR}-${matrix.env.SEED}/metrics.json']
-      env: {SCALE: 1}
-"#;
 
 /// Before, `compare` said `no metric differs` while a shell node's own
 /// `test_mse` changed, and `--group-by` printed an empty table.

@@ -191,3 +191,45 @@ fn the_report_of_a_pack_without_its_event_log_fails_naming_it() {
     assert!(stderr(&out).contains("events.jsonl"), "{}", stderr(&out));
     assert!(!out_path.exists(), "no report written");
 }
+
+/// A shell node's own series and metrics (#31): before, `report` had only the
+/// DAG and costs for them. Two runs overlaid draw one line per run in each of
+/// the six nodes' `loss` chart; the single report lists the metrics (a string
+/// as undefined, never 0) and draws the series; both render in Chromium.
+#[test]
+fn a_shell_nodes_series_are_drawn_and_overlaid_across_runs() {
+    let p = Project::new();
+    p.write("train.py", common::TRAINER);
+    p.write("s.yaml", common::TRL_SWEEP);
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "s.yaml", "--json"];
+        args.extend_from_slice(extra);
+        let out = p.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        common::events(&out)[0]["run_id"].as_str().unwrap().to_string()
+    };
+    let a = run(&[]);
+    let b = run(&["--set", "nodes.train.params.env.SCALE=2"]);
+    let one = p.path().join("one.html");
+    assert_eq!(p.run(&["report", &a, "--out", one.to_str().unwrap()]).status.code(), Some(0));
+    let html = std::fs::read_to_string(&one).unwrap();
+    let section = html.split("<section id=\"series\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert_eq!(section.matches("<h3>train@").count(), 6, "{section}");
+    assert_eq!(section.matches("<figcaption>loss</figcaption>").count(), 6, "{section}");
+    // What the trainer wrote for LR 0.2, seed 1 (it rounds to 8 decimals).
+    let expected = format!("<td>test_mse</td><td>{}</td>", ((0.02 - 0.01 * 0.2 + 0.001) * 1e8_f64).round() / 1e8);
+    assert!(section.contains(&expected), "{expected} not in {section}");
+    assert!(section.contains("<td>eval.status</td><td>undefined (the string"), "{section}");
+    render_in_chromium(&one, &p.path().join("one.png"), "1600,3000");
+
+    let both = p.path().join("both.html");
+    let out = p.run(&["report", &a, &b, "--out", both.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&both).unwrap();
+    let section = html.split("<section id=\"series\">").nth(1).unwrap().split("</section>").next().unwrap();
+    assert_eq!(section.matches("<figure>").count(), 6, "{section}");
+    // The loss curve does not depend on SCALE: both runs' lines are drawn, A's and B's colour.
+    assert_eq!(section.matches("stroke=\"#1565c0\"").count(), 6, "{section}");
+    assert_eq!(section.matches("stroke=\"#c62828\"").count(), 6, "{section}");
+    render_in_chromium(&both, &p.path().join("both.png"), "1600,3000");
+}

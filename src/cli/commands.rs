@@ -347,7 +347,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 eprintln!("cannot read the metrics of {node}: {why}");
             }
             if done.written.is_empty() && done.unreadable.is_empty() {
-                bail!("{} has no training node (train.sft or train.grpo) with metrics", side.name);
+                bail!("{} has no training node (train.sft or train.grpo) with metrics and no shell node declaring metrics or series", side.name);
             }
             Ok(if done.unreadable.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }

@@ -247,33 +247,12 @@ pub fn node_metrics(node: &Node) -> Result<Vec<Metric>, String> {
     }
 }
 
-/// A shell node's declared metrics files (`metrics:`), read with the one
-/// reader of the user's files ([`crate::docfile`]): each number at its dotted
-/// path, prefixed with the file when the node declares several.
+/// A shell node's own metrics ([`crate::report::user_metrics`]).
 fn shell_metrics(node: &Node) -> Result<Vec<Metric>, String> {
-    let Some(record) = &node.record else { return Ok(Vec::new()) };
-    let params: crate::ops::ShellParams = serde_json::from_value(record.params.clone())
-        .map_err(|e| format!("the recorded params of shell node '{}' do not read: {e}", node.id))?;
-    let files = params.metrics_files();
-    let mut out = Vec::new();
-    for (rel, holder, inside) in &files {
-        let Some(object) = node.outputs.get(holder) else {
-            return Err(format!("metrics file '{rel}': its out '{holder}' is not available"));
-        };
-        let path = if inside.is_empty() { object.clone() } else { object.join(inside) };
-        let (root, name) = match (path.parent(), path.file_name()) {
-            (Some(dir), Some(name)) => (dir.to_path_buf(), name.to_string_lossy().into_owned()),
-            _ => return Err(format!("metrics file '{rel}': no readable path")),
-        };
-        // The object's name has no extension: the declared name says the format.
-        let format = crate::docfile::Format::of(rel).ok_or_else(|| format!("'{rel}': not a metrics file format"))?;
-        let text = crate::docfile::read_as(&root, &name, format).map_err(|e| format!("metrics file {e}"))?;
-        for (key, value) in crate::docfile::flatten_metrics(&text) {
-            let name = if files.len() == 1 { key } else { format!("{rel}:{key}") };
-            out.push(Metric { name, unit: Unit::Number, value: value.number() });
-        }
-    }
-    Ok(out)
+    Ok(crate::report::user_metrics(node)?
+        .into_iter()
+        .map(|(name, value)| Metric { name, unit: Unit::Number, value: value.number() })
+        .collect())
 }
 
 /// The metrics of several nodes side by side (a node absent from a side has none).

@@ -52,29 +52,7 @@ pub fn read(root: &Path, rel: &str) -> Result<Value, String> {
 
 /// [`read`] in a format given (a store object's name has no extension).
 pub fn read_as(root: &Path, rel: &str, format: Format) -> Result<Value, String> {
-    if let Some(link) = crate::store::fsx::link_on_path(root, rel) {
-        return Err(format!(
-            "'{rel}': {} is a symbolic link; params and metrics files are read from real files only",
-            link.display()
-        ));
-    }
-    let path = root.join(rel);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| format!("'{rel}' cannot be read ({}): {e}", path.display()))?;
-    let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("'{rel}' ({}) is not a regular file", path.display()));
-    }
-    if meta.len() > MAX_BYTES {
-        return Err(format!("'{rel}' is {} bytes; params and metrics files are read up to {MAX_BYTES}", meta.len()));
-    }
-    let mut text = String::new();
-    file.take(MAX_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("'{rel}' cannot be read as UTF-8 text: {e}"))?;
+    let text = read_text(root, rel)?;
     parse(format, &text).map_err(|e| format!("'{rel}' is not valid {}: {e}", name(format)))
 }
 
@@ -204,9 +182,180 @@ pub fn flatten_metrics(doc: &Value) -> BTreeMap<String, MetricValue> {
     out
 }
 
+/// How a step series is written, by extension: JSON lines (`.jsonl`,
+/// `.ndjson`; one object per step) or CSV (`.csv`; a header row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeriesFormat {
+    JsonLines,
+    Csv,
+}
+
+impl SeriesFormat {
+    pub fn of(path: &str) -> Option<SeriesFormat> {
+        let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase())?;
+        match ext.as_str() {
+            "jsonl" | "ndjson" => Some(SeriesFormat::JsonLines),
+            "csv" => Some(SeriesFormat::Csv),
+            _ => None,
+        }
+    }
+}
+
+/// The most steps a series file may hold.
+pub const MAX_STEPS: usize = 1_000_000;
+
+/// A step series: each metric's value at each step (`None` where a step does
+/// not give a number for it: a gap, never 0), steps in file order.
+pub type Series = BTreeMap<String, Vec<(f64, Option<f64>)>>;
+
+/// Reads a step series (`root/rel`, no link, at most [`MAX_BYTES`]). Every
+/// row must have a numeric `step`; the error names the file and the line.
+pub fn read_series(root: &Path, rel: &str, format: SeriesFormat) -> Result<Series, String> {
+    let text = read_text(root, rel)?;
+    match format {
+        SeriesFormat::JsonLines => parse_json_lines(&text).map_err(|e| format!("'{rel}': {e}")),
+        SeriesFormat::Csv => parse_csv(&text).map_err(|e| format!("'{rel}': {e}")),
+    }
+}
+
+fn read_text(root: &Path, rel: &str) -> Result<String, String> {
+    if let Some(link) = crate::store::fsx::link_on_path(root, rel) {
+        return Err(format!(
+            "'{rel}': {} is a symbolic link; the user's files are read from real files only",
+            link.display()
+        ));
+    }
+    let path = root.join(rel);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| format!("'{rel}' cannot be read ({}): {e}", path.display()))?;
+    let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
+    if !meta.is_file() || meta.len() > MAX_BYTES {
+        return Err(format!("'{rel}' is not a regular file of at most {MAX_BYTES} bytes"));
+    }
+    let mut text = String::new();
+    file.take(MAX_BYTES + 1).read_to_string(&mut text).map_err(|e| format!("'{rel}' is not UTF-8 text: {e}"))?;
+    Ok(text)
+}
+
+/// Adds one step's values; metrics seen before but absent here get a gap.
+fn push_step(out: &mut Series, rows: usize, step: f64, values: BTreeMap<String, Option<f64>>) -> Result<(), String> {
+    if rows >= MAX_STEPS {
+        return Err(format!("more than {MAX_STEPS} steps"));
+    }
+    for (name, v) in values {
+        let column = out.entry(name).or_default();
+        column.push((step, v));
+    }
+    Ok(())
+}
+
+pub fn parse_json_lines(text: &str) -> Result<Series, String> {
+    let mut out = Series::new();
+    let mut rows = 0;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("line {}: not JSON: {e}", n + 1))?;
+        let Some(obj) = v.as_object() else { return Err(format!("line {}: expected a JSON object per step", n + 1)) };
+        let step = match obj.get("step") {
+            Some(Value::Number(x)) => x.as_f64().filter(|x| x.is_finite()),
+            _ => None,
+        }
+        .ok_or_else(|| format!("line {}: expected a numeric \"step\" field", n + 1))?;
+        let mut values = BTreeMap::new();
+        let mut rest = obj.clone();
+        rest.remove("step");
+        for (k, m) in flatten_metrics(&Value::Object(rest)) {
+            values.insert(k, m.number());
+        }
+        push_step(&mut out, rows, step, values)?;
+        rows += 1;
+    }
+    Ok(out)
+}
+
+/// One CSV record's fields (RFC 4180: quoted fields, doubled quotes).
+fn csv_fields(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut field = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match (quoted, c) {
+            (true, '"') if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            (true, '"') => quoted = false,
+            (true, c) => field.push(c),
+            (false, '"') if field.is_empty() => quoted = true,
+            (false, ',') => out.push(std::mem::take(&mut field)),
+            (false, c) => field.push(c),
+        }
+    }
+    if quoted {
+        return Err("an unclosed quote".into());
+    }
+    out.push(field);
+    Ok(out)
+}
+
+pub fn parse_csv(text: &str) -> Result<Series, String> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, header)) = lines.next() else { return Ok(Series::new()) };
+    let header: Vec<String> = csv_fields(header.trim_end_matches('\r'))
+        .map_err(|e| format!("line 1: {e}"))?
+        .into_iter()
+        .map(|h| h.trim().to_string())
+        .collect();
+    let step_at = header.iter().position(|h| h == "step").ok_or("expected a 'step' column in the header row")?;
+    let mut out = Series::new();
+    for (rows, (n, line)) in lines.enumerate() {
+        let fields = csv_fields(line.trim_end_matches('\r')).map_err(|e| format!("line {}: {e}", n + 1))?;
+        if fields.len() != header.len() {
+            return Err(format!("line {}: {} fields, the header has {}", n + 1, fields.len(), header.len()));
+        }
+        let step: f64 = fields[step_at]
+            .trim()
+            .parse()
+            .ok()
+            .filter(|x: &f64| x.is_finite())
+            .ok_or_else(|| format!("line {}: step {:?} is not a number", n + 1, fields[step_at]))?;
+        let values = header
+            .iter()
+            .zip(&fields)
+            .enumerate()
+            .filter(|(i, _)| *i != step_at)
+            .map(|(_, (h, f))| (h.clone(), f.trim().parse::<f64>().ok().filter(|x| x.is_finite())))
+            .collect();
+        push_step(&mut out, rows, step, values)?;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_and_csv_give_the_same_series_with_gaps_not_zeros() {
+        let j = parse_json_lines(
+            "{\"step\": 1, \"loss\": 0.5, \"eval\": {\"acc\": 0.1}}\n\n{\"step\": 2, \"loss\": null}\n",
+        )
+        .unwrap();
+        assert_eq!(j["loss"], vec![(1.0, Some(0.5)), (2.0, None)]);
+        assert_eq!(j["eval.acc"], vec![(1.0, Some(0.1))]);
+        let c = parse_csv("step,loss,\"note, quoted\"\n1,0.5,a\n2,,\"b \"\"c\"\"\"\n").unwrap();
+        assert_eq!(c["loss"], vec![(1.0, Some(0.5)), (2.0, None)]);
+        assert_eq!(c["note, quoted"], vec![(1.0, None), (2.0, None)]);
+        assert!(parse_json_lines("{\"loss\": 1}\n").unwrap_err().contains("line 1: expected a numeric \"step\""));
+        assert!(parse_csv("epoch,loss\n1,2\n").unwrap_err().contains("'step' column"));
+        assert!(parse_csv("step,loss\n1\n").unwrap_err().contains("line 2: 1 fields, the header has 2"));
+    }
 
     #[test]
     fn the_three_formats_read_the_same_values() {
@@ -252,6 +401,8 @@ mod tests {
         std::fs::write(dir.path().join("real.yaml"), "a: 1\n").unwrap();
         std::os::unix::fs::symlink(dir.path().join("real.yaml"), dir.path().join("link.yaml")).unwrap();
         assert!(read(dir.path(), "link.yaml").unwrap_err().contains("symbolic link"));
+        std::fs::write(dir.path().join("big.json"), vec![b' '; (MAX_BYTES + 1) as usize]).unwrap();
+        assert!(read(dir.path(), "big.json").unwrap_err().contains("at most"));
         assert!(read(dir.path(), "real.txt").unwrap_err().contains("expected a .yaml"));
         assert_eq!(read(dir.path(), "real.yaml").unwrap()["a"], 1);
     }

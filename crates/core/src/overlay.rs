@@ -62,7 +62,7 @@ pub fn combine(curves: &[&Curve]) -> Vec<Point> {
 }
 
 /// A chart's place: its section (`grpo`, `sft`), curve id and metric.
-pub type ChartKey = (&'static str, String, &'static str);
+pub type ChartKey = (&'static str, String, String);
 
 /// Every chart: (section, curve id, metric) → its lines, in order of appearance.
 #[derive(Debug, Default)]
@@ -85,16 +85,30 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
     let mut members: Vec<(ChartKey, BTreeMap<usize, Vec<Curve>>)> = Vec::new();
     for (s, side) in sides.iter().enumerate() {
         for node in &side.source.nodes {
-            let Some(path) = node.outputs.get("metrics") else { continue };
-            if !matches!(node.op.as_str(), "train.grpo" | "train.sft") {
-                continue;
-            }
-            let (section, curves) = match TrainingMetrics::read(path) {
-                Ok(TrainingMetrics::Grpo(m)) => ("grpo", grpo_curves(&m)),
-                Ok(TrainingMetrics::Sft(m)) => ("sft", sft_curves(&m)),
-                Err(e) => {
-                    out.unreadable.push((s, node.id.clone(), e.to_string()));
+            let named = |curves: Vec<(&'static str, Curve)>| -> Vec<(String, Curve)> {
+                curves.into_iter().map(|(m, c)| (m.to_string(), c)).collect()
+            };
+            let (section, curves) = if node.op == "shell" {
+                match crate::report::user_series(node) {
+                    Ok(c) if c.is_empty() => continue,
+                    Ok(c) => ("series", c),
+                    Err(e) => {
+                        out.unreadable.push((s, node.id.clone(), e));
+                        continue;
+                    }
+                }
+            } else {
+                let Some(path) = node.outputs.get("metrics") else { continue };
+                if !matches!(node.op.as_str(), "train.grpo" | "train.sft") {
                     continue;
+                }
+                match TrainingMetrics::read(path) {
+                    Ok(TrainingMetrics::Grpo(m)) => ("grpo", named(grpo_curves(&m))),
+                    Ok(TrainingMetrics::Sft(m)) => ("sft", named(sft_curves(&m))),
+                    Err(e) => {
+                        out.unreadable.push((s, node.id.clone(), e.to_string()));
+                        continue;
+                    }
                 }
             };
             let id = curve_id(&node.id, group_by);
@@ -215,7 +229,11 @@ pub fn render(sides: &[Side], group_by: Option<&str>) -> String {
         );
     }
     html.push_str("</section>\n");
-    for (section, heading) in [("grpo", "GRPO curves"), ("sft", "SFT")] {
+    for (section, heading) in [("grpo", "GRPO curves"), ("sft", "SFT"), ("series", "Series of shell nodes")] {
+        // The protocol's sections are always there; the shell nodes' only when some side has one.
+        if section == "series" && !c.charts.iter().any(|((sec, _, _), _)| *sec == "series") {
+            continue;
+        }
         let _ = writeln!(html, "<section id=\"{section}\"><h2>{heading}</h2>");
         let mut current = String::new();
         let mut any = false;

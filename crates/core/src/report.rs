@@ -44,6 +44,69 @@ pub struct Node {
     pub record: Option<crate::dag::key::HashInputs>,
 }
 
+/// A shell node's declared params, as its record keeps them (`None` for
+/// other ops and for a node that never completed).
+fn shell_params(node: &Node) -> std::result::Result<Option<crate::ops::ShellParams>, String> {
+    if node.op != "shell" {
+        return Ok(None);
+    }
+    let Some(record) = &node.record else { return Ok(None) };
+    serde_json::from_value(record.params.clone())
+        .map(Some)
+        .map_err(|e| format!("the recorded params of shell node '{}' do not read: {e}", node.id))
+}
+
+/// Where a declared file of a node is: its out's readable path, and the
+/// file's path inside it (a store object has no extension, so the declared
+/// name is what says the format).
+fn declared_file(node: &Node, rel: &str, holder: &str, inside: &str) -> std::result::Result<(PathBuf, String), String> {
+    let object = node.outputs.get(holder).ok_or_else(|| format!("'{rel}': its out '{holder}' is not available"))?;
+    let path = if inside.is_empty() { object.clone() } else { object.join(inside) };
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) => Ok((dir.to_path_buf(), name.to_string_lossy().into_owned())),
+        _ => Err(format!("'{rel}': no readable path")),
+    }
+}
+
+/// A shell node's own metrics (`metrics:`), read with the one reader of the
+/// user's files ([`crate::docfile`]): each leaf at its dotted path, prefixed
+/// with the file when the node declares several; what is not a number is
+/// undefined with the reason. Empty for other ops. Shared by `compare`, the
+/// report and `export tensorboard`.
+pub fn user_metrics(node: &Node) -> std::result::Result<Vec<(String, crate::docfile::MetricValue)>, String> {
+    let Some(params) = shell_params(node)? else { return Ok(Vec::new()) };
+    let files = params.metrics_files();
+    let mut out = Vec::new();
+    for (rel, holder, inside) in &files {
+        let (root, name) = declared_file(node, rel, holder, inside).map_err(|e| format!("metrics file {e}"))?;
+        let format = crate::docfile::Format::of(rel).ok_or_else(|| format!("'{rel}': not a metrics file format"))?;
+        let doc = crate::docfile::read_as(&root, &name, format).map_err(|e| format!("metrics file {rel}: {e}"))?;
+        for (key, value) in crate::docfile::flatten_metrics(&doc) {
+            out.push((if files.len() == 1 { key } else { format!("{rel}:{key}") }, value));
+        }
+    }
+    Ok(out)
+}
+
+/// A shell node's step series (`series:`): one curve per metric, prefixed
+/// with the file when the node declares several. Empty for other ops.
+pub fn user_series(node: &Node) -> std::result::Result<Vec<(String, Curve)>, String> {
+    let Some(params) = shell_params(node)? else { return Ok(Vec::new()) };
+    let files = params.series_files();
+    let mut out = Vec::new();
+    for (rel, holder, inside) in &files {
+        let (root, name) = declared_file(node, rel, holder, inside).map_err(|e| format!("series file {e}"))?;
+        let format =
+            crate::docfile::SeriesFormat::of(rel).ok_or_else(|| format!("'{rel}': not a series file format"))?;
+        let series =
+            crate::docfile::read_series(&root, &name, format).map_err(|e| format!("series file {rel}: {e}"))?;
+        for (metric, curve) in series {
+            out.push((if files.len() == 1 { metric } else { format!("{rel}:{metric}") }, curve));
+        }
+    }
+    Ok(out)
+}
+
 /// What a report is made from.
 #[derive(Debug, Clone)]
 pub struct Source {
@@ -545,6 +608,51 @@ pub fn render(src: &Source) -> String {
         html.push_str("<p>No SFT node in this run.</p>");
     }
     html.push_str("</section>\n");
+
+    // A shell node's own metrics and step series (`metrics:`, `series:`).
+    // The section is there only when some shell node declares either.
+    let mut own = String::new();
+    for n in &src.nodes {
+        let (metrics, series) = (user_metrics(n), user_series(n));
+        if matches!((&metrics, &series), (Ok(m), Ok(s)) if m.is_empty() && s.is_empty()) {
+            continue;
+        }
+        let _ = writeln!(own, "<h3>{}</h3>", esc(&n.id));
+        match metrics {
+            Ok(m) if !m.is_empty() => {
+                own.push_str("<table><tr><th>metric</th><th>value</th></tr>");
+                for (name, v) in m {
+                    let shown = match &v {
+                        crate::docfile::MetricValue::Number(x) => esc(&x.to_string()),
+                        crate::docfile::MetricValue::Undefined(why) => format!("undefined ({})", esc(why)),
+                    };
+                    let _ = write!(own, "<tr><td>{}</td><td>{shown}</td></tr>", esc(&name));
+                }
+                own.push_str("</table>\n");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let _ = writeln!(own, "<p class=\"fail\">The metrics cannot be read: {}</p>", esc(&e));
+            }
+        }
+        match series {
+            Ok(s) => {
+                own.push_str("<div>");
+                for (title, curve) in s {
+                    own.push_str(&chart(&title, &curve));
+                }
+                own.push_str("</div>\n");
+            }
+            Err(e) => {
+                let _ = writeln!(own, "<p class=\"fail\">The series cannot be read: {}</p>", esc(&e));
+            }
+        }
+    }
+    if !own.is_empty() {
+        html.push_str("<section id=\"series\"><h2>Metrics and series of shell nodes</h2>\n");
+        html.push_str(&own);
+        html.push_str("</section>\n");
+    }
 
     html.push_str("<section id=\"evaluation\"><h2>Evaluation</h2>\n");
     let tables: Vec<(&Node, &PathBuf)> = src

@@ -64,7 +64,7 @@ pub struct SummaryValue {
 /// One scalar point.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scalar {
-    pub tag: &'static str,
+    pub tag: std::borrow::Cow<'static, str>,
     pub step: i64,
     pub value: f64,
     /// Seconds since the node started (the event's wall time is the export's
@@ -97,7 +97,7 @@ pub fn event_file(scalars: &[Scalar], base_time: f64) -> Vec<u8> {
             wall_time: base_time + s.at,
             step: s.step,
             what: Some(What::Summary(Summary {
-                value: vec![SummaryValue { tag: s.tag.into(), simple_value: Some(s.value as f32) }],
+                value: vec![SummaryValue { tag: s.tag.to_string(), simple_value: Some(s.value as f32) }],
             })),
         };
         record(&mut out, &e.encode_to_vec());
@@ -114,7 +114,7 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
         let step = h.iteration as i64;
         let mut push = |tag: &'static str, v: Option<f64>| {
             if let Some(value) = v.filter(|v| v.is_finite()) {
-                out.push(Scalar { tag, step, value, at });
+                out.push(Scalar { tag: tag.into(), step, value, at });
             }
         };
         push("train/reward", Some(h.mean_reward));
@@ -151,7 +151,7 @@ pub fn sft_scalars(m: &SftMetrics) -> Vec<Scalar> {
         let (step, at) = (u.update as i64 + 1, per_update * (i + 1) as f64);
         for (tag, value) in [("train/loss", u.loss), ("train/learning_rate", u.lr), ("train/grad_norm", u.grad_norm)] {
             if value.is_finite() {
-                out.push(Scalar { tag, step, value, at });
+                out.push(Scalar { tag: tag.into(), step, value, at });
             }
         }
     }
@@ -164,7 +164,7 @@ pub fn sft_scalars(m: &SftMetrics) -> Vec<Scalar> {
             .rfind(|(_, u)| u.epoch == v.epoch)
             .map_or((0, 0.0), |(i, u)| (u.update as i64 + 1, per_update * (i + 1) as f64));
         if v.validation_nll.is_finite() {
-            out.push(Scalar { tag: "eval/loss", step, value: v.validation_nll, at });
+            out.push(Scalar { tag: "eval/loss".into(), step, value: v.validation_nll, at });
         }
     }
     out
@@ -201,6 +201,34 @@ fn training_nodes(src: &Source) -> Vec<&Node> {
         .collect()
 }
 
+/// A shell node's scalars: each series metric at its steps under its own
+/// name (as the user's trainer logged it), and each of its metrics once, at
+/// the last step of its series (0 without one), under `metrics/`. Undefined
+/// values are not written. `None`: the node declares neither.
+pub fn shell_scalars(n: &Node) -> Result<Option<Vec<Scalar>>, String> {
+    let series = crate::report::user_series(n)?;
+    let metrics = crate::report::user_metrics(n)?;
+    if series.is_empty() && metrics.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    let mut last = 0i64;
+    for (tag, curve) in series {
+        for (step, value) in curve {
+            let Some(value) = value.filter(|v| v.is_finite()) else { continue };
+            let step = step.round() as i64;
+            last = last.max(step);
+            out.push(Scalar { tag: tag.clone().into(), step, value, at: 0.0 });
+        }
+    }
+    for (name, value) in metrics {
+        if let Some(value) = value.number() {
+            out.push(Scalar { tag: format!("metrics/{name}").into(), step: last, value, at: 0.0 });
+        }
+    }
+    Ok(Some(out))
+}
+
 /// Writes one run folder per training node of `src` under `dir`. Refuses,
 /// before writing anything, a run folder that already exists (TensorBoard
 /// would merge its old events with the new ones). Each file is written under
@@ -209,7 +237,24 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
     let mut out = Exported::default();
     let mut files: Vec<(String, PathBuf, Vec<Scalar>)> = Vec::new();
     let mut folders = BTreeMap::new();
+    // Each node with curves: its scalars, or why they cannot be read.
+    let mut found: Vec<(&Node, Result<Vec<Scalar>, String>)> = Vec::new();
     for n in training_nodes(src) {
+        let scalars = match TrainingMetrics::read(&n.outputs["metrics"]) {
+            Ok(TrainingMetrics::Grpo(m)) => Ok(grpo_scalars(&m)),
+            Ok(TrainingMetrics::Sft(m)) => Ok(sft_scalars(&m)),
+            Err(e) => Err(e.to_string()),
+        };
+        found.push((n, scalars));
+    }
+    for n in src.nodes.iter().filter(|n| n.op == "shell") {
+        match shell_scalars(n) {
+            Ok(None) => {}
+            Ok(Some(s)) => found.push((n, Ok(s))),
+            Err(e) => found.push((n, Err(e))),
+        }
+    }
+    for (n, scalars) in found {
         let folder = run_folder(&n.id);
         if let Some(other) = folders.insert(folder.clone(), n.id.clone()) {
             return Err(format!("nodes '{other}' and '{}' would share the run folder '{folder}'", n.id));
@@ -218,15 +263,10 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
         if std::fs::symlink_metadata(&path).is_ok() {
             return Err(format!("{} already exists: remove it, or export into another folder", path.display()));
         }
-        let scalars = match TrainingMetrics::read(&n.outputs["metrics"]) {
-            Ok(TrainingMetrics::Grpo(m)) => grpo_scalars(&m),
-            Ok(TrainingMetrics::Sft(m)) => sft_scalars(&m),
-            Err(e) => {
-                out.unreadable.push((n.id.clone(), e.to_string()));
-                continue;
-            }
-        };
-        files.push((n.id.clone(), path, scalars));
+        match scalars {
+            Ok(scalars) => files.push((n.id.clone(), path, scalars)),
+            Err(e) => out.unreadable.push((n.id.clone(), e)),
+        }
     }
     let host = "orchestrate";
     for (id, folder, scalars) in files {

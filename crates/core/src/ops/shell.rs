@@ -42,6 +42,13 @@ pub struct ShellParams {
     /// is `undefined` with the reason, never 0.
     #[serde(default)]
     pub metrics: Vec<String>,
+    /// Step series the command writes (DVC's `plots:`), each an out or a file
+    /// inside a folder out: JSON lines (`.jsonl`, one object per step with a
+    /// numeric `step`) or CSV (`.csv`, a header row with a `step` column).
+    /// `report` draws them (overlaid across runs), `export tensorboard` writes
+    /// them; a value that is not a number is a gap, never 0.
+    #[serde(default)]
+    pub series: Vec<String>,
     /// Extra environment variables for the command (strings, numbers or booleans).
     #[serde(default)]
     pub env: BTreeMap<String, EnvValue>,
@@ -144,24 +151,41 @@ impl Op for ShellOp {
             }
         }
         let outs: Vec<String> = p.outs.iter().filter_map(|o| normalize_rel(o)).collect();
-        for (i, m) in p.metrics.iter().enumerate() {
-            let err = |message: String| ParamError {
-                path: vec!["metrics".into(), i.to_string()],
-                message,
-                unknown_key: false,
-            };
-            let Some(rel) = normalize_rel(m) else {
-                return Err(err(format!(
-                    "'{m}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
-                )));
-            };
-            if crate::docfile::Format::of(&rel).is_none() {
-                return Err(err(format!("'{m}': expected a .json, .yaml, .yml or .toml metrics file")));
-            }
-            if !outs.iter().any(|o| rel == *o || rel.starts_with(&format!("{o}/"))) {
-                return Err(err(format!(
-                    "metrics file '{m}' is not among outs: list it (or the folder it is written in) in outs, so it is stored with the node"
-                )));
+        type Kind<'a> = (&'a str, &'a Vec<String>, fn(&str) -> bool, &'a str);
+        let kinds: [Kind<'_>; 2] = [
+            (
+                "metrics",
+                &p.metrics,
+                |f| crate::docfile::Format::of(f).is_some(),
+                "a .json, .yaml, .yml or .toml metrics file",
+            ),
+            (
+                "series",
+                &p.series,
+                |f| crate::docfile::SeriesFormat::of(f).is_some(),
+                "a .jsonl, .ndjson or .csv series file",
+            ),
+        ];
+        for (field, list, format_ok, expected) in kinds {
+            for (i, m) in list.iter().enumerate() {
+                let err = |message: String| ParamError {
+                    path: vec![field.into(), i.to_string()],
+                    message,
+                    unknown_key: false,
+                };
+                let Some(rel) = normalize_rel(m) else {
+                    return Err(err(format!(
+                        "'{m}' must be a relative path inside the spec's folder (no leading '/', no escaping '..')"
+                    )));
+                };
+                if !format_ok(&rel) {
+                    return Err(err(format!("'{m}': expected {expected}")));
+                }
+                if !outs.iter().any(|o| rel == *o || rel.starts_with(&format!("{o}/"))) {
+                    return Err(err(format!(
+                        "{field} file '{m}' is not among outs: list it (or the folder it is written in) in outs, so it is stored with the node"
+                    )));
+                }
             }
         }
         for reference in param_refs(&p.cmd) {
@@ -280,8 +304,17 @@ impl ShellParams {
     /// Each declared metrics file: (its path as declared, the out that holds
     /// it, its path inside that out: empty when the out is the file itself).
     pub fn metrics_files(&self) -> Vec<(String, String, String)> {
+        self.files_in_outs(&self.metrics)
+    }
+
+    /// Each declared series file, as [`ShellParams::metrics_files`].
+    pub fn series_files(&self) -> Vec<(String, String, String)> {
+        self.files_in_outs(&self.series)
+    }
+
+    fn files_in_outs(&self, files: &[String]) -> Vec<(String, String, String)> {
         let outs: Vec<String> = self.outs.iter().filter_map(|o| normalize_rel(o)).collect();
-        self.metrics
+        files
             .iter()
             .filter_map(|m| {
                 let rel = normalize_rel(m)?;
