@@ -555,3 +555,52 @@ fn after_an_interrupted_force_the_next_run_restores_the_outs_instead_of_running(
     assert!(ev.iter().any(|e| e["event"] == "cache_hit" && e["restored"].is_string()), "{}", stdout(&out));
     assert_eq!(p.read("ckpt/w.bin"), "w\n");
 }
+
+/// Gates read a shell node's own metrics by name, in the format its file is
+/// written in (before, gate evidence had to be JSON: a YAML metrics file
+/// failed the gate node with "is not JSON"), in the run and again in `audit`.
+#[test]
+fn gates_read_a_shell_nodes_yaml_metrics_in_the_run_and_in_the_audit() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        r#"name: own-gates
+nodes:
+  train:
+    op: shell
+    params:
+      cmd: 'printf "eval:\n  mse: 0.0144\n  note: fine\n" > metrics.yaml'
+      outs: [metrics.yaml]
+      metrics: [metrics.yaml]
+  gates:
+    op: gate
+    params: {file: g.yaml}
+"#,
+    );
+    p.write(
+        "g.yaml",
+        "name: own\ngates:\n  - name: mse-low\n    evidence: {m: 'train:metrics.yaml'}\n    check: {field: m.eval.mse, at_most: 0.02}\n  - name: mse-very-low\n    evidence: {m: 'train:metrics.yaml'}\n    check: {field: m.eval.mse, at_most: 0.01}\n",
+    );
+    let out = p.run(&["run", "s.yaml"]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("1 gate(s) failed"), "{all}");
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(stdout(&p.run(&["path", "s.yaml", "gates:gates.json"])).trim()).unwrap(),
+    )
+    .unwrap();
+    let passed: Vec<(String, bool)> = report["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["name"].as_str().unwrap().to_string(), r["passed"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(passed, [("mse-low".to_string(), true), ("mse-very-low".to_string(), false)]);
+    // The audit reads the packed YAML the same way.
+    let out = p.run(&["pack", "freeze", "s.yaml", "--out", "pack"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = p.run(&["audit", "pack"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    assert!(text.contains("mse-low") && text.contains("PASS") && text.contains("FAIL"), "{text}");
+}

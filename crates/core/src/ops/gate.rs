@@ -25,6 +25,13 @@ pub struct GateParams {
 
 pub struct GateOp;
 
+/// Reads evidence with the one reader of structured files: by the output's
+/// extension (a shell node's `metrics.yaml` or `metrics.toml`), JSON otherwise.
+pub fn parse_evidence(reference: &str, text: &str) -> Result<Value, String> {
+    let format = crate::docfile::Format::of(reference).unwrap_or(crate::docfile::Format::Json);
+    crate::docfile::parse(format, text).map_err(|e| format!("evidence {reference} does not read: {e}"))
+}
+
 /// The input name an evidence reference becomes.
 pub fn evidence_input(reference: &str) -> String {
     format!("evidence:{reference}")
@@ -72,8 +79,7 @@ impl Op for GateOp {
             let a = &artifacts[0];
             let text = std::fs::read_to_string(&a.path)
                 .map_err(|e| OpError::io(format!("reading evidence {reference}"), e))?;
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| OpError::Failed(format!("evidence {reference} is not JSON: {e}")))?;
+            let v = parse_evidence(reference, &text).map_err(OpError::Failed)?;
             loaded.insert(reference.to_string(), (v, a.hash.clone()));
         }
         let results: Vec<_> = file

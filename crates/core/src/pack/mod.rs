@@ -647,7 +647,14 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
                     break;
                 };
                 let path = &evidence_paths[reference];
-                loaded.insert(alias.clone(), serde_json::from_str(&text).unwrap_or(Value::Null));
+                let value = match crate::ops::gate::parse_evidence(reference, &text) {
+                    Ok(v) => v,
+                    Err(why) => {
+                        unreadable = Some(format!("cannot evaluate: {why}"));
+                        break;
+                    }
+                };
+                loaded.insert(alias.clone(), value);
                 hashes.insert(
                     alias.clone(),
                     (
