@@ -604,3 +604,90 @@ nodes:
     assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
     assert!(text.contains("mse-low") && text.contains("PASS") && text.contains("FAIL"), "{text}");
 }
+
+/// `orchestrate` as a user the read-only mode of the store binds: this
+/// process's own user, or, for root (as in CI), uid 65534 through `setpriv`,
+/// with the project handed to it.
+fn as_unprivileged(p: &Project, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let root = unsafe_euid() == 0;
+    let mut c = if root {
+        let mut c = std::process::Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", common::bin()]);
+        c
+    } else {
+        std::process::Command::new(common::bin())
+    };
+    c.args(args).current_dir(p.path()).env("HOME", p.path());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("orchestrate runs (setpriv from util-linux when root)")
+}
+
+fn unsafe_euid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of a file this process just made is its effective uid.
+    let probe = tempfile::NamedTempFile::new().unwrap();
+    std::fs::metadata(probe.path()).unwrap().uid()
+}
+
+/// DVC's `cache.type` (#31): before, every checkout was a copy. With
+/// `ORCHESTRATE_CACHE_TYPE=hardlink,copy` a checked-out out is the read-only
+/// object itself (no second copy); writing to it is refused; an edit forced
+/// with a chmod is found by stat, the edited object is moved aside (never
+/// served again), the node re-runs, and `verify` finds the store intact. Root
+/// never gets a hard link (a read-only mode does not stop root).
+#[test]
+fn a_hardlinked_checkout_is_the_read_only_object_and_an_edit_never_corrupts_the_store() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let p = Project::new();
+    p.write("s.yaml", "name: s\nnodes:\n  train:\n    op: shell\n    params: {cmd: 'mkdir -p ckpt && echo weights > ckpt/w.bin', outs: [ckpt]}\n");
+    if unsafe_euid() == 0 {
+        // Root: hardlink is skipped for a copy.
+        assert_eq!(p.run(&["run", "s.yaml", "--workspace", "rootws"]).status.code(), Some(0));
+        std::fs::remove_dir_all(p.path().join("ckpt")).unwrap();
+        let out = p
+            .cmd(&["checkout", "s.yaml", "--workspace", "rootws"])
+            .env("ORCHESTRATE_CACHE_TYPE", "hardlink,copy")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(std::fs::metadata(p.path().join("ckpt/w.bin")).unwrap().nlink(), 1, "root got a hard link");
+        std::fs::remove_dir_all(p.path().join("ckpt")).unwrap();
+        let status = std::process::Command::new("chown").args(["-R", "65534:65534"]).arg(p.path()).status().unwrap();
+        assert!(status.success());
+    }
+    let hard = [("ORCHESTRATE_CACHE_TYPE", "hardlink,copy")];
+    let out = as_unprivileged(&p, &["run", "s.yaml"], &hard);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    std::fs::remove_dir_all(p.path().join("ckpt")).unwrap();
+    let out = as_unprivileged(&p, &["checkout", "s.yaml"], &hard);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let file = p.path().join("ckpt/w.bin");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert!(meta.nlink() >= 2, "not a hard link: the checkout copied");
+    assert!(meta.permissions().readonly(), "a hard-linked out must be read-only");
+    // Writing is refused for the unprivileged user.
+    let out = as_unprivileged(&p, &["verify"], &[]);
+    assert!(out.status.success(), "{}", stdout(&out));
+    let write = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", "echo edit >> ckpt/w.bin"])
+        .current_dir(p.path())
+        .output();
+    if unsafe_euid() == 0 {
+        assert!(!write.unwrap().status.success(), "a read-only hard link was writable");
+    }
+    // An edit forced anyway (chmod, then write in place) edits the object.
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&file, "edited\n").unwrap();
+    let out = as_unprivileged(&p, &["run", "s.yaml", "--json"], &hard);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ev = events(&out);
+    let started: Vec<&serde_json::Value> = ev.iter().filter(|e| e["event"] == "node_started").collect();
+    assert_eq!(started.len(), 1, "{}", stdout(&out));
+    let reason = started[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("hard link to the store"), "{reason}");
+    assert_eq!(p.read("ckpt/w.bin"), "weights\n");
+    let out = as_unprivileged(&p, &["verify"], &[]);
+    assert!(out.status.success(), "the store does not verify: {}", stdout(&out));
+}

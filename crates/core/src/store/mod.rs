@@ -900,7 +900,8 @@ impl Workspace {
                 dest.file_name().unwrap_or_default().to_string_lossy(),
                 objects::unique_suffix()
             ));
-            let copied = objects::copy_out(&self.object_path(&o.object.hash), &tmp, o.object.kind);
+            let types = objects::CacheType::from_env().map_err(StoreError::Invalid)?;
+            let copied = objects::copy_out(&self.object_path(&o.object.hash), &tmp, o.object.kind, &types);
             if let Err(e) = copied {
                 let _ = objects::remove_any(&tmp);
                 return Err(e);
@@ -1018,6 +1019,40 @@ impl Workspace {
     /// One output against its object: in the store, and (for one in the
     /// user's tree) the same bytes there; a stat-only change refreshes `out.stat`.
     fn check_output(&self, index: &Index, out: &mut OutputRecord, spec_dir: &Path) -> Result<Checked, StoreError> {
+        let checked = self.compare_output(index, out, spec_dir)?;
+        if let Checked::Differs(why) = &checked {
+            // An out checked out as a hard link is the object itself: an edit
+            // made to it anyway (after a chmod) edited the object. Such an
+            // object is moved aside here, so the store never serves it.
+            if out.workspace_path.is_some() && self.has_object(&out.object) && self.shares_inodes(out, spec_dir) {
+                if let Err(damage) = self.check_object(&out.object)? {
+                    return Ok(Checked::Differs(format!("{why}; it was a hard link to the store, so {damage}")));
+                }
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Whether an out in the tree shares an inode with its object (a hard
+    /// link, or a folder holding one).
+    fn shares_inodes(&self, out: &OutputRecord, spec_dir: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Some(rel) = &out.workspace_path else { return false };
+        let (object, tree) = (self.object_path(&out.object.hash), spec_dir.join(rel));
+        let same = |a: &Path, b: &Path| match (fs::symlink_metadata(a), fs::symlink_metadata(b)) {
+            (Ok(x), Ok(y)) => x.is_file() && x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        };
+        match out.object.kind {
+            OutputKind::File => same(&object, &tree),
+            OutputKind::Dir => objects::list_files(&object)
+                .map(|files| files.iter().any(|f| same(&object.join(f), &tree.join(f))))
+                .unwrap_or(false),
+        }
+    }
+
+    /// [`Workspace::check_output`] before the hard-link check.
+    fn compare_output(&self, index: &Index, out: &mut OutputRecord, spec_dir: &Path) -> Result<Checked, StoreError> {
         if !self.has_object(&out.object) {
             return Ok(Checked::Differs(format!("output '{}' is missing from the store", out.name)));
         }

@@ -144,8 +144,16 @@ fn make_read_only(path: &Path) -> Result<(), StoreError> {
 
 /// Copies a file into the store while hashing it (the source stays where it is).
 pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo, StoreError> {
-    let mut input = File::open(src).map_err(io(format!("opening {}", src.display())))?;
     let staged = tmp.join(format!("copy-{}", unique_suffix()));
+    let mut input = File::open(src).map_err(io(format!("opening {}", src.display())))?;
+    // Where the filesystem clones, the store's copy shares the bytes of the
+    // user's file until either is written (it is then hashed from the clone).
+    if reflink(&input, &staged)? {
+        let (hash, size) = hash_file(&staged)?;
+        let info = ObjectInfo { hash, kind: OutputKind::File, size, files: 1 };
+        install(objects, &staged, &info)?;
+        return Ok(info);
+    }
     let mut out = File::create(&staged).map_err(io(format!("creating {}", staged.display())))?;
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 16];
@@ -170,44 +178,135 @@ pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo
 /// where it is); a link inside it is refused, never followed.
 pub fn publish_copy_dir(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo, StoreError> {
     let staged = tmp.join(format!("copy-{}", unique_suffix()));
-    let result = copy_out(src, &staged, OutputKind::Dir).and_then(|()| publish_move(objects, &staged, OutputKind::Dir));
+    // Into the store: a reflink where the filesystem has them, else a copy (never a hard link to the user's file).
+    let result = copy_out(src, &staged, OutputKind::Dir, &[CacheType::Reflink, CacheType::Copy])
+        .and_then(|_| publish_move(objects, &staged, OutputKind::Dir));
     if result.is_err() {
         let _ = remove_any(&staged);
     }
     result
 }
 
-/// Copies a file or folder (a stored object, or a folder out of the user's
-/// tree) to `to`, which must not exist, writable by its owner: never the
-/// source's own inode. A link in a folder is refused, never followed.
-pub fn copy_out(object: &Path, to: &Path, kind: OutputKind) -> Result<(), StoreError> {
+/// How a file is placed from the store into the user's tree (DVC's
+/// `cache.type`), tried in the order given until one works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheType {
+    /// A copy-on-write clone (`FICLONE`: btrfs, XFS, bcachefs; not ext4 or
+    /// tmpfs): no second copy of the bytes, and an edit never reaches the store.
+    Reflink,
+    /// A hard link to the read-only object: no second copy; an edit needs a
+    /// `chmod` first, and one made anyway is found by stat and the object set
+    /// aside. Never used by root, whom a read-only mode does not stop.
+    Hardlink,
+    /// A plain copy: its own inode, always possible.
+    Copy,
+}
+
+impl CacheType {
+    /// Parses `reflink,hardlink,copy` (any order, at least one).
+    pub fn parse_list(text: &str) -> Result<Vec<CacheType>, String> {
+        let mut out = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let t = match part {
+                "reflink" => CacheType::Reflink,
+                "hardlink" => CacheType::Hardlink,
+                "copy" => CacheType::Copy,
+                other => {
+                    return Err(format!(
+                        "'{other}' is not a cache type; expected reflink, hardlink or copy, comma-separated (e.g. reflink,copy)"
+                    ))
+                }
+            };
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        if out.is_empty() {
+            return Err("no cache type given; expected reflink, hardlink or copy, comma-separated".into());
+        }
+        Ok(out)
+    }
+
+    /// `ORCHESTRATE_CACHE_TYPE`, or the default `reflink,copy` (as DVC's).
+    pub fn from_env() -> Result<Vec<CacheType>, String> {
+        match std::env::var("ORCHESTRATE_CACHE_TYPE") {
+            Ok(v) => CacheType::parse_list(&v).map_err(|e| format!("ORCHESTRATE_CACHE_TYPE={v:?}: {e}")),
+            Err(_) => Ok(vec![CacheType::Reflink, CacheType::Copy]),
+        }
+    }
+}
+
+/// Places a file or folder (a stored object, or a folder out of the user's
+/// tree) at `to`, which must not exist, by the first of `types` that works
+/// (a copy when none does): a copy or a reflink is the user's own file,
+/// writable; a hard link is the read-only object itself. A link in a folder
+/// is refused, never followed. Returns what was used for the last file.
+pub fn copy_out(object: &Path, to: &Path, kind: OutputKind, types: &[CacheType]) -> Result<CacheType, StoreError> {
     match kind {
-        OutputKind::File => copy_no_follow(object, to)?,
+        OutputKind::File => place_file(object, to, types),
         OutputKind::Dir => {
             fs::create_dir(to).map_err(io(format!("creating {}", to.display())))?;
+            let mut used = CacheType::Copy;
             for rel in list_files(object)? {
                 let dest = to.join(&rel);
                 if let Some(parent) = dest.parent() {
                     fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
                 }
-                copy_no_follow(&object.join(&rel), &dest)?;
+                used = place_file(&object.join(&rel), &dest, types)?;
             }
+            Ok(used)
         }
     }
-    Ok(())
 }
 
-/// Copies one regular file, refusing a link where the file was listed.
-fn copy_no_follow(from: &Path, to: &Path) -> Result<(), StoreError> {
+/// Whether this process runs as root (a read-only mode does not stop it).
+fn is_root() -> bool {
+    // SAFETY: a plain syscall without arguments.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Clones `input` to a new file `to` (`FICLONE`); `false`, with nothing left
+/// at `to`, where the filesystem cannot.
+fn reflink(input: &File, to: &Path) -> Result<bool, StoreError> {
+    use std::os::fd::AsRawFd;
+    let out = File::create_new(to).map_err(io(format!("creating {}", to.display())))?;
+    // SAFETY: FICLONE takes the source's descriptor; both stay open for the call.
+    let cloned = unsafe { libc::ioctl(out.as_raw_fd(), libc::FICLONE, input.as_raw_fd()) } == 0;
+    drop(out);
+    if !cloned {
+        fs::remove_file(to).map_err(io(format!("removing {}", to.display())))?;
+    }
+    Ok(cloned)
+}
+
+/// One regular file placed by the first cache type that works; a link where
+/// the file was listed is refused.
+fn place_file(from: &Path, to: &Path, types: &[CacheType]) -> Result<CacheType, StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut input = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(from)
         .map_err(io(format!("opening {} (a symbolic link is not stored)", from.display())))?;
+    for t in types {
+        match t {
+            CacheType::Hardlink if !is_root() => {
+                if fs::hard_link(from, to).is_ok() {
+                    return Ok(CacheType::Hardlink);
+                }
+            }
+            CacheType::Reflink => {
+                if reflink(&input, to)? {
+                    return Ok(CacheType::Reflink);
+                }
+            }
+            CacheType::Hardlink | CacheType::Copy => {}
+        }
+    }
     let mut out = File::create_new(to).map_err(io(format!("creating {}", to.display())))?;
     std::io::copy(&mut input, &mut out).map_err(io(format!("copying {}", from.display())))?;
-    Ok(())
+    Ok(CacheType::Copy)
 }
 
 /// The listing hash of a folder, each file's hash and size taken from
@@ -276,6 +375,11 @@ pub fn move_aside(object: &Path, damaged: &Path) -> Result<Option<PathBuf>, Stor
     super::fsx::own_dir(damaged)?;
     let name = object.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let to = damaged.join(format!("{name}-{}", unique_suffix()));
+    // A read-only folder cannot move to another parent (its `..` entry is
+    // written) except by root: it is made writable to its owner first.
+    if fs::symlink_metadata(object).is_ok_and(|m| m.is_dir()) {
+        let _ = fs::set_permissions(object, fs::Permissions::from_mode(0o755));
+    }
     match fs::rename(object, &to) {
         Ok(()) => Ok(Some(to)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -302,7 +406,17 @@ fn install(objects: &Path, staged: &Path, info: &ObjectInfo) -> Result<(), Store
         None => {}
     }
     super::fsx::own_dir(shard)?;
-    make_read_only(staged)?;
+    // A folder's own mode is set after the rename: moving a folder to another
+    // parent writes its `..` entry, which a read-only folder refuses to anyone
+    // but root (so a user's folder outs could not be published at all).
+    let folder = fs::symlink_metadata(staged).is_ok_and(|m| m.is_dir());
+    if folder {
+        for entry in fs::read_dir(staged).map_err(io(format!("listing {}", staged.display())))? {
+            make_read_only(&entry.map_err(io(format!("listing {}", staged.display())))?.path())?;
+        }
+    } else {
+        make_read_only(staged)?;
+    }
     match fs::rename(staged, &dest) {
         Ok(()) => {}
         // Another process installed the same content first: equally good.
@@ -311,6 +425,10 @@ fn install(objects: &Path, staged: &Path, info: &ObjectInfo) -> Result<(), Store
             return Ok(());
         }
         Err(e) => return Err(StoreError::Io { context: format!("publishing {}", dest.display()), source: e }),
+    }
+    if folder {
+        fs::set_permissions(&dest, fs::Permissions::from_mode(0o555))
+            .map_err(io(format!("making {} read-only", dest.display())))?;
     }
     fsync_dir(shard)
 }
@@ -344,6 +462,25 @@ pub fn unique_suffix() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_types_parse_in_order_and_a_wrong_one_is_named() {
+        assert_eq!(CacheType::parse_list("hardlink, copy,hardlink").unwrap(), [CacheType::Hardlink, CacheType::Copy]);
+        assert!(CacheType::parse_list("symlink,copy").unwrap_err().contains("'symlink' is not a cache type"));
+        assert!(CacheType::parse_list(" , ").is_err());
+        // Where the filesystem has no reflinks (ext4, tmpfs), a copy is made.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), b"bytes").unwrap();
+        let used = copy_out(
+            &dir.path().join("a"),
+            &dir.path().join("b"),
+            OutputKind::File,
+            &[CacheType::Reflink, CacheType::Copy],
+        )
+        .unwrap();
+        assert!(matches!(used, CacheType::Reflink | CacheType::Copy));
+        assert_eq!(std::fs::read(dir.path().join("b")).unwrap(), b"bytes");
+    }
 
     #[test]
     fn a_folder_hash_depends_on_names_and_contents_not_on_creation_order() {
