@@ -675,3 +675,23 @@ fn a_stalled_s3_answer_times_out_instead_of_hanging() {
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}: {err}", t.elapsed());
     assert!(err.contains("no byte of the body arrived"), "{err}");
 }
+
+/// A folder out comes back with `pull` (#31): before, `pull` checked out file
+/// outs only, and a pulled folder out was missing from the tree until a run.
+#[test]
+fn pull_checks_a_folder_out_out_into_the_tree() {
+    let (a, b) = (Project::new(), Project::new());
+    let remote = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", remote.path().display());
+    let spec = "name: f\nnodes:\n  t:\n    op: shell\n    params: {cmd: 'mkdir -p ckpt/sub && echo w > ckpt/sub/w.bin && echo m > ckpt/m.json', outs: [ckpt]}\n";
+    for p in [&a, &b] {
+        p.write("f.yaml", spec);
+    }
+    ok(&a.run(&["run", "-q", "f.yaml", "--remote", &url, "--push"]));
+    ok(&b.run(&["pull", "f.yaml", "--remote", &url]));
+    assert_eq!(b.read("ckpt/sub/w.bin"), "w\n");
+    assert_eq!(b.read("ckpt/m.json"), "m\n");
+    let ev = common::events(&b.run(&["run", "--json", "f.yaml"]));
+    assert!(nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
+    assert!(ev.iter().all(|e| e["restored"].is_null()), "the pull left the folder to a later restore: {ev:?}");
+}

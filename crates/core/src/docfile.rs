@@ -17,6 +17,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Separates a params file from one of its keys in a node key's field name
+/// and in what people read (`params.yaml:train.lr`), as DVC writes them.
+pub const PARAMS_KEY_SEP: &str = ":";
+
 /// The largest params or metrics file read (16 MiB).
 pub const MAX_BYTES: u64 = 16 << 20;
 

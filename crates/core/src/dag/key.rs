@@ -104,9 +104,7 @@ pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
 /// (`trees.data/prepared//train.jsonl`): `//` is in no normalized path.
 pub const TREE_FILE_SEP: &str = "//";
 
-/// Separates a params file from one of its keys in a field name and in what
-/// people read (`params.yaml:train.lr`), as DVC writes them.
-pub const PARAMS_KEY_SEP: &str = ":";
+pub use crate::docfile::PARAMS_KEY_SEP;
 
 /// A record as dotted field → canonical JSON value (`params.lr` → `0.001`):
 /// the fields [`diff`] compares. A tree dep's files are one field each,

@@ -353,7 +353,7 @@ fn resolve_param<'a>(
     files: &'a BTreeMap<String, Vec<String>>,
     reference: &'a str,
 ) -> Result<(String, &'a str), String> {
-    if let Some((file, key)) = reference.split_once(crate::dag::key::PARAMS_KEY_SEP) {
+    if let Some((file, key)) = reference.split_once(crate::docfile::PARAMS_KEY_SEP) {
         return match files.iter().find(|(f, _)| normalize_rel(f).as_deref() == normalize_rel(file).as_deref()) {
             Some((f, keys)) if keys.iter().any(|k| k == key) => Ok((normalize_rel(f).unwrap_or_default(), key)),
             Some(_) => Err(format!("${{param:{reference}}}: '{key}' is not among the keys params_files lists for '{file}'; add it there so its value is in the key")),

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::{is_hex64, object_key, record_key, Remote, RemoteError};
 use crate::store::objects::{dir_listing, ListedFile, DIR_LISTING_HEADER};
-use crate::store::{CachedNode, FileStat, Index, Key, OutputKind, OutputRecord, Workspace};
+use crate::store::{CachedNode, Index, Key, OutputKind, OutputRecord, Workspace};
 
 /// A record larger than this is not read (the largest a node writes, a
 /// results table's with every score as an input, is a few KB; nesting is
@@ -512,46 +512,12 @@ fn land(ws: &Workspace, index: &Index, spec_dir: &Path, node: CachedNode) -> Res
     Ok(index.lookup(&node.key)?.unwrap_or(node))
 }
 
-/// Writes outputs that live in the user's tree (a shell node's `outs`) there
-/// when they are missing, as `dvc pull` checks them out; an existing file is
-/// left alone. A path whose folders include a link is refused.
+/// Writes outputs that live in the user's tree (a shell node's `outs`, files
+/// and folders) there when they are missing, as `dvc pull` checks them out,
+/// by the store's own checkout (cache types, no write through a link); an
+/// existing file or folder is left alone.
 fn checkout(ws: &Workspace, index: &Index, spec_dir: &Path, node: &CachedNode) -> Result<(), RemoteError> {
-    let mut outputs = node.outputs.clone();
-    let mut changed = false;
-    for o in &mut outputs {
-        let (Some(rel), OutputKind::File) = (&o.workspace_path, o.object.kind) else { continue };
-        let dest = spec_dir.join(rel);
-        if std::fs::symlink_metadata(&dest).is_ok() {
-            continue;
-        }
-        let mut at = spec_dir.to_path_buf();
-        for part in Path::new(rel).parent().map(|p| p.components().collect::<Vec<_>>()).unwrap_or_default() {
-            at.push(part);
-            if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
-                return Err(RemoteError::Refused(format!(
-                    "{}: a link; the output '{rel}' is not written through it",
-                    at.display()
-                )));
-            }
-        }
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| RemoteError::Transfer(format!("{}: {e}", parent.display())))?;
-        }
-        let tmp = dest.with_file_name(format!(
-            ".{}.{}",
-            dest.file_name().unwrap_or_default().to_string_lossy(),
-            crate::store::objects::unique_suffix()
-        ));
-        std::fs::copy(ws.object_path(&o.object.hash), &tmp)
-            .map_err(|e| RemoteError::Transfer(format!("{}: {e}", tmp.display())))?;
-        let _ = std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644));
-        std::fs::rename(&tmp, &dest).map_err(|e| RemoteError::Transfer(format!("{}: {e}", dest.display())))?;
-        o.stat = FileStat::of(&dest).ok();
-        changed = true;
-    }
-    if changed {
-        index.update_outputs(&node.key, &outputs)?;
-    }
+    ws.restore_missing_outputs(index, node, spec_dir)?;
     Ok(())
 }
 

@@ -878,10 +878,34 @@ impl Workspace {
         node: &CachedNode,
         spec_dir: &Path,
     ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
+        self.restore_outputs_where(index, node, spec_dir, false)
+    }
+
+    /// [`Workspace::restore_outputs`] of the outs missing from the tree only
+    /// (what `pull` checks out: an existing file or folder is left alone).
+    pub fn restore_missing_outputs(
+        &self,
+        index: &Index,
+        node: &CachedNode,
+        spec_dir: &Path,
+    ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
+        self.restore_outputs_where(index, node, spec_dir, true)
+    }
+
+    fn restore_outputs_where(
+        &self,
+        index: &Index,
+        node: &CachedNode,
+        spec_dir: &Path,
+        missing_only: bool,
+    ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
         let mut outputs = node.outputs.clone();
         let (mut files, mut bytes) = (0u64, 0u64);
         for o in &mut outputs {
             let Some(rel) = o.workspace_path.clone() else { continue };
+            if missing_only && fs::symlink_metadata(spec_dir.join(&rel)).is_ok() {
+                continue;
+            }
             if !matches!(self.check_output(index, o, spec_dir)?, Checked::Differs(_)) {
                 continue;
             }
