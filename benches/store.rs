@@ -9,13 +9,17 @@
 //!    `dvc checkout` of the same folder, in the same run.
 //! 2. `gc` over a store of 10,000 objects: `gc --dry-run`, then `gc` removing half.
 //!
-//! `ORCHESTRATE_BENCH_BIG_MB` sets the big folder's size (default 2048).
+//! `ORCHESTRATE_BENCH_BIG_MB` sets the big folder's size (default 2048). Each
+//! timed step starts after a `sync`, and the page cache is warm for both tools.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 fn timed(dir: &Path, program: &Path, args: &[&str]) -> f64 {
+    // Each step starts with no dirty pages left by the one before (another
+    // tool's 2 GB write-back would otherwise land in this one's time).
+    let _ = Command::new("sync").status();
     let start = Instant::now();
     let out = Command::new(program).args(args).current_dir(dir).output().expect("the program runs");
     let secs = start.elapsed().as_secs_f64();
