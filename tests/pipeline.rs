@@ -691,3 +691,65 @@ fn a_hardlinked_checkout_is_the_read_only_object_and_an_edit_never_corrupts_the_
     let out = as_unprivileged(&p, &["verify"], &[]);
     assert!(out.status.success(), "the store does not verify: {}", stdout(&out));
 }
+
+/// The keep policy that makes the protocol fit a disk (#31): `gc --drop-states`
+/// drops the training states of kept results (the largest objects), leaves
+/// every node cached, and a run that needs a state again (here: the resume
+/// check forced) runs its producers first, transitively, and the bit-exact
+/// resume makes the same state again. Before, there was no such policy.
+#[test]
+fn gc_drop_states_keeps_every_node_cached_and_a_run_that_needs_a_state_makes_it_again() {
+    let p = Project::new();
+    let full = include_str!("fixtures/train-small.yaml");
+    let spec = &full[..full.find("  grpo:").expect("the fixture has a grpo node")];
+    p.write("t.yaml", spec);
+    let out = p.run(&["run", "t.yaml", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let state_path = |node: &str| stdout(&p.run(&["path", "t.yaml", &format!("{node}:state")])).trim().to_string();
+    let states: Vec<String> = ["warmstart@mode=continuous", "warmstart@mode=interrupt", "warmstart-resume"]
+        .iter()
+        .map(|n| state_path(n))
+        .collect();
+    let state_bytes: u64 = states.iter().map(|s| std::fs::metadata(s).unwrap().len()).sum();
+    let before = stored_objects(&p);
+
+    let out = p.run(&["gc", "t.yaml", "--drop-states", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let after = stored_objects(&p);
+    let freed: u64 = before.iter().filter(|(h, _)| !after.contains_key(*h)).map(|(_, b)| b).sum();
+    assert_eq!(freed, state_bytes, "gc --drop-states freed other bytes than the three states'");
+    assert!(states.iter().all(|s| !std::path::Path::new(s).exists()));
+    let out = p.run(&["path", "t.yaml", "warmstart-resume:state"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("was dropped by gc --drop-states"), "{}", stderr(&out));
+    assert!(p.run(&["verify"]).status.success(), "{}", stdout(&p.run(&["verify"])));
+
+    // Every node stays cached.
+    let out = p.run(&["run", "t.yaml", "--json"]);
+    let ev = events(&out);
+    assert!(nodes_with(&ev, "node_started").is_empty(), "{}{}", stdout(&out), stderr(&out));
+    // The check, forced, needs both states, and the resume needs the interrupt's: all three run again.
+    let out = p.run(&["run", "t.yaml", "--json", "--force", "warmstart-check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ev = events(&out);
+    assert_eq!(
+        nodes_with(&ev, "node_finished"),
+        ["warmstart-check", "warmstart-resume", "warmstart@mode=continuous", "warmstart@mode=interrupt"],
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("note: warmstart@mode=interrupt runs again: its 'state' was dropped by gc --drop-states and warmstart-resume needs it"), "{}", stderr(&out));
+    // Each state is in the store again (its costs and lineage, which hold
+    // timings, differ from the dropped one's, so its hash may too), and the
+    // resumed state still equals the continuous one in everything else.
+    for n in ["warmstart@mode=continuous", "warmstart@mode=interrupt", "warmstart-resume"] {
+        let s = state_path(n);
+        assert!(std::path::Path::new(&s).exists(), "the state of {n} was not made again: {s}");
+    }
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(stdout(&p.run(&["path", "t.yaml", "warmstart-check:report"])).trim()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(report["identical"], true, "{report}");
+    assert!(p.run(&["verify"]).status.success());
+}

@@ -27,6 +27,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Run { spec, targets, jobs, force, dry_run, json, quiet, remote, push } => {
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
+            let force = regenerate_dropped(&cli.workspace, &spec, &dag, force)?;
             // `--remote [URL]` consults the remote on a local miss; `--push`
             // uploads what ran (to the same remote, or the configured one).
             let consult =
@@ -155,6 +156,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Plan { spec, targets, force, json, remote } => {
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
+            let force = regenerate_dropped(&cli.workspace, &spec, &dag, force)?;
             let remote =
                 remote.remote.as_deref().map(|url| open_remote(&cli.workspace, Some(url), None)).transpose()?;
             let ws = Workspace::open_read_only(&cli.workspace)?;
@@ -218,6 +220,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .iter()
                 .find(|o| o.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no output '{name}' recorded"))?;
+            if let Some(why) = &out.dropped {
+                eprintln!(
+                    "output '{name}' of '{node}' was {why}: `orchestrate run SPEC --force {node}` makes it again"
+                );
+                return Ok(ExitCode::from(GATE_FAILED));
+            }
             let path = ws.object_path(&out.object.hash);
             outln!("{}", std::path::absolute(&path).unwrap_or(path).display());
             Ok(ExitCode::SUCCESS)
@@ -443,8 +451,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify => verify(&cli.workspace),
-        Command::Gc { specs, all_specs, keep_runs, keep_pack, dry_run, json } => {
-            gc(&cli.workspace, &specs, all_specs, keep_runs, &keep_pack, dry_run, json)
+        Command::Gc { specs, all_specs, keep_runs, drop_states, keep_pack, dry_run, json } => {
+            gc(&cli.workspace, &specs, all_specs, keep_runs, drop_states, &keep_pack, dry_run, json)
         }
         Command::Du { limit, json } => du(&cli.workspace, limit, json),
         Command::Reindex => {
@@ -654,11 +662,32 @@ fn compare_side(
     Ok(compare::Side { name: source.title.clone(), source })
 }
 
+/// `force` plus every cached node whose dropped state (`gc --drop-states`)
+/// a node that will run reads, each said on stderr.
+fn regenerate_dropped(
+    root: &std::path::Path,
+    spec: &Spec,
+    dag: &Dag,
+    mut force: BTreeSet<String>,
+) -> Result<BTreeSet<String>> {
+    let ws = Workspace::open_read_only(root)?;
+    for r in plan::dropped_needed(ws.as_ref(), spec, dag, &force, &runtime::env_provider())? {
+        eprintln!(
+            "note: {} runs again: its '{}' was dropped by gc --drop-states and {} needs it",
+            r.node, r.output, r.reader
+        );
+        force.insert(r.node);
+    }
+    Ok(force)
+}
+
+#[allow(clippy::too_many_arguments)]
 fn gc(
     root: &std::path::Path,
     specs: &[std::path::PathBuf],
     all_specs: bool,
     keep_runs: u64,
+    drop_states: bool,
     packs: &[std::path::PathBuf],
     dry_run: bool,
     json: bool,
@@ -667,7 +696,7 @@ fn gc(
     if !root.join("workspace.json").is_file() {
         bail!("no workspace at {}: nothing to collect", root.display());
     }
-    let mut policy = gc::KeepPolicy { keep_runs: keep_runs as usize, ..Default::default() };
+    let mut policy = gc::KeepPolicy { keep_runs: keep_runs as usize, drop_states, ..Default::default() };
     if !all_specs {
         let mut names = BTreeSet::new();
         for path in specs {
@@ -702,6 +731,14 @@ fn gc(
         if plan.removed_nodes.len() > 20 {
             outln!("… and {} more results", plan.removed_nodes.len() - 20);
         }
+    }
+    if !plan.dropped_states.is_empty() {
+        outln!(
+            "{} {} training states ({}) of kept results; they stay cached, and a run that needs one runs its node again",
+            if dry_run { "would drop" } else { "dropped" },
+            plan.dropped_states.len(),
+            human(plan.dropped_states.iter().map(|d| d.3).sum())
+        );
     }
     outln!(
         "{verb} {} results and {} objects ({}; records and logs {}); kept {} results of {} runs and {} objects ({})",

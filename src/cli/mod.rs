@@ -379,6 +379,12 @@ pub enum Command {
         /// How many of each kept spec's latest runs to keep whole.
         #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         keep_runs: u64,
+        /// Also drop the training states (`state` outputs) of the kept results,
+        /// the largest objects (a model plus AdamW's two moments): their nodes
+        /// and everything that read them stay cached; a run that needs a state
+        /// again runs its node first. Bit-exact resume makes that state again.
+        #[arg(long)]
+        drop_states: bool,
         /// Also keep every node and output a frozen pack folder lists (repeatable).
         #[arg(long, value_name = "DIR")]
         keep_pack: Vec<PathBuf>,

@@ -528,7 +528,13 @@ fn publish_and_commit(
                         "output '{rel}' changed while it was being stored; is something else writing it?"
                     ));
                 }
-                OutputRecord { name: decl.name.clone(), object, workspace_path: Some(rel.clone()), stat: Some(after) }
+                OutputRecord {
+                    name: decl.name.clone(),
+                    object,
+                    workspace_path: Some(rel.clone()),
+                    stat: Some(after),
+                    dropped: None,
+                }
             }
             None => {
                 let staged = staging.path().join(&decl.name);
@@ -539,7 +545,7 @@ fn publish_and_commit(
                 if decl.kind == OutputKind::File && object.kind != OutputKind::File {
                     return Err(format!("output '{}' should be a file", decl.name));
                 }
-                OutputRecord { name: decl.name.clone(), object, workspace_path: None, stat: None }
+                OutputRecord { name: decl.name.clone(), object, workspace_path: None, stat: None, dropped: None }
             }
         };
         outputs.push(published);

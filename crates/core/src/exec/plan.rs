@@ -305,6 +305,69 @@ pub fn explain(
     Ok(out)
 }
 
+/// A node a run must run again because `gc --drop-states` dropped an output
+/// that a node which will run reads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Regenerate {
+    pub node: String,
+    pub output: String,
+    /// The node that reads it.
+    pub reader: String,
+}
+
+/// Which cached nodes a run with `force` must run again to make a dropped
+/// output (a training state `gc --drop-states` removed) for a node that will
+/// run and reads it; transitively (a node run again may itself read a dropped
+/// state). Empty, at the cost of one query, when nothing was dropped.
+pub fn dropped_needed(
+    ws: Option<&Workspace>,
+    spec: &Spec,
+    dag: &Dag,
+    force: &BTreeSet<String>,
+    env: &EnvProvider,
+) -> Result<Vec<Regenerate>, StoreError> {
+    let Some(ws) = ws else { return Ok(Vec::new()) };
+    let index = ws.index()?;
+    if !index.any_dropped()? {
+        return Ok(Vec::new());
+    }
+    let entries = plan(Some(ws), spec, dag, force, env)?;
+    let state: BTreeMap<&str, &PlanState> = entries.iter().map(|e| (e.node.as_str(), &e.state)).collect();
+    // Nodes that will (or may) run; grown by each node found to need running again.
+    let mut runs: BTreeSet<String> = entries
+        .iter()
+        .filter(|e| matches!(e.state, PlanState::Run { .. } | PlanState::Pending { .. } | PlanState::Error { .. }))
+        .map(|e| e.node.clone())
+        .collect();
+    let mut out = Vec::new();
+    // Readers before what they read: reverse topological order, so a node
+    // added here has its own inputs looked at after it.
+    for &pos in dag.order.iter().rev() {
+        let node = &dag.nodes[pos];
+        if !runs.contains(node.id()) {
+            continue;
+        }
+        for refs in node.inputs.values() {
+            for r in refs {
+                let Some(PlanState::Cached { key } | PlanState::Restore { key, .. }) = state.get(r.node.as_str())
+                else {
+                    continue;
+                };
+                let Some(cached) = index.lookup(key)? else { continue };
+                let dropped = cached.outputs.iter().any(|o| o.name == r.output && !o.stored());
+                if dropped && runs.insert(r.node.clone()) {
+                    out.push(Regenerate {
+                        node: r.node.clone(),
+                        output: r.output.clone(),
+                        reader: node.id().to_string(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// What `orchestrate checkout` did with one node.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]

@@ -193,6 +193,15 @@ pub fn freeze(
                 .ok_or_else(|| PackError::Refused(format!("cache row of {} vanished", node.id())))?;
             let mut outs = Vec::new();
             for o in &cached.outputs {
+                if !o.stored() && (opts.with_states || o.name != "state") {
+                    return Err(PackError::Refused(format!(
+                        "output '{}' of node '{}' was {}: run `orchestrate run SPEC --force {}` to make it again, then freeze",
+                        o.name,
+                        node.id(),
+                        o.dropped.as_deref().unwrap_or("dropped"),
+                        node.id()
+                    )));
+                }
                 let omitted = match (o.object.kind, o.name.as_str()) {
                     (OutputKind::Dir, _) if !opts.with_models => Some("a folder (model): use --with-models"),
                     (_, "state") if !opts.with_states => Some("a training state: use --with-states"),

@@ -163,6 +163,20 @@ pub fn push(
     let mut not_sent: BTreeSet<String> = BTreeSet::new();
     for n in &todo {
         for o in &n.outputs {
+            if !o.stored() {
+                // A record is pushed only with all its objects; this one is gone on purpose.
+                not_sent.insert(o.object.hash.clone());
+                broken.insert(
+                    n.node_id.clone(),
+                    format!(
+                        "output '{}' was {} (`orchestrate run --force {}` makes it again)",
+                        o.name,
+                        o.dropped.as_deref().unwrap_or("dropped"),
+                        n.node_id
+                    ),
+                );
+                continue;
+            }
             if !seen.insert(o.object.hash.clone()) {
                 continue;
             }

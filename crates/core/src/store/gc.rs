@@ -34,7 +34,14 @@ pub struct KeepPolicy {
     pub keys: BTreeSet<Key>,
     /// Object hashes kept whatever the runs say (a pack's outputs).
     pub objects: BTreeSet<String>,
+    /// Also drop the training states (outputs named `state`) of the kept
+    /// results: their rows stay, marked, so what read them stays cached, and a
+    /// run that needs a state again runs its node first (`--drop-states`).
+    pub drop_states: bool,
 }
+
+/// The output name of a training state (what `--drop-states` drops).
+pub const STATE_OUTPUT: &str = "state";
 
 /// One object in the store, as found on disk.
 #[derive(Debug, Clone, Serialize)]
@@ -56,6 +63,8 @@ pub struct GcPlan {
     /// Cache rows removed: (spec, node id, key).
     pub removed_nodes: Vec<(String, String, Key)>,
     pub removed_objects: Vec<StoredObject>,
+    /// Training states dropped from kept results: (spec, node id, key, bytes).
+    pub dropped_states: Vec<(String, String, Key, u64)>,
     /// Logs and node records removed (their bytes are in `removed_other_bytes`).
     pub removed_files: usize,
     pub removed_other_bytes: u64,
@@ -177,7 +186,14 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
     for n in &all {
         if keep.keys.contains(&n.key) {
             result.kept_nodes += 1;
-            named.extend(n.outputs.iter().map(|o| o.object.hash.clone()));
+            for o in n.outputs.iter().filter(|o| o.stored()) {
+                let drop = policy.drop_states && o.name == STATE_OUTPUT && !policy.objects.contains(&o.object.hash);
+                if drop {
+                    result.dropped_states.push((n.spec.clone(), n.node_id.clone(), n.key.clone(), o.object.size));
+                } else {
+                    named.insert(o.object.hash.clone());
+                }
+            }
         } else {
             result.removed_nodes.push((n.spec.clone(), n.node_id.clone(), n.key.clone()));
         }
@@ -215,7 +231,17 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     }
     let plan = plan(ws, policy)?;
     let keys: Vec<Key> = plan.removed_nodes.iter().map(|(_, _, k)| k.clone()).collect();
-    ws.index()?.delete_nodes(&keys)?;
+    let mut index = ws.index()?;
+    index.delete_nodes(&keys)?;
+    // Dropped states are marked in their rows and records before any object goes.
+    let when = super::now_rfc3339();
+    for (_, _, key, _) in &plan.dropped_states {
+        let Some(mut node) = index.lookup(key)? else { continue };
+        for o in node.outputs.iter_mut().filter(|o| o.name == STATE_OUTPUT && o.stored()) {
+            o.dropped = Some(format!("dropped by gc --drop-states at {when}"));
+        }
+        ws.recommit_outputs(&index, &node)?;
+    }
     for key in &keys {
         for path in node_files(ws, key) {
             if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {

@@ -53,6 +53,18 @@ pub struct OutputRecord {
     pub workspace_path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stat: Option<FileStat>,
+    /// Set when `gc --drop-states` removed this output's object while its
+    /// node stays cached (its hash still keys what read it): when and why. A
+    /// run that needs the bytes again runs the node first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<String>,
+}
+
+impl OutputRecord {
+    /// Whether its object is meant to be in the store (not dropped by gc).
+    pub fn stored(&self) -> bool {
+        self.dropped.is_none()
+    }
 }
 
 /// A completed node in the cache.
@@ -450,6 +462,14 @@ impl Index {
             )
             .map_err(db("committing a node"))?;
         Ok(())
+    }
+
+    /// Whether any cache row has an output `gc --drop-states` dropped (a
+    /// run then checks whether it needs one).
+    pub fn any_dropped(&self) -> Result<bool, StoreError> {
+        self.conn
+            .query_row("SELECT EXISTS(SELECT 1 FROM nodes WHERE outputs LIKE '%\"dropped\"%')", [], |r| r.get(0))
+            .map_err(db("looking for dropped outputs"))
     }
 
     /// Removes cache rows (for `gc`), in one transaction: all or none.

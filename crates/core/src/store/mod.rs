@@ -545,6 +545,16 @@ impl Workspace {
         index.check_still_linked()
     }
 
+    /// Rewrites a committed node's record file and cache row with new
+    /// output records (gc marking what it dropped): the record first, as in
+    /// [`Workspace::commit_node`].
+    pub fn recommit_outputs(&self, index: &Index, node: &CachedNode) -> Result<(), StoreError> {
+        let path = self.record_path(&node.key);
+        let bytes = serde_json::to_vec_pretty(node).expect("a cached node serializes");
+        write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
+        index.update_outputs(&node.key, &node.outputs)
+    }
+
     /// Rebuilds the index's cache rows from the node records: each record
     /// whose key is not in the index, and whose every output object is
     /// present and still hashes to its name, is indexed again. Runs, their
@@ -576,7 +586,7 @@ impl Workspace {
                 Ok(node) if index.lookup(&node.key)?.is_some() => done.present += 1,
                 Ok(node) => {
                     let mut bad = None;
-                    for out in &node.outputs {
+                    for out in node.outputs.iter().filter(|o| o.stored()) {
                         match objects::intact(&self.object_path(&out.object.hash), &out.object.hash, out.object.kind)? {
                             Some(true) => {}
                             Some(false) => {
@@ -610,7 +620,7 @@ impl Workspace {
         let mut done = Verified { index_missing: self.index_missing(), ..Verified::default() };
         if !done.index_missing {
             for node in self.index()?.all_nodes()? {
-                for out in &node.outputs {
+                for out in node.outputs.iter().filter(|o| o.stored()) {
                     done.checked += 1;
                     let path = self.object_path(&out.object.hash);
                     match objects::intact(&path, &out.object.hash, out.object.kind)? {
@@ -863,7 +873,7 @@ impl Workspace {
     /// Whether every object of a cached node is in the store, so its outputs
     /// in the user's tree can be checked out instead of the node running.
     pub fn objects_present(&self, node: &CachedNode) -> bool {
-        node.outputs.iter().all(|o| self.has_object(&o.object))
+        node.outputs.iter().filter(|o| o.stored()).all(|o| self.has_object(&o.object))
     }
 
     /// Checks a cached node's outputs out of the store into the user's tree
@@ -1077,6 +1087,11 @@ impl Workspace {
 
     /// [`Workspace::check_output`] before the hard-link check.
     fn compare_output(&self, index: &Index, out: &mut OutputRecord, spec_dir: &Path) -> Result<Checked, StoreError> {
+        if !out.stored() {
+            // Dropped by gc on purpose (a store-only training state): the node
+            // stands by its hash; a run that needs the bytes runs it again.
+            return Ok(Checked::Same);
+        }
         if !self.has_object(&out.object) {
             return Ok(Checked::Differs(format!("output '{}' is missing from the store", out.name)));
         }
