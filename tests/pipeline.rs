@@ -753,3 +753,27 @@ fn gc_drop_states_keeps_every_node_cached_and_a_run_that_needs_a_state_makes_it_
     assert_eq!(report["identical"], true, "{report}");
     assert!(p.run(&["verify"]).status.success());
 }
+
+/// `run --drop-states` (#31): each training state is dropped as soon as every
+/// node that reads it has finished, so the store never holds all of them at
+/// once; the nodes stay cached. Before, every state stayed until a gc.
+#[test]
+fn run_drop_states_drops_each_state_once_its_readers_finished_and_everything_stays_cached() {
+    let p = Project::new();
+    let full = include_str!("fixtures/train-small.yaml");
+    p.write("t.yaml", &full[..full.find("  grpo:").expect("the fixture has a grpo node")]);
+    let out = p.run(&["run", "t.yaml", "--drop-states"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("dropped 3 training state(s)"), "{err}");
+    for n in ["warmstart@mode=continuous", "warmstart@mode=interrupt", "warmstart-resume"] {
+        assert!(err.contains(n), "{n}: {err}");
+        let out = p.run(&["path", "t.yaml", &format!("{n}:state")]);
+        assert!(stderr(&out).contains("was dropped by run --drop-states"), "{n}: {}", stderr(&out));
+    }
+    // The models stay, the check's report too, and the next run is all cache hits.
+    assert_eq!(p.run(&["path", "t.yaml", "warmstart@mode=continuous:model"]).status.code(), Some(0));
+    assert!(p.run(&["verify"]).status.success());
+    let ev = events(&p.run(&["run", "t.yaml", "--json"]));
+    assert!(nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
+}

@@ -88,7 +88,15 @@ fn setup() -> (tempfile::TempDir, spec::Spec, orchestrate_core::dag::Dag) {
 }
 
 fn opts(device: &'static str) -> RunOptions {
-    RunOptions { jobs: 1, force: BTreeSet::new(), env: env(device), argv: "test".into(), slurm: None, remote: None }
+    RunOptions {
+        jobs: 1,
+        force: BTreeSet::new(),
+        env: env(device),
+        argv: "test".into(),
+        slurm: None,
+        remote: None,
+        drop_states: false,
+    }
 }
 
 #[test]

@@ -24,7 +24,7 @@ const GATE_FAILED: u8 = 1;
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     let registry = Registry::builtin();
     match cli.command {
-        Command::Run { spec, targets, jobs, force, dry_run, json, quiet, remote, push } => {
+        Command::Run { spec, targets, jobs, force, dry_run, json, quiet, remote, push, drop_states } => {
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
             let force = regenerate_dropped(&cli.workspace, &spec, &dag, force)?;
@@ -84,8 +84,21 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 argv: std::env::args().collect::<Vec<_>>().join(" "),
                 slurm,
                 remote: consult,
+                drop_states,
             };
             let result = exec::run(&ws, &spec, &dag, &opts, reporter.as_mut())?;
+            if !result.dropped_states.is_empty() && !json {
+                let bytes: u64 = result.dropped_states.iter().map(|d| d.1).sum();
+                eprintln!(
+                    "dropped {} training state(s) ({}) once their readers finished: {}",
+                    result.dropped_states.len(),
+                    orchestrate_core::exec::node::human_bytes(bytes),
+                    result.dropped_states.iter().map(|d| d.0.as_str()).collect::<Vec<_>>().join(", ")
+                );
+            }
+            for e in &result.drop_errors {
+                eprintln!("warning: a training state was not dropped: {e}");
+            }
             if let Some(e) = &result.unrecorded {
                 // A failed node (often the reason, e.g. a full disk) is what the
                 // exit code says; a run that succeeded but left no record is an error.

@@ -163,6 +163,11 @@ pub enum Command {
         /// Upload the nodes this run executed to the remote cache afterwards.
         #[arg(long)]
         push: bool,
+        /// Drop each training state once every node that reads it has
+        /// finished (its node stays cached; a later run that needs the state
+        /// runs the node again): what fits `--profile shapes-0.5b` on a 64 GB disk.
+        #[arg(long)]
+        drop_states: bool,
     },
     /// Each node: cached, or will run and why.
     Plan {

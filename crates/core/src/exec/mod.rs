@@ -42,6 +42,11 @@ pub struct RunOptions {
     pub slurm: Option<slurm::SlurmSettings>,
     /// A shared remote cache consulted on a local miss, before a node runs.
     pub remote: Option<crate::remote::Remote>,
+    /// Drop each training state (a `state` output) once every node that
+    /// reads it has finished (`run --drop-states`): what makes the protocol
+    /// at the real scale fit a 64 GB disk. A later run that needs one runs
+    /// its node again.
+    pub drop_states: bool,
 }
 
 /// The result of a run.
@@ -56,6 +61,10 @@ pub struct RunResult {
     pub unrecorded: Option<String>,
     /// A signal stopped the run: what finished is cached, the rest did not run.
     pub interrupted: bool,
+    /// With `drop_states`: each node whose state was dropped, and the bytes freed.
+    pub dropped_states: Vec<(String, u64)>,
+    /// With `drop_states`: a state that could not be dropped, and why (the run goes on).
+    pub drop_errors: Vec<String>,
 }
 
 enum Msg {
@@ -166,6 +175,21 @@ pub fn run_with(
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
     let mut stats = RunStats::default();
     let mut interrupted = false;
+    let (mut dropped_states, mut drop_errors) = (Vec::new(), Vec::new());
+    // Who reads each node's state: (producer position → its readers' positions).
+    let state_readers: BTreeMap<usize, Vec<usize>> = if opts.drop_states {
+        let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (c, node) in dag.nodes.iter().enumerate() {
+            for r in node.inputs.values().flatten().filter(|r| r.output == crate::store::gc::STATE_OUTPUT) {
+                if let Some(pos) = dag.position(&r.node) {
+                    m.entry(pos).or_default().push(c);
+                }
+            }
+        }
+        m
+    } else {
+        BTreeMap::new()
+    };
 
     std::thread::scope(|scope| -> Result<(), StoreError> {
         for _ in 0..jobs.min(n.max(1)) {
@@ -316,6 +340,26 @@ pub fn run_with(
             }
             let failed = matches!(outcome, Outcome::Failed { .. } | Outcome::Skipped { .. });
             outcomes[pos] = Some(outcome);
+            // A state every reader of which has finished is no longer needed by this run.
+            if opts.drop_states && !failed {
+                let finished = |q: usize| matches!(outcomes[q], Some(Outcome::Cached { .. } | Outcome::Ran { .. }));
+                for (&producer, readers) in &state_readers {
+                    if !readers.contains(&pos) || !finished(producer) || !readers.iter().all(|&q| finished(q)) {
+                        continue;
+                    }
+                    let key = match &outcomes[producer] {
+                        Some(Outcome::Cached { key, .. } | Outcome::Ran { key, .. }) => key.clone(),
+                        _ => continue,
+                    };
+                    let id = dag.nodes[producer].id().to_string();
+                    let why = format!("dropped by run --drop-states in run {run_id} once its readers finished");
+                    match ws.drop_output(&index, &key, crate::store::gc::STATE_OUTPUT, &why) {
+                        Ok(Some(bytes)) => dropped_states.push((id, bytes)),
+                        Ok(None) => {}
+                        Err(e) => drop_errors.push(format!("{id}: {e}")),
+                    }
+                }
+            }
             // Children: skipped (with their whole subtree) if this failed, else one step closer to ready.
             for child in dag.children(pos) {
                 if failed || blocked_by[pos].is_some() {
@@ -426,7 +470,7 @@ pub fn run_with(
     let summary =
         format!("{} ran, {} cached, {} failed, {} skipped", stats.ran, stats.cached, stats.failed, stats.skipped);
     let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log).err().map(|e| e.to_string());
-    Ok(RunResult { run_id, stats, outcomes: result, unrecorded, interrupted })
+    Ok(RunResult { run_id, stats, outcomes: result, unrecorded, interrupted, dropped_states, drop_errors })
 }
 
 #[cfg(test)]

@@ -110,6 +110,7 @@ impl World {
             argv: "test".into(),
             slurm: None,
             remote: None,
+            drop_states: false,
         };
         let executor = Recording::default();
         let result = run_with(&self.ws, &spec, &dag, &opts, &executor, &mut Quiet).expect("the run completes");

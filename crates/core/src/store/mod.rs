@@ -555,6 +555,29 @@ impl Workspace {
         index.update_outputs(&node.key, &node.outputs)
     }
 
+    /// Drops one stored output of a committed node (`run --drop-states`, once
+    /// everything that reads it has finished): its row and record are marked,
+    /// then its object is removed, unless another row still names the same
+    /// object stored. Held under the node's lock. Returns the bytes freed
+    /// (`None`: nothing to drop).
+    pub fn drop_output(&self, index: &Index, key: &Key, output: &str, why: &str) -> Result<Option<u64>, StoreError> {
+        let _lock = self.lock_node(key, || {})?;
+        let Some(mut node) = index.lookup(key)? else { return Ok(None) };
+        let Some(at) = node.outputs.iter().position(|o| o.name == output && o.stored()) else { return Ok(None) };
+        let object = node.outputs[at].object.clone();
+        node.outputs[at].dropped = Some(why.to_string());
+        self.recommit_outputs(index, &node)?;
+        let shared = index
+            .all_nodes()?
+            .iter()
+            .any(|n| n.key != *key && n.outputs.iter().any(|o| o.stored() && o.object.hash == object.hash));
+        if shared {
+            return Ok(Some(0));
+        }
+        objects::remove_any(&self.object_path(&object.hash))?;
+        Ok(Some(object.size))
+    }
+
     /// Rebuilds the index's cache rows from the node records: each record
     /// whose key is not in the index, and whose every output object is
     /// present and still hashes to its name, is indexed again. Runs, their
