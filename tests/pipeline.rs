@@ -473,6 +473,12 @@ fn a_shell_nodes_own_metrics_are_compared_and_grouped_over_seeds() {
             rows.iter().find(|r| r["group"] == format!("train@env.LR={lr}") && r["metric"] == "eval.status").unwrap();
         assert!(status["mean"].is_null() && status["n"] == 0 && status["undefined"] == 2, "{status}");
     }
+    // `--group-by seed` names the axis as a user says it (the one axis ending in `.SEED`).
+    let short = p.run(&["compare", &b, "--group-by", "seed", "--json"]);
+    assert_eq!(short.status.code(), Some(0), "{}", stderr(&short));
+    let short: serde_json::Value = serde_json::from_slice(&short.stdout).unwrap();
+    assert_eq!(short["axis"], "env.SEED");
+    assert_eq!(short["rows"], g["rows"]);
     // A metrics file that is not an out is refused at validate, naming it.
     p.write("bad.yaml", &TRL_SWEEP.replace("metrics: ['runs/", "metrics: ['elsewhere/"));
     let out = p.run(&["validate", "bad.yaml"]);

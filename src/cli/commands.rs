@@ -326,7 +326,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                     outln!("wrote {} ({} nodes)", out.display(), one.source.nodes.len());
                 }
                 _ => {
-                    write(orchestrate_core::overlay::render(&sides, group_by.as_deref()))?;
+                    let axis = group_by.as_deref().map(|a| compare::resolve_axis(&sides, a));
+                    write(orchestrate_core::overlay::render(&sides, axis.as_deref()))?;
                     outln!("wrote {} ({} runs overlaid)", out.display(), sides.len());
                 }
             }
@@ -341,7 +342,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 let [side] = sides.as_slice() else {
                     bail!("--group-by groups the matrix of one run, spec or pack; {} were named", sides.len());
                 };
-                let g = compare::group(side, axis).map_err(anyhow::Error::msg)?;
+                let axis = compare::resolve_axis(&sides, axis);
+                let g = compare::group(side, &axis).map_err(anyhow::Error::msg)?;
                 (g.text(), g.markdown(), serde_json::to_value(&g)?)
             } else {
                 let c = compare::compare(&sides, all);

@@ -688,6 +688,28 @@ pub fn split_id(id: &str) -> (String, BTreeMap<String, String>) {
     (base.to_string(), binding)
 }
 
+/// The matrix axis `written` names among the sides' nodes: itself when some
+/// node has it, else the one axis whose last dotted part it is, case aside
+/// (`seed` for `env.SEED`, as a user says it); `written` unchanged when none
+/// or several are.
+pub fn resolve_axis(sides: &[Side], written: &str) -> String {
+    let mut axes = BTreeSet::new();
+    for s in sides {
+        for n in &s.source.nodes {
+            axes.extend(split_id(&n.id).1.into_keys());
+        }
+    }
+    if axes.contains(written) {
+        return written.to_string();
+    }
+    let matching: Vec<&String> =
+        axes.iter().filter(|a| a.rsplit('.').next().is_some_and(|last| last.eq_ignore_ascii_case(written))).collect();
+    match matching.as_slice() {
+        [one] => (*one).clone(),
+        _ => written.to_string(),
+    }
+}
+
 /// The group of a matrix node over one axis (its id without that axis:
 /// `e2@guard=on,seed=3` over `seed` → `e2@guard=on`) and its value on the
 /// axis; `None` when the node does not have the axis.
