@@ -685,8 +685,13 @@ fn regenerate_dropped(
     dag: &Dag,
     mut force: BTreeSet<String>,
 ) -> Result<BTreeSet<String>> {
-    let ws = Workspace::open_read_only(root)?;
-    for r in plan::dropped_needed(ws.as_ref(), spec, dag, &force, &runtime::env_provider())? {
+    // A workspace or index that cannot be read is left to the command's own
+    // opening of it, which says what is wrong and how to recover, once.
+    let Ok(ws) = Workspace::open_read_only(root) else { return Ok(force) };
+    let Ok(needed) = plan::dropped_needed(ws.as_ref(), spec, dag, &force, &runtime::env_provider()) else {
+        return Ok(force);
+    };
+    for r in needed {
         eprintln!(
             "note: {} runs again: its '{}' was dropped by gc --drop-states and {} needs it",
             r.node, r.output, r.reader
