@@ -733,7 +733,8 @@ fn gc(
         }
     }
     let (plan, verb) = if dry_run {
-        let ws = Workspace::open(root)?;
+        // A dry run only reads: no staging cleared, no lock taken, nothing written.
+        let ws = Workspace::open_read_only(root)?.with_context(|| format!("no workspace at {}", root.display()))?;
         (gc::plan(&ws, &policy)?, "would remove")
     } else {
         let ws = Workspace::open_exclusive(root)?;

@@ -126,10 +126,8 @@ struct Kept {
     keys: BTreeSet<Key>,
 }
 
-fn kept(ws: &Workspace, policy: &KeepPolicy) -> Result<Kept, StoreError> {
-    let index = ws.index()?;
+fn kept(ws: &Workspace, index: &super::Index, all: &[CachedNode], policy: &KeepPolicy) -> Result<Kept, StoreError> {
     let runs = index.recent_runs(usize::MAX >> 1)?;
-    let all = index.all_nodes()?;
     let mut per_spec: BTreeMap<&str, Vec<&super::RunRow>> = BTreeMap::new();
     for r in &runs {
         if policy.specs.as_ref().is_none_or(|s| s.contains(&r.spec)) {
@@ -177,9 +175,9 @@ fn kept(ws: &Workspace, policy: &KeepPolicy) -> Result<Kept, StoreError> {
 
 /// What gc would remove under `policy`, touching nothing.
 pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
-    let keep = kept(ws, policy)?;
     let index = ws.index()?;
     let all = index.all_nodes()?;
+    let keep = kept(ws, &index, &all, policy)?;
     let stored = stored_objects(ws)?;
     let mut named: BTreeSet<String> = policy.objects.clone();
     let mut result = GcPlan { kept_runs: keep.runs.clone(), ..GcPlan::default() };
@@ -234,13 +232,9 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     let mut index = ws.index()?;
     index.delete_nodes(&keys)?;
     // Dropped states are marked in their rows and records before any object goes.
-    let when = super::now_rfc3339();
+    let why = format!("dropped by gc --drop-states at {}", super::now_rfc3339());
     for (_, _, key, _) in &plan.dropped_states {
-        let Some(mut node) = index.lookup(key)? else { continue };
-        for o in node.outputs.iter_mut().filter(|o| o.name == STATE_OUTPUT && o.stored()) {
-            o.dropped = Some(format!("dropped by gc --drop-states at {when}"));
-        }
-        ws.recommit_outputs(&index, &node)?;
+        ws.mark_dropped(&index, key, STATE_OUTPUT, &why)?;
     }
     for key in &keys {
         for path in node_files(ws, key) {

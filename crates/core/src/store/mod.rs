@@ -534,39 +534,48 @@ impl Workspace {
     /// Commits a completed node, whose outputs are published: its record file
     /// first (written whole or not at all), then its cache row.
     pub fn commit_node(&self, index: &Index, node: &CachedNode) -> Result<(), StoreError> {
+        self.write_record(node)?;
+        index.insert_node(node)?;
+        index.check_still_linked()
+    }
+
+    /// Writes a node's record file whole (its folders made as our own).
+    fn write_record(&self, node: &CachedNode) -> Result<(), StoreError> {
         let path = self.record_path(&node.key);
         fsx::own_dir(&self.records_dir())?;
         if let Some(dir) = path.parent() {
             fsx::own_dir(dir)?;
         }
         let bytes = serde_json::to_vec_pretty(node).expect("a cached node serializes");
-        write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
-        index.insert_node(node)?;
-        index.check_still_linked()
+        write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))
     }
 
-    /// Rewrites a committed node's record file and cache row with new
-    /// output records (gc marking what it dropped): the record first, as in
-    /// [`Workspace::commit_node`].
-    pub fn recommit_outputs(&self, index: &Index, node: &CachedNode) -> Result<(), StoreError> {
-        let path = self.record_path(&node.key);
-        let bytes = serde_json::to_vec_pretty(node).expect("a cached node serializes");
-        write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))?;
-        index.update_outputs(&node.key, &node.outputs)
-    }
-
-    /// Drops one stored output of a committed node (`run --drop-states`, once
-    /// everything that reads it has finished): its row and record are marked,
-    /// then its object is removed, unless another row still names the same
-    /// object stored. Held under the node's lock. Returns the bytes freed
-    /// (`None`: nothing to drop).
-    pub fn drop_output(&self, index: &Index, key: &Key, output: &str, why: &str) -> Result<Option<u64>, StoreError> {
+    /// Marks one stored output of a committed node as dropped (`why`), in its
+    /// record first and then its cache row, as [`Workspace::commit_node`]
+    /// orders them, under the node's lock. Its object is left to the caller.
+    /// Returns that object (`None`: no such stored output).
+    pub fn mark_dropped(
+        &self,
+        index: &Index,
+        key: &Key,
+        output: &str,
+        why: &str,
+    ) -> Result<Option<ObjectInfo>, StoreError> {
         let _lock = self.lock_node(key, || {})?;
         let Some(mut node) = index.lookup(key)? else { return Ok(None) };
         let Some(at) = node.outputs.iter().position(|o| o.name == output && o.stored()) else { return Ok(None) };
-        let object = node.outputs[at].object.clone();
         node.outputs[at].dropped = Some(why.to_string());
-        self.recommit_outputs(index, &node)?;
+        self.write_record(&node)?;
+        index.update_outputs(&node.key, &node.outputs)?;
+        Ok(Some(node.outputs[at].object.clone()))
+    }
+
+    /// Drops one stored output of a committed node (`run --drop-states`, once
+    /// everything that reads it has finished): [`Workspace::mark_dropped`],
+    /// then its object is removed, unless another row still names the same
+    /// object stored. Returns the bytes freed (`None`: nothing to drop).
+    pub fn drop_output(&self, index: &Index, key: &Key, output: &str, why: &str) -> Result<Option<u64>, StoreError> {
+        let Some(object) = self.mark_dropped(index, key, output, why)? else { return Ok(None) };
         let shared = index
             .all_nodes()?
             .iter()
@@ -932,6 +941,7 @@ impl Workspace {
         spec_dir: &Path,
         missing_only: bool,
     ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
+        let types = objects::CacheType::from_env().map_err(StoreError::Invalid)?;
         let mut outputs = node.outputs.clone();
         let (mut files, mut bytes) = (0u64, 0u64);
         for o in &mut outputs {
@@ -957,7 +967,6 @@ impl Workspace {
                 dest.file_name().unwrap_or_default().to_string_lossy(),
                 objects::unique_suffix()
             ));
-            let types = objects::CacheType::from_env().map_err(StoreError::Invalid)?;
             let copied = objects::copy_out(&self.object_path(&o.object.hash), &tmp, o.object.kind, &types);
             if let Err(e) = copied {
                 let _ = objects::remove_any(&tmp);
