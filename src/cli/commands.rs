@@ -420,7 +420,6 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let (spec, dag, _) = select(spec, dag, targets, Vec::new(), &registry)?;
             let ws = Workspace::open(&cli.workspace)?;
             let done = plan::checkout(&ws, &spec, &dag, &runtime::env_provider())?;
-            let human = orchestrate_core::exec::node::human_bytes;
             let (mut restored, mut missing) = (0usize, 0usize);
             for d in &done {
                 if json {
@@ -431,10 +430,9 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                     plan::CheckedOut::Restored { node, key, files, bytes } => {
                         restored += 1;
                         format!(
-                            "restored    {node} {} ({files} file{}, {})",
+                            "restored    {node} {} ({})",
                             key.short(),
-                            if *files == 1 { "" } else { "s" },
-                            human(*bytes)
+                            orchestrate_core::exec::node::files_and_bytes(*files, *bytes)
                         )
                     }
                     plan::CheckedOut::Missing { node, reason } => {

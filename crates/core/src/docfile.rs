@@ -32,11 +32,15 @@ pub enum Format {
     Toml,
 }
 
+/// A file name's extension, lower-cased (`metrics.JSON` → `json`).
+fn extension(path: &str) -> Option<String> {
+    path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase())
+}
+
 impl Format {
     /// The format a file name's extension says, if any.
     pub fn of(path: &str) -> Option<Format> {
-        let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase())?;
-        match ext.as_str() {
+        match extension(path)?.as_str() {
             "yaml" | "yml" => Some(Format::Yaml),
             "json" => Some(Format::Json),
             "toml" => Some(Format::Toml),
@@ -196,8 +200,7 @@ pub enum SeriesFormat {
 
 impl SeriesFormat {
     pub fn of(path: &str) -> Option<SeriesFormat> {
-        let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase())?;
-        match ext.as_str() {
+        match extension(path)?.as_str() {
             "jsonl" | "ndjson" => Some(SeriesFormat::JsonLines),
             "csv" => Some(SeriesFormat::Csv),
             _ => None,

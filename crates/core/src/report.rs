@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::gate::{GateReport, GateResult};
 use crate::ops::results::{interval_text, pct, ResultsTableFile};
@@ -74,34 +74,39 @@ fn declared_file(node: &Node, rel: &str, holder: &str, inside: &str) -> std::res
 /// undefined with the reason. Empty for other ops. Shared by `compare`, the
 /// report and `export tensorboard`.
 pub fn user_metrics(node: &Node) -> std::result::Result<Vec<(String, crate::docfile::MetricValue)>, String> {
-    let Some(params) = shell_params(node)? else { return Ok(Vec::new()) };
-    let files = params.metrics_files();
-    let mut out = Vec::new();
-    for (rel, holder, inside) in &files {
-        let (root, name) = declared_file(node, rel, holder, inside).map_err(|e| format!("metrics file {e}"))?;
+    declared(node, "metrics", crate::ops::ShellParams::metrics_files, |root, name, rel| {
         let format = crate::docfile::Format::of(rel).ok_or_else(|| format!("'{rel}': not a metrics file format"))?;
-        let doc = crate::docfile::read_as(&root, &name, format).map_err(|e| format!("metrics file {rel}: {e}"))?;
-        for (key, value) in crate::docfile::flatten_metrics(&doc) {
-            out.push((if files.len() == 1 { key } else { format!("{rel}:{key}") }, value));
-        }
-    }
-    Ok(out)
+        Ok(crate::docfile::flatten_metrics(&crate::docfile::read_as(root, name, format)?).into_iter().collect())
+    })
 }
 
 /// A shell node's step series (`series:`): one curve per metric, prefixed
 /// with the file when the node declares several. Empty for other ops.
 pub fn user_series(node: &Node) -> std::result::Result<Vec<(String, Curve)>, String> {
-    let Some(params) = shell_params(node)? else { return Ok(Vec::new()) };
-    let files = params.series_files();
-    let mut out = Vec::new();
-    for (rel, holder, inside) in &files {
-        let (root, name) = declared_file(node, rel, holder, inside).map_err(|e| format!("series file {e}"))?;
+    declared(node, "series", crate::ops::ShellParams::series_files, |root, name, rel| {
         let format =
             crate::docfile::SeriesFormat::of(rel).ok_or_else(|| format!("'{rel}': not a series file format"))?;
-        let series =
-            crate::docfile::read_series(&root, &name, format).map_err(|e| format!("series file {rel}: {e}"))?;
-        for (metric, curve) in series {
-            out.push((if files.len() == 1 { metric } else { format!("{rel}:{metric}") }, curve));
+        Ok(crate::docfile::read_series(root, name, format)?.into_iter().collect())
+    })
+}
+
+/// Every named value a shell node's declared files of one kind hold, each
+/// file read by `read(folder, name, declared path)`; a name is prefixed with
+/// its file when the node declares several.
+fn declared<T>(
+    node: &Node,
+    what: &str,
+    files_of: fn(&crate::ops::ShellParams) -> Vec<(String, String, String)>,
+    read: impl Fn(&Path, &str, &str) -> std::result::Result<Vec<(String, T)>, String>,
+) -> std::result::Result<Vec<(String, T)>, String> {
+    let Some(params) = shell_params(node)? else { return Ok(Vec::new()) };
+    let files = files_of(&params);
+    let mut out = Vec::new();
+    for (rel, holder, inside) in &files {
+        let (root, name) = declared_file(node, rel, holder, inside).map_err(|e| format!("{what} file {e}"))?;
+        let values = read(&root, &name, rel).map_err(|e| format!("{what} file {rel}: {e}"))?;
+        for (key, value) in values {
+            out.push((if files.len() == 1 { key } else { format!("{rel}:{key}") }, value));
         }
     }
     Ok(out)
@@ -622,11 +627,7 @@ pub fn render(src: &Source) -> String {
             Ok(m) if !m.is_empty() => {
                 own.push_str("<table><tr><th>metric</th><th>value</th></tr>");
                 for (name, v) in m {
-                    let shown = match &v {
-                        crate::docfile::MetricValue::Number(x) => esc(&x.to_string()),
-                        crate::docfile::MetricValue::Undefined(why) => format!("undefined ({})", esc(why)),
-                    };
-                    let _ = write!(own, "<tr><td>{}</td><td>{shown}</td></tr>", esc(&name));
+                    let _ = write!(own, "<tr><td>{}</td><td>{}</td></tr>", esc(&name), esc(&v.to_string()));
                 }
                 own.push_str("</table>\n");
             }

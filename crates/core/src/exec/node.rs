@@ -350,8 +350,12 @@ pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn No
 fn restore(job: &NodeJob<'_>, cached: &CachedNode) -> Result<Outcome, String> {
     let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
     let (outputs, files, bytes) = job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
-    let what = format!("{files} file{}, {}", if files == 1 { "" } else { "s" }, human_bytes(bytes));
-    Ok(Outcome::Cached { key: cached.key.clone(), outputs, remote: None, restored: Some(what) })
+    Ok(Outcome::Cached {
+        key: cached.key.clone(),
+        outputs,
+        remote: None,
+        restored: Some(files_and_bytes(files, bytes)),
+    })
 }
 
 /// A node the scheduler decided to run, as an executor receives it.
@@ -568,6 +572,11 @@ fn publish_and_commit(
         )
         .map_err(|e| e.to_string())?;
     Ok(outputs)
+}
+
+/// What a checkout restored, as people read it: `1 file, 22 B`, `4 files, 1.1 GB`.
+pub fn files_and_bytes(files: u64, bytes: u64) -> String {
+    format!("{files} file{}, {}", if files == 1 { "" } else { "s" }, human_bytes(bytes))
 }
 
 /// Bytes as people read them: `512 B`, `4.1 MB` (powers of 1000, as `du --si`).

@@ -181,19 +181,17 @@ impl Op for ShellOp {
                 if !format_ok(&rel) {
                     return Err(err(format!("'{m}': expected {expected}")));
                 }
-                if !outs.iter().any(|o| rel == *o || rel.starts_with(&format!("{o}/"))) {
+                if holding_out(&outs, &rel).is_none() {
                     return Err(err(format!(
                         "{field} file '{m}' is not among outs: list it (or the folder it is written in) in outs, so it is stored with the node"
                     )));
                 }
             }
         }
-        for reference in param_refs(&p.cmd) {
-            resolve_param(&p.params_files, reference).map_err(|message| ParamError {
-                path: vec!["cmd".into()],
-                message,
-                unknown_key: false,
-            })?;
+        let cmd_error = |message: String| ParamError { path: vec!["cmd".into()], message, unknown_key: false };
+        let (references, _) = scan_params(&p.cmd).map_err(cmd_error)?;
+        for (_, reference) in references {
+            resolve_param(&p.params_files, reference).map_err(cmd_error)?;
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, out) in p.outs.iter().enumerate() {
@@ -318,33 +316,34 @@ impl ShellParams {
             .iter()
             .filter_map(|m| {
                 let rel = normalize_rel(m)?;
-                let out = outs.iter().find(|o| rel == **o || rel.starts_with(&format!("{o}/")))?;
-                let inside = rel.strip_prefix(out.as_str()).unwrap_or("").trim_start_matches('/').to_string();
-                Some((rel.clone(), out.clone(), inside))
+                let out = holding_out(&outs, &rel)?;
+                let inside = rel.strip_prefix(out).unwrap_or("").trim_start_matches('/').to_string();
+                Some((rel.clone(), out.to_string(), inside))
             })
             .collect()
     }
 }
 
-/// The `${param:…}` references in a command, in order (what is between
-/// `${param:` and `}`).
-fn param_refs(cmd: &str) -> Vec<&str> {
+/// The out that is `rel` or holds it as a folder, if any.
+fn holding_out<'a>(outs: &'a [String], rel: &str) -> Option<&'a str> {
+    outs.iter().map(String::as_str).find(|o| rel == *o || rel.starts_with(&format!("{o}/")))
+}
+
+/// A command cut at its `${param:…}` references: (the text before each,
+/// the reference), and the text after the last.
+type Scanned<'a> = (Vec<(&'a str, &'a str)>, &'a str);
+
+/// [`Scanned`] of a command; `Err` names an unclosed reference.
+fn scan_params(cmd: &str) -> Result<Scanned<'_>, String> {
     let mut out = Vec::new();
     let mut rest = cmd;
     while let Some(at) = rest.find("${param:") {
         let after = &rest[at + "${param:".len()..];
-        match after.find('}') {
-            Some(end) => {
-                out.push(&after[..end]);
-                rest = &after[end + 1..];
-            }
-            None => {
-                out.push(after);
-                break;
-            }
-        }
+        let end = after.find('}').ok_or_else(|| format!("an unclosed ${{param:{after}"))?;
+        out.push((&rest[..at], &after[..end]));
+        rest = &after[end + 1..];
     }
-    out
+    Ok((out, rest))
 }
 
 /// The (file, key) a `${param:…}` reference names: `FILE:KEY`, or a `KEY`
@@ -382,23 +381,18 @@ fn substitute_params(
     files: &BTreeMap<String, Vec<String>>,
     values: &BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 ) -> Result<String, String> {
-    if !cmd.contains("${param:") {
-        return Ok(cmd.to_string());
-    }
+    let (references, tail) = scan_params(cmd)?;
     let mut out = String::with_capacity(cmd.len());
-    let mut rest = cmd;
-    while let Some(at) = rest.find("${param:") {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + "${param:".len()..];
-        let end = after.find('}').ok_or_else(|| format!("an unclosed ${{param:{after}"))?;
-        let (file, key) = resolve_param(files, &after[..end])?;
-        let v = values.get(&file).and_then(|m| m.get(key)).ok_or_else(|| {
-            format!("${{param:{}}}: the value of {file}:{key} was not read into the key", &after[..end])
-        })?;
+    for (before, reference) in references {
+        out.push_str(before);
+        let (file, key) = resolve_param(files, reference)?;
+        let v = values
+            .get(&file)
+            .and_then(|m| m.get(key))
+            .ok_or_else(|| format!("${{param:{reference}}}: the value of {file}:{key} was not read into the key"))?;
         out.push_str(&shell_word(v));
-        rest = &after[end + 1..];
     }
-    out.push_str(rest);
+    out.push_str(tail);
     Ok(out)
 }
 

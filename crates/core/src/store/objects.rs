@@ -149,6 +149,8 @@ pub fn publish_copy(objects: &Path, tmp: &Path, src: &Path) -> Result<ObjectInfo
     // Where the filesystem clones, the store's copy shares the bytes of the
     // user's file until either is written (it is then hashed from the clone).
     if reflink(&input, &staged)? {
+        // Synced like the copy below: install renames only complete, synced objects.
+        File::open(&staged).and_then(|f| f.sync_all()).map_err(io(format!("syncing {}", staged.display())))?;
         let (hash, size) = hash_file(&staged)?;
         let info = ObjectInfo { hash, kind: OutputKind::File, size, files: 1 };
         install(objects, &staged, &info)?;
