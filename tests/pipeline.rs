@@ -783,3 +783,50 @@ fn run_drop_states_drops_each_state_once_its_readers_finished_and_everything_sta
     let ev = events(&p.run(&["run", "t.yaml", "--json"]));
     assert!(nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
 }
+
+/// gc removes only inside our own folders: with `records` planted as a link
+/// to a folder of the user's holding files named as records are, gc said
+/// `removed 1 results` and deleted the user's file through the link. It now
+/// refuses, names the link, and removes nothing (no row either).
+#[test]
+fn gc_never_removes_through_a_link_in_the_workspace() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'echo $X > a.txt', outs: [a.txt], env: {X: 1}}\n",
+    );
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    assert_eq!(p.run(&["run", "s.yaml", "--set", "nodes.a.params.env.X=2"]).status.code(), Some(0));
+    let victim = tempfile::tempdir().unwrap();
+    let ws = p.path().join(".orchestrate");
+    for sub in ["records", "checkpoints"] {
+        let real = ws.join(sub);
+        std::fs::create_dir_all(&real).unwrap();
+        let copy = victim.path().join(sub);
+        assert!(std::process::Command::new("cp").arg("-r").arg(&real).arg(&copy).status().unwrap().success());
+        std::fs::rename(&real, ws.join(format!("{sub}.real"))).unwrap();
+        std::os::unix::fs::symlink(&copy, &real).unwrap();
+    }
+    let walk = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![d.to_path_buf()];
+        while let Some(x) = stack.pop() {
+            for e in std::fs::read_dir(&x).unwrap() {
+                let e = e.unwrap().path();
+                if e.is_dir() {
+                    stack.push(e.clone())
+                }
+                out.push(e);
+            }
+        }
+        out.sort();
+        out
+    };
+    let before = walk(victim.path());
+    let objects = stored_objects(&p);
+    let out = p.run(&["gc", "s.yaml"]);
+    assert_ne!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert_eq!(walk(victim.path()), before, "gc removed a file outside the workspace");
+    assert_eq!(stored_objects(&p), objects, "gc removed objects although it refused");
+}

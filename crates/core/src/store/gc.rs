@@ -216,6 +216,22 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
     Ok(result)
 }
 
+/// An error when a link lies on the way from the workspace root to `path`
+/// (its folders or `path` itself): gc and `--drop-states` remove nothing
+/// through one.
+pub(crate) fn refuse_link(ws: &Workspace, path: &Path) -> Result<(), StoreError> {
+    let rel = path.strip_prefix(ws.root()).map_err(|_| {
+        StoreError::Invalid(format!("{} is outside the workspace {}", path.display(), ws.root().display()))
+    })?;
+    match super::fsx::link_on_path(ws.root(), &rel.to_string_lossy()) {
+        Some(link) => Err(StoreError::Invalid(format!(
+            "{} is a symbolic link: nothing is removed through it, and nothing was removed (remove the link and run again)",
+            link.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A node's record and log (the files besides its objects).
 fn node_files(ws: &Workspace, key: &Key) -> [PathBuf; 2] {
     [ws.record_path(key), ws.log_path(key)]
@@ -229,6 +245,18 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     }
     let plan = plan(ws, policy)?;
     let keys: Vec<Key> = plan.removed_nodes.iter().map(|(_, _, k)| k.clone()).collect();
+    // Nothing is removed through a link (a planted `records` → a user's
+    // folder): every path gc would remove is checked before anything goes.
+    let doomed = keys
+        .iter()
+        .flat_map(|k| {
+            let [record, log] = node_files(ws, k);
+            [record, log, ws.root().join("checkpoints").join(k.as_str())]
+        })
+        .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)));
+    for path in doomed {
+        refuse_link(ws, &path)?;
+    }
     let mut index = ws.index()?;
     index.delete_nodes(&keys)?;
     // Dropped states are marked in their rows and records before any object goes.

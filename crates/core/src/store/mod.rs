@@ -583,7 +583,9 @@ impl Workspace {
         if shared {
             return Ok(Some(0));
         }
-        objects::remove_any(&self.object_path(&object.hash))?;
+        let path = self.object_path(&object.hash);
+        gc::refuse_link(self, &path)?;
+        objects::remove_any(&path)?;
         Ok(Some(object.size))
     }
 
