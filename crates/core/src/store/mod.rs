@@ -575,6 +575,12 @@ impl Workspace {
     /// then its object is removed, unless another row still names the same
     /// object stored. Returns the bytes freed (`None`: nothing to drop).
     pub fn drop_output(&self, index: &Index, key: &Key, output: &str, why: &str) -> Result<Option<u64>, StoreError> {
+        // A link on the object's way refuses the drop before the row is marked.
+        if let Some(node) = index.lookup(key)? {
+            if let Some(o) = node.outputs.iter().find(|o| o.name == output && o.stored()) {
+                gc::refuse_link(self, &self.object_path(&o.object.hash))?;
+            }
+        }
         let Some(object) = self.mark_dropped(index, key, output, why)? else { return Ok(None) };
         let shared = index
             .all_nodes()?
@@ -583,9 +589,7 @@ impl Workspace {
         if shared {
             return Ok(Some(0));
         }
-        let path = self.object_path(&object.hash);
-        gc::refuse_link(self, &path)?;
-        objects::remove_any(&path)?;
+        objects::remove_any(&self.object_path(&object.hash))?;
         Ok(Some(object.size))
     }
 
