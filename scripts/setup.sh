@@ -39,8 +39,10 @@ install_venv() {
   local python="${ORCHESTRATE_PYTHON:-python3}"
   # numpy: torch warns without it. transformers and safetensors are only an
   # independent reference for tests (logit parity, the PyTorch benchmarks);
-  # tensorboard reads back the event files `export tensorboard` writes.
-  local requirements="torch==$TORCH_VERSION numpy transformers==5.24.0 safetensors tensorboard==2.20.0"
+  # tensorboard reads back the event files `export tensorboard` writes;
+  # pyarrow writes the Parquet files `dataset.import` is tested on, as
+  # Hugging Face datasets write them.
+  local requirements="torch==$TORCH_VERSION numpy transformers==5.24.0 safetensors tensorboard==2.20.0 pyarrow==22.0.0"
   mkdir -p "$torch_dir"
   # One installer at a time per cache folder; other clones wait here instead of racing.
   exec 9>"$torch_dir/.lock"

@@ -64,6 +64,8 @@ fn consumer(role: &str, input: &str) -> String {
 
 fn rejected(yaml: &str) -> String {
     let p = Project::new();
+    p.write("tr.jsonl", "");
+    p.write("te.jsonl", "");
     p.write("leak.yaml", yaml);
     let out = p.run(&["validate", "leak.yaml"]);
     assert_eq!(out.status.code(), Some(2), "expected a compile error: {}", stdout(&out));
@@ -72,6 +74,8 @@ fn rejected(yaml: &str) -> String {
 
 fn accepted(yaml: &str) {
     let p = Project::new();
+    p.write("tr.jsonl", "");
+    p.write("te.jsonl", "");
     p.write("ok.yaml", yaml);
     let out = p.run(&["validate", "ok.yaml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -152,4 +156,319 @@ fn verifier_list_prints_each_protocol_hash() {
         let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} listed: {text}"));
         assert_eq!(line.split_whitespace().last().unwrap().len(), 64);
     }
+}
+
+// ---- The user's own data: dataset.import ----
+
+/// A GSM8K-style row: a word problem and an answer ending in `#### N`.
+fn gsm_row(i: usize) -> serde_json::Value {
+    let (a, b) = (i + 3, 2 * i + 1);
+    serde_json::json!({
+        "question": format!("Tom has {a} apples and buys {b} more. How many apples does he have? (#{i})"),
+        "answer": format!("He has {a} + {b} = {} apples.\n#### {}", a + b, a + b),
+        "level": if i.is_multiple_of(3) { "hard" } else { "easy" },
+    })
+}
+
+fn write_jsonl(p: &Project, rel: &str, rows: &[serde_json::Value]) {
+    p.write(rel, &rows.iter().map(|r| r.to_string() + "\n").collect::<String>());
+}
+
+/// Writes rows as CSV (every value quoted, RFC 4180).
+fn write_csv(p: &Project, rel: &str, rows: &[serde_json::Value]) {
+    let cols = ["question", "answer", "level"];
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let mut text = cols.join(",") + "\n";
+    for r in rows {
+        let cells: Vec<String> = cols.iter().map(|c| quote(r[*c].as_str().unwrap())).collect();
+        text += &(cells.join(",") + "\n");
+    }
+    p.write(rel, &text);
+}
+
+/// Writes rows as Parquet with pyarrow (snappy, as Hugging Face datasets write them).
+fn write_parquet(p: &Project, rel: &str, rows: &[serde_json::Value], drop: Option<&str>) {
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let json = p.path().join(format!("{rel}.rows.json"));
+    std::fs::write(&json, serde_json::to_string(rows).unwrap()).unwrap();
+    let script = "import json, sys\nimport pyarrow as pa, pyarrow.parquet as pq\nrows = json.load(open(sys.argv[1]))\nt = pa.Table.from_pylist(rows)\nif sys.argv[3]: t = t.drop_columns([sys.argv[3]])\npq.write_table(t, sys.argv[2], compression='snappy')\n";
+    let out = std::process::Command::new(python)
+        .args(["-c", script, json.to_str().unwrap(), p.path().join(rel).to_str().unwrap(), drop.unwrap_or("")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "pyarrow: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(json).unwrap();
+}
+
+const FIELDS: &str = "fields: {prompt: question, answer: answer, population: level, reference_response: '{answer}'}";
+
+fn import_node(id: &str, files: &str, extra: &str) -> String {
+    import_node_with(id, files, FIELDS, extra)
+}
+
+fn import_node_with(id: &str, files: &str, fields: &str, extra: &str) -> String {
+    format!("  {id}:\n    op: dataset.import\n    params: {{files: {files}, {fields}{extra}}}\n")
+}
+
+fn bytes_of(p: &Project, spec: &str, output: &str) -> Vec<u8> {
+    let out = p.run(&["path", spec, output]);
+    assert_eq!(out.status.code(), Some(0), "{output}: {}", stderr(&out));
+    std::fs::read(stdout(&out).trim()).unwrap()
+}
+
+#[test]
+fn the_same_rows_in_jsonl_json_csv_and_parquet_import_to_the_same_pages_and_labels() {
+    let p = Project::new();
+    let rows: Vec<serde_json::Value> = (0..12).map(gsm_row).collect();
+    write_jsonl(&p, "data/t.jsonl", &rows);
+    p.write("data/t.json", &serde_json::to_string_pretty(&rows).unwrap());
+    write_csv(&p, "data/t.csv", &rows);
+    write_parquet(&p, "data/t.parquet", &rows, None);
+    let mut spec = String::from("name: formats\nnodes:\n");
+    for ext in ["jsonl", "json", "csv", "parquet"] {
+        spec += &import_node(ext, &format!("{{train: data/t.{ext}}}"), ", warmstart: 4");
+    }
+    p.write("f.yaml", &spec);
+    let ev = p.run_json(&["f.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["csv", "json", "jsonl", "parquet"]);
+    for output in ["pages.train", "labels.train"] {
+        let reference = bytes_of(&p, "f.yaml", &format!("jsonl:{output}"));
+        for ext in ["json", "csv", "parquet"] {
+            assert!(
+                reference == bytes_of(&p, "f.yaml", &format!("{ext}:{output}")),
+                "{ext}:{output} differs from jsonl's"
+            );
+        }
+    }
+    // Every row is there, in file order, typed as docs/data.md says.
+    let pages = jsonl(&p, "f.yaml", "parquet:pages.train");
+    let labels = jsonl(&p, "f.yaml", "parquet:labels.train");
+    assert_eq!(pages.len(), 12);
+    for (i, (page, label)) in pages.iter().zip(&labels).enumerate() {
+        assert_eq!(page["statement"], rows[i]["question"]);
+        assert_eq!(page["population"], rows[i]["level"]);
+        assert_eq!(page["id"], label["id"]);
+        assert_eq!(label["problem"], serde_json::json!({"answer": rows[i]["answer"]}));
+        assert_eq!(label["reference_response"], rows[i]["answer"]);
+        assert_eq!(label["warmstart"], i < 4, "the first 4 train rows are the warm-start set");
+    }
+    let ids: std::collections::BTreeSet<&str> = pages.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 12, "content ids are distinct");
+}
+
+#[test]
+fn an_imported_file_is_in_the_key_by_content_and_one_file_splits_by_a_seeded_ratio() {
+    let p = Project::new();
+    let rows: Vec<serde_json::Value> = (0..40).map(gsm_row).collect();
+    write_jsonl(&p, "all.jsonl", &rows);
+    p.write(
+        "r.yaml",
+        &format!("name: r\nnodes:\n  data:\n    op: dataset.import\n    params: {{file: all.jsonl, ratios: {{train: 0.75, test: 0.25}}, seed: 1, {FIELDS}}}\n"),
+    );
+    assert_eq!(nodes_with(&p.run_json(&["r.yaml"], 0), "node_finished"), ["data"]);
+    let (train, test) = (jsonl(&p, "r.yaml", "data:pages.train"), jsonl(&p, "r.yaml", "data:pages.test"));
+    assert_eq!((train.len(), test.len()), (30, 10));
+    let statements: std::collections::BTreeSet<&str> =
+        train.iter().chain(&test).map(|r| r["statement"].as_str().unwrap()).collect();
+    assert_eq!(statements.len(), 40, "every row in exactly one split");
+    // The same content (rewritten, newer mtime) is a cache hit; one changed row re-runs it.
+    write_jsonl(&p, "all.jsonl", &rows);
+    assert_eq!(nodes_with(&p.run_json(&["r.yaml"], 0), "cache_hit"), ["data"]);
+    let mut changed = rows.clone();
+    changed[5]["answer"] = serde_json::json!("#### 1000");
+    write_jsonl(&p, "all.jsonl", &changed);
+    assert_eq!(nodes_with(&p.run_json(&["r.yaml"], 0), "node_finished"), ["data"]);
+    // Another seed, another assignment.
+    p.run_json(&["r.yaml", "--set", "nodes.data.params.seed=2"], 0);
+    let other = jsonl_with(&p, &["r.yaml", "data:pages.test", "--set", "nodes.data.params.seed=2"]);
+    assert!(other != test);
+}
+
+#[test]
+fn imported_test_labels_cannot_reach_training_even_through_a_file_another_node_wrote() {
+    let data = format!("name: leak\nnodes:\n{}", import_node("data", "{train: tr.jsonl, test: te.jsonl}", ""));
+    let err = rejected(&format!(
+        "{data}  use:\n    op: shell\n    inputs: {{x: 'data:labels.test'}}\n    params: {{cmd: 'true', role: training}}\n"
+    ));
+    assert!(err.contains("a training node may not read test data") && err.contains("'data:labels.test'"), "{err}");
+    // Test labels copied to a file, and that file imported as *train*: still test labels.
+    let laundered = format!(
+        "{data}  copy:\n    op: shell\n    inputs: {{l: 'data:labels.test'}}\n    params: {{cmd: 'cp $ORCHESTRATE_INPUT_L c.jsonl', outs: [c.jsonl]}}\n{}  use:\n    op: shell\n    inputs: {{x: 'again:labels.train'}}\n    params: {{cmd: 'true', role: training}}\n",
+        import_node("again", "{train: c.jsonl}", "")
+    );
+    let err = rejected(&laundered);
+    assert!(err.contains("reads test labels") && err.contains("which derives from 'data:labels.test'"), "{err}");
+    accepted(&format!(
+        "{data}  use:\n    op: shell\n    inputs: {{x: 'data:labels.train'}}\n    params: {{cmd: 'true', role: training}}\n"
+    ));
+}
+
+/// Runs a one-node import spec expected to fail; returns stderr, after
+/// checking nothing was cached and the data file is unchanged.
+fn import_fails(p: &Project, file: &str, fields: &str) -> String {
+    let before = std::fs::read(p.path().join(file)).unwrap();
+    p.write(
+        "bad.yaml",
+        &format!("name: bad\nnodes:\n{}", import_node_with("data", &format!("{{train: {file}}}"), fields, "")),
+    );
+    let out = p.run(&["run", "bad.yaml"]);
+    assert_ne!(out.status.code(), Some(0), "{file} was imported: {}", stdout(&out));
+    let err = stderr(&out) + &stdout(&out);
+    let cached = p.run(&["path", "bad.yaml", "data:pages.train"]);
+    assert_ne!(cached.status.code(), Some(0), "a failed import left a cached output");
+    assert!(std::fs::read(p.path().join(file)).unwrap() == before, "the user's file changed");
+    err
+}
+
+#[test]
+fn bad_data_files_fail_naming_the_file_row_and_field_and_cache_nothing() {
+    let p = Project::new();
+    let good: Vec<serde_json::Value> = (0..3).map(gsm_row).collect();
+    // A 200 MB line: refused at 4 MiB, without reading it whole.
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(p.path().join("huge.jsonl")).unwrap();
+        writeln!(f, "{}", good[0]).unwrap();
+        let chunk = vec![b'x'; 1 << 20];
+        f.write_all(b"{\"question\": \"").unwrap();
+        for _ in 0..200 {
+            f.write_all(&chunk).unwrap();
+        }
+        f.write_all(b"\"}\n").unwrap();
+    }
+    let err = import_fails(&p, "huge.jsonl", FIELDS);
+    assert!(err.contains("huge.jsonl row 2 is longer than 4 MiB"), "{err}");
+    // Invalid UTF-8.
+    let mut bytes = (good[0].to_string() + "\n").into_bytes();
+    bytes.extend_from_slice(b"{\"question\": \"caf\xe9\", \"answer\": \"1\", \"level\": \"easy\"}\n");
+    std::fs::write(p.path().join("latin1.jsonl"), bytes).unwrap();
+    let err = import_fails(&p, "latin1.jsonl", FIELDS);
+    assert!(err.contains("latin1.jsonl row 2 is not UTF-8"), "{err}");
+    // A ragged CSV row.
+    p.write("ragged.csv", "question,answer,level\n\"q1\",\"#### 1\",easy\n\"q2\",\"#### 2\"\n");
+    let err = import_fails(&p, "ragged.csv", FIELDS);
+    assert!(err.contains("ragged.csv row 2") && err.contains("has 2 fields, but the header has 3"), "{err}");
+    // A missing field, named with what the row has.
+    p.write("nofield.jsonl", &format!("{}\n{{\"question\": \"q\", \"level\": \"easy\"}}\n", good[0]));
+    let err = import_fails(&p, "nofield.jsonl", FIELDS);
+    assert!(err.contains("nofield.jsonl row 2: no field 'answer'"), "{err}");
+    // Duplicate ids.
+    let with_ids: Vec<serde_json::Value> = good
+        .iter()
+        .map(|r| serde_json::json!({"k": "same", "question": r["question"], "answer": r["answer"], "level": "easy"}))
+        .collect();
+    write_jsonl(&p, "ids.jsonl", &with_ids);
+    let err = import_fails(&p, "ids.jsonl", "fields: {prompt: question, answer: answer, id: k}");
+    assert!(err.contains("ids.jsonl row 1 and ids.jsonl row 2 have the same id 'same'"), "{err}");
+    // A prompt twice (within a split here; across splits in the unit tests).
+    let mut dup = good.clone();
+    dup.push(serde_json::json!({"question": good[1]["question"].as_str().unwrap().to_uppercase(), "answer": "#### 9", "level": "easy"}));
+    write_jsonl(&p, "dup.jsonl", &dup);
+    let err = import_fails(&p, "dup.jsonl", FIELDS);
+    assert!(err.contains("dup.jsonl row 2 and dup.jsonl row 4 have the same prompt"), "{err}");
+    // A Parquet file without a mapped column.
+    write_parquet(&p, "nolevel.parquet", &good, Some("level"));
+    let err = import_fails(&p, "nolevel.parquet", FIELDS);
+    assert!(err.contains("nolevel.parquet: no column 'level' (its columns: answer, question)"), "{err}");
+    // Not a Parquet file at all.
+    p.write("fake.parquet", "question,answer\n");
+    let err = import_fails(&p, "fake.parquet", FIELDS);
+    assert!(err.contains("fake.parquet is not a readable Parquet file"), "{err}");
+}
+
+#[test]
+fn a_data_file_through_a_link_or_outside_the_spec_folder_is_refused() {
+    let p = Project::new();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("d.jsonl"), gsm_row(0).to_string() + "\n").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("d.jsonl"), p.path().join("link.jsonl")).unwrap();
+    p.write("l.yaml", &format!("name: l\nnodes:\n{}", import_node("data", "{train: link.jsonl}", "")));
+    let out = p.run(&["run", "l.yaml"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!((stderr(&out) + &stdout(&out)).contains("is a symbolic link"), "{}", stderr(&out));
+    p.write("o.yaml", &format!("name: o\nnodes:\n{}", import_node("data", "{train: ../d.jsonl}", "")));
+    let out = p.run(&["validate", "o.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("params.files.train") && stderr(&out).contains("inside it"), "{}", stderr(&out));
+}
+
+/// A model of the embedded default's shape, built on the imported train split.
+const OWN_MODEL: &str = "  tokenizer:\n    op: tokenizer.build\n    inputs: {pages: 'data:pages.train', labels: 'data:labels.train'}\n    params: {vocab_size: 400}\n  base:\n    op: model.init\n    inputs: {tokenizer: 'tokenizer:tokenizer'}\n    params: {seed: 0, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1}\n";
+
+#[test]
+fn an_own_task_trains_evaluates_and_scores_with_its_verifier_and_populations() {
+    let p = Project::new();
+    let rows: Vec<serde_json::Value> = (0..36).map(gsm_row).collect();
+    write_jsonl(&p, "tr.jsonl", &rows[..24]);
+    write_csv(&p, "va.csv", &rows[24..28]);
+    write_parquet(&p, "te.parquet", &rows[28..], None);
+    let spec = format!(
+        "name: own\nnodes:\n{}{OWN_MODEL}  sft:\n    op: train.sft\n    inputs: {{model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation'}}\n    params: {{branch: warmstart, epochs: 1, batch_size: 4, lr: 1e-3}}\n  grpo:\n    op: train.grpo\n    inputs: {{model: 'sft:model', pages: 'data:pages.train', labels: 'data:labels.train'}}\n    params: {{iterations: 1, group_size: 2, prompts_per_iteration: 2, max_new_tokens: 8, lr: 1e-4, verifier: gsm8k_last_number}}\n  gen:\n    op: eval.generate\n    inputs: {{model: 'grpo:model', pages: 'data:pages.test'}}\n    params: {{draws: 1, max_new_tokens: 8}}\n  score:\n    op: eval.score\n    inputs: {{responses: 'gen:responses', summary: 'gen:summary', labels: 'data:labels.test'}}\n    params: {{verifier: gsm8k_last_number, policy: grpo}}\n  table:\n    op: results.table\n    inputs: {{evals: ['score:results']}}\n    params: {{policies: [grpo]}}\n",
+        import_node("data", "{train: tr.jsonl, validation: va.csv, test: te.parquet}", ", warmstart: 8")
+    );
+    p.write("own.yaml", &spec);
+    let ev = p.run_json(&["own.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_failed"), Vec::<String>::new());
+    let out = p.run(&["path", "own.yaml", "score:results"]);
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(stdout(&out).trim()).unwrap()).unwrap();
+    assert_eq!(results["verifier"]["name"], "gsm8k_last_number");
+    // The populations are the data's (the `level` field), beside ALL.
+    let greedy = results["greedy"].as_object().unwrap();
+    assert_eq!(greedy.keys().collect::<Vec<_>>(), ["ALL", "easy", "hard"]);
+    let hard = rows[28..].iter().filter(|r| r["level"] == "hard").count();
+    assert_eq!(greedy["ALL"]["problems"], 8);
+    assert_eq!(greedy["hard"]["problems"], hard);
+    assert_eq!(greedy["easy"]["problems"], 8 - hard);
+    // The SFT trained on the reference responses (their tokens), not on EOS alone.
+    let sft = p.run(&["path", "own.yaml", "sft:metrics"]);
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(stdout(&sft).trim()).unwrap()).unwrap();
+    // 4 rows an update: EOS alone would be 4 tokens; each reference response is over 15.
+    let tokens = m["history"][0]["tokens"].as_f64().unwrap_or_else(|| panic!("no tokens in {m}"));
+    assert!(tokens > 60.0, "{tokens} tokens in the first update: {m}");
+    let table = p.run(&["path", "own.yaml", "table:table.md"]);
+    let md = std::fs::read_to_string(stdout(&table).trim()).unwrap();
+    assert!(md.contains("| grpo | hard |") && md.contains("| grpo | ALL |"), "{md}");
+}
+
+#[test]
+fn labels_without_the_fields_training_needs_fail_saying_what_each_field_selects() {
+    let p = Project::new();
+    let rows: Vec<serde_json::Value> = (0..12).map(gsm_row).collect();
+    write_jsonl(&p, "tr.jsonl", &rows);
+    // A shell node writes labels without `warmstart`; imported data without reference responses.
+    p.write(
+        "strip.py",
+        "import json, sys\nfor l in open(sys.argv[1]):\n    r = json.loads(l); r.pop(sys.argv[3]); print(json.dumps(r), file=open(sys.argv[2], 'a'))\n",
+    );
+    let sft = |labels: &str| {
+        format!("  sft:\n    op: train.sft\n    inputs: {{model: 'base:model', pages: 'data:pages.train', labels: '{labels}', validation_pages: 'data:pages.train', validation_labels: 'data:labels.train'}}\n    params: {{branch: sft, epochs: 1, batch_size: 4}}\n")
+    };
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let spec = format!(
+        "name: strip\nnodes:\n{}{OWN_MODEL}  strip:\n    op: shell\n    inputs: {{l: 'data:labels.train'}}\n    params: {{cmd: '{python} strip.py $ORCHESTRATE_INPUT_L s.jsonl warmstart', outs: [s.jsonl]}}\n{}",
+        import_node("data", "{train: tr.jsonl}", ", warmstart: 4"),
+        sft("strip:s.jsonl")
+    );
+    p.write("s.yaml", &spec);
+    let out = p.run(&["run", "s.yaml"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out) + &stdout(&out);
+    assert!(err.contains("row 1: field 'warmstart'") && err.contains("missing"), "{err}");
+    assert!(err.contains("true selects the warm-start SFT set"), "{err}");
+    // Without reference responses SFT refuses, naming the label and the field.
+    let no_ref = format!(
+        "name: noref\nnodes:\n{}{}{OWN_MODEL}{}",
+        import_node("data", "{train: tr.jsonl}", ", warmstart: 4"),
+        import_node_with("bare", "{train: tr.jsonl}", "fields: {prompt: question, answer: answer}", ", warmstart: 4"),
+        sft("bare:labels.train").replace("'data:", "'bare:")
+    );
+    p.write("n.yaml", &no_ref);
+    let out = p.run(&["run", "n.yaml"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out) + &stdout(&out);
+    assert!(
+        err.contains("label 'h") && err.contains("has no 'reference_response' (the response train.sft trains on)"),
+        "{err}"
+    );
 }

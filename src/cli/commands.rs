@@ -254,9 +254,13 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 None => out!("{text}"),
                 Some(dir) => {
                     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-                    let path = dir.join(schema::SCHEMA_FILE);
-                    write_atomic(&path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
-                    outln!("wrote {}", path.display());
+                    let mut files = vec![(schema::SCHEMA_FILE, text)];
+                    files.extend(schema::data_schemas());
+                    for (name, text) in files {
+                        let path = dir.join(name);
+                        write_atomic(&path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+                        outln!("wrote {}", path.display());
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -246,7 +246,7 @@ pub enum Command {
         #[command(flatten)]
         spec: SpecArgs,
     },
-    /// Print the spec JSON Schema, or write it into a folder.
+    /// Print the spec JSON Schema, or write it (with the pages and labels row schemas) into a folder.
     Schema {
         /// Write `experiment.schema.json` into this folder.
         #[arg(long, value_name = "DIR")]

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::dag::key::fields;
 use crate::gate::GateReport;
-use crate::ops::eval::{EvalResults, EvalSummary, POPULATIONS};
+use crate::ops::eval::{EvalResults, EvalSummary, ALL};
 use crate::ops::results::ResultsTableFile;
 use crate::report::{Node, Source};
 use crate::stats::mean_of as mean;
@@ -177,7 +177,7 @@ fn sft_metrics(m: &SftMetrics) -> Vec<Metric> {
 fn eval_metrics(r: &EvalResults) -> Vec<Metric> {
     let mut out = Vec::new();
     for (mode, scores) in [("greedy", &r.greedy), ("sample", &r.sample)] {
-        for pop in POPULATIONS {
+        for pop in scores.names() {
             let Some(s) = scores.population(pop) else { continue };
             out.push(metric(format!("{mode} success {pop}"), Unit::Rate, s.success_rate));
             out.push(metric(format!("{mode} JSON validity {pop}"), Unit::Rate, s.json_validity));
@@ -842,8 +842,14 @@ pub fn group(side: &Side, axis: &str) -> Result<Grouped, String> {
     }
     for ids in by_base.values() {
         let Some((baseline, rest)) = ids.split_first() else { continue };
+        // The populations of the baseline's problems, ALL first.
+        let mut populations = vec![ALL.to_string()];
+        if let Some(Ok(outcomes)) = problems.get(*baseline) {
+            let named: BTreeSet<&String> = outcomes.values().map(|(p, _)| p).filter(|p| *p != ALL).collect();
+            populations.extend(named.into_iter().cloned());
+        }
         for id in rest {
-            for pop in POPULATIONS {
+            for pop in &populations {
                 out.paired.push(paired(&problems, baseline, id, pop));
             }
         }
@@ -899,7 +905,7 @@ fn paired(
     };
     let pairs: Vec<(f64, f64)> = a
         .iter()
-        .filter(|(_, (pop, _))| population == "ALL" || pop == population)
+        .filter(|(_, (pop, _))| population == ALL || pop == population)
         .filter_map(|(id, (_, xs))| {
             let ys = &b.get(id)?.1;
             Some((mean(xs.iter().copied())?, mean(ys.iter().copied())?))

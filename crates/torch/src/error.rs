@@ -3,6 +3,7 @@
 //! the guard or an op, or a message; [`Context`] adds what was being done.
 
 use orchestrate_core::canonical::ArtifactError;
+use orchestrate_core::data::rows::RowError;
 use orchestrate_core::data::verifier::ProblemError;
 use orchestrate_core::guard::events::EventError;
 use orchestrate_core::guard::GuardError;
@@ -50,6 +51,8 @@ pub enum Error {
     State(#[from] StateError),
     #[error(transparent)]
     Problem(#[from] ProblemError),
+    #[error(transparent)]
+    Row(#[from] RowError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use crate::error::Result;
+use orchestrate_core::data::rows::read_pages;
 use orchestrate_core::data::verifier::FinishReason;
 use orchestrate_core::ops::eval::{EvalGenerateParams, EvalResponse};
 use orchestrate_core::ops::parse_params;
@@ -18,8 +19,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let model_dir = input_path(job, "model")?;
     let (model, tokenizer) = load_model(model_dir, device)?;
     let eos = tokenizer.eos_id()?;
-    let text = std::fs::read_to_string(input_path(job, "pages")?)?;
-    let mut pages: Vec<serde_json::Value> = text.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let mut pages = read_pages(input_path(job, "pages")?, "pages")?;
     if let Some(n) = p.limit {
         pages.truncate(n);
     }
@@ -31,15 +31,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     }
     let prompts: Vec<Vec<i64>> = pages
         .iter()
-        .map(|pg| {
-            prompt_ids(
-                &tokenizer,
-                &p.system,
-                pg["statement"].as_str().unwrap_or_default(),
-                p.max_prompt_tokens,
-                pg["id"].as_str().unwrap_or("?"),
-            )
-        })
+        .map(|pg| prompt_ids(&tokenizer, &p.system, &pg.statement, p.max_prompt_tokens, &pg.id))
         .collect::<Result<_>>()?;
     let started = Instant::now();
     let mut out = std::io::BufWriter::new(std::fs::File::create(job.staging.join("responses"))?);
@@ -57,8 +49,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
                 let decoded = tokenizer.decode(body)?;
                 let r = EvalResponse {
-                    id: page["id"].as_str().unwrap_or_default().to_string(),
-                    population: page["population"].as_str().unwrap_or_default().to_string(),
+                    id: page.id.clone(),
+                    population: page.population.clone(),
                     mode: if greedy { "greedy".into() } else { "sample".into() },
                     draw: row.2,
                     rollout_id: (!greedy).then_some(rid),

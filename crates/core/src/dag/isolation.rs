@@ -52,7 +52,13 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), Spec
         }
         for out in &node.outputs {
             let taints = match &out.taint {
-                Some(declared) => declared.iter().map(|t| (*t, format!("{}:{}", node.def.id, out.name))).collect(),
+                Some(declared) => {
+                    let mut t: Taints = if out.inherits { read.clone() } else { Taints::new() };
+                    for d in declared {
+                        t.entry(*d).or_insert_with(|| format!("{}:{}", node.def.id, out.name));
+                    }
+                    t
+                }
                 None => read.clone(),
             };
             outputs.insert((node.def.id.clone(), out.name.clone()), taints);

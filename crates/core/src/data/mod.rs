@@ -8,6 +8,8 @@
 pub mod generate;
 pub mod json_strict;
 pub mod rng;
+pub mod rows;
+pub mod table;
 pub mod verifier;
 
 use serde::{Deserialize, Serialize};
@@ -68,7 +70,7 @@ pub enum Population {
 }
 
 /// The dataset's splits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Split {
     Train,

@@ -120,6 +120,9 @@ fn zero(expected: Value, reason: Reason) -> Verdict {
 /// The StockArithmetic-v1 verifier.
 pub struct StockArithmetic;
 
+/// The protocol's verifier: the default of `eval.score` and `train.grpo`.
+pub const PROTOCOL_VERIFIER: &str = "stock_arithmetic_v1";
+
 /// Longest accepted response, in characters.
 pub const MAX_RESPONSE_CHARS: usize = 256;
 /// Largest accepted `final_stock`.

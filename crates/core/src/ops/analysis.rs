@@ -277,7 +277,12 @@ pub fn run_record(
     let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
         let Some(r) = eval else { return Ok(None) };
         let m = if mode == "greedy" { &r.greedy } else { &r.sample };
-        m.population(population).map(Some).ok_or_else(|| format!("no population '{population}' (ALL, ID50, OOD100)"))
+        m.population(population).map(Some).ok_or_else(|| {
+            format!(
+                "no population '{population}' in the evaluation (it has {})",
+                m.names().collect::<Vec<_>>().join(", ")
+            )
+        })
     };
     let (greedy, sample) = (scores("greedy")?, scores("sample")?);
     let success = match greedy.map(|g| g.success_rate) {

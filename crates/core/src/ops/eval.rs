@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::worker::WorkerOp;
 use super::{read_jsonl, required, InputDecl, Op, OpError, OutputDecl, Role, RunContext};
-use crate::data::verifier::{FinishReason, Response, VerifierRegistry};
+use crate::data::rows::{labels_by_id, read_labels, LabelRow};
+use crate::data::verifier::{FinishReason, Response, VerifierRegistry, PROTOCOL_VERIFIER};
 use crate::model::DEFAULT_SYSTEM;
 
 fn failed(e: impl std::fmt::Display) -> OpError {
@@ -70,7 +70,9 @@ fn d_system() -> String {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalResponse {
     pub id: String,
-    pub population: String,
+    /// The page's population; `null` for a page without one (tallied in ALL only).
+    #[serde(deserialize_with = "required")]
+    pub population: Option<String>,
     /// "greedy" or "sample".
     pub mode: String,
     pub draw: usize,
@@ -115,32 +117,42 @@ pub struct PopulationScore {
     pub zero_reasons: BTreeMap<String, usize>,
 }
 
-/// The three populations of one mode.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModeScores {
-    #[serde(rename = "ALL")]
-    pub all: PopulationScore,
-    #[serde(rename = "ID50")]
-    pub id50: PopulationScore,
-    #[serde(rename = "OOD100")]
-    pub ood100: PopulationScore,
-}
+/// One mode's tallies by population: `ALL` (every problem) and each
+/// population the labels name (`ID50` and `OOD100` for StockArithmetic, the
+/// `population` field of imported data). Written as an object keyed by name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct ModeScores(BTreeMap<String, PopulationScore>);
 
-impl ModeScores {
-    /// A population by its name in specs and tables (`ALL`, `ID50`, `OOD100`).
-    pub fn population(&self, name: &str) -> Option<&PopulationScore> {
-        match name {
-            "ALL" => Some(&self.all),
-            "ID50" => Some(&self.id50),
-            "OOD100" => Some(&self.ood100),
-            _ => None,
+impl<'de> Deserialize<'de> for ModeScores {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, PopulationScore>::deserialize(d)?;
+        if !map.contains_key(ALL) {
+            return Err(serde::de::Error::missing_field("ALL"));
         }
+        Ok(ModeScores(map))
     }
 }
 
-/// The populations every table and analysis reports, in order.
-pub const POPULATIONS: [&str; 3] = ["ALL", "ID50", "OOD100"];
+/// The population of every problem.
+pub const ALL: &str = crate::data::rows::ALL_POPULATION;
+
+impl ModeScores {
+    /// A population by its name in specs and tables (`ALL`, `ID50`, …).
+    pub fn population(&self, name: &str) -> Option<&PopulationScore> {
+        self.0.get(name)
+    }
+
+    /// `ALL`'s tally.
+    pub fn all(&self) -> &PopulationScore {
+        self.0.get(ALL).expect("ModeScores always has ALL")
+    }
+
+    /// The populations, `ALL` first, then the others by name.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(ALL).chain(self.0.keys().map(String::as_str).filter(|n| *n != ALL))
+    }
+}
 
 /// The verifier that scored an evaluation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -243,6 +255,21 @@ pub struct ScoreParams {
     /// A name for the evaluated policy (recorded).
     #[serde(default)]
     pub policy: Option<String>,
+    /// The verifier that scores each response against its label's `problem`
+    /// (`orchestrate verifier list`): `stock_arithmetic_v1` (the protocol's),
+    /// or `gsm8k_last_number` for answer-style data (`dataset.import`).
+    #[serde(default = "d_verifier", skip_serializing_if = "is_protocol_verifier")]
+    pub verifier: String,
+}
+
+fn d_verifier() -> String {
+    PROTOCOL_VERIFIER.to_string()
+}
+
+/// Left out of the resolved params (so of the key) when it is the default:
+/// keys written before the param existed stay the same.
+fn is_protocol_verifier(v: &str) -> bool {
+    v == PROTOCOL_VERIFIER
 }
 
 /// `eval.score`.
@@ -254,13 +281,18 @@ impl Op for EvalScore {
     }
     /// 2: each problem's greedy outcome (`greedy_problems`).
     /// 3: each problem's draws and correct ones (`sample_problems`).
+    /// 4: the populations are the labels' (a split without OOD100 has no
+    ///    OOD100 entry) and the labels are read as the typed rows.
     fn version(&self) -> u32 {
-        3
+        4
     }
     fn summary(&self) -> &'static str {
         "per-population success, JSON validity, no-EOS and lengths of evaluated responses"
     }
     type Params = ScoreParams;
+    fn check(&self, p: &Self::Params) -> Result<(), super::ParamError> {
+        super::train::known_verifier(&p.verifier)
+    }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("responses", "eval.generate's responses"),
@@ -277,11 +309,8 @@ impl Op for EvalScore {
     fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
         let summary: EvalSummary = crate::canonical::read_typed(ctx.input_path("summary")?)?;
-        let labels: BTreeMap<String, Value> = read_jsonl::<Value>(ctx.input_path("labels")?)?
-            .into_iter()
-            .filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone())))
-            .collect();
-        let results = score(&responses, &labels, &summary, params.policy.clone())?;
+        let labels = labels_by_id(read_labels(ctx.input_path("labels")?, "labels").map_err(failed)?);
+        let results = score(&responses, &labels, &summary, &params.verifier, params.policy.clone())?;
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
         std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
     }
@@ -319,44 +348,59 @@ impl Tally {
 /// Scores evaluated responses against labels, per population and mode.
 pub fn score(
     responses: &[EvalResponse],
-    labels: &BTreeMap<String, Value>,
+    labels: &BTreeMap<String, LabelRow>,
     summary: &EvalSummary,
+    verifier: &str,
     policy: Option<String>,
 ) -> Result<EvalResults, OpError> {
     let registry = VerifierRegistry::builtin();
-    let verifier = registry.get("stock_arithmetic_v1").expect("builtin verifier");
+    let verifier = registry.get(verifier).ok_or_else(|| failed(format!("no verifier '{verifier}'")))?;
+    // Every population the labels name is reported, answered or not (an
+    // empty one is undefined, never 0).
+    let populations: BTreeSet<&str> =
+        std::iter::once(ALL).chain(labels.values().filter_map(|l| l.population.as_deref())).collect();
     let mut tallies: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let mut greedy_problems = BTreeMap::new();
     let mut sample_problems: BTreeMap<String, DrawOutcomes> = BTreeMap::new();
     for r in responses {
         let label = labels.get(&r.id).ok_or_else(|| failed(format!("response for {} has no label", r.id)))?;
+        if label.population != r.population {
+            return Err(failed(format!(
+                "problem {}: its page says population {}, its label {} (the pages evaluated and the labels are not of the same data)",
+                r.id,
+                r.population.as_deref().unwrap_or(ALL),
+                label.population.as_deref().unwrap_or(ALL)
+            )));
+        }
+        let population = r.population.clone().unwrap_or_else(|| ALL.to_string());
         let verdict = verifier
             .verify(
-                &label["problem"],
+                &label.problem,
                 &Response { text: &r.text, finish: r.finish, tokenization_valid: r.undecodable.is_empty() },
             )
             .map_err(failed)?;
         if r.mode == "greedy" {
-            let outcome = ProblemOutcome { population: r.population.clone(), correct: verdict.reward > 0 };
+            let outcome = ProblemOutcome { population: population.clone(), correct: verdict.reward > 0 };
             if greedy_problems.insert(r.id.clone(), outcome).is_some() {
                 return Err(failed(format!("problem {} has two greedy responses", r.id)));
             }
         } else if r.mode == "sample" {
             let o = sample_problems.entry(r.id.clone()).or_insert_with(|| DrawOutcomes {
-                population: r.population.clone(),
+                population: population.clone(),
                 draws: 0,
                 correct: 0,
             });
-            if o.population != r.population {
+            if o.population != population {
                 return Err(failed(format!(
-                    "problem {} has draws in two populations ({} and {})",
-                    r.id, o.population, r.population
+                    "problem {} has draws in two populations ({} and {population})",
+                    r.id, o.population
                 )));
             }
             o.draws += 1;
             o.correct += usize::from(verdict.reward > 0);
         }
-        for population in ["ALL".to_string(), r.population.clone()] {
+        let tallied: BTreeSet<String> = [ALL.to_string(), population].into();
+        for population in tallied {
             let t = tallies.entry((r.mode.clone(), population)).or_default();
             t.responses += 1;
             t.problems.insert(r.id.clone());
@@ -372,9 +416,15 @@ pub fn score(
         }
     }
     let mut mode = |name: &str| {
-        let mut take =
-            |population: &str| tallies.remove(&(name.to_string(), population.to_string())).unwrap_or_default().score();
-        ModeScores { all: take("ALL"), id50: take("ID50"), ood100: take("OOD100") }
+        ModeScores(
+            populations
+                .iter()
+                .map(|p| {
+                    let tally = tallies.remove(&(name.to_string(), p.to_string())).unwrap_or_default();
+                    (p.to_string(), tally.score())
+                })
+                .collect(),
+        )
     };
     let (greedy, sample) = (mode("greedy"), mode("sample"));
     Ok(EvalResults {
@@ -404,8 +454,9 @@ pub fn score(
 mod tests {
     use super::*;
 
-    /// A test problem's label under id `t1`, and its reference (correct) response.
-    fn one_test_problem() -> (BTreeMap<String, Value>, String) {
+    /// A test problem's label under id `t1` (ID50), an OOD100 one under `t2`
+    /// (never answered here), and t1's reference (correct) response.
+    fn one_test_problem() -> (BTreeMap<String, LabelRow>, String) {
         let counts = crate::data::generate::Counts {
             train: 1,
             validation: 1,
@@ -416,16 +467,22 @@ mod tests {
             drills: 0,
         };
         let records = crate::data::generate::generate(0, &counts).unwrap();
-        let record = records.iter().find(|r| r.split == crate::data::Split::Test).unwrap();
-        let labels = [("t1".to_string(), serde_json::to_value(record.label()).unwrap())].into();
-        (labels, record.reference_response.clone())
+        let test = |p| records.iter().find(|r| r.split == crate::data::Split::Test && r.population == p).unwrap();
+        let label = |r: &crate::data::generate::Record, id: &str| {
+            let mut l: LabelRow = serde_json::from_value(serde_json::to_value(r.label()).unwrap()).unwrap();
+            l.id = id.into();
+            (id.to_string(), l)
+        };
+        let (id50, ood) = (test(crate::data::Population::ID50), test(crate::data::Population::OOD100));
+        let labels = [label(id50, "t1"), label(ood, "t2")].into();
+        (labels, id50.reference_response.clone())
     }
 
     /// A response to `t1` (ID50).
     fn response(mode: &str, draw: usize, text: &str) -> EvalResponse {
         EvalResponse {
             id: "t1".into(),
-            population: "ID50".into(),
+            population: Some("ID50".into()),
             mode: mode.into(),
             draw,
             rollout_id: None,
@@ -440,17 +497,19 @@ mod tests {
         let (labels, _) = one_test_problem();
         let summary =
             EvalSummary { problems: 1, draws: 0, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
-        score(&[response("greedy", 0, "not json")], &labels, &summary, Some("sft".into())).unwrap()
+        score(&[response("greedy", 0, "not json")], &labels, &summary, PROTOCOL_VERIFIER, Some("sft".into())).unwrap()
     }
 
     #[test]
     fn an_empty_population_is_undefined_not_zero() {
         let r = results();
-        assert_eq!(r.greedy.id50.responses, 1);
-        assert_eq!(r.greedy.id50.success_rate, Some(0.0));
-        assert_eq!(r.greedy.ood100.success_rate, None);
-        assert!(r.greedy.ood100.undefined_because.is_some());
-        assert_eq!(r.sample.all.responses, 0);
+        let (id50, ood) = (r.greedy.population("ID50").unwrap(), r.greedy.population("OOD100").unwrap());
+        assert_eq!(id50.responses, 1);
+        assert_eq!(id50.success_rate, Some(0.0));
+        assert_eq!(ood.success_rate, None, "a population of the labels that no response is in");
+        assert!(ood.undefined_because.is_some());
+        assert_eq!(r.sample.all().responses, 0);
+        assert_eq!(r.greedy.names().collect::<Vec<_>>(), ["ALL", "ID50", "OOD100"]);
     }
 
     #[test]
@@ -465,8 +524,8 @@ mod tests {
         ];
         let summary =
             EvalSummary { problems: 1, draws: 3, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
-        let r = score(&responses, &labels, &summary, None).unwrap();
-        assert_eq!(r.sample.id50.correct, 2, "the reference response is scored correct");
+        let r = score(&responses, &labels, &summary, PROTOCOL_VERIFIER, None).unwrap();
+        assert_eq!(r.sample.population("ID50").unwrap().correct, 2, "the reference response is scored correct");
         let draws = r.sample_problems.clone().unwrap();
         assert_eq!(draws["t1"], DrawOutcomes { population: "ID50".into(), draws: 3, correct: 2 });
         assert!(!r.greedy_problems["t1"].correct);
@@ -496,5 +555,49 @@ mod tests {
         std::fs::write(&path, v.to_string()).unwrap();
         let err = EvalResults::read(&path).unwrap_err().to_string();
         assert!(err.contains("sample.ID50") && err.contains("success_rate"), "{err}");
+    }
+
+    #[test]
+    fn any_task_scores_with_its_verifier_and_the_populations_its_labels_name() {
+        let label = |id: &str, answer: &str, population: Option<&str>| {
+            let l = LabelRow {
+                id: id.into(),
+                split: crate::data::Split::Test,
+                population: population.map(str::to_string),
+                problem: serde_json::json!({"answer": answer}),
+                target: None,
+                warmstart: false,
+                reference_response: None,
+                template: None,
+            };
+            (id.to_string(), l)
+        };
+        let answer = |id: &str, population: Option<&str>, text: &str| EvalResponse {
+            id: id.into(),
+            population: population.map(str::to_string),
+            text: text.into(),
+            ..response("greedy", 0, "")
+        };
+        let summary =
+            EvalSummary { problems: 2, draws: 0, generation_seconds: 0.1, peak_rss_bytes: None, device: "Cpu".into() };
+        // No population field: ALL only.
+        let labels: BTreeMap<_, _> = [label("a", "#### 42", None), label("b", "7", None)].into();
+        let rs = [answer("a", None, "so 40 + 2 = 42"), answer("b", None, "it is 8")];
+        let r = score(&rs, &labels, &summary, "gsm8k_last_number", None).unwrap();
+        assert_eq!(r.verifier.name, "gsm8k_last_number");
+        assert_eq!(r.greedy.names().collect::<Vec<_>>(), ["ALL"]);
+        assert_eq!((r.greedy.all().correct, r.greedy.all().success_rate), (1, Some(0.5)));
+        assert_eq!(r.greedy_problems["a"].population, "ALL");
+        // The protocol's verifier refuses such a problem, naming itself.
+        let e = score(&rs, &labels, &summary, PROTOCOL_VERIFIER, None).unwrap_err().to_string();
+        assert!(e.contains("stock_arithmetic_v1"), "{e}");
+        // User populations are reported like ID50/OOD100, and a page and label that disagree are refused.
+        let labels: BTreeMap<_, _> = [label("a", "42", Some("easy")), label("b", "7", Some("hard"))].into();
+        let rs = [answer("a", Some("easy"), "42"), answer("b", Some("hard"), "7")];
+        let r = score(&rs, &labels, &summary, "gsm8k_last_number", None).unwrap();
+        assert_eq!(r.greedy.names().collect::<Vec<_>>(), ["ALL", "easy", "hard"]);
+        assert_eq!(r.greedy.population("hard").unwrap().correct, 1);
+        let e = score(&[answer("a", Some("hard"), "42")], &labels, &summary, "gsm8k_last_number", None).unwrap_err();
+        assert!(e.to_string().contains("its page says population hard, its label easy"), "{e}");
     }
 }

@@ -8,6 +8,7 @@ pub mod analysis;
 mod dataset;
 pub mod eval;
 pub mod gate;
+pub mod import;
 mod model;
 pub mod process;
 pub mod results;
@@ -102,12 +103,16 @@ pub struct OutputDecl {
     pub workspace_path: Option<String>,
     /// What this output derives from; `None`: everything the node read.
     pub taint: Option<std::collections::BTreeSet<Taint>>,
+    /// With a declared `taint`: it derives from everything the node read
+    /// too (an imported file another node wrote keeps what that file derives
+    /// from), not only from what is declared.
+    pub inherits: bool,
 }
 
 impl OutputDecl {
     /// A store-only file output whose taint is inherited from the node's inputs.
     pub fn file(name: impl Into<String>) -> Self {
-        OutputDecl { name: name.into(), kind: OutputKind::File, workspace_path: None, taint: None }
+        OutputDecl { name: name.into(), kind: OutputKind::File, workspace_path: None, taint: None, inherits: false }
     }
 }
 
@@ -441,6 +446,7 @@ impl Registry {
         let mut r = Registry { ops: BTreeMap::new() };
         r.register(Arc::new(ShellOp));
         r.register(Arc::new(StockArithmeticDataset));
+        r.register(Arc::new(import::DatasetImport));
         r.register(Arc::new(TokenizerBuild));
         r.register(Arc::new(ModelInit));
         r.register(Arc::new(ModelImport));

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::worker::WorkerOp;
-use super::{read_jsonl, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use super::{InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use crate::data::rows::{read_labels, read_pages, reference_response};
 use crate::model::{build_bpe, chat_prompt, HfFolder, DEFAULT_SYSTEM, IM_END};
 
 fn failed(e: impl std::fmt::Display) -> OpError {
@@ -69,16 +69,14 @@ impl Op for TokenizerBuild {
         Role::Training
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let pages: Vec<Value> = read_jsonl(ctx.input_path("pages")?)?;
-        let labels: Vec<Value> = read_jsonl(ctx.input_path("labels")?)?;
+        let pages = read_pages(ctx.input_path("pages")?, "pages").map_err(failed)?;
+        let labels = read_labels(ctx.input_path("labels")?, "labels").map_err(failed)?;
         let mut texts = Vec::with_capacity(pages.len() + labels.len());
         for page in &pages {
-            let statement = page["statement"].as_str().ok_or_else(|| failed("a page has no statement"))?;
-            texts.push(chat_prompt(&p.system, statement));
+            texts.push(chat_prompt(&p.system, &page.statement));
         }
         for label in &labels {
-            let response =
-                label["reference_response"].as_str().ok_or_else(|| failed("a label has no reference_response"))?;
+            let response = reference_response(label, "labels of tokenizer.build").map_err(failed)?;
             texts.push(format!("{response}{IM_END}"));
         }
         build_bpe(&texts, p.vocab_size, &ctx.output_path("tokenizer")).map_err(failed)

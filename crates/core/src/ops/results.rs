@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::eval::{EvalResults, POPULATIONS};
+use super::eval::{EvalResults, ALL};
 use super::{InputDecl, Op, OpError, OutputDecl, RunContext};
 use crate::canonical::required;
 use crate::train::metrics::TrainingMetrics;
@@ -274,12 +274,20 @@ impl Op for ResultsTable {
         let mut eval_costs = Vec::new();
         // Each policy's per-problem outcomes: greedy, and draws (if scored with them).
         let mut by_policy = std::collections::BTreeMap::new();
+        // Every population any evaluation reports, ALL first.
+        let mut populations: Vec<String> = vec![ALL.to_string()];
         for (name, input) in p.policies.iter().zip(&evals) {
             let r = EvalResults::read(&input.path)?;
             by_policy.insert(name.clone(), (r.greedy_problems.clone(), r.sample_problems.clone()));
-            for population in POPULATIONS {
+            for population in r.greedy.names() {
+                if !populations.iter().any(|p| p == population) {
+                    populations.push(population.to_string());
+                }
                 let (Some(g), Some(s)) = (r.greedy.population(population), r.sample.population(population)) else {
-                    unreachable!("POPULATIONS are the populations ModeScores has")
+                    return Err(OpError::Failed(format!(
+                        "{}: population '{population}' is in its greedy scores but not in its sampled ones",
+                        input.path.display()
+                    )));
                 };
                 let total = g.responses + s.responses;
                 // Over both modes; undefined (null) for an empty population, never 0.
@@ -384,7 +392,7 @@ impl Op for ResultsTable {
                     c.baseline, c.policy, p.policies
                 )));
             };
-            for population in POPULATIONS {
+            for population in &populations {
                 comparisons.push(paired(c, population, &base.0, &pol.0));
                 draw_comparisons.push(paired_draws(c, population, base.1.as_ref(), pol.1.as_ref()));
             }

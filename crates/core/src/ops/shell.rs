@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use super::{Op, OpError, OutputDecl, ParamError, Role, RunContext};
 
 /// Params of the `shell` op.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -210,7 +210,7 @@ impl Op for ShellOp {
             .outs
             .iter()
             .filter_map(|o| normalize_rel(o))
-            .map(|o| OutputDecl { name: o.clone(), kind: OutputKind::File, workspace_path: Some(o), taint: None })
+            .map(|o| OutputDecl { workspace_path: Some(o.clone()), ..OutputDecl::file(o) })
             .collect()
     }
     fn role(&self, params: &Self::Params) -> Role {

@@ -160,12 +160,16 @@ impl Op for TrainGrpo {
 }
 
 /// A `verifier` param must name a builtin verifier.
-fn known_verifier(name: &str) -> Result<(), ParamError> {
-    match crate::data::verifier::VerifierRegistry::builtin().get(name) {
+pub(super) fn known_verifier(name: &str) -> Result<(), ParamError> {
+    let registry = crate::data::verifier::VerifierRegistry::builtin();
+    match registry.get(name) {
         Some(_) => Ok(()),
         None => Err(ParamError {
             path: vec!["verifier".into()],
-            message: format!("no verifier '{name}' (see `orchestrate verifier list`)"),
+            message: format!(
+                "no verifier '{name}'{} (see `orchestrate verifier list`)",
+                crate::suggest::did_you_mean(name, registry.iter().map(|v| v.name()))
+            ),
             unknown_key: false,
         }),
     }

@@ -299,7 +299,7 @@ pub(crate) fn d_behavior_tol() -> f64 {
     2e-4
 }
 pub(crate) fn d_verifier() -> String {
-    "stock_arithmetic_v1".into()
+    crate::data::verifier::PROTOCOL_VERIFIER.into()
 }
 
 #[cfg(test)]

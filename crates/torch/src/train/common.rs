@@ -1,10 +1,11 @@
 //! What the SFT and GRPO runs share: data, prompts, state files, outputs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::error::{bail, err, Context, Result};
+use crate::error::{bail, err, Result};
 use orchestrate_core::data::rng::Stream;
+use orchestrate_core::data::rows::{read_examples, LabelRow};
 use orchestrate_core::model::{chat_prompt, HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::train::state::{read_state, write_state, StateFile};
@@ -19,31 +20,33 @@ use crate::qwen2::Qwen2;
 pub struct Example {
     pub id: String,
     pub statement: String,
-    pub label: Value,
+    pub label: LabelRow,
 }
 
 pub fn input_path<'a>(job: &'a WorkerJob, name: &str) -> Result<&'a PathBuf> {
     job.inputs.get(name).and_then(|v| v.first()).ok_or_else(|| err!("input '{name}' is missing"))
 }
 
-fn jsonl(path: &Path) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines().map(|l| serde_json::from_str(l).with_context(|| format!("{}: bad line", path.display()))).collect()
+/// Joins the pages and labels of two inputs by id, in the pages' order; a
+/// missing or ill-typed field fails naming the input, the row and the field.
+pub fn examples(job: &WorkerJob, pages: &str, labels: &str) -> Result<Vec<Example>> {
+    let joined = read_examples(input_path(job, pages)?, pages, input_path(job, labels)?, labels)?;
+    Ok(joined.into_iter().map(|e| Example { id: e.page.id, statement: e.page.statement, label: e.label }).collect())
 }
 
-/// Joins pages and labels by id, in the pages' order.
-pub fn examples(pages: &Path, labels: &Path) -> Result<Vec<Example>> {
-    let labels: HashMap<String, Value> =
-        jsonl(labels)?.into_iter().filter_map(|l| l["id"].as_str().map(|id| (id.to_string(), l.clone()))).collect();
-    jsonl(pages)?
-        .into_iter()
-        .map(|p| {
-            let id = p["id"].as_str().ok_or_else(|| err!("a page without id"))?.to_string();
-            let statement = p["statement"].as_str().ok_or_else(|| err!("page {id} has no statement"))?.to_string();
-            let label = labels.get(&id).cloned().ok_or_else(|| err!("page {id} has no label"))?;
-            Ok(Example { id, statement, label })
-        })
-        .collect()
+/// The train split's pool that `branch: sft`, `train.grpo` and the replay
+/// draw from: the labels with `warmstart: false`. Empty is an error that says
+/// which field selects it.
+pub fn rl_pool(mut pool: Vec<Example>, labels: &str) -> Result<Vec<Example>> {
+    let total = pool.len();
+    pool.retain(|e| !e.label.warmstart);
+    if pool.is_empty() {
+        bail!(
+            "{labels}: none of its {total} labels has 'warmstart: false', the field that selects the pool \
+             train.grpo and `branch: sft` draw from (true selects the warm-start SFT set)"
+        );
+    }
+    Ok(pool)
 }
 
 /// The chat prompt's ids, refused (not truncated) over the budget.

@@ -34,7 +34,7 @@ use tch::Tensor;
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
 use super::common::{
     examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, prompt_ids, read,
-    restore_state, write_outputs, Example,
+    restore_state, rl_pool, write_outputs, Example,
 };
 use super::guarded::{
     active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_of, Recorded,
@@ -266,7 +266,7 @@ pub fn score(s: &Setup, engine: &RolloutEngine, sampled: &Sampled) -> Result<Sco
     let mut finishes = FinishCounts { eos: 0, length: 0 };
     for (row, g) in sampled.generated.iter().enumerate() {
         let example = &s.pool[sampled.chosen[row / p.group_size]];
-        rewards.push(reward_of(s.verifier.as_ref(), &s.tokenizer, &example.label["problem"], g)?);
+        rewards.push(reward_of(s.verifier.as_ref(), &s.tokenizer, &example.label.problem, g)?);
         if g.finish == FinishReason::Eos {
             finishes.eos += 1;
         } else {
@@ -598,9 +598,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let verifier =
         VerifierRegistry::builtin().get(&p.verifier).cloned().ok_or_else(|| err!("no verifier {}", p.verifier))?;
     let eos = tokenizer.eos_id()?;
-    let mut pool = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
     // The RL pool: train problems outside the warm-start set.
-    pool.retain(|e| e.label["warmstart"].as_bool() == Some(false));
+    let pool = rl_pool(examples(job, "pages", "labels")?, "labels")?;
     if pool.len() < p.prompts_per_iteration {
         bail!("the RL pool has {} prompts, fewer than {} per iteration", pool.len(), p.prompts_per_iteration);
     }
@@ -776,7 +775,20 @@ mod tests {
         }))
         .unwrap();
         let pool: Vec<Example> = (0..2)
-            .map(|i| Example { id: format!("p{i}"), statement: texts[i].clone(), label: json!({"warmstart": false}) })
+            .map(|i| Example {
+                id: format!("p{i}"),
+                statement: texts[i].clone(),
+                label: orchestrate_core::data::rows::LabelRow {
+                    id: format!("p{i}"),
+                    split: orchestrate_core::data::Split::Train,
+                    population: None,
+                    problem: json!({}),
+                    target: None,
+                    warmstart: false,
+                    reference_response: None,
+                    template: None,
+                },
+            })
             .collect();
         let prompts: Vec<Vec<i64>> = pool.iter().map(|e| tokenizer.encode(&e.statement).unwrap()).collect();
         let (policy, reference) = (model(1), model(1));

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
 use super::adamw::digest;
-use super::common::{examples, input_path, load_model, load_reference, params as params_of, prompt_ids};
+use super::common::{examples, input_path, load_model, load_reference, params as params_of, prompt_ids, rl_pool};
 use super::guarded::{batch_from_artifacts, inject, prompt_registry, reward_of, Recorded, VERIFIER_ALIAS};
 use super::objective::group_advantages;
 use super::update::{grpo_gradients, GrpoHyper};
@@ -66,8 +66,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         .cloned()
         .ok_or_else(|| crate::error::err!("no verifier {} (see `orchestrate verifier list`)", p.verifier))?;
     let eos = tokenizer.eos_id()?;
-    let mut pool = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
-    pool.retain(|e| e.label["warmstart"].as_bool() == Some(false));
+    let mut pool = rl_pool(examples(job, "pages", "labels")?, "labels")?;
     pool.truncate(p.prompts);
     let prompts: Vec<Vec<i64>> = pool
         .iter()
@@ -91,7 +90,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             continue;
         }
         let example = &pool[row / p.group_size];
-        rewards.push(reward_of(verifier.as_ref(), &tokenizer, &example.label["problem"], g)?);
+        rewards.push(reward_of(verifier.as_ref(), &tokenizer, &example.label.problem, g)?);
     }
     let advantages: Vec<f64> = rewards.chunks(p.group_size).flat_map(group_advantages).collect();
     let policy_digest = digest(&params);

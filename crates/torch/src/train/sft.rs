@@ -9,6 +9,7 @@ use orchestrate_core::train::metrics::{
 use std::time::Instant;
 
 use crate::error::{bail, Result};
+use orchestrate_core::data::rows::reference_response;
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::ops::{parse_params, Mode, SftBranch, SftParams};
 use tch::Kind;
@@ -45,7 +46,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let eos = tokenizer.eos_id()?;
     let encode = |e: &super::common::Example| -> Result<Encoded> {
         let prompt = prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id)?;
-        let reference = e.label["reference_response"].as_str().unwrap_or_default();
+        let reference = reference_response(&e.label, "train.sft")?;
         let mut response = tokenizer.encode(reference)?;
         response.push(eos);
         if response.len() > p.max_response_tokens {
@@ -58,22 +59,30 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         }
         Ok(Encoded { prompt, response })
     };
-    let mut rows = examples(input_path(job, "pages")?, input_path(job, "labels")?)?;
+    let mut rows = examples(job, "pages", "labels")?;
+    let total = rows.len();
     match p.branch {
-        SftBranch::Warmstart => rows.retain(|e| e.label["warmstart"].as_bool() == Some(true)),
-        SftBranch::Sft => rows.retain(|e| e.label["warmstart"].as_bool() == Some(false)),
+        SftBranch::Warmstart => rows.retain(|e| e.label.warmstart),
+        SftBranch::Sft => rows.retain(|e| !e.label.warmstart),
         SftBranch::Pretrain => {}
     }
-    let mut validation = examples(input_path(job, "validation_pages")?, input_path(job, "validation_labels")?)?;
+    let mut validation = examples(job, "validation_pages", "validation_labels")?;
     if let Some(n) = p.limit_examples {
         rows.truncate(n);
         validation.truncate(n);
     }
     if rows.is_empty() {
-        bail!("no {:?} examples in the labels", p.branch);
+        match p.branch {
+            SftBranch::Pretrain => bail!("the labels have no examples"),
+            b => bail!(
+                "no {b:?} examples among the {total} labels: 'warmstart: {}' selects the {} set (the field each label carries)",
+                b == SftBranch::Warmstart,
+                if b == SftBranch::Warmstart { "warm-start" } else { "SFT" }
+            ),
+        }
     }
     if let Some(n) = p.mix_examples {
-        let mut mix = examples(input_path(job, "mix_pages")?, input_path(job, "mix_labels")?)?;
+        let mut mix = examples(job, "mix_pages", "mix_labels")?;
         if mix.len() < n {
             bail!("mix_examples is {n}, but the second corpus (mix_pages, mix_labels) has {} examples", mix.len());
         }
