@@ -429,6 +429,14 @@ fn an_own_task_trains_evaluates_and_scores_with_its_verifier_and_populations() {
     let table = p.run(&["path", "own.yaml", "table:table.md"]);
     let md = std::fs::read_to_string(stdout(&table).trim()).unwrap();
     assert!(md.contains("| grpo | hard |") && md.contains("| grpo | ALL |"), "{md}");
+    // A prompt_template wraps each statement: 300 words around it pass the prompt budget.
+    let long = format!("nodes.gen.params.prompt_template={}{{prompt}}", "Please think. ".repeat(150));
+    let out = p.run(&["run", "own.yaml", "--set", &long]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!((stderr(&out) + &stdout(&out)).contains("over the budget of 256"), "{}", stderr(&out));
+    let out = p.run(&["validate", "own.yaml", "--set", "nodes.gen.params.prompt_template=Solve"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("prompt_template") && stderr(&out).contains("{prompt}"), "{}", stderr(&out));
 }
 
 #[test]

@@ -218,3 +218,120 @@ fn declared_inputs_are_checked_when_the_spec_compiles() {
     let out = p.run(&["validate", "c.yaml"]);
     assert!(stderr(&out).contains("a training node may not read test data"), "{}", stderr(&out));
 }
+
+/// The embedded default's tokenizer, with `extra` special tokens added (a
+/// Llama-3 template's header tokens), written to `dir/tokenizer.json`.
+fn tokenizer_with(model_dir: &str, extra: &[&str], dir: &std::path::Path) -> std::path::PathBuf {
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(std::path::Path::new(model_dir).join("tokenizer.json")).unwrap())
+            .unwrap();
+    let vocab = t["model"]["vocab"].as_object().unwrap().len() as u64;
+    let added = t["added_tokens"].as_array().unwrap();
+    let first = vocab.max(added.iter().map(|a| a["id"].as_u64().unwrap() + 1).max().unwrap_or(0));
+    for (next, token) in (first..).zip(extra) {
+        t["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+            "id": next, "content": token, "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": true
+        }));
+    }
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, t.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn chat_templates_render_the_token_ids_transformers_renders() {
+    use orchestrate_core::model::chat::{ChatTemplate, CHATML_TEMPLATE};
+    use orchestrate_core::model::TextTokenizer;
+    let (_p, model_dir) = built();
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates");
+    let dir = tempfile::tempdir().unwrap();
+    let cases = serde_json::json!([
+        ["You are a helpful assistant.", "What is 2+2?"],
+        ["", "  Tom has 3 apples.\nHe buys {x} more — how many?  "],
+        ["Réponds en JSON.", "Café, 3½ boxes, <b>bold</b>, \"quotes\" and a trailing newline\n"],
+    ]);
+    let cases_file = dir.path().join("cases.json");
+    std::fs::write(&cases_file, cases.to_string()).unwrap();
+    let chatml = dir.path().join("chatml.jinja");
+    std::fs::write(&chatml, CHATML_TEMPLATE).unwrap();
+    let llama_tokens = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"];
+    let llama_dir = dir.path().join("llama");
+    std::fs::create_dir(&llama_dir).unwrap();
+    let plain = std::path::Path::new(&model_dir).join("tokenizer.json");
+    let templates = [
+        ("Qwen2.5-Instruct", fixtures.join("qwen2.5-instruct.jinja"), plain.clone(), "", "<|im_end|>"),
+        (
+            "Llama-3-Instruct",
+            fixtures.join("llama-3-instruct.jinja"),
+            tokenizer_with(&model_dir, &llama_tokens, &llama_dir),
+            "<|begin_of_text|>",
+            "<|eot_id|>",
+        ),
+        ("embedded default (ChatML)", chatml, plain.clone(), "", "<|im_end|>"),
+        // Block tags on their own lines: what jinja2's trim_blocks and lstrip_blocks
+        // (transformers sets both) do to whitespace.
+        ("blocks on their own lines", fixtures.join("blocks-on-their-own-lines.jinja"), plain, "", ""),
+    ];
+    for (name, template, tokenizer_file, bos, eos) in templates {
+        let out = std::process::Command::new(&python)
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/chat_template_ids.py"))
+            .args([&tokenizer_file, &template])
+            .args([bos, eos])
+            .arg(&cases_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: transformers: {}", String::from_utf8_lossy(&out.stderr));
+        let reference: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let ours = ChatTemplate::from_jinja(&std::fs::read_to_string(&template).unwrap(), bos, eos, name).unwrap();
+        let tokenizer = TextTokenizer::from_file(&tokenizer_file).unwrap();
+        for (case, want) in cases.as_array().unwrap().iter().zip(&reference) {
+            let text = ours.render(case[0].as_str().unwrap(), case[1].as_str().unwrap()).unwrap();
+            assert_eq!(text, want["text"].as_str().unwrap(), "{name}: the rendered prompt differs for {case}");
+            let ids: Vec<i64> = tokenizer.encode(&text).unwrap();
+            let want_ids: Vec<i64> = serde_json::from_value(want["ids"].clone()).unwrap();
+            assert_eq!(ids, want_ids, "{name}: the ids differ for {case}");
+        }
+    }
+}
+
+#[test]
+fn a_model_folder_with_its_own_chat_template_is_prompted_with_it() {
+    use orchestrate_core::model::chat::ChatTemplate;
+    use orchestrate_core::model::{chat_prompt, TextTokenizer, DEFAULT_SYSTEM};
+    let (p, dir) = built();
+    // A copy of the embedded default that ships a Llama-3-style template.
+    let own = p.path().join("own-model");
+    std::fs::create_dir(&own).unwrap();
+    for f in std::fs::read_dir(&dir).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, own.join(f.file_name().unwrap())).unwrap();
+    }
+    let template = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates/llama-3-instruct.jinja"),
+    )
+    .unwrap();
+    std::fs::write(
+        own.join("tokenizer_config.json"),
+        serde_json::json!({"bos_token": "<|begin_of_text|>", "chat_template": template}).to_string(),
+    )
+    .unwrap();
+    let tokenizer = TextTokenizer::from_file(&own.join("tokenizer.json")).unwrap();
+    let prompt = "A warehouse holds 5 boxes.";
+    let args = ["--prompt", prompt, "--greedy", "--max-new-tokens", "2"];
+    let own_dir = own.to_str().unwrap();
+    let v = generate_json(&p, &[&["--model", own_dir][..], &args].concat());
+    let rendered = ChatTemplate::from_jinja(&template, "<|begin_of_text|>", "", "t")
+        .unwrap()
+        .render(DEFAULT_SYSTEM, prompt)
+        .unwrap();
+    assert!(rendered.starts_with("<|begin_of_text|><|start_header_id|>system"), "{rendered}");
+    assert_eq!(v["prompt_ids"], serde_json::json!(tokenizer.encode(&rendered).unwrap()));
+    // --chat-template chatml, and the folder without a template, give ChatML.
+    let chatml = serde_json::json!(tokenizer.encode(&chat_prompt(DEFAULT_SYSTEM, prompt)).unwrap());
+    let forced = generate_json(&p, &[&["--model", own_dir, "--chat-template", "chatml"][..], &args].concat());
+    assert_eq!(forced["prompt_ids"], chatml);
+    let plain = generate_json(&p, &[&["--model", dir.as_str()][..], &args].concat());
+    assert_eq!(plain["prompt_ids"], chatml);
+}

@@ -12,7 +12,8 @@ pub struct GenerateArgs {
     /// A Hugging Face model folder (any we can load: model.init's, a trained one, Qwen2.5).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// A user message; the ChatML format (system + user + generation prompt) is applied.
+    /// A user message; the model's chat template (system + user + generation
+    /// prompt) is applied: its own, or the built-in ChatML (see --chat-template).
     #[arg(long, value_name = "TEXT", conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
     pub prompt: Option<String>,
     /// Raw prompt ids, fed untouched: `--prompt-ids 1,2,3`.
@@ -21,6 +22,9 @@ pub struct GenerateArgs {
     /// The system message for `--prompt`.
     #[arg(long, value_name = "TEXT", default_value = orchestrate_core::model::DEFAULT_SYSTEM)]
     pub system: String,
+    /// `model`: the folder's own chat template (tokenizer_config.json), ChatML when it ships none; `chatml`: always ChatML.
+    #[arg(long, value_name = "WHICH", default_value = "model", value_parser = ["model", "chatml"])]
+    pub chat_template: String,
     /// Greedy decoding (the default unless --seed is given).
     #[arg(long, conflicts_with = "seed")]
     pub greedy: bool,
@@ -51,6 +55,11 @@ impl GenerateArgs {
             prompt: self.prompt.clone(),
             prompt_ids: self.prompt_ids.clone(),
             system: self.system.clone(),
+            chat_template: if self.chat_template == "chatml" {
+                orchestrate_core::model::chat::TemplateChoice::Chatml
+            } else {
+                orchestrate_core::model::chat::TemplateChoice::Model
+            },
             greedy: self.greedy,
             seed: self.seed,
             rollout_id: self.rollout_id,

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use crate::error::{bail, Result};
 use orchestrate_core::data::verifier::FinishReason;
-use orchestrate_core::model::chat_prompt;
+use orchestrate_core::model::chat::ChatTemplate;
 use orchestrate_core::model::GenerateRequest;
 
 use super::generate::{generate, pick_device, Sampling};
@@ -14,7 +14,10 @@ pub fn generate_command(args: &GenerateRequest) -> Result<ExitCode> {
     let device = pick_device()?;
     let (model, tokenizer) = load_folder(&args.model, device)?;
     let prompt_ids = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) => tokenizer.encode(&chat_prompt(&args.system, text))?,
+        (Some(text), _) => {
+            let template = ChatTemplate::of_folder(&args.model, args.chat_template)?;
+            tokenizer.encode(&template.render(&args.system, text)?)?
+        }
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("give --prompt or --prompt-ids"),
     };

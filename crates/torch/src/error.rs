@@ -7,6 +7,7 @@ use orchestrate_core::data::rows::RowError;
 use orchestrate_core::data::verifier::ProblemError;
 use orchestrate_core::guard::events::EventError;
 use orchestrate_core::guard::GuardError;
+use orchestrate_core::model::chat::ChatError;
 use orchestrate_core::model::config::ConfigError;
 use orchestrate_core::model::{FolderError, TokenizerError};
 use orchestrate_core::ops::{OpError, ParamError};
@@ -53,6 +54,8 @@ pub enum Error {
     Problem(#[from] ProblemError),
     #[error(transparent)]
     Row(#[from] RowError),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -11,13 +11,14 @@ use orchestrate_core::ops::parse_params;
 use orchestrate_core::ops::worker::WorkerJob;
 
 use super::generate::{generate, pick_device, Sampling};
-use super::train::common::{input_path, load_model, peak_rss_bytes, prompt_ids};
+use super::train::common::{input_path, load_model, peak_rss_bytes, Prompter};
 
 pub fn run(job: &WorkerJob) -> Result<()> {
     let p: EvalGenerateParams = parse_params(&job.params)?;
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (model, tokenizer) = load_model(model_dir, device)?;
+    let prompter = Prompter::new(model_dir, p.chat_template, &p.system, p.prompt_template.as_deref())?;
     let eos = tokenizer.eos_id()?;
     let mut pages = read_pages(input_path(job, "pages")?, "pages")?;
     if let Some(n) = p.limit {
@@ -31,7 +32,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     }
     let prompts: Vec<Vec<i64>> = pages
         .iter()
-        .map(|pg| prompt_ids(&tokenizer, &p.system, &pg.statement, p.max_prompt_tokens, &pg.id))
+        .map(|pg| prompter.ids(&tokenizer, &pg.statement, p.max_prompt_tokens, &pg.id))
         .collect::<Result<_>>()?;
     let started = Instant::now();
     let mut out = std::io::BufWriter::new(std::fs::File::create(job.staging.join("responses"))?);

@@ -2,6 +2,7 @@
 //! config, ChatML prompts, the tokenizer, and the BPE tokenizer the embedded
 //! default builds. The network itself is in `crates/torch/src/` (the worker binary).
 
+pub mod chat;
 pub mod config;
 pub mod tokenizer;
 
@@ -136,12 +137,15 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>, FolderError> {
 pub struct GenerateRequest {
     /// A Hugging Face model folder.
     pub model: PathBuf,
-    /// A user message (the ChatML format is applied), or `prompt_ids`.
+    /// A user message (the chat template is applied), or `prompt_ids`.
     pub prompt: Option<String>,
     /// Raw prompt ids, fed untouched.
     pub prompt_ids: Option<Vec<i64>>,
     /// The system message for `prompt`.
     pub system: String,
+    /// The chat template `prompt` is rendered with.
+    #[serde(default)]
+    pub chat_template: chat::TemplateChoice,
     /// Greedy decoding, even if `seed` is given.
     pub greedy: bool,
     /// Sample at temperature 1, reproducibly from (seed, rollout id, position).

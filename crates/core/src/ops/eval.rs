@@ -42,6 +42,15 @@ pub struct EvalGenerateParams {
     pub limit: Option<usize>,
     #[serde(default = "d_system")]
     pub system: String,
+    /// The chat template prompts are rendered with: `model` (the model
+    /// folder's own, `tokenizer_config.json`'s `chat_template`; the built-in
+    /// ChatML when it ships none) or `chatml`.
+    #[serde(default, skip_serializing_if = "crate::model::chat::TemplateChoice::is_default")]
+    pub chat_template: crate::model::chat::TemplateChoice,
+    /// The user message around each statement, `{prompt}` standing for it
+    /// (`"Solve step by step: {prompt}"`). Absent: the statement itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_template: Option<String>,
     /// A name for the evaluated policy (recorded; handy as a matrix axis).
     #[serde(default)]
     pub policy: Option<String>,
@@ -228,6 +237,9 @@ impl Op for EvalGenerate {
         "greedy and sampled responses of a policy to test problems; no labels (runs in the worker)"
     }
     type Params = EvalGenerateParams;
+    fn check(&self, p: &Self::Params) -> Result<(), super::ParamError> {
+        super::check_prompt_template(&p.prompt_template)
+    }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("model", "the policy's model folder"),

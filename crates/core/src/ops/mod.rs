@@ -395,6 +395,18 @@ impl<T: Op> AnyOp for T {
     }
 }
 
+/// Checks a `prompt_template` param (it must place the statement).
+pub(crate) fn check_prompt_template(t: &Option<String>) -> Result<(), ParamError> {
+    match t {
+        Some(t) => crate::model::chat::check_prompt_template(t).map_err(|message| ParamError {
+            path: vec!["prompt_template".into()],
+            message,
+            unknown_key: false,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Reads params into an op's typed params, with the path of the first problem.
 pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError> {
     serde_path_to_error::deserialize(params).map_err(|e| {

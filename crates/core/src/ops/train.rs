@@ -46,6 +46,7 @@ impl Op for TrainSft {
     }
     type Params = SftParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        super::check_prompt_template(&p.prompt_template)?;
         if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
             return Err(ParamError {
                 path: vec!["interrupt_after_epochs".into()],
@@ -115,6 +116,7 @@ impl Op for TrainGrpo {
     }
     type Params = GrpoParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        super::check_prompt_template(&p.prompt_template)?;
         if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
             return Err(ParamError {
                 path: vec!["interrupt_at".into()],
@@ -275,6 +277,15 @@ pub struct ReplayParams {
     pub constructed_rewards: bool,
     #[serde(default = "d_system")]
     pub system: String,
+    /// The chat template prompts are rendered with: `model` (the model
+    /// folder's own, `tokenizer_config.json`'s `chat_template`; the built-in
+    /// ChatML when it ships none) or `chatml`.
+    #[serde(default, skip_serializing_if = "crate::model::chat::TemplateChoice::is_default")]
+    pub chat_template: crate::model::chat::TemplateChoice,
+    /// The user message around each statement, `{prompt}` standing for it
+    /// (`"Solve step by step: {prompt}"`). Absent: the statement itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_template: Option<String>,
     /// Prompts longer than this many tokens are refused (as in `train.grpo`).
     #[serde(default = "d_prompt_tokens")]
     pub max_prompt_tokens: usize,
@@ -300,6 +311,7 @@ impl Op for Replay {
     }
     type Params = ReplayParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        super::check_prompt_template(&p.prompt_template)?;
         known_verifier(&p.verifier)
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {

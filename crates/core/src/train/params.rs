@@ -104,6 +104,15 @@ pub struct SftParams {
     pub limit_examples: Option<usize>,
     #[serde(default = "d_system")]
     pub system: String,
+    /// The chat template prompts are rendered with: `model` (the model
+    /// folder's own, `tokenizer_config.json`'s `chat_template`; the built-in
+    /// ChatML when it ships none) or `chatml`.
+    #[serde(default, skip_serializing_if = "crate::model::chat::TemplateChoice::is_default")]
+    pub chat_template: crate::model::chat::TemplateChoice,
+    /// The user message around each statement, `{prompt}` standing for it
+    /// (`"Solve step by step: {prompt}"`). Absent: the statement itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_template: Option<String>,
     #[serde(default = "d_prompt_tokens")]
     pub max_prompt_tokens: usize,
     #[serde(default = "d_response_tokens")]
@@ -184,6 +193,15 @@ pub struct GrpoParams {
     pub verifier: String,
     #[serde(default = "d_system")]
     pub system: String,
+    /// The chat template prompts are rendered with: `model` (the model
+    /// folder's own, `tokenizer_config.json`'s `chat_template`; the built-in
+    /// ChatML when it ships none) or `chatml`.
+    #[serde(default, skip_serializing_if = "crate::model::chat::TemplateChoice::is_default")]
+    pub chat_template: crate::model::chat::TemplateChoice,
+    /// The user message around each statement, `{prompt}` standing for it
+    /// (`"Solve step by step: {prompt}"`). Absent: the statement itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_template: Option<String>,
     /// The trajectory guard: `on` (only validated batches update parameters) or
     /// `off` (explicit, loudly logged; bad updates happen and are counted).
     #[serde(default)]

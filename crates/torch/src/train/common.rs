@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use crate::error::{bail, err, Result};
 use orchestrate_core::data::rng::Stream;
 use orchestrate_core::data::rows::{read_examples, LabelRow};
-use orchestrate_core::model::{chat_prompt, HfFolder, TextTokenizer};
+use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice};
+use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::train::state::{read_state, write_state, StateFile};
 use serde_json::Value;
@@ -49,19 +50,44 @@ pub fn rl_pool(mut pool: Vec<Example>, labels: &str) -> Result<Vec<Example>> {
     Ok(pool)
 }
 
-/// The chat prompt's ids, refused (not truncated) over the budget.
-pub fn prompt_ids(
-    tokenizer: &TextTokenizer,
-    system: &str,
-    statement: &str,
-    budget: usize,
-    id: &str,
-) -> Result<Vec<i64>> {
-    let ids = tokenizer.encode(&chat_prompt(system, statement))?;
-    if ids.len() > budget {
-        bail!("example {id}: the prompt is {} tokens, over the budget of {budget}; nothing is truncated", ids.len());
+/// How a statement becomes prompt ids: the model folder's chat template
+/// (or ChatML), the system message and the `prompt_template`.
+pub struct Prompter {
+    pub template: ChatTemplate,
+    system: String,
+    prompt_template: Option<String>,
+}
+
+impl Prompter {
+    pub fn new(
+        model_dir: &Path,
+        choice: TemplateChoice,
+        system: &str,
+        prompt_template: Option<&str>,
+    ) -> Result<Prompter> {
+        Ok(Prompter {
+            template: ChatTemplate::of_folder(model_dir, choice)?,
+            system: system.to_string(),
+            prompt_template: prompt_template.map(str::to_string),
+        })
     }
-    Ok(ids)
+
+    /// The prompt text of a statement.
+    pub fn text(&self, statement: &str) -> Result<String> {
+        Ok(self.template.render(&self.system, &user_message(self.prompt_template.as_deref(), statement))?)
+    }
+
+    /// The prompt's ids, refused (not truncated) over the budget.
+    pub fn ids(&self, tokenizer: &TextTokenizer, statement: &str, budget: usize, id: &str) -> Result<Vec<i64>> {
+        let ids = tokenizer.encode(&self.text(statement)?)?;
+        if ids.len() > budget {
+            bail!(
+                "example {id}: the prompt is {} tokens, over the budget of {budget}; nothing is truncated",
+                ids.len()
+            );
+        }
+        Ok(ids)
+    }
 }
 
 /// A permutation of 0..n that depends only on (seed, purpose, epoch).
@@ -158,7 +184,15 @@ pub fn write_outputs(
 ) -> Result<()> {
     let out = job.staging.join("model");
     model.save(&out)?;
-    for extra in ["tokenizer.json", "generation_config.json"] {
+    // The tokenizer and what renders prompts with it travel with the weights,
+    // so a trained model is evaluated with the template it was trained with.
+    for extra in [
+        "tokenizer.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    ] {
         let src = model_dir.join(extra);
         if src.is_file() {
             std::fs::copy(&src, out.join(extra))?;

@@ -33,8 +33,8 @@ use tch::Tensor;
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
 use super::common::{
-    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, prompt_ids, read,
-    restore_state, rl_pool, write_outputs, Example,
+    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, read, restore_state,
+    rl_pool, write_outputs, Example, Prompter,
 };
 use super::guarded::{
     active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_of, Recorded,
@@ -594,6 +594,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (policy, tokenizer) = load_model(model_dir, device)?;
+    let prompter = Prompter::new(model_dir, p.chat_template, &p.system, p.prompt_template.as_deref())?;
     let reference = load_reference(model_dir, device)?;
     let verifier =
         VerifierRegistry::builtin().get(&p.verifier).cloned().ok_or_else(|| err!("no verifier {}", p.verifier))?;
@@ -605,7 +606,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     }
     let prompts: Vec<Vec<i64>> = pool
         .iter()
-        .map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id))
+        .map(|e| prompter.ids(&tokenizer, &e.statement, p.max_prompt_tokens, &e.id))
         .collect::<Result<_>>()?;
 
     let params = params(&policy);

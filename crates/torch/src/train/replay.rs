@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
 use super::adamw::digest;
-use super::common::{examples, input_path, load_model, load_reference, params as params_of, prompt_ids, rl_pool};
+use super::common::{examples, input_path, load_model, load_reference, params as params_of, rl_pool, Prompter};
 use super::guarded::{batch_from_artifacts, inject, prompt_registry, reward_of, Recorded, VERIFIER_ALIAS};
 use super::objective::group_advantages;
 use super::update::{grpo_gradients, GrpoHyper};
@@ -58,6 +58,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (policy, tokenizer) = load_model(model_dir, device)?;
+    let prompter = Prompter::new(model_dir, p.chat_template, &p.system, p.prompt_template.as_deref())?;
     let reference = load_reference(model_dir, device)?;
     let params = params_of(&policy);
     let reference_digest = digest(&params_of(&reference));
@@ -70,7 +71,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     pool.truncate(p.prompts);
     let prompts: Vec<Vec<i64>> = pool
         .iter()
-        .map(|e| prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id))
+        .map(|e| prompter.ids(&tokenizer, &e.statement, p.max_prompt_tokens, &e.id))
         .collect::<Result<_>>()?;
     let batch_prompts: Vec<Vec<i64>> =
         prompts.iter().flat_map(|x| std::iter::repeat_n(x.clone(), p.group_size)).collect();

@@ -16,8 +16,7 @@ use tch::Kind;
 
 use super::adamw::{clip_grad_norm, digest, learning_rate, zero_grad, AdamW, AdamWConfig};
 use super::common::{
-    examples, input_path, load_model, params, peak_rss_bytes, permutation, prompt_ids, read, restore_state,
-    write_outputs,
+    examples, input_path, load_model, params, peak_rss_bytes, permutation, read, restore_state, write_outputs, Prompter,
 };
 use crate::generate::{pick_device, response_logits_every_position};
 use crate::qwen2::Qwen2;
@@ -43,9 +42,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (model, tokenizer) = load_model(model_dir, device)?;
+    let prompter = Prompter::new(model_dir, p.chat_template, &p.system, p.prompt_template.as_deref())?;
     let eos = tokenizer.eos_id()?;
     let encode = |e: &super::common::Example| -> Result<Encoded> {
-        let prompt = prompt_ids(&tokenizer, &p.system, &e.statement, p.max_prompt_tokens, &e.id)?;
+        let prompt = prompter.ids(&tokenizer, &e.statement, p.max_prompt_tokens, &e.id)?;
         let reference = reference_response(&e.label, "train.sft")?;
         let mut response = tokenizer.encode(reference)?;
         response.push(eos);
