@@ -20,6 +20,13 @@ const REPO: &str = "test-org/tiny-qwen";
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 /// Served as a large (LFS) file: redirected, with X-Linked-Etag = its SHA-256.
 const LARGE: &str = "model.safetensors";
+/// The dataset repo of the `dataset.hub` tests (same server, `/datasets/…`).
+const DATASET: &str = "test-org/tiny-gsm";
+
+/// Whether a served file is a large (LFS) one: the weights, and Parquet files as the Hub stores them.
+fn is_large(name: &str) -> bool {
+    name == LARGE || name.ends_with(".parquet")
+}
 
 #[derive(Debug, Clone)]
 struct Seen {
@@ -79,7 +86,7 @@ impl Hub {
         let stop = Arc::new(AtomicBool::new(false));
         let files = Arc::new(files);
         let etags: Arc<BTreeMap<String, String>> = Arc::new(
-            files.iter().map(|(n, b)| (n.clone(), if n == LARGE { sha256(b) } else { git_blob_id(b) })).collect(),
+            files.iter().map(|(n, b)| (n.clone(), if is_large(n) { sha256(b) } else { git_blob_id(b) })).collect(),
         );
         let thread = {
             let (seen, behaviour, stop) = (seen.clone(), behaviour.clone(), stop.clone());
@@ -171,8 +178,27 @@ fn serve(
         }
         stream.flush()
     };
+    // The tree listing of a dataset folder, as `huggingface_hub.list_repo_tree` reads it.
+    if let Some(folder) = path.strip_prefix(&format!("/api/datasets/{DATASET}/tree/{COMMIT}/")) {
+        let prefix = format!("{folder}/");
+        let entries: Vec<serde_json::Value> = files
+            .iter()
+            .filter(|(n, _)| n.starts_with(&prefix) && !n[prefix.len()..].contains('/'))
+            .map(|(n, b)| serde_json::json!({"type": "file", "oid": etags[n], "size": b.len(), "path": n}))
+            .collect();
+        if entries.is_empty() {
+            return respond(&mut stream, "404 Not Found", &[("X-Error-Code", "EntryNotFound".into())], b"");
+        }
+        return respond(
+            &mut stream,
+            "200 OK",
+            &[("Content-Type", "application/json".into())],
+            serde_json::to_string(&entries).unwrap().as_bytes(),
+        );
+    }
     let resolve = format!("/{REPO}/resolve/{COMMIT}/");
-    if let Some(file) = path.strip_prefix(&resolve) {
+    let dataset_resolve = format!("/datasets/{DATASET}/resolve/{COMMIT}/");
+    if let Some(file) = path.strip_prefix(&resolve).or_else(|| path.strip_prefix(&dataset_resolve)) {
         let token = behaviour.lock().unwrap().token.clone();
         if let Some(t) = token {
             if auth.as_deref() != Some(format!("Bearer {t}").as_str()) {
@@ -184,7 +210,7 @@ fn serve(
         };
         let etag = &etags[file];
         let common = [("X-Repo-Commit", COMMIT.to_string()), ("ETag", format!("\"{etag}\""))];
-        if file == LARGE {
+        if is_large(file) {
             let mut h = common.to_vec();
             h.push(("X-Linked-Etag", format!("\"{etag}\"")));
             h.push(("X-Linked-Size", bytes.len().to_string()));
@@ -594,4 +620,126 @@ fn a_stalled_download_times_out_and_the_retry_resumes_with_range() {
     assert!(t.elapsed() < Duration::from_secs(40), "took {:?}", t.elapsed());
     let e = failure(&out);
     assert!(e.contains("no byte of the body arrived") && e.contains("gave up after 5 attempts"), "{e}");
+}
+
+// ---- dataset.hub: a dataset repo pinned by commit, through the same cache code ----
+
+/// GSM8K-style rows.
+fn gsm_rows(range: std::ops::Range<usize>) -> Vec<serde_json::Value> {
+    range
+        .map(|i| {
+            serde_json::json!({
+                "question": format!("Ann has {i} pens and gets {} more. How many pens? (#{i})", i + 2),
+                "answer": format!("{i} + {} = {}\n#### {}", i + 2, 2 * i + 2, 2 * i + 2),
+            })
+        })
+        .collect()
+}
+
+/// Rows as Parquet bytes, written by pyarrow (snappy), as the Hub's converter writes them.
+fn parquet_bytes(rows: &[serde_json::Value]) -> Vec<u8> {
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let dir = tempfile::tempdir().unwrap();
+    let (json, out) = (dir.path().join("rows.json"), dir.path().join("rows.parquet"));
+    std::fs::write(&json, serde_json::to_string(rows).unwrap()).unwrap();
+    let script = "import json, sys\nimport pyarrow as pa, pyarrow.parquet as pq\npq.write_table(pa.Table.from_pylist(json.load(open(sys.argv[1]))), sys.argv[2], compression='snappy')\n";
+    let st = std::process::Command::new(python).args(["-c", script]).arg(&json).arg(&out).output().unwrap();
+    assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    std::fs::read(out).unwrap()
+}
+
+const GSM_FIELDS: &str = "fields: {prompt: question, answer: answer, reference_response: answer}";
+
+#[test]
+fn a_pinned_dataset_is_fetched_into_the_hf_cache_split_by_the_hubs_layout_and_reused_offline() {
+    let p = Project::new();
+    let files: BTreeMap<String, Vec<u8>> = [
+        ("main/train-00000-of-00002.parquet", parquet_bytes(&gsm_rows(0..10))),
+        ("main/train-00001-of-00002.parquet", parquet_bytes(&gsm_rows(10..16))),
+        ("main/test-00000-of-00001.parquet", parquet_bytes(&gsm_rows(16..20))),
+        // Neither is a file of split 'train' of config 'main'.
+        ("main/trainer-notes.parquet", parquet_bytes(&gsm_rows(20..21))),
+        ("socratic/train-00000-of-00001.parquet", parquet_bytes(&gsm_rows(30..31))),
+        ("README.md", b"# tiny-gsm\n".to_vec()),
+    ]
+    .into_iter()
+    .map(|(n, b)| (n.to_string(), b))
+    .collect();
+    let hub = Hub::start(files.clone());
+    let cache = p.path().join("hf-cache");
+    // The same rows as local JSON lines, imported: the reference for what the Hub gives.
+    let jsonl = |rows: Vec<serde_json::Value>| rows.iter().map(|r| r.to_string() + "\n").collect::<String>();
+    p.write("train.jsonl", &jsonl(gsm_rows(0..16)));
+    p.write("test.jsonl", &jsonl(gsm_rows(16..20)));
+    p.write(
+        "hub.yaml",
+        &format!(
+            "name: dh\nnodes:\n  gsm:\n    op: dataset.hub\n    params: {{repo: {DATASET}, revision: {COMMIT}, config: main, splits: {{train: train, test: test}}, warmstart: 4, {GSM_FIELDS}}}\n  local:\n    op: dataset.import\n    params: {{files: {{train: train.jsonl, test: test.jsonl}}, warmstart: 4, {GSM_FIELDS}}}\n"
+        ),
+    );
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    let bytes = |output: &str| {
+        let o = p.run(&["path", "hub.yaml", output]);
+        assert_eq!(o.status.code(), Some(0), "{output}: {}", stderr(&o));
+        std::fs::read(String::from_utf8_lossy(&o.stdout).trim()).unwrap()
+    };
+    for output in ["pages.train", "labels.train", "pages.test", "labels.test"] {
+        assert!(
+            bytes(&format!("gsm:{output}")) == bytes(&format!("local:{output}")),
+            "gsm:{output} differs from the local import"
+        );
+    }
+    // huggingface_hub's layout, under datasets--owner--name; the decoys were never fetched.
+    let repo = cache.join("datasets--test-org--tiny-gsm");
+    let snapshot = repo.join("snapshots").join(COMMIT).join("main");
+    assert!(snapshot.join("train-00001-of-00002.parquet").exists());
+    assert!(!snapshot.join("trainer-notes.parquet").exists());
+    let blob = repo.join("blobs").join(sha256(&files["main/test-00000-of-00001.parquet"]));
+    assert!(blob.is_file(), "{}", blob.display());
+    let seen = hub.seen();
+    assert!(seen.iter().any(|s| s.path == format!("/api/datasets/{DATASET}/tree/{COMMIT}/main")), "{seen:?}");
+    assert!(!seen.iter().any(|s| s.path.contains("socratic") || s.path.contains("trainer-notes")), "{seen:?}");
+
+    // A new workspace, offline, the server gone: the cache lists and serves the files.
+    drop(hub);
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace")).unwrap();
+    let out = run_hub(&p, "http://127.0.0.1:9", &cache, &[("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(nodes_with(&common::events(&out), "node_finished").contains(&"gsm".to_string()));
+    // Offline with an empty cache: an error naming the folder and how to fill it.
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace-2")).unwrap();
+    let out = run_hub(&p, "http://127.0.0.1:9", &p.path().join("empty"), &[("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("main of test-org/tiny-gsm") && e.contains("not in the cache"), "{e}");
+}
+
+#[test]
+fn a_dataset_file_with_wrong_bytes_or_a_missing_split_fails_and_caches_nothing() {
+    let p = Project::new();
+    let files: BTreeMap<String, Vec<u8>> =
+        [("main/train-00000-of-00001.parquet".to_string(), parquet_bytes(&gsm_rows(0..6)))].into();
+    let hub = Hub::start(files.clone());
+    let cache = p.path().join("hf-cache");
+    let spec = |splits: &str| {
+        format!("name: dh\nnodes:\n  gsm:\n    op: dataset.hub\n    params: {{repo: {DATASET}, revision: {COMMIT}, config: main, splits: {splits}, {GSM_FIELDS}}}\n")
+    };
+    p.write("hub.yaml", &spec("{train: train, test: test}"));
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("no file of split 'test' in main/") && e.contains("main/train-00000-of-00001.parquet"), "{e}");
+    p.write("hub.yaml", &spec("{train: train}"));
+    hub.set(|b| b.corrupt = true);
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("train-00000-of-00001.parquet") && e.contains("announced"), "{e}");
+    assert_ne!(p.run(&["path", "hub.yaml", "gsm:pages.train"]).status.code(), Some(0));
+    // A branch instead of a commit is refused before any request.
+    p.write("hub.yaml", &spec("{train: train}").replace(COMMIT, "main"));
+    let out = p.run(&["validate", "hub.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not a commit"), "{}", stderr(&out));
 }

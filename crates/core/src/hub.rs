@@ -120,7 +120,9 @@ pub fn check_repo(repo: &str) -> std::result::Result<(), String> {
     };
     match repo.split_once('/') {
         Some((owner, name)) if part_ok(owner) && part_ok(name) => Ok(()),
-        _ => Err(format!("'{repo}' is not a Hub model repo id (expected owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct)")),
+        _ => Err(format!(
+            "'{repo}' is not a Hub repo id (expected owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct or openai/gsm8k)"
+        )),
     }
 }
 
@@ -131,7 +133,7 @@ pub fn check_commit(repo: &str, revision: &str) -> std::result::Result<(), Strin
         return Ok(());
     }
     Err(format!(
-        "revision '{revision}' is not a commit: a branch or tag can move, so it cannot pin a model. Use the full 40-character \
+        "revision '{revision}' is not a commit: a branch or tag can move, so it cannot pin a repo. Use the full 40-character \
          commit id, e.g. from `git ls-remote https://huggingface.co/{repo} {revision}`, the repo's \"Files and versions\" \
          history on the Hub, or `huggingface_hub.HfApi().model_info('{repo}', revision='{revision}').sha`"
     ))
@@ -176,9 +178,47 @@ pub struct Fetched {
     pub source: &'static str,
 }
 
+/// What a repo holds: the Hub serves and caches the two apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoKind {
+    /// `{endpoint}/{repo}/…`, cached as `models--owner--name`.
+    Model,
+    /// `{endpoint}/datasets/{repo}/…`, cached as `datasets--owner--name`.
+    Dataset,
+}
+
+impl RepoKind {
+    /// The URL path segment before the repo id (`datasets/`), empty for models.
+    fn url_prefix(self) -> &'static str {
+        match self {
+            RepoKind::Model => "",
+            RepoKind::Dataset => "datasets/",
+        }
+    }
+    /// The API's plural (`/api/models/…`, `/api/datasets/…`).
+    fn api(self) -> &'static str {
+        match self {
+            RepoKind::Model => "models",
+            RepoKind::Dataset => "datasets",
+        }
+    }
+}
+
+/// One entry of the Hub's tree listing (`/api/{models,datasets}/{repo}/tree/{commit}/{path}`).
+#[derive(Debug, Clone, serde::Deserialize)]
+struct TreeEntry {
+    #[serde(rename = "type")]
+    kind: String,
+    path: String,
+}
+
+/// The largest tree listing read (8 MiB: tens of thousands of entries).
+const MAX_LISTING_BYTES: u64 = 8 << 20;
+
 /// One repo at one commit, in the cache.
 pub struct Snapshot<'a> {
     pub config: &'a HubConfig,
+    pub kind: RepoKind,
     pub repo: String,
     pub commit: String,
     agent: ureq::Agent,
@@ -247,14 +287,19 @@ fn digest_of<D: Digest>(f: &mut File, path: &Path, mut d: D) -> Result<String> {
     Ok(d.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// `models--owner--name`: a repo's folder in the cache and in its `.locks`.
-fn repo_folder(repo: &str) -> String {
-    format!("models--{}", repo.replace('/', "--"))
+/// `models--owner--name` (or `datasets--…`): a repo's folder in the cache and in its `.locks`.
+fn repo_folder(kind: RepoKind, repo: &str) -> String {
+    format!("{}--{}", kind.api(), repo.replace('/', "--"))
 }
 
 impl<'a> Snapshot<'a> {
-    /// A repo at a commit; both are checked here.
+    /// A model repo at a commit; both are checked here.
     pub fn new(config: &'a HubConfig, repo: &str, commit: &str) -> Result<Snapshot<'a>> {
+        Self::of_kind(config, RepoKind::Model, repo, commit)
+    }
+
+    /// A repo of a kind at a commit; both are checked here.
+    pub fn of_kind(config: &'a HubConfig, kind: RepoKind, repo: &str, commit: &str) -> Result<Snapshot<'a>> {
         check_repo(repo).map_err(HubError::Invalid)?;
         check_commit(repo, commit).map_err(HubError::Invalid)?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -267,6 +312,7 @@ impl<'a> Snapshot<'a> {
             .into();
         Ok(Snapshot {
             config,
+            kind,
             repo: repo.into(),
             commit: commit.into(),
             agent,
@@ -277,7 +323,7 @@ impl<'a> Snapshot<'a> {
 
     /// `models--owner--name` in the cache.
     pub fn repo_dir(&self) -> PathBuf {
-        self.config.cache.join(repo_folder(&self.repo))
+        self.config.cache.join(repo_folder(self.kind, &self.repo))
     }
 
     /// `snapshots/<commit>`: the folder transformers loads.
@@ -286,7 +332,7 @@ impl<'a> Snapshot<'a> {
     }
 
     fn url(&self, file: &str) -> String {
-        format!("{}/{}/resolve/{}/{}", self.config.endpoint, self.repo, self.commit, file)
+        format!("{}/{}{}/resolve/{}/{}", self.config.endpoint, self.kind.url_prefix(), self.repo, self.commit, file)
     }
 
     /// Checks that the folders from the repo's to the file's pointer are real
@@ -468,6 +514,91 @@ impl<'a> Snapshot<'a> {
         })
     }
 
+    /// The files under `folder` at this commit (repo paths, sorted, not
+    /// recursive into sub-folders): the Hub's tree listing, or, offline or
+    /// when the Hub cannot be reached, the files of the cached snapshot's folder.
+    pub fn list(&self, folder: &str) -> Result<Vec<String>> {
+        check_file_name(folder).map_err(HubError::Invalid)?;
+        if !(self.config.offline || self.unreachable.get()) {
+            match self.list_remote(folder) {
+                Err(HubError::Unreachable(why)) => {
+                    self.unreachable.set(true);
+                    return self.list_cached(folder).map_err(|e| HubError::Invalid(format!("{why}; and {e}")));
+                }
+                other => return other,
+            }
+        }
+        self.list_cached(folder)
+    }
+
+    fn list_remote(&self, folder: &str) -> Result<Vec<String>> {
+        let url =
+            format!("{}/api/{}/{}/tree/{}/{}", self.config.endpoint, self.kind.api(), self.repo, self.commit, folder);
+        let resp = self.request("GET", &url, None)?;
+        let status = resp.status().as_u16();
+        match status {
+            200 => {}
+            401 | 403 => return Err(HubError::Invalid(self.refused("GET", status, &url))),
+            404 => return Ok(Vec::new()),
+            _ => return Err(HubError::Invalid(format!("GET {url}: HTTP {status}"))),
+        }
+        if resp.headers().get("link").and_then(|v| v.to_str().ok()).is_some_and(|l| l.contains("rel=\"next\"")) {
+            return Err(HubError::Invalid(format!(
+                "GET {url}: the listing has more than one page; name the files instead (params.files)"
+            )));
+        }
+        let mut body = Vec::new();
+        let stream = resp.into_body().into_with_config().limit(MAX_LISTING_BYTES + 1).reader();
+        let mut reader = crate::net::StallGuard::new(stream, self.config.timeout);
+        (&mut reader)
+            .take(MAX_LISTING_BYTES + 1)
+            .read_to_end(&mut body)
+            .map_err(|e| HubError::Unreachable(format!("GET {url}: {e}")))?;
+        if body.len() as u64 > MAX_LISTING_BYTES {
+            return Err(HubError::Invalid(format!("GET {url}: the listing is over {MAX_LISTING_BYTES} bytes")));
+        }
+        let entries: Vec<TreeEntry> = serde_json::from_slice(&body)
+            .map_err(|e| HubError::Invalid(format!("GET {url}: not a Hub tree listing: {e}")))?;
+        let prefix = format!("{}/", folder.trim_end_matches('/'));
+        let mut files = Vec::new();
+        for e in entries {
+            if e.kind != "file" {
+                continue;
+            }
+            check_file_name(&e.path).map_err(|m| HubError::Invalid(format!("GET {url}: {m}")))?;
+            if !e.path.starts_with(&prefix) || e.path[prefix.len()..].contains('/') {
+                return Err(HubError::Invalid(format!("GET {url}: '{}' is not a file of {folder}/", e.path)));
+            }
+            files.push(e.path);
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    fn list_cached(&self, folder: &str) -> Result<Vec<String>> {
+        self.check_layout(&format!("{}/x", folder.trim_end_matches('/')))?;
+        let dir = self.dir().join(folder);
+        let entries = fs::read_dir(&dir).map_err(|e| {
+            HubError::Invalid(format!(
+                "{folder} of {} at {} is not in the cache ({}: {e}); run once with the Hub reachable (HF_HUB_OFFLINE unset)",
+                self.repo,
+                self.commit,
+                dir.display()
+            ))
+        })?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io(format!("listing {}", dir.display())))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // Snapshot files are links into blobs/; sub-folders are skipped.
+            if fs::metadata(entry.path()).is_ok_and(|m| m.is_file()) {
+                files.push(format!("{}/{name}", folder.trim_end_matches('/')));
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
     /// What the Hub says about a file: `None` if the file is not in the repo at
     /// this commit (404).
     pub fn metadata(&self, file: &str) -> Result<Option<FileMeta>> {
@@ -597,7 +728,7 @@ impl<'a> Snapshot<'a> {
         let blob = blobs.join(&meta.etag);
         // One download of a blob at a time, here and in Python (filelock uses flock
         // on the same file).
-        let locks = self.config.cache.join(".locks").join(repo_folder(&self.repo));
+        let locks = self.config.cache.join(".locks").join(repo_folder(self.kind, &self.repo));
         self.own_folders(&locks)?;
         let lock_path = locks.join(format!("{}.lock", meta.etag));
         let lock = crate::store::fsx::open_lock(&lock_path).map_err(io(format!("opening {}", lock_path.display())))?;

@@ -83,7 +83,12 @@ pub fn open(root: &Path, rel: &str) -> Result<File, String> {
 /// asked for that a row lacks is an error naming the file, row and column
 /// (a `null` value is kept as null: the caller decides).
 pub fn read(root: &Path, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
-    let file = open(root, rel)?;
+    read_file(open(root, rel)?, rel, format, columns)
+}
+
+/// [`read`] of a file already opened (and checked) by the caller, such as a
+/// Hub download re-hashed against its announced hash; `rel` names it in errors.
+pub fn read_file(file: File, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
     match format {
         TableFormat::Jsonl => jsonl(file, rel, columns),
         TableFormat::Json => json(file, rel, columns),

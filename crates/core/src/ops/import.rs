@@ -254,24 +254,7 @@ impl Op for DatasetImport {
         p.sources().iter().filter_map(|(_, f)| super::shell::normalize_rel(f)).collect()
     }
     fn outputs(&self, p: &Self::Params) -> Vec<OutputDecl> {
-        let mut out = Vec::new();
-        // Each split's pages and labels carry their split's taint, and what
-        // the files read derive from (a file another node wrote from test
-        // labels stays test labels, whatever split it is imported as).
-        for split in p.splits() {
-            out.push(OutputDecl {
-                taint: Some(BTreeSet::from([Taint::Pages(split)])),
-                inherits: true,
-                ..OutputDecl::file(pages_output(split))
-            });
-            out.push(OutputDecl {
-                taint: Some(BTreeSet::from([Taint::Labels(split)])),
-                inherits: true,
-                ..OutputDecl::file(labels_output(split))
-            });
-        }
-        out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
-        out
+        split_outputs(&p.splits())
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let failed = |m: String| OpError::Failed(m);
@@ -292,30 +275,236 @@ impl Op for DatasetImport {
         }
         let imported = convert(&by_split, &p.fields, p.warmstart).map_err(failed)?;
         write_splits(ctx, &imported)?;
-        let summary = ImportSummary {
-            dataset: "import".into(),
-            sources: p
-                .sources()
-                .iter()
-                .map(|(s, f)| (s.map_or("all", |s| s.as_str()).to_string(), f.to_string()))
-                .collect(),
-            counts: imported.iter().map(|(s, rows)| (s.as_str().to_string(), rows.len())).collect(),
-            warmstart: imported.get(&Split::Train).map_or(0, |r| r.iter().filter(|(_, l)| l.warmstart).count()),
-            populations: imported
-                .iter()
-                .map(|(s, rows)| {
-                    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-                    for (page, _) in rows {
-                        *counts.entry(page.population.clone().unwrap_or_else(|| ALL_POPULATION.into())).or_default() +=
-                            1;
-                    }
-                    (s.as_str().to_string(), counts)
-                })
-                .collect(),
-        };
-        let text = serde_json::to_vec_pretty(&summary).map_err(|e| failed(e.to_string()))?;
-        write(ctx, "summary", &[text, b"\n".to_vec()].concat())
+        let sources =
+            p.sources().iter().map(|(s, f)| (s.map_or("all", |s| s.as_str()).to_string(), f.to_string())).collect();
+        write_summary(ctx, "import", sources, &imported)
     }
+}
+
+/// Params of `dataset.hub`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetHubParams {
+    /// The Hub dataset repo, `owner/name` (`openai/gsm8k`).
+    pub repo: String,
+    /// The full 40-character commit id (a branch or tag is refused: it moves).
+    pub revision: String,
+    /// The dataset's config: the repo folder its files are in (`main` for
+    /// openai/gsm8k). With `splits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+    /// Our split → the Hub's split name (`{train: train, test: test}`): the
+    /// files `CONFIG/NAME-*.parquet` (the Hub's Parquet layout, every shard,
+    /// in name order) or `CONFIG/NAME.{parquet,jsonl,json,csv}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub splits: BTreeMap<Split, String>,
+    /// Or our split → the repo files it is read from, in order (shards).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<Split, Vec<String>>,
+    /// How the files are read; absent: by extension.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<TableFormat>,
+    pub fields: FieldMap,
+    /// The first N train rows (in file order) form the warm-start SFT set.
+    #[serde(default)]
+    pub warmstart: usize,
+}
+
+impl DatasetHubParams {
+    fn splits_written(&self) -> Vec<Split> {
+        if self.files.is_empty() {
+            self.splits.keys().copied().collect()
+        } else {
+            self.files.keys().copied().collect()
+        }
+    }
+
+    fn format_of(&self, file: &str) -> Result<TableFormat, String> {
+        self.format.or_else(|| TableFormat::of(file)).ok_or_else(|| {
+            format!("'{file}': the extension does not say how to read it (.jsonl, .ndjson, .json, .csv, .parquet); set params.format")
+        })
+    }
+}
+
+/// Whether a repo file is the Hub's file of a split in a config folder.
+fn is_split_file(path: &str, config: &str, split: &str) -> bool {
+    let Some(name) = path.strip_prefix(config).and_then(|r| r.strip_prefix('/')) else { return false };
+    let sharded = name.strip_prefix(split).and_then(|r| r.strip_prefix('-')).is_some_and(|r| r.ends_with(".parquet"));
+    let single = ["parquet", "jsonl", "json", "csv"].iter().any(|ext| name == format!("{split}.{ext}"));
+    sharded || single
+}
+
+/// `dataset.hub`: a Hugging Face dataset repo pinned by commit, through the
+/// same cache code as `model.hub` (`datasets--owner--name`, every file checked
+/// against the hash the Hub announced, `HF_HUB_OFFLINE`, `HF_TOKEN`), then
+/// converted as `dataset.import` converts, with the same checks and taints.
+/// The key is the repo, the commit and the params: a commit names its files' content.
+pub struct DatasetHub;
+
+impl Op for DatasetHub {
+    fn name(&self) -> &'static str {
+        "dataset.hub"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "a Hugging Face dataset pinned by commit (Parquet, JSON lines, CSV), as pages and labels per split"
+    }
+    type Params = DatasetHubParams;
+    fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
+        crate::hub::check_repo(&p.repo).map_err(|m| param_error(&["repo"], m))?;
+        crate::hub::check_commit(&p.repo, &p.revision).map_err(|m| param_error(&["revision"], m))?;
+        match (p.splits.is_empty(), p.files.is_empty()) {
+            (true, true) => {
+                return Err(param_error(
+                    &["splits"],
+                    "no data: give `config` and `splits: {train: train, test: test}`, or `files: {train: [FILE, …]}`"
+                        .into(),
+                ))
+            }
+            (false, false) => {
+                return Err(param_error(&["files"], "give either `splits` (with `config`) or `files`, not both".into()))
+            }
+            (false, true) if p.config.is_none() => {
+                return Err(param_error(
+                    &["config"],
+                    "`splits` needs `config`: the repo folder of the files (`main` for openai/gsm8k)".into(),
+                ))
+            }
+            _ => {}
+        }
+        for (split, files) in &p.files {
+            if files.is_empty() {
+                return Err(param_error(&["files", split.as_str()], "no file".into()));
+            }
+            for f in files {
+                p.format_of(f).map_err(|m| param_error(&["files", split.as_str()], m))?;
+            }
+        }
+        p.fields.columns().map_err(|m| param_error(&["fields", "reference_response"], m))?;
+        if p.warmstart > 0 && !p.splits_written().contains(&Split::Train) {
+            return Err(param_error(
+                &["warmstart"],
+                "the warm-start set is drawn from the train split, and there is none".into(),
+            ));
+        }
+        Ok(())
+    }
+    fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
+        Some(Vec::new())
+    }
+    fn outputs(&self, p: &Self::Params) -> Vec<OutputDecl> {
+        split_outputs(&p.splits_written())
+    }
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        use std::io::IsTerminal;
+        let failed = |m: String| OpError::Failed(m);
+        let config = crate::hub::HubConfig::from_env().map_err(|e| failed(e.to_string()))?;
+        let mut snap = crate::hub::Snapshot::of_kind(&config, crate::hub::RepoKind::Dataset, &p.repo, &p.revision)
+            .map_err(|e| failed(e.to_string()))?;
+        snap.progress = std::io::stderr().is_terminal();
+        let mut wanted: BTreeMap<Split, Vec<String>> = p.files.clone();
+        if wanted.is_empty() {
+            let folder = p.config.clone().unwrap_or_default();
+            let listed = snap.list(&folder).map_err(|e| failed(e.to_string()))?;
+            for (split, name) in &p.splits {
+                let files: Vec<String> = listed.iter().filter(|f| is_split_file(f, &folder, name)).cloned().collect();
+                if files.is_empty() {
+                    return Err(failed(format!(
+                        "{} at {}: no file of split '{name}' in {folder}/ (expected {folder}/{name}-*.parquet or {folder}/{name}.jsonl; it has: {})",
+                        p.repo,
+                        p.revision,
+                        if listed.is_empty() { "nothing".to_string() } else { listed.join(", ") }
+                    )));
+                }
+                wanted.insert(*split, files);
+            }
+        }
+        let columns = p.fields.columns().map_err(failed)?;
+        let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(ctx.log_path)
+            .map_err(|e| OpError::io(format!("opening {}", ctx.log_path.display()), e))?;
+        let mut by_split: BTreeMap<Split, Vec<SourceRow>> = BTreeMap::new();
+        let mut sources = BTreeMap::new();
+        for (split, files) in &wanted {
+            let mut rows = Vec::new();
+            for file in files {
+                let got = snap.fetch(file).map_err(|e| failed(e.to_string()))?.ok_or_else(|| {
+                    failed(format!("{file} is not in {} at {} ({})", p.repo, p.revision, config.endpoint))
+                })?;
+                let _ = writeln!(
+                    log,
+                    "{} {}: {} bytes, hash {} ({})",
+                    got.source,
+                    got.name,
+                    got.size,
+                    got.etag,
+                    got.path.display()
+                );
+                let opened = std::fs::File::open(&got.path)
+                    .map_err(|e| OpError::io(format!("reading {}", got.path.display()), e))?;
+                rows.extend(
+                    crate::data::table::read_file(opened, file, p.format_of(file).map_err(failed)?, &columns)
+                        .map_err(failed)?,
+                );
+            }
+            by_split.insert(*split, rows);
+            sources.insert(split.as_str().to_string(), format!("{}@{}: {}", p.repo, p.revision, files.join(", ")));
+        }
+        let imported = convert(&by_split, &p.fields, p.warmstart).map_err(failed)?;
+        write_splits(ctx, &imported)?;
+        write_summary(ctx, "hub", sources, &imported)
+    }
+}
+
+/// Each split's pages and labels, with its taint (and what the node read:
+/// a file another node wrote keeps what it derives from), and `summary`.
+fn split_outputs(splits: &[Split]) -> Vec<OutputDecl> {
+    let mut out = Vec::new();
+    for split in splits {
+        out.push(OutputDecl {
+            taint: Some(BTreeSet::from([Taint::Pages(*split)])),
+            inherits: true,
+            ..OutputDecl::file(pages_output(*split))
+        });
+        out.push(OutputDecl {
+            taint: Some(BTreeSet::from([Taint::Labels(*split)])),
+            inherits: true,
+            ..OutputDecl::file(labels_output(*split))
+        });
+    }
+    out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
+    out
+}
+
+fn write_summary(
+    ctx: &RunContext<'_>,
+    dataset: &str,
+    sources: BTreeMap<String, String>,
+    imported: &BTreeMap<Split, Vec<(PageRow, LabelRow)>>,
+) -> Result<(), OpError> {
+    let summary = ImportSummary {
+        dataset: dataset.into(),
+        sources,
+        counts: imported.iter().map(|(s, rows)| (s.as_str().to_string(), rows.len())).collect(),
+        warmstart: imported.get(&Split::Train).map_or(0, |r| r.iter().filter(|(_, l)| l.warmstart).count()),
+        populations: imported
+            .iter()
+            .map(|(s, rows)| {
+                let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+                for (page, _) in rows {
+                    *counts.entry(page.population.clone().unwrap_or_else(|| ALL_POPULATION.into())).or_default() += 1;
+                }
+                (s.as_str().to_string(), counts)
+            })
+            .collect(),
+    };
+    let text = serde_json::to_vec_pretty(&summary).map_err(|e| OpError::Failed(e.to_string()))?;
+    write(ctx, "summary", &[text, b"\n".to_vec()].concat())
 }
 
 /// What `dataset.import` and `dataset.hub` write as `summary`.

@@ -459,6 +459,7 @@ impl Registry {
         r.register(Arc::new(ShellOp));
         r.register(Arc::new(StockArithmeticDataset));
         r.register(Arc::new(import::DatasetImport));
+        r.register(Arc::new(import::DatasetHub));
         r.register(Arc::new(TokenizerBuild));
         r.register(Arc::new(ModelInit));
         r.register(Arc::new(ModelImport));
