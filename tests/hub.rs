@@ -38,7 +38,7 @@ struct Seen {
 
 #[derive(Default)]
 struct Behaviour {
-    /// Refuse (401) any request on the resolve endpoint without this bearer token.
+    /// Refuse (401) any request on the resolve and tree endpoints without this bearer token.
     token: Option<String>,
     /// Serve the large file with one byte flipped (the announced hash unchanged).
     corrupt: bool,
@@ -180,6 +180,10 @@ fn serve(
     };
     // The tree listing of a dataset folder, as `huggingface_hub.list_repo_tree` reads it.
     if let Some(folder) = path.strip_prefix(&format!("/api/datasets/{DATASET}/tree/{COMMIT}/")) {
+        let token = behaviour.lock().unwrap().token.clone();
+        if token.is_some_and(|t| auth.as_deref() != Some(format!("Bearer {t}").as_str())) {
+            return respond(&mut stream, "401 Unauthorized", &[("X-Error-Code", "GatedRepo".into())], b"");
+        }
         let prefix = format!("{folder}/");
         let entries: Vec<serde_json::Value> = files
             .iter()
@@ -737,6 +741,18 @@ fn a_dataset_file_with_wrong_bytes_or_a_missing_split_fails_and_caches_nothing()
     let e = failure(&out);
     assert!(e.contains("train-00000-of-00001.parquet") && e.contains("announced"), "{e}");
     assert_ne!(p.run(&["path", "hub.yaml", "gsm:pages.train"]).status.code(), Some(0));
+    // A gated dataset: refused without a token (the listing too), read with HF_TOKEN.
+    hub.set(|b| {
+        b.corrupt = false;
+        b.token = Some("hf_dataset_token".into());
+    });
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("401") && e.contains("HF_TOKEN"), "{e}");
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_dataset_token")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hf_dataset_token"), "the token is never printed");
     // A branch instead of a commit is refused before any request.
     p.write("hub.yaml", &spec("{train: train}").replace(COMMIT, "main"));
     let out = p.run(&["validate", "hub.yaml"]);

@@ -658,7 +658,9 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                         return Err(SpecError::new(
                             SpecErrorKind::WrongType,
                             sources.locate_value(&p),
-                            format!("input '{name}' of node '{base_id}': '{r}' is not NODE:OUTPUT"),
+                            format!(
+                                "input '{name}' of node '{base_id}': '{r}' is not NODE:OUTPUT (inputs are other nodes' outputs; a file of yours is read by a `dataset.import` node's `files`, or is a `shell` node's `deps`)"
+                            ),
                         ));
                     };
                     parsed.push(OutputRef { node: n.to_string(), output: o.to_string() });
