@@ -366,6 +366,27 @@ fn bad_data_files_fail_naming_the_file_row_and_field_and_cache_nothing() {
     write_jsonl(&p, "dup.jsonl", &dup);
     let err = import_fails(&p, "dup.jsonl", FIELDS);
     assert!(err.contains("dup.jsonl row 2 and dup.jsonl row 4 have the same prompt"), "{err}");
+    // The same prompt in the train file and the test file: a leak, naming both rows.
+    write_jsonl(&p, "tr.jsonl", &good);
+    write_jsonl(
+        &p,
+        "te.jsonl",
+        &[
+            serde_json::json!({"question": format!("  {}", good[2]["question"].as_str().unwrap()), "answer": "#### 1", "level": "easy"}),
+        ],
+    );
+    p.write(
+        "leak.yaml",
+        &format!("name: leak\nnodes:\n{}", import_node("data", "{train: tr.jsonl, test: te.jsonl}", "")),
+    );
+    let out = p.run(&["run", "leak.yaml"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = stderr(&out) + &stdout(&out);
+    assert!(
+        err.contains("tr.jsonl row 3 and te.jsonl row 1 have the same prompt") && err.contains("across splits"),
+        "{err}"
+    );
+    assert_ne!(p.run(&["path", "leak.yaml", "data:pages.train"]).status.code(), Some(0));
     // A Parquet file without a mapped column.
     write_parquet(&p, "nolevel.parquet", &good, Some("level"));
     let err = import_fails(&p, "nolevel.parquet", FIELDS);
