@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -226,20 +225,9 @@ pub fn read_series(root: &Path, rel: &str, format: SeriesFormat) -> Result<Serie
 }
 
 fn read_text(root: &Path, rel: &str) -> Result<String, String> {
-    if let Some(link) = crate::store::fsx::link_on_path(root, rel) {
-        return Err(format!(
-            "'{rel}': {} is a symbolic link; the user's files are read from real files only",
-            link.display()
-        ));
-    }
-    let path = root.join(rel);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| format!("'{rel}' cannot be read ({}): {e}", path.display()))?;
+    let file = crate::store::fsx::open_user_file(root, rel)?;
     let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
-    if !meta.is_file() || meta.len() > MAX_BYTES {
+    if meta.len() > MAX_BYTES {
         return Err(format!("'{rel}' is not a regular file of at most {MAX_BYTES} bytes"));
     }
     let mut text = String::new();

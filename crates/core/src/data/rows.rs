@@ -164,40 +164,56 @@ fn check_population(what: &str, path: &Path, n: usize, population: &Option<Strin
     }
 }
 
-/// Reads a pages file; ids must be unique.
-pub fn read_pages(path: &Path, what: &str) -> Result<Vec<PageRow>, RowError> {
-    let rows: Vec<PageRow> = read_rows(path, what)?;
+/// What the readers check of every row, pages and labels alike.
+trait Row: DeserializeOwned {
+    fn id(&self) -> &str;
+    fn population(&self) -> &Option<String>;
+}
+
+impl Row for PageRow {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn population(&self) -> &Option<String> {
+        &self.population
+    }
+}
+
+impl Row for LabelRow {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn population(&self) -> &Option<String> {
+        &self.population
+    }
+}
+
+/// Reads rows, each population checked and the ids unique.
+fn read_checked<T: Row>(path: &Path, what: &str) -> Result<Vec<T>, RowError> {
+    let rows: Vec<T> = read_rows(path, what)?;
     let mut seen = HashMap::new();
     for (i, r) in rows.iter().enumerate() {
-        check_population(what, path, i + 1, &r.population)?;
-        if let Some(first) = seen.insert(r.id.as_str(), i + 1) {
+        check_population(what, path, i + 1, r.population())?;
+        if let Some(first) = seen.insert(r.id(), i + 1) {
             return Err(RowError(format!(
                 "{what} ({}): rows {first} and {} have the same id '{}'",
                 path.display(),
                 i + 1,
-                r.id
+                r.id()
             )));
         }
     }
     Ok(rows)
 }
 
+/// Reads a pages file; ids must be unique.
+pub fn read_pages(path: &Path, what: &str) -> Result<Vec<PageRow>, RowError> {
+    read_checked(path, what)
+}
+
 /// Reads a labels file; ids must be unique.
 pub fn read_labels(path: &Path, what: &str) -> Result<Vec<LabelRow>, RowError> {
-    let rows: Vec<LabelRow> = read_rows(path, what)?;
-    let mut seen = HashMap::new();
-    for (i, r) in rows.iter().enumerate() {
-        check_population(what, path, i + 1, &r.population)?;
-        if let Some(first) = seen.insert(r.id.as_str(), i + 1) {
-            return Err(RowError(format!(
-                "{what} ({}): rows {first} and {} have the same id '{}'",
-                path.display(),
-                i + 1,
-                r.id
-            )));
-        }
-    }
-    Ok(rows)
+    read_checked(path, what)
 }
 
 /// Labels by id.

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde_json::Value;
@@ -58,32 +57,11 @@ pub struct SourceRow {
     pub values: BTreeMap<String, Value>,
 }
 
-/// Opens `root/rel` for reading: a relative path inside `root`, no link on the way.
-pub fn open(root: &Path, rel: &str) -> Result<File, String> {
-    if let Some(link) = crate::store::fsx::link_on_path(root, rel) {
-        return Err(format!(
-            "'{rel}': {} is a symbolic link; data files are read from real files only",
-            link.display()
-        ));
-    }
-    let path = root.join(rel);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| format!("'{rel}' cannot be read ({}): {e}", path.display()))?;
-    let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("'{rel}' is not a regular file"));
-    }
-    Ok(file)
-}
-
 /// Reads the rows of `root/rel`, keeping the columns `columns`. A column
 /// asked for that a row lacks is an error naming the file, row and column
 /// (a `null` value is kept as null: the caller decides).
 pub fn read(root: &Path, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
-    read_file(open(root, rel)?, rel, format, columns)
+    read_file(crate::store::fsx::open_user_file(root, rel)?, rel, format, columns)
 }
 
 /// [`read`] of a file already opened (and checked) by the caller, such as a

@@ -166,7 +166,8 @@ impl Op for StockArithmeticDataset {
     }
 }
 
-fn write(ctx: &RunContext<'_>, name: &str, bytes: &[u8]) -> Result<(), OpError> {
+/// Writes a store-only output of a dataset op.
+pub(super) fn write(ctx: &RunContext<'_>, name: &str, bytes: &[u8]) -> Result<(), OpError> {
     let path = ctx.output_path(name);
     let mut f = std::fs::File::create(&path).map_err(|e| OpError::io(format!("creating {}", path.display()), e))?;
     f.write_all(bytes).map_err(|e| OpError::io(format!("writing {}", path.display()), e))

@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::dataset::{labels_output, pages_output};
+use super::dataset::{labels_output, pages_output, write};
 use super::{Op, OpError, OutputDecl, ParamError, RunContext, Taint};
 use crate::data::rng::Stream;
 use crate::data::rows::{LabelRow, PageRow, ALL_POPULATION};
@@ -94,10 +94,28 @@ impl ImportParams {
     }
 
     fn format_of(&self, file: &str) -> Result<TableFormat, String> {
-        self.format.or_else(|| TableFormat::of(file)).ok_or_else(|| {
-            format!("'{file}': the extension does not say how to read it (.jsonl, .ndjson, .json, .csv, .parquet); set params.format")
-        })
+        format_of(self.format, file)
     }
+}
+
+/// How a file is read: the `format` param, else the extension.
+fn format_of(format: Option<TableFormat>, file: &str) -> Result<TableFormat, String> {
+    format.or_else(|| TableFormat::of(file)).ok_or_else(|| {
+        format!("'{file}': the extension does not say how to read it (.jsonl, .ndjson, .json, .csv, .parquet); set params.format")
+    })
+}
+
+/// The checks `dataset.import` and `dataset.hub` share: the field mapping,
+/// and a warm-start set only with a train split.
+fn check_fields(fields: &FieldMap, warmstart: usize, splits: &[Split]) -> Result<(), ParamError> {
+    fields.columns().map_err(|m| param_error(&["fields", "reference_response"], m))?;
+    if warmstart > 0 && !splits.contains(&Split::Train) {
+        return Err(param_error(
+            &["warmstart"],
+            "the warm-start set is drawn from the train split, and there is none".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn param_error(path: &[&str], message: String) -> ParamError {
@@ -238,14 +256,7 @@ impl Op for DatasetImport {
             }
             p.format_of(file).map_err(|m| param_error(&at, m))?;
         }
-        p.fields.columns().map_err(|m| param_error(&["fields", "reference_response"], m))?;
-        if p.warmstart > 0 && !p.splits().contains(&Split::Train) {
-            return Err(param_error(
-                &["warmstart"],
-                "the warm-start set is drawn from the train split, and there is none".into(),
-            ));
-        }
-        Ok(())
+        check_fields(&p.fields, p.warmstart, &p.splits())
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())
@@ -320,9 +331,7 @@ impl DatasetHubParams {
     }
 
     fn format_of(&self, file: &str) -> Result<TableFormat, String> {
-        self.format.or_else(|| TableFormat::of(file)).ok_or_else(|| {
-            format!("'{file}': the extension does not say how to read it (.jsonl, .ndjson, .json, .csv, .parquet); set params.format")
-        })
+        format_of(self.format, file)
     }
 }
 
@@ -382,14 +391,7 @@ impl Op for DatasetHub {
                 p.format_of(f).map_err(|m| param_error(&["files", split.as_str()], m))?;
             }
         }
-        p.fields.columns().map_err(|m| param_error(&["fields", "reference_response"], m))?;
-        if p.warmstart > 0 && !p.splits_written().contains(&Split::Train) {
-            return Err(param_error(
-                &["warmstart"],
-                "the warm-start set is drawn from the train split, and there is none".into(),
-            ));
-        }
-        Ok(())
+        check_fields(&p.fields, p.warmstart, &p.splits_written())
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())
@@ -708,12 +710,6 @@ pub fn write_splits(ctx: &RunContext<'_>, imported: &BTreeMap<Split, Vec<(PageRo
         write(ctx, &labels_output(*split), &labels)?;
     }
     Ok(())
-}
-
-fn write(ctx: &RunContext<'_>, name: &str, bytes: &[u8]) -> Result<(), OpError> {
-    let path = ctx.output_path(name);
-    let mut f = std::fs::File::create(&path).map_err(|e| OpError::io(format!("creating {}", path.display()), e))?;
-    f.write_all(bytes).map_err(|e| OpError::io(format!("writing {}", path.display()), e))
 }
 
 #[cfg(test)]

@@ -135,6 +135,30 @@ pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
     }
 }
 
+/// Opens `root/rel`, a user's file, for reading: a relative path inside
+/// `root`, no link on the way (checked, and `O_NOFOLLOW` on the last part),
+/// a regular file. Errors name `rel` and say what was expected.
+pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(link) = link_on_path(root, rel) {
+        return Err(format!(
+            "'{rel}': {} is a symbolic link; the user's files are read from real files only",
+            link.display()
+        ));
+    }
+    let path = root.join(rel);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|e| format!("'{rel}' cannot be read ({}): {e}", path.display()))?;
+    let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("'{rel}' is not a regular file"));
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
