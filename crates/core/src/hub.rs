@@ -215,6 +215,13 @@ struct TreeEntry {
 /// The largest tree listing read (8 MiB: tens of thousands of entries).
 const MAX_LISTING_BYTES: u64 = 8 << 20;
 
+/// As a node's log records it: `downloaded config.json: 663 bytes, hash … (path)`.
+impl std::fmt::Display for Fetched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {} bytes, hash {} ({})", self.source, self.name, self.size, self.etag, self.path.display())
+    }
+}
+
 /// One repo at one commit, in the cache.
 pub struct Snapshot<'a> {
     pub config: &'a HubConfig,

@@ -95,6 +95,34 @@ fn purpose(field: &str) -> &'static str {
 #[error("{0}")]
 pub struct RowError(pub String);
 
+/// One line of a JSON-lines file, as [`next_line`] reads it.
+pub(crate) enum Line<'a> {
+    /// The line's text, without its line ending.
+    Text(&'a str),
+    /// Over [`MAX_ROW_BYTES`], its line ending included.
+    TooLong,
+    /// Not UTF-8: the byte (within the line) where it stops being.
+    NotUtf8(usize),
+}
+
+/// Reads the next line into `buf`, never more than [`MAX_ROW_BYTES`] + 1
+/// bytes of it (a longer one is [`Line::TooLong`], not read whole); `None`
+/// at the end. Every JSON-lines reader of the user's data and of our
+/// artifacts reads through it.
+pub(crate) fn next_line<'a>(reader: &mut impl BufRead, buf: &'a mut Vec<u8>) -> std::io::Result<Option<Line<'a>>> {
+    buf.clear();
+    if reader.take(MAX_ROW_BYTES as u64 + 1).read_until(b'\n', buf)? == 0 {
+        return Ok(None);
+    }
+    if buf.len() > MAX_ROW_BYTES {
+        return Ok(Some(Line::TooLong));
+    }
+    Ok(Some(match std::str::from_utf8(buf) {
+        Ok(text) => Line::Text(text.trim_end_matches(['\n', '\r'])),
+        Err(e) => Line::NotUtf8(e.valid_up_to()),
+    }))
+}
+
 /// Reads the JSON lines of `path` one row at a time, at most
 /// [`MAX_ROW_BYTES`] each, into `T`. `what` names the file in errors (the
 /// input's name: `pages`, `validation_labels`).
@@ -104,27 +132,20 @@ fn read_rows<T: DeserializeOwned>(path: &Path, what: &str) -> Result<Vec<T>, Row
     let mut rows = Vec::new();
     let mut line = Vec::new();
     for n in 1.. {
-        line.clear();
-        let got = (&mut reader)
-            .take(MAX_ROW_BYTES as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(|e| RowError(format!("{what} ({}): row {n}: {e}", path.display())))?;
-        if got == 0 {
-            break;
-        }
-        if line.len() > MAX_ROW_BYTES {
-            return Err(RowError(format!(
-                "{what} ({}): row {n} is longer than {} MiB; a row is one JSON object on one line",
-                path.display(),
-                MAX_ROW_BYTES >> 20
-            )));
-        }
-        let text = std::str::from_utf8(&line).map_err(|e| {
-            RowError(format!("{what} ({}): row {n} is not UTF-8 (byte {})", path.display(), e.valid_up_to()))
-        })?;
-        let text = text.trim_end_matches(['\n', '\r']);
+        let at = |what_happened: String| RowError(format!("{what} ({}): row {n}{what_happened}", path.display()));
+        let text = match next_line(&mut reader, &mut line).map_err(|e| at(format!(": {e}")))? {
+            None => break,
+            Some(Line::TooLong) => {
+                return Err(at(format!(
+                    " is longer than {} MiB; a row is one JSON object on one line",
+                    MAX_ROW_BYTES >> 20
+                )))
+            }
+            Some(Line::NotUtf8(byte)) => return Err(at(format!(" is not UTF-8 (byte {byte})"))),
+            Some(Line::Text(text)) => text,
+        };
         if text.trim().is_empty() {
-            return Err(RowError(format!("{what} ({}): row {n} is empty", path.display())));
+            return Err(at(" is empty".into()));
         }
         let mut de = serde_json::Deserializer::from_str(text);
         let row: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {

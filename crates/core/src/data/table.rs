@@ -10,12 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use serde_json::Value;
 
 pub use super::rows::MAX_ROW_BYTES;
+use super::rows::{next_line, Line};
 
 /// The largest JSON-array file read whole (256 MiB); JSON lines, CSV and
 /// Parquet are read a row at a time.
@@ -99,28 +100,23 @@ fn jsonl(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, Stri
     let mut line = Vec::new();
     let mut n = 0;
     loop {
-        line.clear();
-        let got = (&mut reader)
-            .take(MAX_ROW_BYTES as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(|e| format!("{rel} row {}: {e}", n + 1))?;
-        if got == 0 {
-            break;
-        }
-        n += 1;
-        if line.len() > MAX_ROW_BYTES && !line.ends_with(b"\n") {
-            return Err(format!(
-                "{rel} row {n} is longer than {} MiB (a JSON-lines row is one object on one line)",
-                MAX_ROW_BYTES >> 20
-            ));
-        }
-        let text = std::str::from_utf8(&line)
-            .map_err(|e| format!("{rel} row {n} is not UTF-8 (at byte {} of the row)", e.valid_up_to()))?;
-        if text.trim().is_empty() {
+        let text = match next_line(&mut reader, &mut line).map_err(|e| format!("{rel} row {}: {e}", n + 1))? {
+            None => break,
+            Some(Line::TooLong) => {
+                return Err(format!(
+                    "{rel} row {} is longer than {} MiB (a JSON-lines row is one object on one line)",
+                    n + 1,
+                    MAX_ROW_BYTES >> 20
+                ))
+            }
+            Some(Line::NotUtf8(byte)) => {
+                return Err(format!("{rel} row {} is not UTF-8 (at byte {byte} of the row)", n + 1))
+            }
             // A blank line (often the last one) is not a row.
-            n -= 1;
-            continue;
-        }
+            Some(Line::Text(text)) if text.trim().is_empty() => continue,
+            Some(Line::Text(text)) => text,
+        };
+        n += 1;
         let value: Value = serde_json::from_str(text).map_err(|e| format!("{rel} row {n} is not JSON: {e}"))?;
         let Value::Object(object) = value else {
             return Err(format!("{rel} row {n} is not a JSON object"));

@@ -113,19 +113,7 @@ impl Op for StockArithmeticDataset {
         Some(Vec::new())
     }
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
-        let mut out = Vec::new();
-        for split in Split::ALL {
-            out.push(OutputDecl {
-                taint: Some(BTreeSet::from([Taint::Pages(split)])),
-                ..OutputDecl::file(pages_output(split))
-            });
-            out.push(OutputDecl {
-                taint: Some(BTreeSet::from([Taint::Labels(split)])),
-                ..OutputDecl::file(labels_output(split))
-            });
-        }
-        out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
-        out
+        split_outputs(&Split::ALL)
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let counts = p.counts();
@@ -164,6 +152,26 @@ impl Op for StockArithmeticDataset {
         text.push(b'\n');
         write(ctx, "summary", &text)
     }
+}
+
+/// Each split's pages and labels, with its taint (and what the node read:
+/// a file another node wrote keeps what it derives from), and `summary`.
+pub(super) fn split_outputs(splits: &[Split]) -> Vec<OutputDecl> {
+    let mut out = Vec::new();
+    for split in splits {
+        out.push(OutputDecl {
+            taint: Some(BTreeSet::from([Taint::Pages(*split)])),
+            inherits: true,
+            ..OutputDecl::file(pages_output(*split))
+        });
+        out.push(OutputDecl {
+            taint: Some(BTreeSet::from([Taint::Labels(*split)])),
+            inherits: true,
+            ..OutputDecl::file(labels_output(*split))
+        });
+    }
+    out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
+    out
 }
 
 /// Writes a store-only output of a dataset op.

@@ -15,8 +15,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::dataset::{labels_output, pages_output, write};
-use super::{Op, OpError, OutputDecl, ParamError, RunContext, Taint};
+use super::dataset::{labels_output, pages_output, split_outputs, write};
+use super::{Op, OpError, OutputDecl, ParamError, RunContext};
 use crate::data::rng::Stream;
 use crate::data::rows::{LabelRow, PageRow, ALL_POPULATION};
 use crate::data::table::{SourceRow, TableFormat};
@@ -91,10 +91,6 @@ impl ImportParams {
         } else {
             self.files.keys().copied().collect()
         }
-    }
-
-    fn format_of(&self, file: &str) -> Result<TableFormat, String> {
-        format_of(self.format, file)
     }
 }
 
@@ -254,7 +250,7 @@ impl Op for DatasetImport {
                     format!("'{file}': expected a path relative to the spec's folder, inside it"),
                 ));
             }
-            p.format_of(file).map_err(|m| param_error(&at, m))?;
+            format_of(p.format, file).map_err(|m| param_error(&at, m))?;
         }
         check_fields(&p.fields, p.warmstart, &p.splits())
     }
@@ -275,8 +271,9 @@ impl Op for DatasetImport {
         for (split, file) in p.sources() {
             let rel = super::shell::normalize_rel(file)
                 .ok_or_else(|| failed(format!("'{file}': not inside the spec's folder")))?;
-            let rows = crate::data::table::read(ctx.spec_dir, &rel, p.format_of(file).map_err(failed)?, &columns)
-                .map_err(failed)?;
+            let rows =
+                crate::data::table::read(ctx.spec_dir, &rel, format_of(p.format, file).map_err(failed)?, &columns)
+                    .map_err(failed)?;
             match split {
                 Some(s) => {
                     by_split.insert(s, rows);
@@ -328,10 +325,6 @@ impl DatasetHubParams {
         } else {
             self.files.keys().copied().collect()
         }
-    }
-
-    fn format_of(&self, file: &str) -> Result<TableFormat, String> {
-        format_of(self.format, file)
     }
 }
 
@@ -388,7 +381,7 @@ impl Op for DatasetHub {
                 return Err(param_error(&["files", split.as_str()], "no file".into()));
             }
             for f in files {
-                p.format_of(f).map_err(|m| param_error(&["files", split.as_str()], m))?;
+                format_of(p.format, f).map_err(|m| param_error(&["files", split.as_str()], m))?;
             }
         }
         check_fields(&p.fields, p.warmstart, &p.splits_written())
@@ -425,11 +418,7 @@ impl Op for DatasetHub {
         }
         let columns = p.fields.columns().map_err(failed)?;
         let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(ctx.log_path)
-            .map_err(|e| OpError::io(format!("opening {}", ctx.log_path.display()), e))?;
+        let mut log = ctx.open_log()?;
         let mut by_split: BTreeMap<Split, Vec<SourceRow>> = BTreeMap::new();
         let mut sources = BTreeMap::new();
         for (split, files) in &wanted {
@@ -438,19 +427,11 @@ impl Op for DatasetHub {
                 let got = snap.fetch(file).map_err(|e| failed(e.to_string()))?.ok_or_else(|| {
                     failed(format!("{file} is not in {} at {} ({})", p.repo, p.revision, config.endpoint))
                 })?;
-                let _ = writeln!(
-                    log,
-                    "{} {}: {} bytes, hash {} ({})",
-                    got.source,
-                    got.name,
-                    got.size,
-                    got.etag,
-                    got.path.display()
-                );
+                let _ = writeln!(log, "{got}");
                 let opened = std::fs::File::open(&got.path)
                     .map_err(|e| OpError::io(format!("reading {}", got.path.display()), e))?;
                 rows.extend(
-                    crate::data::table::read_file(opened, file, p.format_of(file).map_err(failed)?, &columns)
+                    crate::data::table::read_file(opened, file, format_of(p.format, file).map_err(failed)?, &columns)
                         .map_err(failed)?,
                 );
             }
@@ -461,26 +442,6 @@ impl Op for DatasetHub {
         write_splits(ctx, &imported)?;
         write_summary(ctx, "hub", sources, &imported)
     }
-}
-
-/// Each split's pages and labels, with its taint (and what the node read:
-/// a file another node wrote keeps what it derives from), and `summary`.
-fn split_outputs(splits: &[Split]) -> Vec<OutputDecl> {
-    let mut out = Vec::new();
-    for split in splits {
-        out.push(OutputDecl {
-            taint: Some(BTreeSet::from([Taint::Pages(*split)])),
-            inherits: true,
-            ..OutputDecl::file(pages_output(*split))
-        });
-        out.push(OutputDecl {
-            taint: Some(BTreeSet::from([Taint::Labels(*split)])),
-            inherits: true,
-            ..OutputDecl::file(labels_output(*split))
-        });
-    }
-    out.push(OutputDecl { taint: Some(BTreeSet::new()), ..OutputDecl::file("summary") });
-    out
 }
 
 fn write_summary(

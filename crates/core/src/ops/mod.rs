@@ -170,6 +170,16 @@ impl RunContext<'_> {
         self.staging.join(name)
     }
 
+    /// The node's log, opened to append (what an op records beside a
+    /// command's output: the files a Hub op fetched).
+    pub fn open_log(&self) -> Result<std::fs::File, OpError> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path)
+            .map_err(|e| OpError::io(format!("opening {}", self.log_path.display()), e))
+    }
+
     /// The path of the (first) artifact of an input.
     pub fn input_path(&self, name: &str) -> Result<&Path, OpError> {
         self.inputs

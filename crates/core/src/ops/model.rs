@@ -390,13 +390,9 @@ impl Op for ModelHub {
                 fetched.push(index);
             }
         }
-        let mut log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(ctx.log_path)
-            .map_err(|e| OpError::io(format!("opening {}", ctx.log_path.display()), e))?;
+        let mut log = ctx.open_log()?;
         for f in &fetched {
-            let _ = writeln!(log, "{} {}: {} bytes, hash {} ({})", f.source, f.name, f.size, f.etag, f.path.display());
+            let _ = writeln!(log, "{f}");
         }
         let files: Vec<PathBuf> = fetched.iter().map(|f| f.path.clone()).collect();
         check_and_copy(&snap.dir(), &files, p.parameters, &ctx.output_path("model"))
