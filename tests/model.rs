@@ -334,4 +334,23 @@ fn a_model_folder_with_its_own_chat_template_is_prompted_with_it() {
     assert_eq!(forced["prompt_ids"], chatml);
     let plain = generate_json(&p, &[&["--model", dir.as_str()][..], &args].concat());
     assert_eq!(plain["prompt_ids"], chatml);
+    // A template shipped as chat_template.jinja (transformers' newer layout)
+    // survives model.import and is what the imported folder is prompted with.
+    let jinja = p.path().join("jinja-model");
+    std::fs::create_dir(&jinja).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(std::path::Path::new(&dir).join(f), jinja.join(f)).unwrap();
+    }
+    std::fs::write(jinja.join("chat_template.jinja"), &template).unwrap();
+    p.write("imp.yaml", "name: imp\nnodes:\n  own:\n    op: model.import\n    params: {path: jinja-model}\n");
+    p.run_json(&["imp.yaml"], 0);
+    let out = p.run(&["path", "imp.yaml", "own:model"]);
+    let imported = stdout(&out).trim().to_string();
+    assert!(
+        std::path::Path::new(&imported).join("chat_template.jinja").is_file(),
+        "model.import dropped chat_template.jinja"
+    );
+    let v = generate_json(&p, &[&["--model", imported.as_str()][..], &args].concat());
+    let without_bos = ChatTemplate::from_jinja(&template, "", "", "t").unwrap().render(DEFAULT_SYSTEM, prompt).unwrap();
+    assert_eq!(v["prompt_ids"], serde_json::json!(tokenizer.encode(&without_bos).unwrap()));
 }

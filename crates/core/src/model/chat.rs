@@ -19,6 +19,10 @@ use super::chat_prompt;
 /// transformers).
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// The files of a model folder a chat template is read from: what
+/// `model.import`, `model.hub` and a trained model's folder carry along.
+pub const TEMPLATE_FILES: [&str; 2] = ["tokenizer_config.json", "chat_template.jinja"];
+
 /// The largest template read (1 MiB); real ones are a few KiB.
 const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
 
@@ -100,7 +104,7 @@ impl ChatTemplate {
         if choice == TemplateChoice::Chatml {
             return Ok(Self::chatml());
         }
-        let config_path = dir.join("tokenizer_config.json");
+        let config_path = dir.join(TEMPLATE_FILES[0]);
         let config: serde_json::Value = if config_path.is_file() {
             serde_json::from_str(&read_bounded(&config_path)?)
                 .map_err(|e| ChatError(format!("{}: not JSON: {e}", config_path.display())))?
@@ -128,7 +132,7 @@ impl ChatTemplate {
                 )))
             }
         };
-        let jinja_path = dir.join("chat_template.jinja");
+        let jinja_path = dir.join(TEMPLATE_FILES[1]);
         let (text, source) = match inline {
             Some(t) => (t, format!("{} (chat_template)", config_path.display())),
             None if jinja_path.is_file() => (read_bounded(&jinja_path)?, jinja_path.display().to_string()),

@@ -237,10 +237,11 @@ pub struct ModelImportParams {
 /// `model.import`: hashes a local model folder into the key and checks it.
 pub struct ModelImport;
 
-const IMPORTED: [&str; 6] = [
+const IMPORTED: [&str; 7] = [
     "config.json",
     "tokenizer.json",
-    "tokenizer_config.json",
+    crate::model::chat::TEMPLATE_FILES[0],
+    crate::model::chat::TEMPLATE_FILES[1],
     "generation_config.json",
     "model.safetensors",
     "model.safetensors.index.json",
@@ -338,14 +339,16 @@ pub struct ModelHub;
 
 /// The files a model folder is loaded from, besides the weights.
 const HUB_REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
-const HUB_OPTIONAL: [&str; 2] = ["tokenizer_config.json", "generation_config.json"];
+const HUB_OPTIONAL: [&str; 3] =
+    [crate::model::chat::TEMPLATE_FILES[0], crate::model::chat::TEMPLATE_FILES[1], "generation_config.json"];
 
 impl Op for ModelHub {
     fn name(&self) -> &'static str {
         "model.hub"
     }
+    /// 2: the folder keeps the repo's `chat_template.jinja`, if it has one.
     fn version(&self) -> u32 {
-        1
+        2
     }
     fn summary(&self) -> &'static str {
         "a Hugging Face Hub model pinned by commit, through the Hugging Face cache, every file hash-checked"

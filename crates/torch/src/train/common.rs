@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{bail, err, Result};
 use orchestrate_core::data::rng::Stream;
 use orchestrate_core::data::rows::{read_examples, LabelRow};
-use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice};
+use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, TEMPLATE_FILES};
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::train::state::{read_state, write_state, StateFile};
@@ -186,13 +186,7 @@ pub fn write_outputs(
     model.save(&out)?;
     // The tokenizer and what renders prompts with it travel with the weights,
     // so a trained model is evaluated with the template it was trained with.
-    for extra in [
-        "tokenizer.json",
-        "generation_config.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "chat_template.jinja",
-    ] {
+    for extra in ["tokenizer.json", "generation_config.json"].iter().chain(&TEMPLATE_FILES) {
         let src = model_dir.join(extra);
         if src.is_file() {
             std::fs::copy(&src, out.join(extra))?;
