@@ -753,6 +753,21 @@ fn a_dataset_file_with_wrong_bytes_or_a_missing_split_fails_and_caches_nothing()
     let out = run_hub(&p, &hub.endpoint(), &cache, &[("HF_TOKEN", "hf_dataset_token")]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hf_dataset_token"), "the token is never printed");
+    // A snapshot folder planted as a link to a folder elsewhere is not listed or read, offline.
+    let planted = p.path().join("planted-cache");
+    let elsewhere = p.path().join("elsewhere");
+    std::fs::create_dir_all(elsewhere.join("main")).unwrap();
+    std::fs::write(elsewhere.join("main/train-00000-of-00001.parquet"), b"not ours").unwrap();
+    let snapshots = planted.join("datasets--test-org--tiny-gsm").join("snapshots");
+    std::fs::create_dir_all(&snapshots).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, snapshots.join(COMMIT)).unwrap();
+    // A new workspace, so the node is not a cache hit.
+    std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace")).unwrap();
+    let out = run_hub(&p, "http://127.0.0.1:9", &planted, &[("HF_HUB_OFFLINE", "1")]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = failure(&out);
+    assert!(e.contains("is a link or a file, not a folder") && e.contains("to fetch the files of main/"), "{e}");
+    assert_eq!(std::fs::read(elsewhere.join("main/train-00000-of-00001.parquet")).unwrap(), b"not ours");
     // A branch instead of a commit is refused before any request.
     p.write("hub.yaml", &spec("{train: train}").replace(COMMIT, "main"));
     let out = p.run(&["validate", "hub.yaml"]);

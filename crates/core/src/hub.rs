@@ -342,14 +342,14 @@ impl<'a> Snapshot<'a> {
         format!("{}/{}{}/resolve/{}/{}", self.config.endpoint, self.kind.url_prefix(), self.repo, self.commit, file)
     }
 
-    /// Checks that the folders from the repo's to the file's pointer are real
-    /// folders (or absent): a `snapshots/<commit>` that is a link to a folder
-    /// elsewhere is refused, never read from or written into.
-    fn check_layout(&self, file: &str) -> Result<()> {
+    /// Checks that the folders from the repo's to `folder` of the snapshot
+    /// (`""` for its top) are real folders (or absent): a `snapshots/<commit>`
+    /// that is a link to a folder elsewhere is refused, never read from or
+    /// written into. `what` names what was wanted from it, in the error.
+    fn check_layout(&self, folder: &str, what: &str) -> Result<()> {
         let mut dir = self.repo_dir();
         let mut parts = vec!["snapshots".to_string(), self.commit.clone()];
-        parts.extend(file.split('/').map(str::to_string));
-        parts.pop();
+        parts.extend(folder.split('/').filter(|p| !p.is_empty()).map(str::to_string));
         for part in std::iter::once(None).chain(parts.iter().map(Some)) {
             if let Some(part) = part {
                 dir.push(part);
@@ -359,7 +359,7 @@ impl<'a> Snapshot<'a> {
                 Ok(_) => {
                     return Err(HubError::Invalid(format!(
                         "{} in the Hugging Face cache is a link or a file, not a folder: refusing to read from or \
-                         write through it. Remove it and run again to fetch {file} of {} afresh",
+                         write through it. Remove it and run again to fetch {what} of {} afresh",
                         dir.display(),
                         self.repo
                     )))
@@ -583,7 +583,7 @@ impl<'a> Snapshot<'a> {
     }
 
     fn list_cached(&self, folder: &str) -> Result<Vec<String>> {
-        self.check_layout(&format!("{}/x", folder.trim_end_matches('/')))?;
+        self.check_layout(folder, &format!("the files of {folder}/"))?;
         let dir = self.dir().join(folder);
         let entries = fs::read_dir(&dir).map_err(|e| {
             HubError::Invalid(format!(
@@ -687,7 +687,7 @@ impl<'a> Snapshot<'a> {
     /// records ([`Snapshot::cached_recorded`]), and `.no_exists` is a hint.
     pub fn fetch(&self, file: &str) -> Result<Option<Fetched>> {
         check_file_name(file).map_err(HubError::Invalid)?;
-        self.check_layout(file)?;
+        self.check_layout(file.rsplit_once('/').map_or("", |(parent, _)| parent), file)?;
         let meta = if self.config.offline || self.unreachable.get() {
             None
         } else {
