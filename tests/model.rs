@@ -354,3 +354,92 @@ fn a_model_folder_with_its_own_chat_template_is_prompted_with_it() {
     let without_bos = ChatTemplate::from_jinja(&template, "", "", "t").unwrap().render(DEFAULT_SYSTEM, prompt).unwrap();
     assert_eq!(v["prompt_ids"], serde_json::json!(tokenizer.encode(&without_bos).unwrap()));
 }
+
+/// A Qwen3 and a Llama folder written by transformers (random weights, the
+/// embedded default's tokenizer; Llama's with its header tokens, its chat
+/// template and `<|eot_id|>` as the turn end) are imported by `model.import`,
+/// which reads the family from `model_type`, then fine-tuned, sampled and
+/// scored as Qwen2 is; the trained folder keeps its family.
+#[test]
+fn qwen3_and_llama_folders_are_imported_trained_and_scored_like_qwen2() {
+    let (p, model_dir) = built();
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let llama_tokens = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"];
+    for family in ["qwen3", "llama"] {
+        let folder = p.path().join(family);
+        std::fs::create_dir(&folder).unwrap();
+        let tokenizer = match family {
+            "llama" => {
+                let t = tokenizer_with(&model_dir, &llama_tokens, &folder);
+                let template =
+                    std::fs::read_to_string(root.join("tests/fixtures/chat_templates/llama-3-instruct.jinja"));
+                let config = serde_json::json!({"chat_template": template.unwrap(), "bos_token": "<|begin_of_text|>",
+                    "eos_token": "<|eot_id|>"});
+                std::fs::write(folder.join("tokenizer_config.json"), config.to_string()).unwrap();
+                t
+            }
+            _ => {
+                let t = folder.join("tokenizer.json");
+                std::fs::copy(std::path::Path::new(&model_dir).join("tokenizer.json"), &t).unwrap();
+                t
+            }
+        };
+        let tok = orchestrate_core::model::TextTokenizer::from_file(&tokenizer).unwrap();
+        let vocab = (tok.vocab_size() as usize).div_ceil(64) * 64;
+        let out = std::process::Command::new(&python)
+            .arg(root.join("tests/python/hf_reference.py"))
+            .arg(&folder)
+            .args([family, &vocab.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{family}: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::remove_dir_all(folder.join("sharded")).unwrap();
+        std::fs::remove_file(folder.join("reference.json")).unwrap();
+        // transformers' generation_config names eos 2 (Llama's default): the stop set holds both.
+        let loaded = orchestrate_core::model::TextTokenizer::from_model_folder(&folder).unwrap();
+        let turn_end = if family == "llama" { "<|eot_id|>" } else { "<|im_end|>" };
+        assert_eq!(loaded.eos_id().unwrap(), loaded.token_id(turn_end).unwrap(), "{family}");
+        assert!(loaded.stop_ids().contains(&loaded.eos_id().unwrap()), "{family}");
+        let spec = format!(
+            r#"
+name: {family}
+nodes:
+  data:
+    op: dataset.stock_arithmetic
+    params: {{seed: 0, train: 200, validation: 20, test_id50: 4, test_ood100: 4, warmstart: 16}}
+  base:
+    op: model.import
+    params: {{path: {family}}}
+  sft:
+    op: train.sft
+    inputs: {{model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation'}}
+    params: {{branch: warmstart, epochs: 1, batch_size: 8, lr: 1.0e-3}}
+  grpo:
+    op: train.grpo
+    inputs: {{model: 'sft:model', pages: 'data:pages.train', labels: 'data:labels.train'}}
+    params: {{iterations: 1, group_size: 2, prompts_per_iteration: 2, max_new_tokens: 8, lr: 1.0e-5}}
+  gen:
+    op: eval.generate
+    inputs: {{model: 'grpo:model', pages: 'data:pages.test'}}
+    params: {{draws: 1, max_new_tokens: 8}}
+  score:
+    op: eval.score
+    inputs: {{responses: 'gen:responses', summary: 'gen:summary', labels: 'data:labels.test'}}
+"#
+        );
+        p.write(&format!("{family}.yaml"), &spec);
+        let ev = p.run_json(&[&format!("{family}.yaml")], 0);
+        let ran: Vec<String> = nodes_with(&ev, "node_finished").into_iter().filter(|n| n != "data").collect();
+        assert_eq!(ran, ["base", "gen", "grpo", "score", "sft"], "{family}");
+        let out = p.run(&["path", &format!("{family}.yaml"), "grpo:model"]);
+        let trained = stdout(&out).trim().to_string();
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(std::path::Path::new(&trained).join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config["model_type"], family, "the trained folder keeps its family");
+        let results = stdout(&p.run(&["path", &format!("{family}.yaml"), "score:results"])).trim().to_string();
+        let results: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(results).unwrap()).unwrap();
+        assert_eq!(results["greedy"]["ALL"]["responses"], 8, "{family}: {results}");
+    }
+}

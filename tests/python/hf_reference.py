@@ -1,31 +1,49 @@
-"""Independent reference for the Qwen2 parity tests: builds a random tiny Qwen2
-with Hugging Face transformers (GQA, q/k/v biases, tied embeddings, eager
-attention, FP32), saves it, and writes its logits and greedy generations.
+"""Independent reference for the model parity tests: builds a random tiny
+model of one family with Hugging Face transformers (eager attention, FP32),
+saves it, and writes its logits and greedy generations.
 
-usage: hf_reference.py OUT_DIR
+- qwen2: GQA, q/k/v biases, tied embeddings.
+- qwen3: q/k RMSNorm, no biases, head_dim (32) other than hidden/heads (16),
+  untied head (as Qwen3-8B; Qwen3-4B ties it).
+- llama: attention and MLP biases on, Llama 3's scaled rotary frequencies
+  (rope_type llama3), untied head.
+
+usage: hf_reference.py OUT_DIR [qwen2|qwen3|llama [VOCAB_SIZE]]
 """
 import json
 import sys
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 out = sys.argv[1]
+family = sys.argv[2] if len(sys.argv) > 2 else "qwen2"
+vocab = int(sys.argv[3]) if len(sys.argv) > 3 else 320
 torch.manual_seed(1234)
-config = Qwen2Config(
-    vocab_size=320,
+common = dict(
+    vocab_size=vocab,
     hidden_size=64,
     intermediate_size=160,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=128,
-    rope_theta=10000.0,
     rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
     attn_implementation="eager",
 )
-model = Qwen2ForCausalLM(config).float().eval()
+if family == "qwen2":
+    config = Qwen2Config(**common, rope_theta=10000.0, tie_word_embeddings=True)
+elif family == "qwen3":
+    config = Qwen3Config(**common, head_dim=32, rope_theta=10000.0, tie_word_embeddings=False)
+elif family == "llama":
+    # A short original context so that all three bands of the scaling occur.
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    config = LlamaConfig(**common, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+                         rope_parameters=rope)
+else:
+    raise SystemExit(f"unknown family {family}")
+model = AutoModelForCausalLM.from_config(config).float().eval()
 # Random everything, biases and norms included, so each of them matters.
 with torch.no_grad():
     for name, p in model.named_parameters():
@@ -72,4 +90,6 @@ for ids, m in [(full[:1], torch.ones(1, 12, dtype=torch.long)), (padded, mask)]:
     greedy.append({"ids": ids.tolist(), "mask": m.tolist(), "generated": gen[:, ids.shape[1]:].tolist()})
 
 with open(f"{out}/reference.json", "w") as f:
-    json.dump({"cases": cases, "greedy": greedy, "eos": eos, "transformers": __import__("transformers").__version__}, f)
+    json.dump({"cases": cases, "greedy": greedy, "eos": eos, "family": config.model_type,
+               "parameters": sum(p.numel() for p in model.parameters()),
+               "transformers": __import__("transformers").__version__}, f)

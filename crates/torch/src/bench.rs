@@ -4,20 +4,21 @@
 use std::time::Instant;
 
 use crate::error::{bail, Result};
-use orchestrate_core::model::Qwen2Config;
+use orchestrate_core::model::ModelConfig;
 
+use super::decoder::CausalLm;
 use super::generate::{generate, score, Sampling};
-use super::qwen2::Qwen2;
 
-pub fn preset(name: &str) -> Result<Qwen2Config> {
+pub fn preset(name: &str) -> Result<ModelConfig> {
     let v = match name {
         "tiny" => {
             serde_json::json!({"vocab_size": 832, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "rope_theta": 10000.0})
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "rope_theta": 10000.0,
+            "tie_word_embeddings": true})
         }
         "qwen2.5-0.5b" => serde_json::json!({"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
             "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
-            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6}),
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true}),
         other => bail!("unknown preset '{other}'; presets: tiny, qwen2.5-0.5b"),
     };
     Ok(serde_json::from_value(v)?)
@@ -32,16 +33,16 @@ pub fn run(
 ) -> Result<serde_json::Value> {
     let config = preset(preset_name)?;
     let device = super::generate::pick_device()?;
-    let mut model = Qwen2::new(&config, device)?;
+    let mut model = CausalLm::new(&config, device)?;
     model.init_weights(0);
     let prompts: Vec<Vec<i64>> = (0..batch)
         .map(|b| (0..prompt_len).map(|i| ((i * 31 + b * 7) % (config.vocab_size - 1) + 1) as i64).collect())
         .collect();
     // Warm-up, then the timed runs. EOS -1 never matches: every row runs to the budget.
-    generate(&model, &prompts, 2, -1, &Sampling::Greedy, true)?;
+    generate(&model, &prompts, 2, &[], &Sampling::Greedy, true)?;
     let timed = |use_cache: bool| -> Result<f64> {
         let start = Instant::now();
-        let out = generate(&model, &prompts, new_tokens, -1, &Sampling::Greedy, use_cache)?;
+        let out = generate(&model, &prompts, new_tokens, &[], &Sampling::Greedy, use_cache)?;
         assert!(out.iter().all(|g| g.ids.len() == new_tokens));
         Ok(start.elapsed().as_secs_f64())
     };
@@ -79,9 +80,9 @@ pub fn grpo_iteration(
 
     let config = preset(preset_name)?;
     let device = super::generate::pick_device()?;
-    let mut policy = Qwen2::new(&config, device)?;
+    let mut policy = CausalLm::new(&config, device)?;
     policy.init_weights(0);
-    let mut reference = Qwen2::new(&config, device)?;
+    let mut reference = CausalLm::new(&config, device)?;
     reference.init_weights(0);
     let params: BTreeMap<String, tch::Tensor> = policy.vs.variables().into_iter().collect();
     let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
@@ -112,7 +113,7 @@ pub fn grpo_iteration(
             .collect();
         let ids: Vec<u64> = (0..(prompts_n * group) as u64).map(|r| it as u64 * 16 + r).collect();
         let t = Instant::now();
-        let out = generate(&policy, &prompts, 64, -1, &Sampling::Sample { seed: 0, rollout_ids: ids }, true)?;
+        let out = generate(&policy, &prompts, 64, &[], &Sampling::Sample { seed: 0, rollout_ids: ids }, true)?;
         let generation = t.elapsed().as_secs_f64();
         mark("generation");
         let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
@@ -186,18 +187,18 @@ pub fn grpo_iteration(
 /// than the devices' largest logit difference is a numerical tie (a random model's
 /// logits are nearly flat), said as such; any other is not.
 pub fn device_parity(preset_name: &str, prompt_len: usize, new_tokens: usize) -> Result<serde_json::Value> {
-    use super::qwen2::attention_mask;
+    use super::decoder::attention_mask;
     use tch::{Device, Kind, Tensor};
 
     let config = preset(preset_name)?;
     let device = super::generate::pick_device()?;
-    let mut cpu = Qwen2::new(&config, Device::Cpu)?;
+    let mut cpu = CausalLm::new(&config, Device::Cpu)?;
     cpu.init_weights(0);
-    let mut other = Qwen2::new(&config, device)?;
+    let mut other = CausalLm::new(&config, device)?;
     other.vs.copy(&cpu.vs)?;
     let (b, w) = (4i64, prompt_len as i64);
     let ids: Vec<i64> = (0..b * w).map(|i| (i * 131 + 7) % (config.vocab_size as i64 - 1) + 1).collect();
-    let logits = |m: &Qwen2| -> Result<Tensor> {
+    let logits = |m: &CausalLm| -> Result<Tensor> {
         let d = m.device();
         let seq = Tensor::from_slice(&ids).view([b, w]).to_device(d);
         let valid = Tensor::ones([b, w], (Kind::Int64, d));
@@ -209,8 +210,8 @@ pub fn device_parity(preset_name: &str, prompt_len: usize, new_tokens: usize) ->
     let max_diff = f64::try_from((&a - &c).abs().max())?;
     let scale = f64::try_from(a.abs().max())?;
     let prompts: Vec<Vec<i64>> = ids.chunks(prompt_len).map(<[i64]>::to_vec).collect();
-    let on_cpu = generate(&cpu, &prompts, new_tokens, -1, &Sampling::Greedy, true)?;
-    let on_device = generate(&other, &prompts, new_tokens, -1, &Sampling::Greedy, true)?;
+    let on_cpu = generate(&cpu, &prompts, new_tokens, &[], &Sampling::Greedy, true)?;
+    let on_device = generate(&other, &prompts, new_tokens, &[], &Sampling::Greedy, true)?;
     let mut equal_rows = 0;
     let mut divergences = Vec::new();
     for (row, (x, y)) in on_cpu.iter().zip(&on_device).enumerate() {

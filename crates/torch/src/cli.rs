@@ -7,8 +7,8 @@ use orchestrate_core::data::verifier::FinishReason;
 use orchestrate_core::model::chat::ChatTemplate;
 use orchestrate_core::model::GenerateRequest;
 
+use super::decoder::load_folder;
 use super::generate::{generate, pick_device, Sampling};
-use super::qwen2::load_folder;
 
 pub fn generate_command(args: &GenerateRequest) -> Result<ExitCode> {
     let device = pick_device()?;
@@ -47,10 +47,11 @@ pub fn generate_command(args: &GenerateRequest) -> Result<ExitCode> {
         Some(seed) if !args.greedy => Sampling::Sample { seed, rollout_ids: vec![args.rollout_id] },
         _ => Sampling::Greedy,
     };
-    let eos = tokenizer.eos_id()?;
+    let stops = tokenizer.stop_ids();
     let start = std::time::Instant::now();
-    let out = generate(&model, std::slice::from_ref(&prompt_ids), args.max_new_tokens, eos, &sampling, !args.no_cache)?
-        .remove(0);
+    let out =
+        generate(&model, std::slice::from_ref(&prompt_ids), args.max_new_tokens, &stops, &sampling, !args.no_cache)?
+            .remove(0);
     let seconds = start.elapsed().as_secs_f64();
     // The final EOS is not part of the text; every other special token is.
     let body = match out.finish {

@@ -19,7 +19,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let model_dir = input_path(job, "model")?;
     let (model, tokenizer) = load_model(model_dir, device)?;
     let prompter = Prompter::new(model_dir, p.chat_template, &p.system, p.prompt_template.as_deref())?;
-    let eos = tokenizer.eos_id()?;
+    let stops = tokenizer.stop_ids();
     let mut pages = read_pages(input_path(job, "pages")?, "pages")?;
     if let Some(n) = p.limit {
         pages.truncate(n);
@@ -44,7 +44,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             let ids: Vec<u64> = chunk.iter().map(|(i, _, d)| (*i * p.draws.max(1) + d) as u64).collect();
             let sampling =
                 if greedy { Sampling::Greedy } else { Sampling::Sample { seed: p.seed, rollout_ids: ids.clone() } };
-            let generated = generate(&model, &batch, p.max_new_tokens, eos, &sampling, true)?;
+            let generated = generate(&model, &batch, p.max_new_tokens, &stops, &sampling, true)?;
             for ((row, g), rid) in chunk.iter().zip(generated).zip(ids) {
                 let page = &pages[row.0];
                 let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };

@@ -11,7 +11,7 @@ use crate::error::{bail, Result};
 use orchestrate_core::data::verifier::FinishReason;
 use tch::{Device, Kind, Tensor};
 
-use super::qwen2::{attention_mask, KvCache, Qwen2};
+use super::decoder::{attention_mask, CausalLm, KvCache};
 
 /// How tokens are chosen. Temperature is 1 over the full vocabulary: no top-k,
 /// no top-p, nothing suppressed.
@@ -68,13 +68,13 @@ fn choose(logits: &Tensor, sampling: &Sampling, position: u64) -> (Tensor, Tenso
 }
 
 /// Generates for a batch of prompts (token ids), up to `max_new_tokens` each,
-/// stopping a row at `eos`. Prompts are left-padded; with `use_cache` the
+/// stopping a row at any of `stops` (its end-of-sequence ids). Prompts are left-padded; with `use_cache` the
 /// prefix is computed once and each step feeds one token per row.
 pub fn generate(
-    model: &Qwen2,
+    model: &CausalLm,
     prompts: &[Vec<i64>],
     max_new_tokens: usize,
-    eos: i64,
+    stops: &[i64],
     sampling: &Sampling,
     use_cache: bool,
 ) -> Result<Vec<Generated>> {
@@ -137,7 +137,7 @@ pub fn generate(
                 }
                 row.ids.push(next_v[i]);
                 row.behavior_logprobs.push(logp_v[i]);
-                if next_v[i] == eos {
+                if stops.contains(&next_v[i]) {
                     row.finish = FinishReason::Eos;
                     done[i] = true;
                 }
@@ -161,7 +161,7 @@ pub fn generate(
 /// Teacher-forced log-probs of each response's tokens given its prompt, at
 /// temperature 1 (the trainer's behavior check). Rows are right-padded, so
 /// padding never precedes a scored token.
-pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Result<Vec<Vec<f32>>> {
+pub fn score(model: &CausalLm, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Result<Vec<Vec<f32>>> {
     if prompts.len() != responses.len() {
         bail!("{} prompts for {} responses", prompts.len(), responses.len());
     }
@@ -193,7 +193,7 @@ pub fn score(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> Res
 /// Logits at the response positions of each row: (rows, tokens, vocab), with
 /// the response ids and a mask, from one right-padded forward pass. The LM head
 /// runs at those positions only ([`Qwen2::forward_rows`]).
-pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> (Tensor, Tensor, Tensor) {
+pub fn response_logits(model: &CausalLm, prompts: &[Vec<i64>], responses: &[Vec<i64>]) -> (Tensor, Tensor, Tensor) {
     response_logits_with(model, prompts, responses, false)
 }
 
@@ -203,7 +203,7 @@ pub fn response_logits(model: &Qwen2, prompts: &[Vec<i64>], responses: &[Vec<i64
 /// cached (`train.sft` v2, and `experiments/tiny-sweep.yaml`'s table), so SFT keeps
 /// the path its cached results came from.
 pub fn response_logits_every_position(
-    model: &Qwen2,
+    model: &CausalLm,
     prompts: &[Vec<i64>],
     responses: &[Vec<i64>],
 ) -> (Tensor, Tensor, Tensor) {
@@ -211,7 +211,7 @@ pub fn response_logits_every_position(
 }
 
 fn response_logits_with(
-    model: &Qwen2,
+    model: &CausalLm,
     prompts: &[Vec<i64>],
     responses: &[Vec<i64>],
     every_position: bool,

@@ -11,11 +11,11 @@
 
 pub mod bench;
 pub mod cli;
+pub mod decoder;
 pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod ops;
-pub mod qwen2;
 pub mod train;
 
 use orchestrate_core::dag::key::EnvPart;

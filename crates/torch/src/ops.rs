@@ -6,7 +6,7 @@ use orchestrate_core::ops::worker::{WorkerJob, WorkerOp};
 use orchestrate_core::ops::{parse_params, ModelInitParams};
 use tch::Device;
 
-use super::qwen2::Qwen2;
+use super::decoder::CausalLm;
 
 /// Runs one job from `orchestrate run`.
 pub fn run(job: &WorkerJob) -> Result<()> {
@@ -27,7 +27,7 @@ fn model_init(job: &WorkerJob) -> Result<()> {
     let config = p.config(tokenizer.vocab_size() as usize, eos).map_err(crate::error::Error::Msg)?;
     let vocab = config.vocab_size;
     // Initialised on the CPU generator so the weights do not depend on the device.
-    let mut model = Qwen2::new(&config, Device::Cpu)?;
+    let mut model = CausalLm::new(&config, Device::Cpu)?;
     model.init_weights(p.seed);
     let out = job.staging.join("model");
     model.save(&out)?;

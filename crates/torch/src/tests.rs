@@ -5,12 +5,12 @@ use std::path::Path;
 use std::process::Command;
 
 use orchestrate_core::data::verifier::FinishReason;
-use orchestrate_core::model::{HfFolder, Qwen2Config};
+use orchestrate_core::model::{HfFolder, ModelConfig};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
+use super::decoder::{attention_mask, CausalLm};
 use super::generate::{generate, score, Sampling};
-use super::qwen2::{attention_mask, Qwen2};
 
 /// libtorch's intra-op thread pool is shared by the whole process: tests that
 /// ran side by side would split it and change reduction order (and rounding).
@@ -27,9 +27,17 @@ fn python() -> String {
     })
 }
 
+/// The families the parity tests build with transformers (see hf_reference.py
+/// for what each random config exercises).
+const FAMILIES: [&str; 3] = ["qwen2", "qwen3", "llama"];
+
 fn hf_reference(dir: &Path) -> Value {
+    hf_reference_of(dir, "qwen2")
+}
+
+fn hf_reference_of(dir: &Path, family: &str) -> Value {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/hf_reference.py");
-    let out = Command::new(python()).arg(&script).arg(dir).output().expect("python runs");
+    let out = Command::new(python()).arg(&script).arg(dir).arg(family).output().expect("python runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
 }
@@ -40,7 +48,7 @@ fn ids_tensor(v: &Value) -> Tensor {
     Tensor::from_slice(&rows.concat()).view([b, t])
 }
 
-pub fn tiny_config(vocab: usize) -> Qwen2Config {
+pub fn tiny_config(vocab: usize) -> ModelConfig {
     serde_json::from_value(serde_json::json!({
         "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
@@ -49,8 +57,8 @@ pub fn tiny_config(vocab: usize) -> Qwen2Config {
     .unwrap()
 }
 
-fn tiny_model(seed: u64) -> Qwen2 {
-    let mut m = Qwen2::new(&tiny_config(96), Device::Cpu).unwrap();
+fn tiny_model(seed: u64) -> CausalLm {
+    let mut m = CausalLm::new(&tiny_config(96), Device::Cpu).unwrap();
     m.init_weights(seed);
     // Larger weights than the 0.02 init so the distributions are far from uniform.
     tch::no_grad(|| {
@@ -62,33 +70,52 @@ fn tiny_model(seed: u64) -> Qwen2 {
     m
 }
 
+/// Each family's logits and log-probabilities equal transformers' on a random
+/// config (a full batch and a left-padded one), and its parameter count is the
+/// one transformers counts.
 #[test]
-fn logits_match_transformers_including_a_left_padded_batch() {
+fn logits_and_logprobs_match_transformers_for_every_family_including_a_left_padded_batch() {
     let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let reference = hf_reference(dir.path());
-    let model = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
-    for case in reference["cases"].as_array().unwrap() {
-        let ids = ids_tensor(&case["ids"]);
-        let mask = ids_tensor(&case["mask"]);
-        let positions = (mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
-        let ours = tch::no_grad(|| model.forward(&ids, &positions, &attention_mask(&mask, ids.size()[1]), None));
-        let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(case["logits"].clone()).unwrap();
-        let masks: Vec<Vec<i64>> = serde_json::from_value(case["mask"].clone()).unwrap();
-        let mut worst = 0f32;
-        for (b, rows) in theirs.iter().enumerate() {
-            for (t, row) in rows.iter().enumerate() {
-                if masks[b][t] == 0 {
-                    continue; // padding positions are not part of the contract
-                }
-                let ours_row = Vec::<f32>::try_from(&ours.get(b as i64).get(t as i64)).unwrap();
-                for (a, e) in ours_row.iter().zip(row) {
-                    worst = worst.max((a - e).abs());
+    for family in FAMILIES {
+        let dir = tempfile::tempdir().unwrap();
+        let reference = hf_reference_of(dir.path(), family);
+        assert_eq!(reference["family"], family);
+        let model = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+        assert_eq!(model.config.family().unwrap().model_type(), family);
+        assert_eq!(Some(model.config.parameter_count()), reference["parameters"].as_u64(), "{family}: parameters");
+        for case in reference["cases"].as_array().unwrap() {
+            let ids = ids_tensor(&case["ids"]);
+            let mask = ids_tensor(&case["mask"]);
+            let positions = (mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
+            let ours = tch::no_grad(|| model.forward(&ids, &positions, &attention_mask(&mask, ids.size()[1]), None));
+            let ours_logp = ours.log_softmax(-1, Kind::Float);
+            let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(case["logits"].clone()).unwrap();
+            let masks: Vec<Vec<i64>> = serde_json::from_value(case["mask"].clone()).unwrap();
+            let (mut worst, mut worst_logp) = (0f32, 0f32);
+            for (b, rows) in theirs.iter().enumerate() {
+                for (t, row) in rows.iter().enumerate() {
+                    if masks[b][t] == 0 {
+                        continue; // padding positions are not part of the contract
+                    }
+                    let ours_row = Vec::<f32>::try_from(&ours.get(b as i64).get(t as i64)).unwrap();
+                    for (a, e) in ours_row.iter().zip(row) {
+                        worst = worst.max((a - e).abs());
+                    }
+                    let theirs_logp =
+                        Vec::<f32>::try_from(&Tensor::from_slice(row).log_softmax(-1, Kind::Float)).unwrap();
+                    let ours_row = Vec::<f32>::try_from(&ours_logp.get(b as i64).get(t as i64)).unwrap();
+                    for (a, e) in ours_row.iter().zip(&theirs_logp) {
+                        worst_logp = worst_logp.max((a - e).abs());
+                    }
                 }
             }
+            eprintln!(
+                "parity {family}: max |ours - transformers| logits {worst:e}, log-probs {worst_logp:e} over {} rows",
+                masks.len()
+            );
+            assert!(worst <= 1e-4, "{family}: max |ours - transformers| = {worst}");
+            assert!(worst_logp <= 2e-4, "{family}: max log-prob error {worst_logp}");
         }
-        eprintln!("parity: max |ours - transformers| = {worst:e} over {} rows", masks.len());
-        assert!(worst <= 1e-4, "max |ours - transformers| = {worst}");
     }
 }
 
@@ -101,8 +128,8 @@ fn a_sharded_checkpoint_loads_to_the_same_weights() {
     assert!(sharded.join("model.safetensors.index.json").is_file(), "transformers wrote an index");
     let shards = HfFolder { dir: sharded.clone() }.weight_files().unwrap();
     assert!(shards.len() > 1, "several shards: {shards:?}");
-    let a = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
-    let b = Qwen2::load(&HfFolder { dir: sharded }, Device::Cpu).unwrap();
+    let a = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let b = CausalLm::load(&HfFolder { dir: sharded }, Device::Cpu).unwrap();
     let (va, vb) = (a.vs.variables(), b.vs.variables());
     for (name, t) in va {
         assert!(t.equal(&vb[&name]), "{name}");
@@ -110,11 +137,17 @@ fn a_sharded_checkpoint_loads_to_the_same_weights() {
 }
 
 #[test]
-fn greedy_generation_matches_transformers_token_for_token() {
+fn greedy_generation_matches_transformers_token_for_token_for_every_family() {
     let _serial = serial();
+    for family in FAMILIES {
+        greedy_matches(family);
+    }
+}
+
+fn greedy_matches(family: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let reference = hf_reference(dir.path());
-    let model = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let reference = hf_reference_of(dir.path(), family);
+    let model = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
     let eos = reference["eos"].as_i64().unwrap();
     for case in reference["greedy"].as_array().unwrap() {
         let ids: Vec<Vec<i64>> = serde_json::from_value(case["ids"].clone()).unwrap();
@@ -126,13 +159,13 @@ fn greedy_generation_matches_transformers_token_for_token() {
             .collect();
         let expected: Vec<Vec<i64>> = serde_json::from_value(case["generated"].clone()).unwrap();
         for use_cache in [true, false] {
-            let got = generate(&model, &prompts, 16, eos, &Sampling::Greedy, use_cache).unwrap();
+            let got = generate(&model, &prompts, 16, &[eos], &Sampling::Greedy, use_cache).unwrap();
             for (g, e) in got.iter().zip(&expected) {
                 let until_eos: Vec<i64> = match e.iter().position(|t| *t == eos) {
                     Some(p) => e[..=p].to_vec(),
                     None => e.clone(),
                 };
-                assert_eq!(g.ids, until_eos, "use_cache={use_cache}");
+                assert_eq!(g.ids, until_eos, "{family}: use_cache={use_cache}");
             }
         }
     }
@@ -144,7 +177,7 @@ fn behavior_logprobs_from_kv_cache_generation_equal_teacher_forced_scores() {
     let model = tiny_model(1);
     let prompts = vec![vec![5, 6, 7, 8, 9, 10], vec![11, 12, 13]];
     let sampling = Sampling::Sample { seed: 42, rollout_ids: vec![0, 1] };
-    let out = generate(&model, &prompts, 24, 3, &sampling, true).unwrap();
+    let out = generate(&model, &prompts, 24, &[3], &sampling, true).unwrap();
     let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
     let scored = score(&model, &prompts, &responses).unwrap();
     let mut worst = 0f32;
@@ -164,7 +197,7 @@ fn sampling_depends_only_on_seed_rollout_id_and_position() {
     let model = tiny_model(2);
     let prompt = vec![vec![4, 5, 6, 7]];
     let run = |seed: u64, rollout: u64| {
-        generate(&model, &prompt, 20, -1, &Sampling::Sample { seed, rollout_ids: vec![rollout] }, true)
+        generate(&model, &prompt, 20, &[], &Sampling::Sample { seed, rollout_ids: vec![rollout] }, true)
             .unwrap()
             .remove(0)
     };
@@ -179,14 +212,14 @@ fn a_batch_of_one_equals_the_same_row_in_a_batch_of_many() {
     let _serial = serial();
     let model = tiny_model(3);
     let prompts = vec![vec![4, 5, 6], vec![7, 8, 9, 10, 11, 12, 13], vec![14]];
-    let all =
-        generate(&model, &prompts, 16, -1, &Sampling::Sample { seed: 5, rollout_ids: vec![10, 11, 12] }, true).unwrap();
+    let all = generate(&model, &prompts, 16, &[], &Sampling::Sample { seed: 5, rollout_ids: vec![10, 11, 12] }, true)
+        .unwrap();
     for (i, p) in prompts.iter().enumerate() {
         let alone = generate(
             &model,
             std::slice::from_ref(p),
             16,
-            -1,
+            &[],
             &Sampling::Sample { seed: 5, rollout_ids: vec![10 + i as u64] },
             true,
         )
@@ -205,8 +238,8 @@ fn kv_cache_and_full_recompute_choose_the_same_tokens() {
     let model = tiny_model(4);
     let prompts = vec![vec![4, 5, 6, 7, 8], vec![9, 10]];
     let s = Sampling::Sample { seed: 1, rollout_ids: vec![0, 1] };
-    let cached = generate(&model, &prompts, 20, -1, &s, true).unwrap();
-    let full = generate(&model, &prompts, 20, -1, &s, false).unwrap();
+    let cached = generate(&model, &prompts, 20, &[], &s, true).unwrap();
+    let full = generate(&model, &prompts, 20, &[], &s, false).unwrap();
     for (a, b) in cached.iter().zip(&full) {
         assert_eq!(a.ids, b.ids);
     }
@@ -218,7 +251,7 @@ fn saving_then_loading_round_trips_bit_exactly() {
     let model = tiny_model(5);
     let dir = tempfile::tempdir().unwrap();
     model.save(dir.path()).unwrap();
-    let back = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let back = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
     let (a, b) = (model.vs.variables(), back.vs.variables());
     assert_eq!(a.len(), b.len());
     for (name, t) in a {
@@ -236,7 +269,7 @@ fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
     let mut config = tiny_config(96);
     config.intermediate_size = 64;
     std::fs::write(dir.path().join("config.json"), config.to_json()).unwrap();
-    let err = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).err().unwrap().to_string();
+    let err = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).err().unwrap().to_string();
     assert!(err.contains("has shape"), "{err}");
 }
 

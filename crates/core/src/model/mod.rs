@@ -8,7 +8,7 @@ pub mod tokenizer;
 
 use std::path::{Path, PathBuf};
 
-pub use config::Qwen2Config;
+pub use config::ModelConfig;
 pub use tokenizer::{build_bpe, TextTokenizer, TokenizerError};
 
 /// ChatML special tokens (as in Qwen2.5).
@@ -69,11 +69,11 @@ impl HfFolder {
         Ok(f)
     }
 
-    pub fn config(&self) -> Result<Qwen2Config, FolderError> {
+    pub fn config(&self) -> Result<ModelConfig, FolderError> {
         let path = self.dir.join("config.json");
         let text =
             std::fs::read_to_string(&path).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
-        Qwen2Config::from_json(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))
+        ModelConfig::from_json(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))
     }
 
     /// The weight files: `model.safetensors`, or the shards listed by the index.
@@ -108,7 +108,7 @@ impl HfFolder {
     }
 
     pub fn tokenizer(&self) -> Result<TextTokenizer, TokenizerError> {
-        TextTokenizer::from_file(&self.dir.join("tokenizer.json"))
+        TextTokenizer::from_model_folder(&self.dir)
     }
 }
 

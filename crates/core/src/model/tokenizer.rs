@@ -26,6 +26,12 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     /// Ids with a token (model vocabularies are often padded beyond this).
     vocab_size: u32,
+    /// The end of an assistant turn, when the model folder names it
+    /// (`tokenizer_config.json`'s `eos_token`); else `<|im_end|>`.
+    turn_end: Option<i64>,
+    /// Every id that ends a generation: the turn end, and the ids
+    /// `generation_config.json` and `config.json` list as `eos_token_id`.
+    stops: Vec<i64>,
 }
 
 /// A decoded response.
@@ -40,7 +46,70 @@ impl TextTokenizer {
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
         let inner = Tokenizer::from_file(path).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
         let vocab_size = inner.get_vocab_size(true) as u32;
-        Ok(TextTokenizer { inner, vocab_size })
+        Ok(TextTokenizer { inner, vocab_size, turn_end: None, stops: Vec::new() })
+    }
+
+    /// The tokenizer of a model folder, with the end-of-turn token and the
+    /// stop ids its files name: `tokenizer_config.json`'s `eos_token` (the
+    /// token an assistant turn ends with, what SFT appends: `<|im_end|>` for
+    /// Qwen, `<|eot_id|>` for Llama 3 Instruct), plus every `eos_token_id` of
+    /// `generation_config.json` and `config.json` (transformers stops at any).
+    pub fn from_model_folder(dir: &Path) -> Result<Self, TokenizerError> {
+        let mut t = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
+        let read = |name: &str| -> Result<Option<serde_json::Value>, TokenizerError> {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|e| TokenizerError(format!("{}: {e}", path.display()))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(TokenizerError(format!("{}: {e}", path.display()))),
+            }
+        };
+        if let Some(cfg) = read("tokenizer_config.json")? {
+            let token = match cfg.get("eos_token") {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+                _ => None,
+            };
+            if let Some(token) = token {
+                let id = t.token_id(&token).ok_or_else(|| {
+                    TokenizerError(format!(
+                        "{}: eos_token '{token}' is not a token of tokenizer.json",
+                        dir.join("tokenizer_config.json").display()
+                    ))
+                })?;
+                t.turn_end = Some(id);
+            }
+        }
+        let mut stops = vec![t.eos_id()?];
+        for name in ["generation_config.json", "config.json"] {
+            let ids = match read(name)?.as_ref().and_then(|v| v.get("eos_token_id")).cloned() {
+                None | Some(serde_json::Value::Null) => Vec::new(),
+                Some(serde_json::Value::Number(n)) => n.as_i64().into_iter().collect(),
+                Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_i64).collect(),
+                Some(other) => {
+                    return Err(TokenizerError(format!(
+                        "{}: eos_token_id is {other}, expected an id or a list of ids",
+                        dir.join(name).display()
+                    )))
+                }
+            };
+            stops.extend(ids);
+        }
+        stops.sort_unstable();
+        stops.dedup();
+        t.stops = stops;
+        Ok(t)
+    }
+
+    /// Every id that ends a generation (at least [`Self::eos_id`]).
+    pub fn stop_ids(&self) -> Vec<i64> {
+        if self.stops.is_empty() {
+            self.eos_id().into_iter().collect()
+        } else {
+            self.stops.clone()
+        }
     }
 
     /// Encodes text exactly (special tokens in the text are recognized, none are added).
@@ -53,9 +122,17 @@ impl TextTokenizer {
         self.inner.token_to_id(token).map(i64::from)
     }
 
-    /// The end-of-sequence id of a chat model (`<|im_end|>`).
+    /// The id an assistant turn ends with: the model folder's `eos_token`
+    /// ([`Self::from_model_folder`]), else ChatML's `<|im_end|>`.
     pub fn eos_id(&self) -> Result<i64, TokenizerError> {
-        self.token_id(IM_END).ok_or_else(|| TokenizerError(format!("no {IM_END} token")))
+        match self.turn_end {
+            Some(id) => Ok(id),
+            None => self.token_id(IM_END).ok_or_else(|| {
+                TokenizerError(format!(
+                    "no {IM_END} token, and no tokenizer_config.json naming the eos_token an assistant turn ends with"
+                ))
+            }),
+        }
     }
 
     pub fn vocab_size(&self) -> u32 {

@@ -125,7 +125,7 @@ pub struct ModelInitParams {
 
 impl ModelInitParams {
     /// The config `model.init` writes, for a tokenizer of `tokenizer_vocab` tokens.
-    pub fn config(&self, tokenizer_vocab: usize, eos: i64) -> Result<crate::model::Qwen2Config, String> {
+    pub fn config(&self, tokenizer_vocab: usize, eos: i64) -> Result<crate::model::ModelConfig, String> {
         let vocab = match self.vocab_size {
             Some(v) if v < tokenizer_vocab => {
                 return Err(format!("params.vocab_size {v} is below the tokenizer's vocabulary of {tokenizer_vocab}"))

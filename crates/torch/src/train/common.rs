@@ -14,7 +14,7 @@ use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
 use super::adamw::AdamW;
-use crate::qwen2::Qwen2;
+use crate::decoder::CausalLm;
 
 /// One example: its page (statement) joined with its label by id.
 #[derive(Debug, Clone)]
@@ -101,16 +101,16 @@ pub fn permutation(n: usize, seed: u64, purpose: &str, epoch: usize) -> Vec<usiz
     order
 }
 
-pub fn load_model(dir: &Path, device: Device) -> Result<(Qwen2, TextTokenizer)> {
+pub fn load_model(dir: &Path, device: Device) -> Result<(CausalLm, TextTokenizer)> {
     let folder = HfFolder::open(dir)?;
     let tokenizer = folder.tokenizer()?;
-    let model = Qwen2::load(&folder, device)?;
+    let model = CausalLm::load(&folder, device)?;
     Ok((model, tokenizer))
 }
 
 /// The reference policy: a strict reload of the starting weights, frozen (no
 /// gradients), for the KL term.
-pub fn load_reference(dir: &Path, device: Device) -> Result<Qwen2> {
+pub fn load_reference(dir: &Path, device: Device) -> Result<CausalLm> {
     let (reference, _) = load_model(dir, device)?;
     for (_, mut t) in reference.vs.variables() {
         let _ = t.requires_grad_(false);
@@ -118,7 +118,7 @@ pub fn load_reference(dir: &Path, device: Device) -> Result<Qwen2> {
     Ok(reference)
 }
 
-pub fn params(model: &Qwen2) -> BTreeMap<String, Tensor> {
+pub fn params(model: &CausalLm) -> BTreeMap<String, Tensor> {
     model.vs.variables().into_iter().collect()
 }
 
@@ -176,7 +176,7 @@ pub fn read(path: &Path) -> Result<StateFile> {
 /// Writes the node's outputs: the model folder (with the tokenizer), the state, the metrics.
 pub fn write_outputs(
     job: &WorkerJob,
-    model: &Qwen2,
+    model: &CausalLm,
     model_dir: &Path,
     params: &BTreeMap<String, Tensor>,
     adam: &AdamW,

@@ -43,9 +43,9 @@ use super::guarded::{
 use super::objective::group_advantages;
 use super::update::{behavior_gap, grpo_update, GrpoHyper};
 use super::wal::{failpoint, Wal};
+use crate::decoder::CausalLm;
 use crate::error::{bail, err, Result};
 use crate::generate::{generate, pick_device, Generated, Sampling};
-use crate::qwen2::Qwen2;
 
 /// Where a run stands, restored from a state (a resume input or a WAL
 /// checkpoint): weights and AdamW into `params` and `adam`, the rest returned.
@@ -72,7 +72,8 @@ pub struct Setup {
     pub pool: Vec<Example>,
     pub prompts: Vec<Vec<i64>>,
     pub tokenizer: TextTokenizer,
-    pub eos: i64,
+    /// The ids that end a rollout.
+    pub stops: Vec<i64>,
     pub verifier: Arc<dyn Verifier>,
     pub verifiers: VerifierRegistry,
     pub aliases: BTreeMap<String, String>,
@@ -205,7 +206,7 @@ pub fn sample(
     s: &Setup,
     pos: &mut Position,
     engine: &mut RolloutEngine,
-    policy: &Qwen2,
+    policy: &CausalLm,
     params: &BTreeMap<String, Tensor>,
     ledger: &mut Ledger,
     iteration: usize,
@@ -241,7 +242,7 @@ pub fn sample(
         &engine.model,
         &prompts,
         p.max_new_tokens,
-        s.eos,
+        &s.stops,
         &Sampling::Sample { seed: p.seed, rollout_ids },
         true,
     )?;
@@ -487,7 +488,7 @@ pub fn apply(
     s: &Setup,
     pos: &mut Position,
     ledger: &mut Ledger,
-    model: (&Qwen2, &Qwen2),
+    model: (&CausalLm, &CausalLm),
     params: &BTreeMap<String, Tensor>,
     adam: &mut AdamW,
     update: &UpdateBatch,
@@ -598,7 +599,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let reference = load_reference(model_dir, device)?;
     let verifier =
         VerifierRegistry::builtin().get(&p.verifier).cloned().ok_or_else(|| err!("no verifier {}", p.verifier))?;
-    let eos = tokenizer.eos_id()?;
+    let stops = tokenizer.stop_ids();
     // The RL pool: train problems outside the warm-start set.
     let pool = rl_pool(examples(job, "pages", "labels")?, "labels")?;
     if pool.len() < p.prompts_per_iteration {
@@ -697,7 +698,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         pool,
         prompts,
         tokenizer,
-        eos,
+        stops,
         verifier,
         p,
     };
@@ -759,14 +760,14 @@ mod tests {
     use crate::tests::{serial, tiny_config};
     use orchestrate_core::ops::FaultFamily;
 
-    fn setup(dir: &std::path::Path) -> (Setup, Qwen2, Qwen2, RolloutEngine) {
+    fn setup(dir: &std::path::Path) -> (Setup, CausalLm, CausalLm, RolloutEngine) {
         let texts: Vec<String> = (0..60).map(|i| format!("stock {i} boxes, then {} more", i * 7 % 13)).collect();
         let tokenizer_path = dir.join("tokenizer.json");
         orchestrate_core::model::build_bpe(&texts, 96, &tokenizer_path).unwrap();
         let tokenizer = TextTokenizer::from_file(&tokenizer_path).unwrap();
         let vocab = (tokenizer.vocab_size() as usize).div_ceil(32) * 32;
         let model = |seed| {
-            let mut m = Qwen2::new(&tiny_config(vocab), tch::Device::Cpu).unwrap();
+            let mut m = CausalLm::new(&tiny_config(vocab), tch::Device::Cpu).unwrap();
             m.init_weights(seed);
             m
         };
@@ -800,7 +801,7 @@ mod tests {
         let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
         let s = Setup {
             started: Instant::now(),
-            eos: tokenizer.eos_id().unwrap(),
+            stops: tokenizer.stop_ids(),
             tokenizer_hash: "tok".into(),
             prompt_registry: prompt_registry(&pool.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), &prompts),
             verifiers: VerifierRegistry::builtin(),

@@ -12,18 +12,18 @@ use tch::Tensor;
 
 use super::adamw::digest;
 use super::update::RolloutBatch;
-use crate::qwen2::Qwen2;
+use crate::decoder::CausalLm;
 
 /// The generation side: its own copy of the weights, changed only by `sync`,
 /// which records the version and digest of what it actually loaded.
 pub struct RolloutEngine {
-    pub model: Qwen2,
+    pub model: CausalLm,
     pub version: u64,
     pub digest: String,
 }
 
 impl RolloutEngine {
-    pub fn new(model: Qwen2) -> Self {
+    pub fn new(model: CausalLm) -> Self {
         let digest = digest(&model.vs.variables().into_iter().collect());
         RolloutEngine { model, version: 0, digest }
     }
@@ -45,8 +45,8 @@ impl RolloutEngine {
 /// next-token logits on fixed prompts. Exactly 0 when the engine holds the
 /// trainer's weights; above the baseline (recorded after the first sync) when
 /// it serves something else.
-pub fn canary_drift(engine: &Qwen2, trainer: &Qwen2, prompts: &[Vec<i64>]) -> f64 {
-    use crate::qwen2::attention_mask;
+pub fn canary_drift(engine: &CausalLm, trainer: &CausalLm, prompts: &[Vec<i64>]) -> f64 {
+    use crate::decoder::attention_mask;
     use tch::{Kind, Tensor as T};
     tch::no_grad(|| {
         let mut worst = 0f64;

@@ -66,7 +66,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         .get(&p.verifier)
         .cloned()
         .ok_or_else(|| crate::error::err!("no verifier {} (see `orchestrate verifier list`)", p.verifier))?;
-    let eos = tokenizer.eos_id()?;
+    let stops = tokenizer.stop_ids();
     let mut pool = rl_pool(examples(job, "pages", "labels")?, "labels")?;
     pool.truncate(p.prompts);
     let prompts: Vec<Vec<i64>> = pool
@@ -80,7 +80,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         &policy,
         &batch_prompts,
         p.max_new_tokens,
-        eos,
+        &stops,
         &Sampling::Sample { seed: p.seed, rollout_ids },
         true,
     )?;

@@ -18,8 +18,8 @@ use super::adamw::{clip_grad_norm, digest, learning_rate, zero_grad, AdamW, Adam
 use super::common::{
     examples, input_path, load_model, params, peak_rss_bytes, permutation, read, restore_state, write_outputs, Prompter,
 };
+use crate::decoder::CausalLm;
 use crate::generate::{pick_device, response_logits_every_position};
-use crate::qwen2::Qwen2;
 
 struct Encoded {
     prompt: Vec<i64>,
@@ -27,7 +27,7 @@ struct Encoded {
 }
 
 /// Sum of response-token log-probs and the number of tokens, for some rows.
-fn summed_logprob(model: &Qwen2, rows: &[&Encoded]) -> (tch::Tensor, f64) {
+fn summed_logprob(model: &CausalLm, rows: &[&Encoded]) -> (tch::Tensor, f64) {
     let prompts: Vec<Vec<i64>> = rows.iter().map(|r| r.prompt.clone()).collect();
     let responses: Vec<Vec<i64>> = rows.iter().map(|r| r.response.clone()).collect();
     let (logits, targets, mask) = response_logits_every_position(model, &prompts, &responses);

@@ -11,13 +11,13 @@ use tch::{Device, Kind, Tensor};
 use super::adamw::{AdamW, AdamWConfig};
 use super::objective::group_advantages;
 use super::update::{behavior_gap, step, GrpoHyper, RolloutBatch, UpdateStats};
+use crate::decoder::CausalLm;
 use crate::generate::{generate, Sampling};
-use crate::qwen2::Qwen2;
 use crate::tests::{serial, tiny_config};
 
 /// Every parameter random (biases included, so none is all-zero), norms near 1.
 fn random_model_folder(dir: &Path) {
-    let mut m = Qwen2::new(&tiny_config(96), Device::Cpu).unwrap();
+    let mut m = CausalLm::new(&tiny_config(96), Device::Cpu).unwrap();
     m.init_weights(11);
     tch::manual_seed(12);
     // By name: `variables()` is a HashMap, whose order changes from process to
@@ -47,14 +47,14 @@ fn compare_update(lrs: &[f64], micro_groups: usize) -> Comparison {
     let dir = tempfile::tempdir().unwrap();
     random_model_folder(dir.path());
     let folder = HfFolder { dir: dir.path().to_path_buf() };
-    let policy = Qwen2::load(&folder, Device::Cpu).unwrap();
-    let reference = Qwen2::load(&folder, Device::Cpu).unwrap();
+    let policy = CausalLm::load(&folder, Device::Cpu).unwrap();
+    let reference = CausalLm::load(&folder, Device::Cpu).unwrap();
 
     // Two prompts × a group of 4, sampled from the policy: real behavior log-probs.
     let prompts: Vec<Vec<i64>> =
         [vec![5, 6, 7, 8], vec![9, 10, 11]].iter().flat_map(|p| std::iter::repeat_n(p.clone(), 4)).collect();
-    let out =
-        generate(&policy, &prompts, 6, 3, &Sampling::Sample { seed: 7, rollout_ids: (0..8).collect() }, true).unwrap();
+    let out = generate(&policy, &prompts, 6, &[3], &Sampling::Sample { seed: 7, rollout_ids: (0..8).collect() }, true)
+        .unwrap();
     // Constructed rewards (labelled as such): one mixed group, one with a single winner.
     let rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0];
     let mut advantages = group_advantages(&rewards[..4]);
@@ -163,9 +163,10 @@ fn the_behavior_check_catches_misbound_old_logprobs() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     random_model_folder(dir.path());
-    let policy = Qwen2::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+    let policy = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
     let prompts = vec![vec![5, 6, 7, 8], vec![9, 10, 11]];
-    let out = generate(&policy, &prompts, 8, -1, &Sampling::Sample { seed: 1, rollout_ids: vec![0, 1] }, true).unwrap();
+    let out =
+        generate(&policy, &prompts, 8, &[], &Sampling::Sample { seed: 1, rollout_ids: vec![0, 1] }, true).unwrap();
     let responses: Vec<Vec<i64>> = out.iter().map(|g| g.ids.clone()).collect();
     let behavior: Vec<Vec<f32>> = out.iter().map(|g| g.behavior_logprobs.clone()).collect();
     let bound = behavior_gap(&policy, &prompts, &responses, &behavior).unwrap();

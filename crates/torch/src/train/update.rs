@@ -13,8 +13,8 @@ use orchestrate_core::guard::UpdateBatch;
 use super::adamw::{clip_grad_norm, zero_grad, AdamW};
 use super::guarded::batch_from_artifacts;
 use super::objective::{clipped_surrogate, exact_kl, reduce_tokens_responses_prompts};
+use crate::decoder::CausalLm;
 use crate::generate::response_logits;
-use crate::qwen2::Qwen2;
 
 /// A rollout set ready for updates: rows in group order, `group_size` per prompt.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -59,7 +59,7 @@ pub use orchestrate_core::train::metrics::UpdateStats;
 /// re-scoring of the same sequences by `policy`. Before the first update of an
 /// iteration it must be within tolerance, or old log-probs are misbound.
 pub fn behavior_gap(
-    policy: &Qwen2,
+    policy: &CausalLm,
     prompts: &[Vec<i64>],
     responses: &[Vec<i64>],
     behavior: &[Vec<f32>],
@@ -92,8 +92,8 @@ pub struct LossStats {
 /// The GRPO loss of `batch` for `policy`, backpropagated: after this, each
 /// parameter's `.grad()` holds its gradient (nothing is clipped or stepped).
 pub fn grpo_gradients(
-    policy: &Qwen2,
-    reference: &Qwen2,
+    policy: &CausalLm,
+    reference: &CausalLm,
     params: &BTreeMap<String, Tensor>,
     batch: &RolloutBatch,
     hyper: &GrpoHyper,
@@ -169,8 +169,8 @@ impl PassStats {
 /// One forward/backward pass over whole groups: the loss is their mean, times
 /// `weight` (their share of the batch) when the batch takes several passes.
 fn pass(
-    policy: &Qwen2,
-    reference: &Qwen2,
+    policy: &CausalLm,
+    reference: &CausalLm,
     batch: &RolloutBatch,
     hyper: &GrpoHyper,
     weight: Option<f64>,
@@ -225,8 +225,8 @@ fn pass(
 /// type-check here (see `orchestrate_core::guard::UpdateBatch`).
 #[allow(clippy::too_many_arguments)]
 pub fn grpo_update(
-    policy: &Qwen2,
-    reference: &Qwen2,
+    policy: &CausalLm,
+    reference: &CausalLm,
     params: &BTreeMap<String, Tensor>,
     adam: &mut AdamW,
     batch: &UpdateBatch,
@@ -246,8 +246,8 @@ pub fn grpo_update(
 /// only inside `train`, whose unit tests compare one step with PyTorch's on a
 /// hand-built batch; everything else goes through [`grpo_update`].
 pub(super) fn step(
-    policy: &Qwen2,
-    reference: &Qwen2,
+    policy: &CausalLm,
+    reference: &CausalLm,
     params: &BTreeMap<String, Tensor>,
     adam: &mut AdamW,
     batch: &RolloutBatch,

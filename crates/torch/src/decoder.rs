@@ -1,14 +1,19 @@
-//! Qwen2 in tch, following Hugging Face's eager `Qwen2ForCausalLM`: RMSNorm
-//! computed in float, rotary embeddings (rotate-half) from explicit position ids,
-//! grouped-query attention with a float32 softmax, SwiGLU MLP, q/k/v with bias
-//! and o_proj without, and the LM head tied to the embeddings when the config
-//! says so. Weight names follow from the structure (`model.layers.{i}.self_attn.q_proj`).
+//! The decoder of Qwen2, Qwen3 and Llama in tch, following Hugging Face's eager
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `LlamaForCausalLM`: RMSNorm
+//! computed in float, rotary embeddings (rotate-half) from explicit position
+//! ids (Llama 3's scaled frequencies when the config asks), grouped-query
+//! attention with a float32 softmax, SwiGLU MLP, and the LM head tied to the
+//! embeddings when the config says so. Where the families differ (biases,
+//! Qwen3's per-head q/k RMSNorm, `head_dim`) the config says which
+//! ([`orchestrate_core::model::config::Family`]). Weight names follow from the
+//! structure (`model.layers.{i}.self_attn.q_proj`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{bail, err, Context, Result};
-use orchestrate_core::model::{HfFolder, Qwen2Config};
+use orchestrate_core::model::config::Llama3Rope;
+use orchestrate_core::model::{HfFolder, ModelConfig};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -46,10 +51,14 @@ pub struct Rotary {
 }
 
 impl Rotary {
-    fn new(head_dim: i64, theta: f64, device: Device) -> Self {
+    fn new(head_dim: i64, theta: f64, llama3: Option<Llama3Rope>, device: Device) -> Self {
         let exponents =
             Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, device)).to_kind(Kind::Float) / head_dim as f64;
         let inv_freq = (Tensor::from(theta).to_kind(Kind::Float).to_device(device).pow(&exponents)).reciprocal();
+        let inv_freq = match llama3 {
+            Some(r) => llama3_inv_freq(&inv_freq, r),
+            None => inv_freq,
+        };
         Rotary { inv_freq }
     }
 
@@ -60,7 +69,26 @@ impl Rotary {
     }
 }
 
+/// transformers' `_compute_llama3_parameters`: wavelengths above
+/// `original / low_freq_factor` are divided by `factor`, those below
+/// `original / high_freq_factor` kept, and the band between interpolated.
+fn llama3_inv_freq(inv_freq: &Tensor, r: Llama3Rope) -> Tensor {
+    let low_wavelen = r.original_max_position_embeddings / r.low_freq_factor;
+    let high_wavelen = r.original_max_position_embeddings / r.high_freq_factor;
+    let wavelen = inv_freq.reciprocal() * (2.0 * std::f64::consts::PI);
+    // tch's `a.where_self(cond, b)` is torch.where(cond, a, b).
+    let scaled = (inv_freq / r.factor).where_self(&wavelen.gt(low_wavelen), inv_freq);
+    let smooth = (wavelen.reciprocal() * r.original_max_position_embeddings - r.low_freq_factor)
+        / (r.high_freq_factor - r.low_freq_factor);
+    let smoothed = (-&smooth + 1.0) * &scaled / r.factor + &smooth * &scaled;
+    let medium = wavelen.ge(high_wavelen).logical_and(&wavelen.le(low_wavelen));
+    smoothed.where_self(&medium, &scaled)
+}
+
 struct Attention {
+    /// Qwen3's per-head RMSNorm of q and k, before the rotation.
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     q_proj: nn::Linear,
     k_proj: nn::Linear,
     v_proj: nn::Linear,
@@ -71,16 +99,19 @@ struct Attention {
 }
 
 impl Attention {
-    fn new(p: nn::Path, c: &Qwen2Config) -> Self {
+    fn new(p: nn::Path, c: &ModelConfig) -> Self {
         let (h, hd) = (c.hidden_size as i64, c.head_dim() as i64);
-        let (nh, nkv) = (c.num_attention_heads as i64, c.num_key_value_heads as i64);
-        let with_bias = nn::LinearConfig { bias: true, ..Default::default() };
-        let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
+        let (nh, nkv) = (c.num_attention_heads as i64, c.kv_heads() as i64);
+        let qkv = nn::LinearConfig { bias: c.qkv_bias(), ..Default::default() };
+        let o = nn::LinearConfig { bias: c.o_bias(), ..Default::default() };
+        let norm = |name: &str| c.qk_norm().then(|| RmsNorm::new(&p / name, hd, c.rms_norm_eps));
         Attention {
-            q_proj: nn::linear(&p / "q_proj", h, nh * hd, with_bias),
-            k_proj: nn::linear(&p / "k_proj", h, nkv * hd, with_bias),
-            v_proj: nn::linear(&p / "v_proj", h, nkv * hd, with_bias),
-            o_proj: nn::linear(&p / "o_proj", nh * hd, h, no_bias),
+            q_norm: norm("q_norm"),
+            k_norm: norm("k_norm"),
+            q_proj: nn::linear(&p / "q_proj", h, nh * hd, qkv),
+            k_proj: nn::linear(&p / "k_proj", h, nkv * hd, qkv),
+            v_proj: nn::linear(&p / "v_proj", h, nkv * hd, qkv),
+            o_proj: nn::linear(&p / "o_proj", nh * hd, h, o),
             heads: nh,
             kv_heads: nkv,
             head_dim: hd,
@@ -96,8 +127,12 @@ impl Attention {
         cache: &mut Option<(Tensor, Tensor)>,
     ) -> Tensor {
         let (b, t) = (x.size()[0], x.size()[1]);
-        let q = self.q_proj.forward(x).view([b, t, self.heads, self.head_dim]).transpose(1, 2);
-        let k = self.k_proj.forward(x).view([b, t, self.kv_heads, self.head_dim]).transpose(1, 2);
+        let normed = |norm: &Option<RmsNorm>, y: Tensor| match norm {
+            Some(n) => n.forward(&y),
+            None => y,
+        };
+        let q = normed(&self.q_norm, self.q_proj.forward(x).view([b, t, self.heads, self.head_dim])).transpose(1, 2);
+        let k = normed(&self.k_norm, self.k_proj.forward(x).view([b, t, self.kv_heads, self.head_dim])).transpose(1, 2);
         let v = self.v_proj.forward(x).view([b, t, self.kv_heads, self.head_dim]).transpose(1, 2);
         let q = &q * cos + rotate_half(&q) * sin;
         let k = &k * cos + rotate_half(&k) * sin;
@@ -133,9 +168,9 @@ struct Mlp {
 }
 
 impl Mlp {
-    fn new(p: nn::Path, c: &Qwen2Config) -> Self {
+    fn new(p: nn::Path, c: &ModelConfig) -> Self {
         let (h, i) = (c.hidden_size as i64, c.intermediate_size as i64);
-        let cfg = nn::LinearConfig { bias: false, ..Default::default() };
+        let cfg = nn::LinearConfig { bias: c.mlp_has_bias(), ..Default::default() };
         Mlp {
             gate_proj: nn::linear(&p / "gate_proj", h, i, cfg),
             up_proj: nn::linear(&p / "up_proj", h, i, cfg),
@@ -157,9 +192,9 @@ struct DecoderLayer {
 /// Per-layer key/value cache for incremental decoding.
 pub type KvCache = Vec<Option<(Tensor, Tensor)>>;
 
-/// A loaded Qwen2 causal LM.
-pub struct Qwen2 {
-    pub config: Qwen2Config,
+/// A loaded causal LM of one of the [`orchestrate_core::model::config::Family`] architectures.
+pub struct CausalLm {
+    pub config: ModelConfig,
     pub vs: nn::VarStore,
     embed_tokens: Tensor,
     layers: Vec<DecoderLayer>,
@@ -168,9 +203,9 @@ pub struct Qwen2 {
     rotary: Rotary,
 }
 
-impl Qwen2 {
+impl CausalLm {
     /// A model with freshly created (default-initialised) weights.
-    pub fn new(config: &Qwen2Config, device: Device) -> Result<Self> {
+    pub fn new(config: &ModelConfig, device: Device) -> Result<Self> {
         config.check()?;
         let vs = nn::VarStore::new(device);
         let root = vs.root();
@@ -189,13 +224,13 @@ impl Qwen2 {
             })
             .collect();
         let norm = RmsNorm::new(&m / "norm", h, config.rms_norm_eps);
-        let lm_head = (!config.tie_word_embeddings)
+        let lm_head = (!config.tied())
             .then(|| (&root / "lm_head").var("weight", &[v, h], nn::Init::Randn { mean: 0.0, stdev: 0.02 }));
-        let rotary = Rotary::new(config.head_dim() as i64, config.rope_theta(), device);
-        Ok(Qwen2 { config: config.clone(), vs, embed_tokens, layers, norm, lm_head, rotary })
+        let rotary = Rotary::new(config.head_dim() as i64, config.rope_theta(), config.llama3_rope()?, device);
+        Ok(CausalLm { config: config.clone(), vs, embed_tokens, layers, norm, lm_head, rotary })
     }
 
-    /// Re-initialises every weight as transformers does for Qwen2 (normal(0, 0.02)
+    /// Re-initialises every weight as transformers does for these families (normal(0, 0.02)
     /// for matrices, zero biases, unit norms), from a seed, on the CPU generator.
     pub fn init_weights(&mut self, seed: u64) {
         tch::manual_seed(seed as i64);
@@ -219,17 +254,21 @@ impl Qwen2 {
     /// every weight must be present with its shape, and no unknown weight may be left over.
     pub fn load(folder: &HfFolder, device: Device) -> Result<Self> {
         let config = folder.config()?;
-        let model = Qwen2::new(&config, device)?;
+        let model = CausalLm::new(&config, device)?;
         let mut vars = model.vs.variables();
         let mut seen = std::collections::BTreeSet::new();
         for file in folder.weight_files()? {
             let tensors = Tensor::read_safetensors(&file).with_context(|| format!("reading {}", file.display()))?;
             for (name, t) in tensors {
-                if name == "lm_head.weight" && config.tie_word_embeddings {
+                if name == "lm_head.weight" && config.tied() {
                     continue; // tied: the embedding is the head
                 }
                 let Some(var) = vars.get_mut(&name) else {
-                    bail!("{}: unexpected weight '{name}' for this Qwen2 config", file.display());
+                    bail!(
+                        "{}: unexpected weight '{name}' for this {} config (see its model_type and biases)",
+                        file.display(),
+                        config.family()?
+                    );
                 };
                 if var.size() != t.size() {
                     bail!(
@@ -259,8 +298,9 @@ impl Qwen2 {
         Tensor::write_safetensors(&tensors, dir.join("model.safetensors")).context("writing model.safetensors")?;
         let mut config = self.config.clone();
         config.extra.insert("torch_dtype".into(), "float32".into());
-        config.extra.entry("model_type").or_insert_with(|| "qwen2".into());
-        config.extra.entry("architectures").or_insert_with(|| serde_json::json!(["Qwen2ForCausalLM"]));
+        let family = config.family()?;
+        config.extra.entry("model_type").or_insert_with(|| family.model_type().into());
+        config.extra.entry("architectures").or_insert_with(|| serde_json::json!([family.architecture()]));
         std::fs::write(dir.join("config.json"), config.to_json())?;
         Ok(())
     }
@@ -379,10 +419,10 @@ pub fn attention_mask(key_valid: &Tensor, query_len: i64) -> Tensor {
 }
 
 /// Errors from a model folder, for the CLI.
-pub fn load_folder(dir: &Path, device: Device) -> Result<(Qwen2, orchestrate_core::model::TextTokenizer)> {
+pub fn load_folder(dir: &Path, device: Device) -> Result<(CausalLm, orchestrate_core::model::TextTokenizer)> {
     let folder = HfFolder::open(dir)?;
     let tokenizer = folder.tokenizer()?;
-    let model = Qwen2::load(&folder, device)?;
+    let model = CausalLm::load(&folder, device)?;
     if (tokenizer.vocab_size() as usize) > model.config.vocab_size {
         return Err(err!(
             "{}: the tokenizer has {} tokens but the model's vocab_size is {}",
