@@ -501,3 +501,69 @@ fn labels_without_the_fields_training_needs_fail_saying_what_each_field_selects(
         "{err}"
     );
 }
+
+/// A reward of two terms, a verifier and a Python program, trains GRPO: the
+/// iteration's mean reward is the weighted sum of the terms' means, each
+/// term is logged under its name; the program's file is in the key (an
+/// edit re-runs only GRPO); a program that crashes, or replies NaN, fails
+/// the node with the term, the program and the row named, and nothing is
+/// cached for it.
+#[test]
+fn a_reward_program_is_summed_logged_keyed_and_its_failures_fail_the_node() {
+    let p = Project::new();
+    let rows: Vec<serde_json::Value> = (0..24).map(gsm_row).collect();
+    write_jsonl(&p, "tr.jsonl", &rows[..20]);
+    write_jsonl(&p, "te.jsonl", &rows[20..]);
+    let short = "import json, sys\nfor line in sys.stdin:\n    req = json.loads(line)\n    ok = len(req['response']) < 12 and req['label']['id'] == req['id']\n    print(json.dumps({'reward': 1.0 if ok else 0.0, 'valid': True, 'reason': None if ok else 'long'}), flush=True)\n";
+    p.write("rewards/short.py", short);
+    let spec = format!(
+        "name: rw\nnodes:\n{}{OWN_MODEL}  grpo:\n    op: train.grpo\n    inputs: {{model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}}\n    params:\n      iterations: 2\n      group_size: 2\n      prompts_per_iteration: 2\n      max_new_tokens: 8\n      lr: 1.0e-4\n      reward:\n        - {{name: correct, verifier: gsm8k_last_number, weight: 1.0}}\n        - {{name: short, command: [python3, rewards/short.py], weight: 0.5}}\n",
+        import_node("data", "{train: tr.jsonl, test: te.jsonl}", ", warmstart: 4")
+    );
+    p.write("rw.yaml", &spec);
+    let ev = p.run_json(&["rw.yaml"], 0);
+    assert!(nodes_with(&ev, "node_finished").contains(&"grpo".to_string()));
+    let metrics = bytes_of(&p, "rw.yaml", "grpo:metrics");
+    let m: serde_json::Value = serde_json::from_slice(&metrics).unwrap();
+    for h in m["history"].as_array().unwrap() {
+        let terms = h["reward_terms"].as_object().unwrap_or_else(|| panic!("no reward_terms in {h}"));
+        assert_eq!(terms.keys().collect::<Vec<_>>(), ["correct", "short"]);
+        let (c, s) = (terms["correct"]["mean"].as_f64().unwrap(), terms["short"]["mean"].as_f64().unwrap());
+        let rewards: Vec<f64> = h["rewards"].as_array().unwrap().iter().map(|r| r.as_f64().unwrap()).collect();
+        let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
+        assert!((mean - (c + 0.5 * s)).abs() < 1e-12, "mean {mean} = {c} + 0.5 × {s}");
+        // Each response's reward is one of the four sums the terms can make.
+        assert!(rewards.iter().all(|r| [0.0, 0.5, 1.0, 1.5].contains(r)), "{rewards:?}");
+        assert!(h["costs"]["reward_seconds"].as_f64().unwrap() > 0.0);
+    }
+    // The envelope named the sum of terms, which the guard accepted: weights changed.
+    assert!(m["history"][0]["weights_changed"].as_bool().unwrap(), "{}", m["history"][0]);
+    // The program's file is in the key: an edit re-runs GRPO alone.
+    p.write("rewards/short.py", &format!("{short}# tuned\n"));
+    let ev = p.run_json(&["rw.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["grpo"]);
+    let started = ev.iter().find(|e| e["event"] == "node_started").unwrap();
+    assert!(started["reason"].as_str().unwrap().contains("rewards/short.py"), "{started}");
+    // A crash and a NaN reply each fail the node, naming the term, the program and the row.
+    for (body, says) in [
+        ("import sys\nsys.stdin.readline()\nsys.stderr.write('KeyError: answer\\n')\nsys.exit(2)\n", "exited with code 2 without replying"),
+        ("import json, sys\nfor line in sys.stdin:\n    print(json.dumps({'reward': float('nan'), 'valid': True}), flush=True)\n", "not a finite number"),
+    ] {
+        p.write("rewards/short.py", body);
+        let ev = p.run_json(&["rw.yaml"], 1);
+        let failed = ev.iter().find(|e| e["event"] == "node_failed").unwrap_or_else(|| panic!("{ev:?}"));
+        let error = failed["error"].as_str().unwrap();
+        assert!(error.contains("reward 'short' (`python3 rewards/short.py`): row 0 (problem "), "{error}");
+        assert!(error.contains(says), "{error}");
+        // Nothing cached: the same spec runs the node again (and fails again).
+        let again = p.run_json(&["rw.yaml"], 1);
+        assert_eq!(nodes_with(&again, "node_failed"), ["grpo"]);
+        assert!(!nodes_with(&again, "cache_hit").contains(&"grpo".to_string()));
+    }
+    // A bad term is a spec error naming the field.
+    let out = p.run(&["validate", "rw.yaml", "--set", "nodes.grpo.params.reward.1.weight=.nan"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = p.run(&["validate", "rw.yaml", "--set", "nodes.grpo.params.verifier=gsm8k_last_number"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("either 'verifier' or 'reward'"), "{}", stderr(&out));
+}

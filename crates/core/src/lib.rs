@@ -29,6 +29,7 @@ pub mod overlay;
 pub mod pack;
 pub mod remote;
 pub mod report;
+pub mod reward;
 pub mod runtime;
 pub mod spec;
 pub mod stats;

@@ -85,9 +85,7 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
     let mut members: Vec<(ChartKey, BTreeMap<usize, Vec<Curve>>)> = Vec::new();
     for (s, side) in sides.iter().enumerate() {
         for node in &side.source.nodes {
-            let named = |curves: Vec<(&'static str, Curve)>| -> Vec<(String, Curve)> {
-                curves.into_iter().map(|(m, c)| (m.to_string(), c)).collect()
-            };
+            let named = |curves: Vec<(String, Curve)>| -> Vec<(String, Curve)> { curves };
             let (section, curves) = if node.op == "shell" {
                 match crate::report::user_series(node) {
                     Ok(c) if c.is_empty() => continue,

@@ -488,13 +488,13 @@ pub(crate) type Curve = Vec<(f64, Option<f64>)>;
 
 /// The GRPO curves the reports draw, by iteration (the last four averaged
 /// over the iteration's updates; undefined, not 0, where none ran).
-pub(crate) fn grpo_curves(m: &GrpoMetrics) -> Vec<(&'static str, Curve)> {
+pub(crate) fn grpo_curves(m: &GrpoMetrics) -> Vec<(String, Curve)> {
     let h = &m.history;
     let over = |i: &crate::train::metrics::GrpoIteration, f: fn(&UpdateStats) -> f64| mean_of(i.updates.iter().map(f));
     let curve = |y: &dyn Fn(&crate::train::metrics::GrpoIteration) -> Option<f64>| -> Curve {
         h.iter().map(|i| (i.iteration as f64, y(i))).collect()
     };
-    vec![
+    let mut out: Vec<(String, Curve)> = vec![
         ("mean reward", curve(&|i| Some(i.mean_reward))),
         ("zero-variance group fraction", curve(&|i| Some(i.zero_variance_fraction))),
         ("mean exact KL", curve(&|i| over(i, |u| u.kl))),
@@ -502,17 +502,32 @@ pub(crate) fn grpo_curves(m: &GrpoMetrics) -> Vec<(&'static str, Curve)> {
         ("gradient norm", curve(&|i| over(i, |u| u.grad_norm))),
         ("learning rate", curve(&|i| over(i, |u| u.lr))),
     ]
+    .into_iter()
+    .map(|(t, c)| (t.to_string(), c))
+    .collect();
+    // Each reward term's mean and std (TRL's rewards/<name>/mean and /std),
+    // when the reward has several terms or one of them is a program.
+    let names: std::collections::BTreeSet<&String> = h.iter().flat_map(|i| i.reward_terms.keys()).collect();
+    let plain = names.len() == 1 && h.iter().all(|i| i.reward_terms.values().all(|t| t.mean == i.mean_reward));
+    if !plain {
+        for name in names {
+            out.push((format!("rewards/{name}/mean"), curve(&|i| i.reward_terms.get(name).map(|t| t.mean))));
+            out.push((format!("rewards/{name}/std"), curve(&|i| i.reward_terms.get(name).and_then(|t| t.std))));
+        }
+    }
+    out
 }
 
 /// The SFT curves the reports draw.
-pub(crate) fn sft_curves(m: &SftMetrics) -> Vec<(&'static str, Curve)> {
-    vec![
+pub(crate) fn sft_curves(m: &SftMetrics) -> Vec<(String, Curve)> {
+    let curves: Vec<(&str, Curve)> = vec![
         ("training NLL per update", m.history.iter().map(|u| (u.update as f64, Some(u.loss))).collect()),
         (
             "validation NLL per epoch",
             m.validation_history.iter().map(|v| (v.epoch as f64 + 1.0, Some(v.validation_nll))).collect(),
         ),
-    ]
+    ];
+    curves.into_iter().map(|(t, c)| (t.to_string(), c)).collect()
 }
 
 /// A line chart of one series; `None` points are gaps, listed as undefined.
@@ -594,7 +609,7 @@ pub fn render(src: &Source) -> String {
     for (n, m) in &grpo {
         let _ = writeln!(html, "<h3>{}</h3><div>", esc(&n.id));
         for (title, curve) in grpo_curves(m) {
-            html.push_str(&chart(title, &curve));
+            html.push_str(&chart(&title, &curve));
         }
         html.push_str("</div>\n");
     }
@@ -605,7 +620,7 @@ pub fn render(src: &Source) -> String {
     for (n, m) in &sft {
         let _ = writeln!(html, "<h3>{}</h3><div>", esc(&n.id));
         for (title, curve) in sft_curves(m) {
-            html.push_str(&chart(title, &curve));
+            html.push_str(&chart(&title, &curve));
         }
         html.push_str("</div>\n");
     }

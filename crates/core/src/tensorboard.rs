@@ -139,6 +139,15 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
         let refused = h.guard.decision != crate::guard::codes::Decision::Allow;
         push("orchestrate/refused_batch", Some(if refused { 1.0 } else { 0.0 }));
         push("orchestrate/loop_seconds", Some(h.costs.loop_seconds));
+        push("orchestrate/reward_seconds", h.costs.reward_seconds);
+        // Each reward term, under TRL's names.
+        for (name, t) in &h.reward_terms {
+            for (what, v) in [("mean", Some(t.mean)), ("std", t.std)] {
+                if let Some(value) = v.filter(|v| v.is_finite()) {
+                    out.push(Scalar { tag: format!("train/rewards/{name}/{what}").into(), step, value, at });
+                }
+            }
+        }
     }
     out
 }

@@ -9,6 +9,7 @@
 //! | `params`     | the node's params, keys sorted at every level, numbers normalized   |
 //! | `inputs`     | for each input name, the *content hash* of each referenced output   |
 //! | `files`      | for each declared file dep (relative path), the blake3 of its bytes |
+//! | `interpreters` | a program's interpreter (`python3`) → its `--version` line       |
 //! | `env`        | numerical ops only: device, libtorch, CPU capability and vendor      |
 //!
 //! Inputs enter by content, not by the upstream key, so an upstream re-run that
@@ -46,6 +47,10 @@ pub struct HashInputs {
     /// key, as DVC's `params:`. Absent when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub params_files: BTreeMap<String, BTreeMap<String, Value>>,
+    /// Interpreters of the node's programs (a reward program's `python3`):
+    /// the first line `INTERPRETER --version` prints. Absent when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub interpreters: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<EnvPart>,
 }
@@ -213,6 +218,7 @@ mod tests {
             files: BTreeMap::new(),
             trees: BTreeMap::new(),
             params_files: BTreeMap::new(),
+            interpreters: BTreeMap::new(),
             env: None,
         }
     }

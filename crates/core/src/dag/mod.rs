@@ -617,6 +617,7 @@ mod tests {
             files: BTreeMap::new(),
             trees: BTreeMap::new(),
             params_files: BTreeMap::new(),
+            interpreters: BTreeMap::new(),
             env: None,
         }
     }

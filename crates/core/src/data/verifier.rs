@@ -308,6 +308,9 @@ impl Verifier for Gsm8kLastNumber {
 #[derive(Clone)]
 pub struct VerifierRegistry {
     verifiers: BTreeMap<&'static str, Arc<dyn Verifier>>,
+    /// Rewards registered for one run (a weighted sum of terms, programs
+    /// among them): name → protocol hash.
+    rewards: BTreeMap<String, String>,
 }
 
 impl VerifierRegistry {
@@ -316,7 +319,15 @@ impl VerifierRegistry {
         for v in [Arc::new(StockArithmetic) as Arc<dyn Verifier>, Arc::new(Gsm8kLastNumber)] {
             verifiers.insert(v.name(), v);
         }
-        VerifierRegistry { verifiers }
+        VerifierRegistry { verifiers, rewards: BTreeMap::new() }
+    }
+
+    /// This registry with one more reward (name, protocol hash) registered.
+    pub fn with_reward(mut self, name: &str, protocol_hash: &str) -> Self {
+        if self.get(name).is_none() {
+            self.rewards.insert(name.to_string(), protocol_hash.to_string());
+        }
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Verifier>> {
@@ -330,6 +341,7 @@ impl VerifierRegistry {
     /// Whether a (name, protocol hash) pair is registered here.
     pub fn is_registered(&self, name: &str, protocol_hash: &str) -> bool {
         self.get(name).is_some_and(|v| v.protocol_hash() == protocol_hash)
+            || self.rewards.get(name).is_some_and(|h| h == protocol_hash)
     }
 }
 

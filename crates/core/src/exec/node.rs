@@ -189,6 +189,11 @@ pub fn hash_inputs(
         }
         params_files.insert(file.clone(), values);
     }
+    let mut interpreters = BTreeMap::new();
+    for i in node.op.interpreters(&node.params) {
+        let version = crate::reward::interpreter_version(&i)?;
+        interpreters.insert(i, version);
+    }
     Ok(HashInputs {
         op: node.op.name().to_string(),
         op_version: node.op.version(),
@@ -197,6 +202,7 @@ pub fn hash_inputs(
         files,
         trees,
         params_files,
+        interpreters,
         env: if node.op.numerical() { env } else { None },
     })
 }

@@ -527,6 +527,7 @@ mod tests {
             rollouts: [0, 0],
             mean_reward: reward,
             rewards: vec![],
+            reward_terms: Default::default(),
             zero_variance_groups: 0,
             zero_variance_fraction: 0.0,
             finish: FinishCounts { eos: 0, length: 0 },
@@ -539,6 +540,7 @@ mod tests {
             faults: faults.iter().map(|f| f.to_string()).collect(),
             costs: IterationCosts {
                 generation_seconds: 0.0,
+                reward_seconds: None,
                 behavior_verification_seconds: 0.0,
                 optimization_with_reference_seconds: 0.0,
                 state_hashing_seconds: 0.0,

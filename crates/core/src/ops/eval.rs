@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::worker::WorkerOp;
 use super::{read_jsonl, required, InputDecl, Op, OpError, OutputDecl, Role, RunContext};
 use crate::data::rows::{labels_by_id, read_labels, LabelRow};
-use crate::data::verifier::{FinishReason, Response, VerifierRegistry, PROTOCOL_VERIFIER};
+use crate::data::verifier::{FinishReason, VerifierRegistry, PROTOCOL_VERIFIER};
 use crate::model::DEFAULT_SYSTEM;
 
 fn failed(e: impl std::fmt::Display) -> OpError {
@@ -272,6 +272,28 @@ pub struct ScoreParams {
     /// or `gsm8k_last_number` for answer-style data (`dataset.import`).
     #[serde(default = "d_verifier", skip_serializing_if = "is_protocol_verifier")]
     pub verifier: String,
+    /// A program of your own that scores each response instead of a verifier
+    /// (docs/rewards.md): it replies `reward` 1 for a correct response, 0 for
+    /// a wrong one; `valid` and `reason` are counted as a verifier's are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<crate::reward::ProgramSpec>,
+}
+
+impl ScoreParams {
+    /// The one term that scores: the program, or the verifier.
+    pub fn term(&self) -> crate::reward::RewardTerm {
+        match &self.program {
+            Some(p) => crate::reward::RewardTerm {
+                name: "program".into(),
+                weight: 1.0,
+                verifier: None,
+                command: Some(p.command.clone()),
+                files: p.files.clone(),
+                timeout_s: Some(p.timeout_s),
+            },
+            None => crate::reward::RewardTerm::of_verifier(&self.verifier),
+        }
+    }
 }
 
 fn d_verifier() -> String {
@@ -303,7 +325,28 @@ impl Op for EvalScore {
     }
     type Params = ScoreParams;
     fn check(&self, p: &Self::Params) -> Result<(), super::ParamError> {
-        super::train::known_verifier(&p.verifier)
+        super::train::known_verifier(&p.verifier)?;
+        if let Some(program) = &p.program {
+            if p.verifier != PROTOCOL_VERIFIER {
+                return Err(super::ParamError {
+                    path: vec!["program".into()],
+                    message: "give either 'verifier' or 'program'".into(),
+                    unknown_key: false,
+                });
+            }
+            program.check().map_err(|(field, message)| super::ParamError {
+                path: vec!["program".into(), field],
+                message,
+                unknown_key: false,
+            })?;
+        }
+        Ok(())
+    }
+    fn file_deps(&self, p: &Self::Params, spec_dir: &std::path::Path) -> Vec<String> {
+        crate::reward::program_files(&[p.term()], spec_dir)
+    }
+    fn interpreters(&self, p: &Self::Params) -> Vec<String> {
+        crate::reward::program_interpreters(&[p.term()])
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
@@ -322,7 +365,9 @@ impl Op for EvalScore {
         let responses: Vec<EvalResponse> = read_jsonl(ctx.input_path("responses")?)?;
         let summary: EvalSummary = crate::canonical::read_typed(ctx.input_path("summary")?)?;
         let labels = labels_by_id(read_labels(ctx.input_path("labels")?, "labels").map_err(failed)?);
-        let results = score(&responses, &labels, &summary, &params.verifier, params.policy.clone())?;
+        let mut reward = crate::reward::RewardFunction::start(&[params.term()], ctx.spec_dir).map_err(failed)?;
+        let results = score_with(&responses, &labels, &summary, &mut reward, params.policy.clone())?;
+        reward.finish().map_err(failed)?;
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
         std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
     }
@@ -365,8 +410,26 @@ pub fn score(
     verifier: &str,
     policy: Option<String>,
 ) -> Result<EvalResults, OpError> {
-    let registry = VerifierRegistry::builtin();
-    let verifier = registry.get(verifier).ok_or_else(|| failed(format!("no verifier '{verifier}'")))?;
+    if VerifierRegistry::builtin().get(verifier).is_none() {
+        return Err(failed(format!("no verifier '{verifier}'")));
+    }
+    let mut reward = crate::reward::RewardFunction::start(
+        &[crate::reward::RewardTerm::of_verifier(verifier)],
+        std::path::Path::new("."),
+    )
+    .map_err(failed)?;
+    score_with(responses, labels, summary, &mut reward, policy)
+}
+
+/// Scores evaluated responses with one reward term (a verifier, or a program
+/// whose reward must be 1 or 0), per population and mode.
+pub fn score_with(
+    responses: &[EvalResponse],
+    labels: &BTreeMap<String, LabelRow>,
+    summary: &EvalSummary,
+    reward: &mut crate::reward::RewardFunction,
+    policy: Option<String>,
+) -> Result<EvalResults, OpError> {
     // Every population the labels name is reported, answered or not (an
     // empty one is undefined, never 0).
     let populations: BTreeSet<&str> =
@@ -374,7 +437,7 @@ pub fn score(
     let mut tallies: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let mut greedy_problems = BTreeMap::new();
     let mut sample_problems: BTreeMap<String, DrawOutcomes> = BTreeMap::new();
-    for r in responses {
+    for (row, r) in responses.iter().enumerate() {
         let label = labels.get(&r.id).ok_or_else(|| failed(format!("response for {} has no label", r.id)))?;
         if label.population != r.population {
             return Err(failed(format!(
@@ -385,14 +448,28 @@ pub fn score(
             )));
         }
         let population = r.population.clone().unwrap_or_else(|| ALL.to_string());
-        let verdict = verifier
-            .verify(
-                &label.problem,
-                &Response { text: &r.text, finish: r.finish, tokenization_valid: r.undecodable.is_empty() },
-            )
-            .map_err(failed)?;
+        let request = crate::reward::RewardRequest {
+            id: r.id.clone(),
+            row: row as u64,
+            label: label.clone(),
+            response: r.text.clone(),
+            finish: r.finish,
+            tokenization_valid: r.undecodable.is_empty(),
+        };
+        let scored = reward.score(&request).map_err(failed)?;
+        let verdict = &scored.terms[0];
+        let correct = match verdict.reward {
+            1.0 => true,
+            0.0 => false,
+            x => {
+                return Err(failed(format!(
+                    "eval.score: response {row} (problem {}): the reward is {x}; scoring counts a response correct at 1 and wrong at 0 (a shaped reward belongs in train.grpo's `reward:`)",
+                    r.id
+                )))
+            }
+        };
         if r.mode == "greedy" {
-            let outcome = ProblemOutcome { population: population.clone(), correct: verdict.reward > 0 };
+            let outcome = ProblemOutcome { population: population.clone(), correct };
             if greedy_problems.insert(r.id.clone(), outcome).is_some() {
                 return Err(failed(format!("problem {} has two greedy responses", r.id)));
             }
@@ -409,20 +486,20 @@ pub fn score(
                 )));
             }
             o.draws += 1;
-            o.correct += usize::from(verdict.reward > 0);
+            o.correct += usize::from(correct);
         }
         let tallied: BTreeSet<String> = [ALL.to_string(), population].into();
         for population in tallied {
             let t = tallies.entry((r.mode.clone(), population)).or_default();
             t.responses += 1;
             t.problems.insert(r.id.clone());
-            t.correct += usize::from(verdict.reward);
+            t.correct += usize::from(correct);
             t.valid += usize::from(verdict.valid);
             t.without_eos += usize::from(r.finish != FinishReason::Eos);
             t.tokens += r.ids.len();
-            if let Some(reason) = verdict.reason {
-                let name =
-                    serde_json::to_value(reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+            if let Some(reason) = &verdict.reason {
+                // A program's reasons are its own words: the first 80 characters count.
+                let name: String = reason.chars().take(80).collect();
                 *t.reasons.entry(name).or_default() += 1;
             }
         }
@@ -440,7 +517,7 @@ pub fn score(
     };
     let (greedy, sample) = (mode("greedy"), mode("sample"));
     Ok(EvalResults {
-        verifier: VerifierRef { name: verifier.name().to_string(), protocol_hash: verifier.protocol_hash() },
+        verifier: VerifierRef { name: reward.name(), protocol_hash: reward.protocol_hash() },
         greedy,
         sample,
         metrics: [

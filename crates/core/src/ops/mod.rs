@@ -282,6 +282,11 @@ pub trait Op: Send + Sync + 'static {
     fn params_files(&self, _params: &Self::Params) -> Vec<(String, Vec<String>)> {
         Vec::new()
     }
+    /// Interpreters the node runs programs with (`python3` of a reward
+    /// program): each one's `--version` is in the key.
+    fn interpreters(&self, _params: &Self::Params) -> Vec<String> {
+        Vec::new()
+    }
     /// Whether the key includes the device kind and libtorch version.
     fn numerical(&self) -> bool {
         false
@@ -347,6 +352,7 @@ pub trait AnyOp: Send + Sync {
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
+    fn interpreters(&self, params: &Params) -> Vec<String>;
     fn numerical(&self) -> bool;
     fn role(&self, params: &Params) -> Role;
     fn printed_output(&self) -> Option<&'static str>;
@@ -390,6 +396,9 @@ impl<T: Op> AnyOp for T {
     }
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)> {
         Op::params_files(self, params.typed())
+    }
+    fn interpreters(&self, params: &Params) -> Vec<String> {
+        Op::interpreters(self, params.typed())
     }
     fn numerical(&self) -> bool {
         Op::numerical(self)

@@ -81,28 +81,7 @@ impl std::fmt::Display for EnvValue {
 
 pub struct ShellOp;
 
-/// Lexically normalizes a relative path (`./a/../b` → `b`) so deps and outs
-/// written differently still match; `None` if it escapes upward or is absolute.
-pub fn normalize_rel(path: &str) -> Option<String> {
-    let mut parts: Vec<&str> = Vec::new();
-    if path.starts_with('/') {
-        return None;
-    }
-    for seg in path.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                parts.pop()?;
-            }
-            s => parts.push(s),
-        }
-    }
-    if parts.is_empty() {
-        None
-    } else {
-        Some(parts.join("/"))
-    }
-}
+pub use crate::store::fsx::normalize_rel;
 
 impl Op for ShellOp {
     fn name(&self) -> &'static str {

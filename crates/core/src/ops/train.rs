@@ -109,7 +109,9 @@ impl Op for TrainGrpo {
         // 4: the event-log summary lost its always-true `intact` flag.
         // 5: logits at the response positions only (other float rounding).
         // 6: metrics record each response's length (`response_tokens`).
-        6
+        // 7: rewards are terms (`reward:`), each logged per iteration
+        //    (`reward_terms`: TRL's rewards/<name>/mean and /std).
+        7
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
@@ -134,7 +136,29 @@ impl Op for TrainGrpo {
                 unknown_key: false,
             });
         }
-        known_verifier(&p.verifier)
+        known_verifier(&p.verifier)?;
+        if let Some(terms) = &p.reward {
+            if p.verifier != crate::data::verifier::PROTOCOL_VERIFIER {
+                return Err(ParamError {
+                    path: vec!["verifier".into()],
+                    message: "give either 'verifier' or 'reward' (a term `{name, verifier, weight}` names a verifier)"
+                        .into(),
+                    unknown_key: false,
+                });
+            }
+            crate::reward::check_terms(terms).map_err(|(rest, message)| ParamError {
+                path: std::iter::once("reward".to_string()).chain(rest).collect(),
+                message,
+                unknown_key: false,
+            })?;
+        }
+        Ok(())
+    }
+    fn file_deps(&self, p: &Self::Params, spec_dir: &std::path::Path) -> Vec<String> {
+        crate::reward::program_files(&p.reward_terms(), spec_dir)
+    }
+    fn interpreters(&self, p: &Self::Params) -> Vec<String> {
+        crate::reward::program_interpreters(&p.reward_terms())
     }
     fn inputs(&self, params: &Self::Params) -> Option<Vec<InputDecl>> {
         let mode = params.mode;

@@ -159,6 +159,29 @@ pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, String> {
     Ok(file)
 }
 
+/// Lexically normalizes a relative path (`./a/../b` → `b`) so deps and outs
+/// written differently still match; `None` if it escapes upward or is absolute.
+pub fn normalize_rel(path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    if path.starts_with('/') {
+        return None;
+    }
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            s => parts.push(s),
+        }
+    }
+    if parts.is_empty() {
+        None
+    } else {
+        Some(parts.join("/"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,8 @@
 //! resuming run read: one type for writer and readers. A missing or ill-typed
 //! field is an error naming the file and the field, never a default.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::{required, ArtifactError};
@@ -210,6 +212,10 @@ pub struct GrpoIteration {
     pub rollouts: [u64; 2],
     pub mean_reward: f64,
     pub rewards: Vec<f64>,
+    /// Each reward term's mean and sample std over the iteration's responses
+    /// (TRL's `rewards/<name>/mean` and `/std`); absent before train.grpo v7.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_terms: BTreeMap<String, crate::reward::TermStats>,
     pub zero_variance_groups: usize,
     pub zero_variance_fraction: f64,
     pub finish: FinishCounts,
@@ -264,6 +270,10 @@ pub struct IterationGuard {
 #[serde(deny_unknown_fields)]
 pub struct IterationCosts {
     pub generation_seconds: f64,
+    /// Computing the rewards, every term (a program's replies included);
+    /// absent before train.grpo v7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_seconds: Option<f64>,
     pub behavior_verification_seconds: f64,
     pub optimization_with_reference_seconds: f64,
     pub state_hashing_seconds: f64,

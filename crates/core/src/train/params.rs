@@ -189,8 +189,16 @@ pub struct GrpoParams {
     /// Behavior log-probs must match full re-scoring within this before the first update.
     #[serde(default = "d_behavior_tol")]
     pub behavior_tolerance: f64,
+    /// The verifier whose reward trains the policy (absent `reward`).
     #[serde(default = "d_verifier")]
     pub verifier: String,
+    /// The reward as a weighted sum of terms, each a registered verifier or a
+    /// program of your own speaking JSON lines (docs/rewards.md):
+    /// `[{name: correct, verifier: gsm8k_last_number, weight: 1.0},
+    /// {name: format, command: [python3, rewards/format.py], weight: 0.2}]`.
+    /// Absent: the `verifier` alone (and absent from the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<Vec<crate::reward::RewardTerm>>,
     #[serde(default = "d_system")]
     pub system: String,
     /// The chat template prompts are rendered with: `model` (the model
@@ -218,6 +226,16 @@ pub struct GrpoParams {
     /// crashes resumes from its last committed checkpoint when re-run.
     #[serde(default = "d_checkpoint_every")]
     pub checkpoint_every: usize,
+}
+
+impl GrpoParams {
+    /// The reward's terms: `reward`, or the `verifier` as its only term.
+    pub fn reward_terms(&self) -> Vec<crate::reward::RewardTerm> {
+        match &self.reward {
+            Some(terms) => terms.clone(),
+            None => vec![crate::reward::RewardTerm::of_verifier(&self.verifier)],
+        }
+    }
 }
 
 pub(crate) fn d_checkpoint_every() -> usize {

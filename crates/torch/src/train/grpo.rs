@@ -12,10 +12,10 @@
 //! iteration's history and its checkpoint).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Instant;
 
-use orchestrate_core::data::verifier::{FinishReason, Verifier, VerifierRegistry};
+use orchestrate_core::data::verifier::{FinishReason, VerifierRegistry};
 use orchestrate_core::guard::{
     materialize, Canary, Decision, Envelope, EventKind, EventRef, GuardContext, GuardError, Ledger, ProtocolMode,
     RewardRef, TokenArtifacts, UpdateBatch,
@@ -23,6 +23,7 @@ use orchestrate_core::guard::{
 use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::ops::{parse_params, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode};
+use orchestrate_core::reward::{term_stats, RewardFunction, TermStats};
 use orchestrate_core::store::Workspace;
 use orchestrate_core::train::metrics::{
     Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
@@ -37,7 +38,7 @@ use super::common::{
     rl_pool, write_outputs, Example, Prompter,
 };
 use super::guarded::{
-    active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_of, Recorded,
+    active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_request, Recorded,
     RolloutEngine, VERIFIER_ALIAS,
 };
 use super::objective::group_advantages;
@@ -74,7 +75,13 @@ pub struct Setup {
     pub tokenizer: TextTokenizer,
     /// The ids that end a rollout.
     pub stops: Vec<i64>,
-    pub verifier: Arc<dyn Verifier>,
+    /// The reward's terms, programs running (behind a lock: scoring a
+    /// response talks to them).
+    pub reward: Mutex<RewardFunction>,
+    /// What every envelope names as its reward (the verifier's name and hash
+    /// for a plain verifier, else the sum of terms' identity).
+    pub reward_ref: RewardRef,
+    pub reward_names: Vec<String>,
     pub verifiers: VerifierRegistry,
     pub aliases: BTreeMap<String, String>,
     pub tokenizer_hash: String,
@@ -123,7 +130,12 @@ pub struct Sampled {
 
 /// The rollouts' rewards, the behavior check, and the group advantages.
 pub struct Scored {
+    /// Each response's reward: the weighted sum of its terms.
     pub rewards: Vec<f64>,
+    /// Each term's mean and std over the iteration's responses.
+    pub terms: BTreeMap<String, TermStats>,
+    /// Seconds spent computing the rewards (programs' replies included).
+    pub reward_seconds: f64,
     pub finishes: FinishCounts,
     pub behavior_gap: f64,
     pub verification_seconds: f64,
@@ -263,17 +275,24 @@ pub fn sample(
 /// stops otherwise); then the advantages of each group.
 pub fn score(s: &Setup, engine: &RolloutEngine, sampled: &Sampled) -> Result<Scored> {
     let p = &s.p;
-    let mut rewards = Vec::with_capacity(sampled.generated.len());
+    let mut rows = Vec::with_capacity(sampled.generated.len());
     let mut finishes = FinishCounts { eos: 0, length: 0 };
+    let t = Instant::now();
+    let mut reward = s.reward.lock().unwrap_or_else(|e| e.into_inner());
     for (row, g) in sampled.generated.iter().enumerate() {
         let example = &s.pool[sampled.chosen[row / p.group_size]];
-        rewards.push(reward_of(s.verifier.as_ref(), &s.tokenizer, &example.label.problem, g)?);
+        let request = reward_request(&s.tokenizer, example, sampled.first + row as u64, g)?;
+        rows.push(reward.score(&request).map_err(|e| err!("iteration {}: {e}", sampled.iteration))?);
         if g.finish == FinishReason::Eos {
             finishes.eos += 1;
         } else {
             finishes.length += 1;
         }
     }
+    drop(reward);
+    let reward_seconds = t.elapsed().as_secs_f64();
+    let rewards: Vec<f64> = rows.iter().map(|r| r.total).collect();
+    let terms = term_stats(&s.reward_names, &rows);
     let t = Instant::now();
     let responses: Vec<Vec<i64>> = sampled.generated.iter().map(|g| g.ids.clone()).collect();
     let behavior: Vec<Vec<f32>> = sampled.generated.iter().map(|g| g.behavior_logprobs.clone()).collect();
@@ -295,7 +314,16 @@ pub fn score(s: &Setup, engine: &RolloutEngine, sampled: &Sampled) -> Result<Sco
         }
         advantages.extend(a);
     }
-    Ok(Scored { rewards, finishes, behavior_gap: gap, verification_seconds, advantages, zero_variance_groups })
+    Ok(Scored {
+        rewards,
+        terms,
+        reward_seconds,
+        finishes,
+        behavior_gap: gap,
+        verification_seconds,
+        advantages,
+        zero_variance_groups,
+    })
 }
 
 /// Envelope: what the generation side records. Each rollout's token artifact
@@ -340,7 +368,7 @@ pub fn envelope(
             behavior_policy_digest: engine.digest.clone(),
             scorer_policy_digest: engine.digest.clone(),
             off_policy_correction: true,
-            reward: RewardRef { verifier: s.verifier.name().to_string(), protocol_hash: s.verifier.protocol_hash() },
+            reward: s.reward_ref.clone(),
             events: vec![
                 EventRef { kind: EventKind::Generation, seq: 1, policy_version: trainer_version },
                 EventRef { kind: EventKind::Scoring, seq: 2, policy_version: trainer_version },
@@ -361,7 +389,7 @@ pub fn envelope(
         ledger,
         "verifier",
         "reward",
-        json!({"iteration": iteration, "verifier": s.verifier.name(), "protocol_hash": s.verifier.protocol_hash(), "rewards": scored.rewards}),
+        json!({"iteration": iteration, "verifier": s.reward_ref.verifier, "protocol_hash": s.reward_ref.protocol_hash, "rewards": scored.rewards}),
     )?;
     let reference_now = digest(reference_params);
     let faults: Vec<&FaultSpec> = sampled.faults.iter().collect();
@@ -546,6 +574,7 @@ pub fn record(
         rollouts: [sampled.first, sampled.first + s.per_iteration],
         mean_reward,
         rewards: scored.rewards,
+        reward_terms: scored.terms,
         zero_variance_groups: scored.zero_variance_groups,
         zero_variance_fraction: scored.zero_variance_groups as f64 / p.prompts_per_iteration as f64,
         finish: scored.finishes,
@@ -558,6 +587,7 @@ pub fn record(
         faults: sampled.faults.iter().map(|f| format!("{:?}", f.family)).collect(),
         costs: IterationCosts {
             generation_seconds: sampled.generation_seconds,
+            reward_seconds: Some(scored.reward_seconds),
             behavior_verification_seconds: scored.verification_seconds,
             optimization_with_reference_seconds: done.optimization_seconds,
             state_hashing_seconds: hashing_seconds,
@@ -597,8 +627,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let (policy, tokenizer) = load_model(model_dir, device)?;
     let prompter = Prompter::new(model_dir, p.chat_template, &p.system, p.prompt_template.as_deref())?;
     let reference = load_reference(model_dir, device)?;
-    let verifier =
-        VerifierRegistry::builtin().get(&p.verifier).cloned().ok_or_else(|| err!("no verifier {}", p.verifier))?;
+    let reward = RewardFunction::start(&p.reward_terms(), &job.spec_dir).map_err(|e| err!("{e}"))?;
+    let reward_ref = RewardRef { verifier: reward.name(), protocol_hash: reward.protocol_hash() };
     let stops = tokenizer.stop_ids();
     // The RL pool: train problems outside the warm-start set.
     let pool = rl_pool(examples(job, "pages", "labels")?, "labels")?;
@@ -614,7 +644,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let reference_params = super::common::params(&reference);
     let reference_digest = digest(&reference_params);
     let mut adam = AdamW::new(AdamWConfig::new(p.weight_decay), &params);
-    let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
+    let identity = GrpoIdentity::new(&p, digest(&params), reward_ref.protocol_hash.clone());
     let identity_text = serde_json::to_string(&identity)?;
     // Rollouts belong to a lineage, one trajectory: an interrupted run and its
     // resume share one (the resume reads it from the state); a continuous run
@@ -684,8 +714,11 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         started,
         tokenizer_hash: blake3::hash(&std::fs::read(model_dir.join("tokenizer.json"))?).to_hex().to_string(),
         prompt_registry: prompt_registry(&pool.iter().map(|e| e.id.clone()).collect::<Vec<_>>(), &prompts),
-        verifiers: VerifierRegistry::builtin(),
-        aliases: [(VERIFIER_ALIAS.to_string(), p.verifier.clone())].into(),
+        verifiers: reward.registry(),
+        aliases: [(VERIFIER_ALIAS.to_string(), reward_ref.verifier.clone())].into(),
+        reward_names: reward.names(),
+        reward: Mutex::new(reward),
+        reward_ref,
         identity,
         lineage,
         reference_digest,
@@ -699,7 +732,6 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         prompts,
         tokenizer,
         stops,
-        verifier,
         p,
     };
     let stop = if s.p.mode == Mode::Interrupt { s.p.interrupt_at } else { s.p.iterations };
@@ -744,6 +776,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         bail!("the reference model changed during training");
     }
     let meta = s.metrics(&ledger, &pos, stop, adam.step, digest(&params), &reference_now)?;
+    s.reward.into_inner().unwrap_or_else(|e| e.into_inner()).finish().map_err(|e| err!("{e}"))?;
     write_outputs(job, &policy, model_dir, &params, &adam, &serde_json::to_value(TrainingMetrics::Grpo(meta))?)?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
@@ -797,8 +830,9 @@ mod tests {
         let mut engine = RolloutEngine::new(model(1));
         let params = super::params(&policy);
         engine.sync(&params, 0);
-        let verifier = VerifierRegistry::builtin().get(&p.verifier).cloned().unwrap();
-        let identity = GrpoIdentity::new(&p, digest(&params), verifier.protocol_hash());
+        let reward = RewardFunction::start(&p.reward_terms(), dir).unwrap();
+        let reward_ref = RewardRef { verifier: reward.name(), protocol_hash: reward.protocol_hash() };
+        let identity = GrpoIdentity::new(&p, digest(&params), reward_ref.protocol_hash.clone());
         let s = Setup {
             started: Instant::now(),
             stops: tokenizer.stop_ids(),
@@ -818,7 +852,9 @@ mod tests {
             pool,
             prompts,
             tokenizer,
-            verifier,
+            reward_names: reward.names(),
+            reward: Mutex::new(reward),
+            reward_ref,
             p,
         };
         (s, policy, reference, engine)
@@ -830,6 +866,8 @@ mod tests {
         let advantages = rewards.chunks(2).flat_map(group_advantages).collect();
         Scored {
             rewards,
+            terms: BTreeMap::new(),
+            reward_seconds: 0.0,
             finishes: FinishCounts { eos: 0, length: 4 },
             behavior_gap: 0.0,
             verification_seconds: 0.0,

@@ -223,3 +223,25 @@ pub fn reward_of(
     )?;
     Ok(f64::from(verdict.reward))
 }
+
+/// What a reward's terms see of one generated response: the problem's label,
+/// the text decoded without its final end-of-sequence token, how it ended and
+/// whether every id decoded.
+pub fn reward_request(
+    tokenizer: &TextTokenizer,
+    example: &super::common::Example,
+    row: u64,
+    g: &crate::generate::Generated,
+) -> Result<orchestrate_core::reward::RewardRequest> {
+    use orchestrate_core::data::verifier::FinishReason;
+    let body = if g.finish == FinishReason::Eos { &g.ids[..g.ids.len() - 1] } else { &g.ids[..] };
+    let decoded = tokenizer.decode(body)?;
+    Ok(orchestrate_core::reward::RewardRequest {
+        id: example.id.clone(),
+        row,
+        label: example.label.clone(),
+        response: decoded.text,
+        finish: g.finish,
+        tokenization_valid: decoded.undecodable.is_empty(),
+    })
+}

@@ -1,0 +1,188 @@
+//! Reward programs run for real: `python3` scripts written into a temporary
+//! folder, each misbehaving in one way.
+
+use super::*;
+use crate::data::Split;
+use std::time::Instant;
+
+fn label(id: &str, answer: i64) -> LabelRow {
+    LabelRow {
+        id: id.into(),
+        split: Split::Train,
+        population: None,
+        problem: serde_json::json!({"answer": answer}),
+        target: Some(serde_json::json!(answer)),
+        warmstart: false,
+        reference_response: None,
+        template: None,
+    }
+}
+
+fn request(row: u64, text: &str) -> RewardRequest {
+    RewardRequest {
+        id: format!("p{row}"),
+        row,
+        label: label(&format!("p{row}"), 42),
+        response: text.into(),
+        finish: FinishReason::Eos,
+        tokenization_valid: true,
+    }
+}
+
+/// A program term running `body` (Python; `req` is each request) in a fresh folder.
+fn program(body: &str) -> (tempfile::TempDir, RewardTerm) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "import json, sys\nfor line in sys.stdin:\n    req = json.loads(line)\n{}\n",
+        body.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+    );
+    std::fs::write(dir.path().join("r.py"), script).unwrap();
+    let term = RewardTerm {
+        name: "mine".into(),
+        weight: 0.5,
+        verifier: None,
+        command: Some(vec!["python3".into(), "r.py".into()]),
+        files: vec![],
+        timeout_s: Some(2.0),
+    };
+    (dir, term)
+}
+
+const ANSWER: &str = "ok = req['response'].strip() == str(req['label']['problem']['answer'])\n\
+print(json.dumps({'reward': 1.0 if ok else 0.0, 'valid': True, 'reason': None if ok else 'wrong'}), flush=True)";
+
+fn error_of(body: &str, text: &str) -> String {
+    let (dir, term) = program(body);
+    let mut f = RewardFunction::start(&[term], dir.path()).unwrap();
+    let e = f.score(&request(7, text)).unwrap_err().to_string();
+    assert!(e.contains("reward 'mine' (`python3 r.py`): row 7 (problem p7)"), "names the term, program and row: {e}");
+    e
+}
+
+#[test]
+fn a_program_and_a_verifier_are_summed_with_their_weights() {
+    let (dir, term) = program(ANSWER);
+    let terms = [RewardTerm { weight: 2.0, ..RewardTerm::of_verifier("gsm8k_last_number") }, term];
+    let mut f = RewardFunction::start(&terms, dir.path()).unwrap();
+    let right = f.score(&request(0, "42")).unwrap();
+    assert_eq!(right.total, 2.0 * 1.0 + 0.5 * 1.0);
+    assert_eq!(right.terms[1], TermScore { reward: 1.0, valid: true, reason: None });
+    let wrong = f.score(&request(1, "41")).unwrap();
+    assert_eq!(wrong.total, 0.0);
+    assert_eq!(wrong.terms[1].reason.as_deref(), Some("wrong"));
+    assert_eq!(f.name(), "reward:gsm8k_last_number+mine");
+    let stats = term_stats(&f.names(), &[right, wrong]);
+    assert_eq!(stats["mine"].mean, 0.5);
+    assert!((stats["mine"].std.unwrap() - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-12);
+    f.finish().unwrap();
+}
+
+#[test]
+fn the_reward_identity_follows_the_programs_file_and_the_weights() {
+    let (dir, term) = program(ANSWER);
+    let hash = |terms: &[RewardTerm]| RewardFunction::start(terms, dir.path()).unwrap().protocol_hash();
+    let a = hash(std::slice::from_ref(&term));
+    assert_eq!(a, hash(std::slice::from_ref(&term)), "stable");
+    assert_ne!(a, hash(&[RewardTerm { weight: 0.25, ..term.clone() }]));
+    std::fs::write(
+        dir.path().join("r.py"),
+        format!("{}\n# edited\n", std::fs::read_to_string(dir.path().join("r.py")).unwrap()),
+    )
+    .unwrap();
+    assert_ne!(a, hash(std::slice::from_ref(&term)), "the script's content is in it");
+    // A lone verifier keeps the verifier's own name and hash.
+    let plain = RewardFunction::start(&[RewardTerm::of_verifier("gsm8k_last_number")], dir.path()).unwrap();
+    let v = VerifierRegistry::builtin();
+    assert_eq!(plain.name(), "gsm8k_last_number");
+    assert!(v.is_registered(&plain.name(), &plain.protocol_hash()));
+    let f = RewardFunction::start(&[term], dir.path()).unwrap();
+    assert!(!v.is_registered(&f.name(), &f.protocol_hash()));
+    assert!(f.registry().is_registered(&f.name(), &f.protocol_hash()));
+}
+
+#[test]
+fn a_crash_names_the_exit_and_the_stderr() {
+    let e = error_of("sys.stderr.write('boom: no module named sympy\\n'); sys.exit(3)", "42");
+    assert!(e.contains("exited with code 3 without replying"), "{e}");
+    assert!(e.contains("boom: no module named sympy"), "{e}");
+}
+
+#[test]
+fn a_hang_is_killed_at_the_timeout() {
+    let started = Instant::now();
+    let e = error_of("import time; time.sleep(60)", "42");
+    assert!(e.contains("no reply within 2 s"), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "killed, not waited for");
+}
+
+#[test]
+fn garbage_nan_and_a_missing_field_are_errors_not_zeros() {
+    let e = error_of("print('the answer is 42', flush=True)", "42");
+    assert!(e.contains("is not {\"reward\""), "{e}");
+    assert!(e.contains("the reply: \"the answer is 42\""), "{e}");
+    let e = error_of("print(json.dumps({'reward': float('nan'), 'valid': True}), flush=True)", "42");
+    assert!(e.contains("not a finite number"), "{e}");
+    let e = error_of("print(json.dumps({'reward': 1.0}), flush=True)", "42");
+    assert!(e.contains("missing field `valid`"), "{e}");
+    let e = error_of("print(json.dumps({'reward': '1', 'valid': True}), flush=True)", "42");
+    assert!(e.contains("invalid type"), "{e}");
+}
+
+#[test]
+fn a_gigabyte_on_stdout_is_cut_at_the_bound() {
+    // 1 GiB without a newline, in 1 MiB writes: the reader stops at 64 KiB
+    // and the program is killed long before it finishes.
+    let started = Instant::now();
+    let e = error_of(
+        "chunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\nsys.stdout.flush()",
+        "42",
+    );
+    assert!(e.contains("over 65536 bytes"), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}
+
+#[test]
+fn what_a_program_leaves_running_dies_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("child.pid");
+    let (d, term) = program(&format!(
+        "import subprocess\np = subprocess.Popen(['sleep', '300'])\nopen({:?}, 'w').write(str(p.pid))\nprint(json.dumps({{'reward': 0.0, 'valid': True}}), flush=True)",
+        pidfile.display().to_string()
+    ));
+    let mut f = RewardFunction::start(&[term], d.path()).unwrap();
+    f.score(&request(0, "1")).unwrap();
+    f.finish().unwrap();
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // SAFETY: signal 0 only checks whether the process exists.
+    let alive = unsafe { libc::kill(pid, 0) } == 0
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "));
+    assert!(!alive, "the program's own child was killed with its group");
+}
+
+#[test]
+fn bad_terms_are_refused_with_the_field() {
+    let both = RewardTerm { command: Some(vec!["python3".into()]), ..RewardTerm::of_verifier("gsm8k_last_number") };
+    assert!(check_terms(&[both]).unwrap_err().1.contains("exactly one of"));
+    let typo = RewardTerm::of_verifier("gsm8k_last_numbr");
+    let (path, m) = check_terms(&[typo]).unwrap_err();
+    assert_eq!(path, ["0", "verifier"]);
+    assert!(m.contains("did you mean 'gsm8k_last_number'"), "{m}");
+    let (_d, t) = program(ANSWER);
+    let outside = RewardTerm { files: vec!["../secret.py".into()], ..t.clone() };
+    assert_eq!(check_terms(&[outside]).unwrap_err().0, ["0", "files"]);
+    let twice = check_terms(&[t.clone(), t]).unwrap_err();
+    assert!(twice.1.contains("names two terms"), "{}", twice.1);
+}
+
+#[test]
+fn the_programs_files_are_its_script_and_what_it_declares() {
+    let (dir, mut term) = program(ANSWER);
+    std::fs::write(dir.path().join("table.csv"), "a\n").unwrap();
+    term.files = vec!["./table.csv".into()];
+    term.command.as_mut().unwrap().push("--strict".into());
+    assert_eq!(program_files(&[term.clone()], dir.path()), ["r.py", "table.csv"]);
+    assert_eq!(program_interpreters(&[term]), ["python3"]);
+    assert!(interpreter_version("python3").unwrap().starts_with("Python 3"));
+    assert!(interpreter_version("no-such-interpreter-here").unwrap_err().contains("cannot run"));
+}
