@@ -567,3 +567,57 @@ fn a_reward_program_is_summed_logged_keyed_and_its_failures_fail_the_node() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("either 'verifier' or 'reward'"), "{}", stderr(&out));
 }
+
+/// The two shipped examples, copied as a user would find them: each tiny
+/// profile runs from generated data through SFT, GRPO on its reward terms
+/// (programs among them), evaluation and the results table, and freezes
+/// into a pack that verifies; each default profile (the Hub's data and model)
+/// validates.
+#[test]
+fn the_shipped_gsm8k_and_countdown_examples_run_tiny_and_freeze_a_verified_pack() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    for (name, terms, scored_by) in
+        [("gsm8k", ["correct", "format"], "gsm8k_last_number"), ("countdown", ["correct", "format"], "program:")]
+    {
+        let p = Project::new();
+        p.write(&format!("{name}.yaml"), &std::fs::read_to_string(root.join(format!("{name}.yaml"))).unwrap());
+        for entry in std::fs::read_dir(root.join(name)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                let rel = format!("{name}/{}", path.file_name().unwrap().to_string_lossy());
+                p.write(&rel, &std::fs::read_to_string(&path).unwrap());
+            }
+        }
+        let spec = format!("{name}.yaml");
+        let out = p.run(&["validate", &spec]);
+        assert_eq!(out.status.code(), Some(0), "{name} default profile: {}", stderr(&out));
+        let ev = p.run_json(&[&spec, "--profile", "tiny"], 0);
+        assert_eq!(nodes_with(&ev, "node_failed"), Vec::<String>::new(), "{name}");
+        let m: serde_json::Value =
+            serde_json::from_slice(&bytes_of_profile(&p, &spec, "grpo:metrics", "tiny")).unwrap();
+        let last = m["history"].as_array().unwrap().last().unwrap().clone();
+        let logged: Vec<&String> = last["reward_terms"].as_object().unwrap().keys().collect();
+        assert_eq!(logged, terms, "{name}: {last}");
+        let results: serde_json::Value =
+            serde_json::from_slice(&bytes_of_profile(&p, &spec, "score@policy=grpo:results", "tiny")).unwrap();
+        assert!(
+            results["verifier"]["name"].as_str().unwrap().starts_with(scored_by),
+            "{name}: {}",
+            results["verifier"]
+        );
+        assert_eq!(results["greedy"]["ALL"]["responses"], 40, "{name}");
+        let table = String::from_utf8(bytes_of_profile(&p, &spec, "table:table.md", "tiny")).unwrap();
+        assert!(table.contains("| grpo | ALL |") && table.contains("| sft | ALL |"), "{table}");
+        let pack = p.path().join("pack");
+        let out = p.run(&["pack", "freeze", &spec, "--profile", "tiny", "--out", pack.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+        let out = p.run(&["pack", "verify", pack.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", stderr(&out));
+    }
+}
+
+fn bytes_of_profile(p: &Project, spec: &str, output: &str, profile: &str) -> Vec<u8> {
+    let out = p.run(&["path", spec, output, "--profile", profile]);
+    assert_eq!(out.status.code(), Some(0), "{output}: {}", stderr(&out));
+    std::fs::read(stdout(&out).trim()).unwrap()
+}

@@ -705,6 +705,22 @@ fn a_pinned_dataset_is_fetched_into_the_hf_cache_split_by_the_hubs_layout_and_re
     assert!(seen.iter().any(|s| s.path == format!("/api/datasets/{DATASET}/tree/{COMMIT}/main")), "{seen:?}");
     assert!(!seen.iter().any(|s| s.path.contains("socratic") || s.path.contains("trainer-notes")), "{seen:?}");
 
+    // openai/gsm8k has no validation split: `validation_from_train: 3` makes the
+    // last 3 train rows (in file order) the validation split.
+    p.write("tr13.jsonl", &jsonl(gsm_rows(0..13)));
+    p.write("va3.jsonl", &jsonl(gsm_rows(13..16)));
+    p.write(
+        "hub.yaml",
+        &format!(
+            "name: dh\nnodes:\n  gsm:\n    op: dataset.hub\n    params: {{repo: {DATASET}, revision: {COMMIT}, config: main, splits: {{train: train, test: test}}, validation_from_train: 3, warmstart: 4, {GSM_FIELDS}}}\n  local:\n    op: dataset.import\n    params: {{files: {{train: tr13.jsonl, validation: va3.jsonl, test: test.jsonl}}, warmstart: 4, {GSM_FIELDS}}}\n"
+        ),
+    );
+    let out = run_hub(&p, &hub.endpoint(), &cache, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    for output in ["pages.train", "labels.train", "pages.validation", "labels.validation"] {
+        assert!(bytes(&format!("gsm:{output}")) == bytes(&format!("local:{output}")), "gsm:{output} differs");
+    }
+
     // A new workspace, offline, the server gone: the cache lists and serves the files.
     drop(hub);
     std::fs::rename(p.path().join(".orchestrate"), p.path().join("old-workspace")).unwrap();

@@ -44,6 +44,12 @@ pub struct FieldMap {
     /// Absent: the data can be used by `train.grpo` and evaluation, not SFT.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_response: Option<String>,
+    /// More fields copied, with their JSON values, into the label's
+    /// `problem` beside `answer` (`[nums, target]` for Countdown): what a
+    /// reward program reads (`req["label"]["problem"]["nums"]`), as TRL hands
+    /// a reward function every column.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problem_fields: Vec<String>,
 }
 
 /// Params of `dataset.import`.
@@ -176,6 +182,7 @@ impl FieldMap {
         let mut out: BTreeSet<String> = [self.prompt.clone(), self.answer.clone()].into();
         out.extend(self.id.iter().cloned());
         out.extend(self.population.iter().cloned());
+        out.extend(self.problem_fields.iter().cloned());
         if let Some(r) = &self.reference_response {
             for p in template(r)? {
                 if let Part::Field(f) = p {
@@ -316,15 +323,26 @@ pub struct DatasetHubParams {
     /// The first N train rows (in file order) form the warm-start SFT set.
     #[serde(default)]
     pub warmstart: usize,
+    /// The last N rows of the train split (in file order) become the
+    /// validation split, for a dataset that ships none (openai/gsm8k).
+    /// Absent from the key when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub validation_from_train: Option<usize>,
 }
 
 impl DatasetHubParams {
     fn splits_written(&self) -> Vec<Split> {
-        if self.files.is_empty() {
+        let mut out: Vec<Split> = if self.files.is_empty() {
             self.splits.keys().copied().collect()
         } else {
             self.files.keys().copied().collect()
+        };
+        if self.validation_from_train.is_some() && !out.contains(&Split::Validation) {
+            out.push(Split::Validation);
+            out.sort();
         }
+        out
     }
 }
 
@@ -384,6 +402,22 @@ impl Op for DatasetHub {
                 format_of(p.format, f).map_err(|m| param_error(&["files", split.as_str()], m))?;
             }
         }
+        if let Some(n) = p.validation_from_train {
+            let read: Vec<Split> =
+                if p.files.is_empty() { p.splits.keys().copied().collect() } else { p.files.keys().copied().collect() };
+            if read.contains(&Split::Validation) {
+                return Err(param_error(
+                    &["validation_from_train"],
+                    "the data already has a validation split; drop one of the two".into(),
+                ));
+            }
+            if !read.contains(&Split::Train) || n == 0 {
+                return Err(param_error(
+                    &["validation_from_train"],
+                    format!("{n}: expected a positive number of rows taken from the train split"),
+                ));
+            }
+        }
         check_fields(&p.fields, p.warmstart, &p.splits_written())
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
@@ -437,6 +471,18 @@ impl Op for DatasetHub {
             }
             by_split.insert(*split, rows);
             sources.insert(split.as_str().to_string(), format!("{}@{}: {}", p.repo, p.revision, files.join(", ")));
+        }
+        if let Some(n) = p.validation_from_train {
+            let train = by_split.get_mut(&Split::Train).expect("checked: train is read");
+            if n >= train.len() {
+                return Err(failed(format!(
+                    "validation_from_train: {n} rows of a train split of {} would leave no train rows",
+                    train.len()
+                )));
+            }
+            let validation = train.split_off(train.len() - n);
+            by_split.insert(Split::Validation, validation);
+            sources.insert("validation".into(), format!("the last {n} rows of train"));
         }
         let imported = convert(&by_split, &p.fields, p.warmstart).map_err(failed)?;
         write_splits(ctx, &imported)?;
@@ -638,12 +684,27 @@ pub fn convert(
                     Some(s)
                 }
             };
+            let mut problem = serde_json::Map::new();
+            problem.insert("answer".into(), answer);
+            for f in &fields.problem_fields {
+                if f == "answer" {
+                    return Err("problem_fields: 'answer' is the problem's answer already (fields.answer)".into());
+                }
+                match row.values.get(f) {
+                    Some(Value::Null) | None => {
+                        return Err(format!("{}: field '{f}' (one of problem_fields) is missing or null", row.at))
+                    }
+                    Some(v) => {
+                        problem.insert(f.clone(), v.clone());
+                    }
+                }
+            }
             let page = PageRow { id: id.clone(), split: *split, population: population.clone(), statement: prompt };
             let label = LabelRow {
                 id,
                 split: *split,
                 population,
-                problem: serde_json::json!({ "answer": answer }),
+                problem: Value::Object(problem),
                 target: None,
                 warmstart: *split == Split::Train && i < warmstart,
                 reference_response,
@@ -688,6 +749,7 @@ mod tests {
             id: None,
             population: None,
             reference_response: Some("#### {answer}".into()),
+            problem_fields: vec![],
         }
     }
 

@@ -252,10 +252,14 @@ impl RewardFunction {
     }
 
     /// The name a rollout's envelope gives its reward: the verifier's for a
-    /// plain verifier, else `reward:<term>+<term>...`.
+    /// plain verifier, `program:<command>` for a lone program of weight 1
+    /// (eval.score's), else `reward:<term>+<term>...`.
     pub fn name(&self) -> String {
-        match (&self.terms[0].scorer, self.plain) {
-            (Scorer::Verifier(v), true) => v.name().to_string(),
+        match (&self.terms[0].scorer, self.plain, self.terms.len()) {
+            (Scorer::Verifier(v), true, _) => v.name().to_string(),
+            (Scorer::Program(p), _, 1) if self.terms[0].weight == 1.0 && self.terms[0].name == "program" => {
+                format!("program:{}", p.command())
+            }
             _ => format!("reward:{}", self.names().join("+")),
         }
     }

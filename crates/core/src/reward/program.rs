@@ -297,6 +297,11 @@ impl RewardProgram {
         })
     }
 
+    /// The command as one line.
+    pub fn command(&self) -> &str {
+        &self.display
+    }
+
     /// The program's identity ([`ProgramSpec::digest`]).
     pub fn digest(&self) -> &str {
         &self.digest
@@ -377,31 +382,32 @@ impl RewardProgram {
         }
         let got = self.lines.recv_timeout(self.timeout);
         self.seconds += started.elapsed().as_secs_f64();
-        let text =
-            match got {
-                Ok(Line::Reply(text)) => text,
-                Ok(Line::TooLong) => return Err(self.fail(
+        let text = match got {
+            Ok(Line::Reply(text)) => text,
+            Ok(Line::TooLong) => {
+                return Err(self.fail(
                     request,
                     format!(
                         "its reply is over {MAX_REPLY_BYTES} bytes without a line end (a reply is one line of JSON)"
                     ),
-                )),
-                Ok(Line::Failed(e)) => return Err(self.fail(request, format!("reading its reply: {e}"))),
-                Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => {
-                    let tail = self.stderr_tail();
-                    let how = self.end();
-                    return Err(RewardError(format!(
-                        "reward '{}' (`{}`): row {} (problem {}): the program {how} without replying{tail}",
-                        self.name, self.display, request.row, request.id
-                    )));
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(self.fail(
-                        request,
-                        format!("no reply within {} s (timeout_s); the program was killed", self.timeout.as_secs_f64()),
-                    ))
-                }
-            };
+                ))
+            }
+            Ok(Line::Failed(e)) => return Err(self.fail(request, format!("reading its reply: {e}"))),
+            Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => {
+                let tail = self.stderr_tail();
+                let how = self.end();
+                return Err(RewardError(format!(
+                    "reward '{}' (`{}`): row {} (problem {}): the program {how} without replying{tail}",
+                    self.name, self.display, request.row, request.id
+                )));
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(self.fail(
+                    request,
+                    format!("no reply within {} s (timeout_s); the program was killed", self.timeout.as_secs_f64()),
+                ))
+            }
+        };
         parse_reply(&text).map_err(|what| self.fail(request, what))
     }
 
