@@ -538,6 +538,17 @@ fn a_reward_program_is_summed_logged_keyed_and_its_failures_fail_the_node() {
     }
     // The envelope named the sum of terms, which the guard accepted: weights changed.
     assert!(m["history"][0]["weights_changed"].as_bool().unwrap(), "{}", m["history"][0]);
+    // A reward the run did not register (F9), or an alias of its own (F6), is refused.
+    for family in ["F9", "F6"] {
+        let set = format!("nodes.grpo.params.faults=[{{family: {family}, at_iteration: 0}}]");
+        p.run_json(&["rw.yaml", "--set", &set], 0);
+        let out = p.run(&["path", "rw.yaml", "grpo:metrics", "--set", &set]);
+        let f: serde_json::Value = serde_json::from_slice(&std::fs::read(stdout(&out).trim()).unwrap()).unwrap();
+        let detections = f["guard"]["detections"].as_array().unwrap();
+        assert_eq!(detections.len(), 1, "{family}: {}", f["guard"]);
+        assert_eq!(detections[0]["iteration"], 0);
+        assert!(!f["history"][0]["weights_changed"].as_bool().unwrap(), "{family}: no step on a refused batch");
+    }
     // The program's file is in the key: an edit re-runs GRPO alone.
     p.write("rewards/short.py", &format!("{short}# tuned\n"));
     let ev = p.run_json(&["rw.yaml"], 0);
