@@ -65,6 +65,12 @@ fn expected_grpo(m: &Value) -> BTreeMap<String, Vec<(i64, f64)>> {
         put("orchestrate/behavior_max_gap", Some(h["behavior_max_gap"].as_f64().unwrap()));
         put("orchestrate/refused_batch", Some(if h["guard"]["decision"] == "allow" { 0.0 } else { 1.0 }));
         put("orchestrate/loop_seconds", Some(h["costs"]["loop_seconds"].as_f64().unwrap()));
+        put("orchestrate/reward_seconds", h["costs"]["reward_seconds"].as_f64());
+        // Each reward term under TRL's names (one term here: the verifier).
+        for (name, t) in h["reward_terms"].as_object().unwrap() {
+            put(&format!("train/rewards/{name}/mean"), t["mean"].as_f64());
+            put(&format!("train/rewards/{name}/std"), t["std"].as_f64());
+        }
     }
     out
 }

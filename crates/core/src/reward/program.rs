@@ -190,6 +190,18 @@ pub fn interpreter_version(interpreter: &str) -> Result<String, String> {
     Ok(text)
 }
 
+/// The child's exit status if it exits within `grace` (not reaped past it).
+fn exited_within(child: &mut Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
+    }
+}
+
 fn kill_group(child: &Child) {
     // SAFETY: a plain syscall on the group this child leads; ESRCH is fine.
     unsafe {
@@ -330,14 +342,7 @@ impl RewardProgram {
         let Some(mut child) = self.child.take() else { return "ended".into() };
         self.stdin = None;
         // A program that is exiting gets a moment, so the status is its own, not our kill's.
-        let until = Instant::now() + Duration::from_millis(300);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
-                _ => break None,
-            }
-        };
+        let status = exited_within(&mut child, Duration::from_millis(300));
         kill_group(&child);
         let status = status.or_else(|| child.wait().ok());
         match status {
@@ -416,14 +421,7 @@ impl RewardProgram {
     pub fn finish(mut self) -> Result<(), RewardError> {
         self.stdin = None;
         let Some(mut child) = self.child.take() else { return Ok(()) };
-        let until = Instant::now() + EXIT_GRACE;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
-                _ => break None,
-            }
-        };
+        let status = exited_within(&mut child, EXIT_GRACE);
         kill_group(&child);
         let _ = child.wait();
         if let Ok(Line::Reply(extra)) = self.lines.try_recv() {
