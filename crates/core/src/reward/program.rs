@@ -98,7 +98,10 @@ impl ProgramSpec {
                 continue;
             }
             if let Some(rel) = normalize_rel(arg) {
-                if std::fs::symlink_metadata(spec_dir.join(&rel)).is_ok_and(|m| m.is_file()) {
+                // A link is listed too: hashing it is then refused, naming it,
+                // rather than the program's script silently leaving the key.
+                let meta = std::fs::symlink_metadata(spec_dir.join(&rel));
+                if meta.is_ok_and(|m| m.is_file() || m.file_type().is_symlink()) {
                     out.push(rel);
                 }
             }

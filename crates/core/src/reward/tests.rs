@@ -186,3 +186,16 @@ fn the_programs_files_are_its_script_and_what_it_declares() {
     assert!(interpreter_version("python3").unwrap().starts_with("Python 3"));
     assert!(interpreter_version("no-such-interpreter-here").unwrap_err().contains("cannot run"));
 }
+
+#[test]
+fn a_script_behind_a_link_is_refused_not_left_out_of_the_key() {
+    // `python3 r.py` where r.py is a link to a file outside the spec's folder:
+    // left out of the files, its content would change nothing in the key.
+    let (dir, term) = program(ANSWER);
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::rename(dir.path().join("r.py"), outside.path().join("real.py")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("real.py"), dir.path().join("r.py")).unwrap();
+    assert_eq!(program_files(&[term.clone()], dir.path()), ["r.py"], "the linked script is still one of its files");
+    let e = term.program().unwrap().digest(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("r.py") && e.contains("link"), "the refusal names the link: {e}");
+}
