@@ -169,6 +169,53 @@ fn an_unknown_node_for_force_or_explain_is_a_usage_error() {
     }
 }
 
+/// (Issue #34.) A typed training param outside its range is refused at validate,
+/// naming the field and the range, before anything runs.
+#[test]
+fn a_training_param_outside_its_range_is_refused_at_validate() {
+    let sft = "  sft:\n    op: train.sft\n    inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation'}\n    params: {branch: warmstart, epochs: 1, PARAM: VALUE}\n";
+    let grpo = "  grpo:\n    op: train.grpo\n    inputs: {model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}\n    params: {iterations: 2, PARAM: VALUE}\n";
+    let cases = [
+        (sft, "lr", "-0.001", "greater than 0"),
+        (sft, "lr", "0", "greater than 0"),
+        // NaN and infinities have no JSON form: refused as the wrong type.
+        (sft, "lr", ".nan", "expected f64"),
+        (sft, "warmup_ratio", "1.5", "[0, 1]"),
+        (sft, "max_grad_norm", "0", "greater than 0"),
+        (grpo, "lr", "-0.001", "greater than 0"),
+        (grpo, "lr", "0", "greater than 0"),
+        (grpo, "lr", ".nan", "expected f64"),
+        (grpo, "clip_eps", "1.5", "(0, 1)"),
+        (grpo, "clip_eps", "0", "(0, 1)"),
+        (grpo, "beta", "-0.02", "at least 0"),
+        (grpo, "min_lr_ratio", "-0.1", "[0, 1]"),
+        (grpo, "weight_decay", ".inf", "expected f64"),
+        (grpo, "weight_decay", "-0.01", "at least 0"),
+        (grpo, "behavior_tolerance", "0", "greater than 0"),
+        (grpo, "max_new_tokens", "0", "at least 1"),
+    ];
+    for (node, param, value, range) in cases {
+        let yaml = common::tiny_spec("r", &node.replace("PARAM", param).replace("VALUE", value));
+        let err = rejected(&yaml, &[]);
+        assert!(err.contains(param) && err.contains(range), "{param}: {value}: {err}");
+    }
+    // In range, the same nodes validate.
+    let p = Project::new();
+    p.write(
+        "ok.yaml",
+        &common::tiny_spec(
+            "r",
+            &format!(
+                "{}{}",
+                sft.replace("PARAM", "lr").replace("VALUE", "1e-3"),
+                grpo.replace("PARAM", "clip_eps").replace("VALUE", "0.2")
+            ),
+        ),
+    );
+    let out = p.run(&["validate", "ok.yaml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 #[test]
 fn a_bad_command_line_is_exit_code_2() {
     let p = Project::new();

@@ -238,7 +238,12 @@ impl Op for EvalGenerate {
     }
     type Params = EvalGenerateParams;
     fn check(&self, p: &Self::Params) -> Result<(), super::ParamError> {
-        super::check_prompt_template(&p.prompt_template)
+        super::check_prompt_template(&p.prompt_template)?;
+        use super::Range::AtLeastOne;
+        super::check_ranges(&[
+            ("max_new_tokens", p.max_new_tokens as f64, AtLeastOne),
+            ("max_prompt_tokens", p.max_prompt_tokens as f64, AtLeastOne),
+        ])
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![

@@ -426,6 +426,57 @@ pub(crate) fn check_prompt_template(t: &Option<String>) -> Result<(), ParamError
     }
 }
 
+/// Where a numerical param must lie, checked at `validate` (exit 2) so that a
+/// negative learning rate or a NaN never reaches the trainer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Range {
+    /// (0, ∞): learning rates, norms, tolerances.
+    Positive,
+    /// [0, ∞): weight decay, the KL coefficient.
+    NonNegative,
+    /// [0, 1]: ratios.
+    Unit,
+    /// (0, 1): a clip ε, so that 0 < 1 − ε < 1 + ε.
+    OpenUnit,
+    /// A count of at least 1.
+    AtLeastOne,
+}
+
+impl Range {
+    fn holds(self, v: f64) -> bool {
+        v.is_finite()
+            && match self {
+                Range::Positive => v > 0.0,
+                Range::NonNegative => v >= 0.0,
+                Range::Unit => (0.0..=1.0).contains(&v),
+                Range::OpenUnit => v > 0.0 && v < 1.0,
+                Range::AtLeastOne => v >= 1.0,
+            }
+    }
+
+    fn expected(self) -> &'static str {
+        match self {
+            Range::Positive => "a finite number greater than 0",
+            Range::NonNegative => "a finite number at least 0",
+            Range::Unit => "a number in [0, 1]",
+            Range::OpenUnit => "a number in (0, 1)",
+            Range::AtLeastOne => "at least 1",
+        }
+    }
+}
+
+/// Checks each `(field, value, range)`; the first out of range is the error.
+pub(crate) fn check_ranges(fields: &[(&str, f64, Range)]) -> Result<(), ParamError> {
+    match fields.iter().find(|(_, v, r)| !r.holds(*v)) {
+        Some((field, v, r)) => Err(ParamError {
+            path: vec![field.to_string()],
+            message: format!("{v}: expected {}", r.expected()),
+            unknown_key: false,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Reads params into an op's typed params, with the path of the first problem.
 pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError> {
     serde_path_to_error::deserialize(params).map_err(|e| {

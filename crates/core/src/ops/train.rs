@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::worker::WorkerOp;
-use super::{InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
+use super::{check_ranges, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Range, Role, RunContext};
 
 pub use crate::train::params::*;
 
@@ -47,6 +47,15 @@ impl Op for TrainSft {
     type Params = SftParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
         super::check_prompt_template(&p.prompt_template)?;
+        check_ranges(&[
+            ("lr", p.lr, Range::Positive),
+            ("weight_decay", p.weight_decay, Range::NonNegative),
+            ("max_grad_norm", p.max_grad_norm, Range::Positive),
+            ("warmup_ratio", p.warmup_ratio, Range::Unit),
+            ("min_lr_ratio", p.min_lr_ratio, Range::Unit),
+            ("max_prompt_tokens", p.max_prompt_tokens as f64, Range::AtLeastOne),
+            ("max_response_tokens", p.max_response_tokens as f64, Range::AtLeastOne),
+        ])?;
         if p.mode == Mode::Interrupt && p.interrupt_after_epochs >= p.epochs {
             return Err(ParamError {
                 path: vec!["interrupt_after_epochs".into()],
@@ -119,6 +128,18 @@ impl Op for TrainGrpo {
     type Params = GrpoParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
         super::check_prompt_template(&p.prompt_template)?;
+        check_ranges(&[
+            ("lr", p.lr, Range::Positive),
+            ("weight_decay", p.weight_decay, Range::NonNegative),
+            ("max_grad_norm", p.max_grad_norm, Range::Positive),
+            ("clip_eps", p.clip_eps, Range::OpenUnit),
+            ("beta", p.beta, Range::NonNegative),
+            ("warmup_ratio", p.warmup_ratio, Range::Unit),
+            ("min_lr_ratio", p.min_lr_ratio, Range::Unit),
+            ("behavior_tolerance", p.behavior_tolerance, Range::Positive),
+            ("max_new_tokens", p.max_new_tokens as f64, Range::AtLeastOne),
+            ("max_prompt_tokens", p.max_prompt_tokens as f64, Range::AtLeastOne),
+        ])?;
         if p.mode == Mode::Interrupt && (p.interrupt_at == 0 || p.interrupt_at >= p.iterations) {
             return Err(ParamError {
                 path: vec!["interrupt_at".into()],
@@ -336,6 +357,14 @@ impl Op for Replay {
     type Params = ReplayParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
         super::check_prompt_template(&p.prompt_template)?;
+        check_ranges(&[
+            ("group_size", p.group_size as f64, Range::AtLeastOne),
+            ("prompts", p.prompts as f64, Range::AtLeastOne),
+            ("max_new_tokens", p.max_new_tokens as f64, Range::AtLeastOne),
+            ("max_prompt_tokens", p.max_prompt_tokens as f64, Range::AtLeastOne),
+            ("clip_eps", p.clip_eps, Range::OpenUnit),
+            ("beta", p.beta, Range::NonNegative),
+        ])?;
         known_verifier(&p.verifier)
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
