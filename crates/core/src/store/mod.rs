@@ -339,8 +339,16 @@ fn examine(root: &Path) -> Result<Found, StoreError> {
         Err(e) => return Err(StoreError::Io { context: format!("listing {}", root.display()), source: e }),
     };
     // Another process marking this folder at the same moment leaves only its
-    // marker's temporary file: still an empty folder.
-    if entries.all(|e| e.is_ok_and(|e| is_marker_tmp(&e.file_name().to_string_lossy()))) {
+    // marker's temporary file: still an empty folder. So is one holding only
+    // its config file (a remote and trusted keys written before the first run).
+    let config_only =
+        |name: &str| name == "config.yaml" && fs::symlink_metadata(root.join(name)).is_ok_and(|m| m.is_file());
+    if entries.all(|e| {
+        e.is_ok_and(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            is_marker_tmp(&name) || config_only(&name)
+        })
+    }) {
         return Ok(Found::Empty);
     }
     let is = |name: &str, dir: bool| {
@@ -1237,6 +1245,25 @@ mod staging_tests {
         std::fs::remove_file(old.join(super::MARKER)).unwrap();
         Workspace::open(&old).unwrap();
         assert!(old.join(super::MARKER).is_file(), "a workspace from before the marker is marked");
+        // A folder holding only its config file (the remote, trusted keys,
+        // written before the first run, as docs/remote.md says) becomes one.
+        let configured = dir.path().join("configured");
+        std::fs::create_dir(&configured).unwrap();
+        std::fs::write(configured.join("config.yaml"), "trusted_keys: []\n").unwrap();
+        Workspace::open(&configured).unwrap();
+        assert_eq!(std::fs::read_to_string(configured.join("config.yaml")).unwrap(), "trusted_keys: []\n");
+        // ...but not one whose config.yaml is a link, nor one with anything beside it.
+        for (name, extra) in [("linked", true), ("more", false)] {
+            let f = dir.path().join(name);
+            std::fs::create_dir(&f).unwrap();
+            if extra {
+                std::os::unix::fs::symlink(home.join(".bashrc"), f.join("config.yaml")).unwrap();
+            } else {
+                std::fs::write(f.join("config.yaml"), "").unwrap();
+                std::fs::write(f.join("notes.txt"), "mine").unwrap();
+            }
+            assert!(Workspace::open(&f).unwrap_err().to_string().contains("not an orchestrate workspace"), "{name}");
+        }
     }
 
     /// Processes opening one new workspace at the same moment all get it
