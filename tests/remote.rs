@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -694,4 +695,163 @@ fn pull_checks_a_folder_out_out_into_the_tree() {
     let ev = common::events(&b.run(&["run", "--json", "f.yaml"]));
     assert!(nodes_with(&ev, "node_started").is_empty(), "{ev:?}");
     assert!(ev.iter().all(|e| e["restored"].is_null()), "the pull left the folder to a later restore: {ev:?}");
+}
+
+/// `orchestrate key generate NAME` in `config` (the user's config folder);
+/// returns the `NAME:BASE64` line to trust it by.
+fn generate_key(config: &Path, name: &str) -> String {
+    let out = Command::new(common::bin())
+        .args(["key", "generate", name])
+        .env("ORCHESTRATE_CONFIG_DIR", config)
+        .output()
+        .unwrap();
+    let line = ok(&out).trim().to_string();
+    assert!(line.starts_with(&format!("{name}:")), "{line}");
+    line
+}
+
+/// The remote's records of CHAIN by node id, parsed.
+fn chain_records(m: &Moto) -> std::collections::BTreeMap<String, (String, serde_json::Value)> {
+    m.keys("orch/records/")
+        .into_iter()
+        .map(|k| {
+            let v: serde_json::Value = serde_json::from_str(&m.get(&k)).unwrap();
+            (v["node_id"].as_str().unwrap().to_string(), (k, v))
+        })
+        .collect()
+}
+
+/// (Issue #34.) The consistent lie: node a's record edited to name b's
+/// valid object and size. Every content check passes; only a signature by a
+/// trusted key tells. It is refused where signatures are required (and a
+/// runs here), taken and flagged with --trust-unsigned; a record signed by
+/// an untrusted key is refused; a second signer who reproduced the result
+/// counter-signs it.
+#[test]
+fn a_consistent_lying_record_is_refused_by_a_workspace_that_requires_signatures() {
+    let m = Moto::start();
+    let config = tempfile::tempdir().unwrap();
+    let alice = generate_key(config.path(), "alice");
+    let bob = generate_key(config.path(), "bob");
+    // The keys live in the user's config folder, the private one unreadable by others.
+    let secret = config.path().join("keys/alice.pem");
+    assert_eq!(std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777, 0o600);
+    let again = Command::new(common::bin())
+        .args(["key", "generate", "alice"])
+        .env("ORCHESTRATE_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2), "a key is never overwritten");
+    assert_eq!(
+        stdout(
+            &Command::new(common::bin())
+                .args(["key", "show", "alice"])
+                .env("ORCHESTRATE_CONFIG_DIR", config.path())
+                .output()
+                .unwrap()
+        )
+        .trim(),
+        alice
+    );
+
+    let a = Project::new();
+    a.write("chain.yaml", CHAIN);
+    let pushed = m
+        .cmd(&a, &["run", "-q", "chain.yaml", "--remote", URL, "--push", "--key", "alice"])
+        .env("ORCHESTRATE_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert!(ok(&pushed).contains("signed with key 'alice'"), "{}", stdout(&pushed));
+    let records = chain_records(&m);
+    assert_eq!(records.len(), 4);
+    assert_eq!(records["a"].1["signatures"][0]["key"], "alice");
+
+    // A workspace that trusts alice takes her records.
+    let trusting = |extra: &str| {
+        let p = Project::new();
+        p.write("chain.yaml", CHAIN);
+        p.write(".orchestrate/config.yaml", &format!("trusted_keys: ['{alice}']\n{extra}"));
+        p
+    };
+    let c = trusting("");
+    ok(&m.run(&c, &["pull", "chain.yaml", "--remote", URL]));
+    assert_eq!(c.read("a.txt"), "alpha\n");
+
+    // The lie: a names b's object (ALPHA, the same size), alice's signature kept.
+    let (a_key, mut lie) = records["a"].clone();
+    let b_out = records["b"].1["outputs"][0].clone();
+    lie["outputs"][0]["hash"] = b_out["hash"].clone();
+    lie["outputs"][0]["size"] = b_out["size"].clone();
+    m.put(&a_key, serde_json::to_string_pretty(&lie).unwrap().as_bytes());
+    // Where nobody is trusted, the lie goes through: the hole this closes.
+    let naive = Project::new();
+    naive.write("chain.yaml", CHAIN);
+    ok(&m.run(&naive, &["pull", "chain.yaml", "a", "--remote", URL]));
+    assert_eq!(naive.read("a.txt"), "ALPHA\n");
+
+    let d = trusting("");
+    let out = m.run(&d, &["pull", "chain.yaml", "--remote", URL]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bad signature by trusted key 'alice'"), "{}", stderr(&out));
+    assert!(!d.path().join("a.txt").exists());
+    // Even --trust-unsigned does not take a forged trusted signature; `run
+    // --remote` runs a here and builds b and c on the true bytes.
+    let ev = common::events(&m.run(&d, &["run", "--json", "chain.yaml", "--remote", URL, "--trust-unsigned"]));
+    assert!(nodes_with(&ev, "node_finished").contains(&"a".to_string()), "{ev:?}");
+    assert_eq!((d.read("a.txt"), d.read("c.txt")), ("alpha\n".to_string(), "ALPHA\nALPHA\n".to_string()));
+
+    // The lie with its signature stripped: unsigned, refused; taken and flagged with --trust-unsigned.
+    lie.as_object_mut().unwrap().remove("signatures");
+    m.put(&a_key, serde_json::to_string_pretty(&lie).unwrap().as_bytes());
+    let e = trusting("");
+    let out = m.run(&e, &["pull", "chain.yaml", "a", "--remote", URL]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("unsigned; this workspace requires a signature by a trusted key"),
+        "{}",
+        stderr(&out)
+    );
+    let out = m.run(&e, &["pull", "chain.yaml", "a", "--remote", URL, "--trust-unsigned"]);
+    ok(&out);
+    assert!(stderr(&out).contains("unverified (taken by --trust-unsigned): a: unsigned"), "{}", stderr(&out));
+    assert_eq!(e.read("a.txt"), "ALPHA\n");
+    let f = trusting("");
+    let ev = common::events(&m.run(&f, &["run", "--json", "chain.yaml", "a", "--remote", URL, "--trust-unsigned"]));
+    let hit = ev.iter().find(|e| e["event"] == "cache_hit" && e["node"] == "a").expect("a came from the remote");
+    assert!(hit["from"].as_str().unwrap().contains("unverified: unsigned"), "{hit}");
+    m.put(&a_key, serde_json::to_string_pretty(&records["a"].1).unwrap().as_bytes());
+
+    // Signed only by a key this workspace does not trust: refused.
+    let g = trusting("");
+    let only_bob = serde_json::to_string_pretty(&{
+        let mut r = records["d"].1.clone();
+        r["signatures"][0]["key"] = "bob".into();
+        r
+    })
+    .unwrap();
+    m.put(&records["d"].0, only_bob.as_bytes());
+    let out = m.run(&g, &["pull", "chain.yaml", "d", "--remote", URL]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("does not trust (bob)"), "{}", stderr(&out));
+    m.put(&records["d"].0, serde_json::to_string_pretty(&records["d"].1).unwrap().as_bytes());
+
+    // Bob reproduces the chain and pushes: he counter-signs the four records,
+    // and a workspace that trusts only bob now takes them.
+    let b = Project::new();
+    b.write("chain.yaml", CHAIN);
+    ok(&b.run(&["run", "-q", "chain.yaml"]));
+    let out = m
+        .cmd(&b, &["push", "chain.yaml", "--remote", URL, "--key", "bob"])
+        .env("ORCHESTRATE_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert!(ok(&out).contains("counter-signed 4 record(s)"), "{}", stdout(&out));
+    let signers: Vec<String> =
+        chain_records(&m)["c"].1["signatures"].as_array().unwrap().iter().map(|s| s["key"].to_string()).collect();
+    assert_eq!(signers, ["\"alice\"", "\"bob\""]);
+    let h = Project::new();
+    h.write("chain.yaml", CHAIN);
+    h.write(".orchestrate/config.yaml", &format!("trusted_keys: ['{bob}']\n"));
+    ok(&m.run(&h, &["pull", "chain.yaml", "--remote", URL]));
+    assert_eq!(h.read("c.txt"), "ALPHA\nALPHA\n");
 }

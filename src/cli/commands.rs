@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
+use super::keys::open_remote;
 use super::{Cli, Command, ExportCommand, Finish, GuardCommand, PackCommand, SpecArgs, VerifierCommand};
 use orchestrate_core::compare;
 use orchestrate_core::dag::{self, Dag};
@@ -30,9 +31,16 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let force = regenerate_dropped(&cli.workspace, &spec, &dag, force)?;
             // `--remote [URL]` consults the remote on a local miss; `--push`
             // uploads what ran (to the same remote, or the configured one).
-            let consult =
-                remote.remote.as_deref().map(|url| open_remote(&cli.workspace, Some(url), None)).transpose()?;
-            let push_to = if push { Some(open_remote(&cli.workspace, remote.remote.as_deref(), None)?) } else { None };
+            let consult = remote
+                .remote
+                .as_deref()
+                .map(|url| open_remote(&cli.workspace, Some(url), None, &remote.trust, false))
+                .transpose()?;
+            let push_to = if push {
+                Some(open_remote(&cli.workspace, remote.remote.as_deref(), None, &remote.trust, true)?)
+            } else {
+                None
+            };
             if dry_run {
                 let ws = Workspace::open_read_only(&cli.workspace)?;
                 let entries = plan::plan_with_remote(
@@ -170,8 +178,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
             let force = regenerate_dropped(&cli.workspace, &spec, &dag, force)?;
-            let remote =
-                remote.remote.as_deref().map(|url| open_remote(&cli.workspace, Some(url), None)).transpose()?;
+            let remote = remote
+                .remote
+                .as_deref()
+                .map(|url| open_remote(&cli.workspace, Some(url), None, &remote.trust, false))
+                .transpose()?;
             let ws = Workspace::open_read_only(&cli.workspace)?;
             let entries =
                 plan::plan_with_remote(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider(), remote.as_ref())?;
@@ -378,8 +389,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(if done.unreadable.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
-        Command::Push { spec, profile, all, transfer: super::TransferArgs { remote, jobs, json } } => {
-            let to = open_remote(&cli.workspace, remote.as_deref(), jobs)?;
+        Command::Push { spec, profile, all, transfer: super::TransferArgs { remote, jobs, json, trust } } => {
+            let to = open_remote(&cli.workspace, remote.as_deref(), jobs, &trust, true)?;
             let ws = Workspace::open_read_only(&cli.workspace)?
                 .with_context(|| format!("no workspace at {}: nothing is cached to push", cli.workspace.display()))?;
             let index = ws.index()?;
@@ -404,8 +415,8 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             print_transfer("pushed", &to, &t, json);
             Ok(if t.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(GATE_FAILED) })
         }
-        Command::Pull { spec, targets, transfer: super::TransferArgs { remote, jobs, json } } => {
-            let from = open_remote(&cli.workspace, remote.as_deref(), jobs)?;
+        Command::Pull { spec, targets, transfer: super::TransferArgs { remote, jobs, json, trust } } => {
+            let from = open_remote(&cli.workspace, remote.as_deref(), jobs, &trust, false)?;
             let (spec, dag) = load(&spec, &registry)?;
             let (spec, dag, _) = select(spec, dag, targets, Vec::new(), &registry)?;
             let ws = Workspace::open(&cli.workspace)?;
@@ -489,6 +500,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verifier(cmd) => verifier(cmd),
+        Command::Key(cmd) => super::keys::key(cmd),
         Command::Guard(GuardCommand::Codes) => {
             out!("{}", orchestrate_core::guard::codes::table());
             Ok(ExitCode::SUCCESS)
@@ -595,18 +607,6 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
 /// The remote of `push`, `pull` and `run --remote`: the URL given (empty:
 /// the configured one), else ORCHESTRATE_REMOTE, else the workspace config.
 /// Missing credentials and a bad URL are usage errors (exit 2).
-fn open_remote(workspace: &std::path::Path, url: Option<&str>, jobs: Option<usize>) -> Result<remote::Remote> {
-    let given = url.filter(|u| !u.is_empty());
-    let Some((parsed, configured_jobs)) = remote::resolve(given, workspace)? else {
-        bail!(
-            "no remote: give --remote s3://BUCKET/PREFIX (or file:///PATH), set ORCHESTRATE_REMOTE, or add \
-             `remote: {{url: ...}}` to {}",
-            remote::config_path(workspace).display()
-        );
-    };
-    Ok(remote::Remote::open(parsed, jobs.or(configured_jobs).unwrap_or(8))?)
-}
-
 fn print_transfer(verb: &str, r: &remote::Remote, t: &remote::Transfer, json: bool) {
     if json {
         outln!("{}", serde_json::to_string(t).expect("a transfer serializes"));
@@ -620,6 +620,22 @@ fn print_transfer(verb: &str, r: &remote::Remote, t: &remote::Transfer, json: bo
             r.url,
             t.present
         );
+    }
+    if verb == "pushed" && !json {
+        match &r.signer {
+            Some(k) if t.countersigned > 0 => {
+                outln!("signed with key '{}'; counter-signed {} record(s) already there", k.name, t.countersigned)
+            }
+            Some(k) => outln!("signed with key '{}'", k.name),
+            None if t.nodes > 0 => eprintln!(
+                "note: the records were pushed unsigned (no signing key: `orchestrate key generate NAME`, then \
+                 --key NAME or `signing_key: NAME` in the workspace's config.yaml)"
+            ),
+            None => {}
+        }
+    }
+    for u in &t.unverified {
+        eprintln!("unverified (taken by --trust-unsigned): {u}");
     }
     for m in &t.missing {
         eprintln!("not on the remote: {m}");

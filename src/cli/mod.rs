@@ -21,6 +21,7 @@ macro_rules! out {
 mod commands;
 pub mod events;
 mod generate;
+mod keys;
 
 pub use generate::GenerateArgs;
 
@@ -52,6 +53,22 @@ pub struct TransferArgs {
     /// The summary as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+}
+
+/// Signing what is pushed, and what is taken from a remote.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TrustArgs {
+    /// push: sign records with this key (a name in the user's key folder or a
+    /// PEM file's path; default: ORCHESTRATE_SIGNING_KEY, else `signing_key`
+    /// in WORKSPACE/config.yaml; none: unsigned).
+    #[arg(long, value_name = "NAME|PATH", help_heading = "Trust")]
+    pub key: Option<String>,
+    /// Take records that no trusted key signed even where the workspace
+    /// requires a signature; each is reported as unverified.
+    #[arg(long, help_heading = "Trust")]
+    pub trust_unsigned: bool,
 }
 
 /// `--remote [URL]` of `run` and `plan`.
@@ -62,6 +79,8 @@ pub struct RemoteArgs {
     /// `remote.url` in WORKSPACE/config.yaml. Credentials: the AWS variables and files.
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "", help_heading = "Remote cache")]
     pub remote: Option<String>,
+    #[command(flatten)]
+    pub trust: TrustArgs,
 }
 
 /// How a spec is read: the profile and overrides.
@@ -433,6 +452,27 @@ pub enum Command {
     /// Score responses by hand and list the registered verifiers.
     #[command(subcommand)]
     Verifier(VerifierCommand),
+    /// Signing keys: a key pair in the user's config folder, whose public
+    /// line a workspace lists under `trusted_keys` (docs/remote.md).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Make a P-256 key pair NAME.pem (mode 0600) and NAME.pub in the user's
+    /// key folder and print the line to trust it by; never overwrites a key.
+    Generate {
+        /// The key's name, as signatures and `trusted_keys` name it (`alice`, `ci-1`).
+        name: String,
+    },
+    /// Print the `NAME:BASE64` line of a key (for `trusted_keys`), or with
+    /// `--pem` its public key as PEM (for `model_signing verify key`).
+    Show {
+        name: String,
+        #[arg(long)]
+        pem: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -37,6 +37,7 @@ pub mod store;
 pub mod suggest;
 pub mod tensorboard;
 pub mod train;
+pub mod trust;
 
 /// The committed example packs (`artifacts/grpo-main-tiny`), which every later
 /// orchestrate must still read: the tests that read their files go through here.

@@ -306,10 +306,13 @@ impl NodeJob<'_> {
         let quiet = crate::remote::sync_progress_none();
         let local = (self.node.id(), self.spec_name);
         match crate::remote::fetch_node(self.ws, self.index, remote, key, local, self.spec_dir, &quiet) {
-            Ok(Some(node)) => Ok(Some(Outcome::Cached {
+            Ok(Some((node, verified))) => Ok(Some(Outcome::Cached {
                 key: key.clone(),
                 outputs: node.outputs,
-                remote: Some(remote.url.to_string()),
+                remote: Some(match remote.trust.flagged(&verified) {
+                    Some(why) => format!("{} (unverified: {why}; taken by --trust-unsigned)", remote.url),
+                    None => remote.url.to_string(),
+                }),
                 restored: None,
             })),
             Ok(None) => Ok(None),

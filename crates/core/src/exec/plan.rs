@@ -108,7 +108,7 @@ pub fn plan_with_remote(
         let state = match (state, ctx.remote, force.contains(&id)) {
             (PlanState::Run { key: Some(key), reason }, Some(remote), false) => {
                 match crate::remote::read_record(remote, &key) {
-                    Ok(Some(node)) => {
+                    Ok(Some((node, _))) => {
                         known.insert(id.clone(), node.outputs);
                         PlanState::CachedRemote { key, remote: remote.url.to_string() }
                     }
@@ -514,6 +514,7 @@ pub fn pull_spec(
         total.bytes = t.bytes;
         total.missing.extend(t.missing);
         total.failed.extend(t.failed);
+        total.unverified.extend(t.unverified);
         for (id, node) in done {
             known.insert(id, node.outputs);
         }

@@ -26,8 +26,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::trust::{SecretKey, TrustPolicy};
+
 pub use backend::{Backend, DirBackend, S3Backend};
-pub use sync::{fetch_node, pull, push, read_record, Progress, Transfer};
+pub use sync::{fetch_node, pull, push, read_record, Progress, RemoteRecord, Transfer};
 
 /// A progress that draws nothing (a node fetched during a run).
 pub fn sync_progress_none() -> Progress {
@@ -101,12 +103,32 @@ impl RemoteUrl {
     }
 }
 
-/// `remote:` in the workspace's `config.yaml`.
+/// The workspace's `config.yaml`: its remote and whom it trusts.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceConfig {
     #[serde(default)]
     pub remote: Option<RemoteConfig>,
+    /// Keys whose signature makes a remote record trusted, each `NAME:BASE64`
+    /// (as `orchestrate key show NAME` prints it).
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
+    /// Whether a record without a trusted signature is refused (default:
+    /// yes once any key is trusted).
+    #[serde(default)]
+    pub require_signatures: Option<bool>,
+    /// The key `push` signs with (a name in the user's key folder, or a
+    /// PEM file's path); `--key` and `ORCHESTRATE_SIGNING_KEY` come first.
+    #[serde(default)]
+    pub signing_key: Option<String>,
+}
+
+impl WorkspaceConfig {
+    /// Its trust policy (`trusted_keys`, `require_signatures`).
+    pub fn trust(&self, workspace: &Path) -> Result<TrustPolicy, RemoteError> {
+        TrustPolicy::from_config(&self.trusted_keys, self.require_signatures)
+            .map_err(|e| RemoteError::Config(format!("{}: {e}", config_path(workspace).display())))
+    }
 }
 
 /// The remote a workspace shares its cache through.
@@ -163,6 +185,10 @@ pub struct Remote {
     pub backend: Box<dyn Backend>,
     /// Parallel transfers.
     pub jobs: usize,
+    /// Which records are accepted from it (default: any, unverified).
+    pub trust: TrustPolicy,
+    /// The key records pushed to it are signed with (none: unsigned).
+    pub signer: Option<SecretKey>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -180,7 +206,17 @@ impl Remote {
             RemoteUrl::Dir(p) => Box::new(DirBackend::new(p.clone())),
             RemoteUrl::S3 { bucket, prefix } => Box::new(S3Backend::from_env(bucket, prefix)?),
         };
-        Ok(Remote { url, backend, jobs: jobs.max(1) })
+        Ok(Remote { url, backend, jobs: jobs.max(1), trust: TrustPolicy::default(), signer: None })
+    }
+
+    /// The same remote, read under `trust`.
+    pub fn with_trust(self, trust: TrustPolicy) -> Remote {
+        Remote { trust, ..self }
+    }
+
+    /// The same remote, pushed to with records signed by `signer`.
+    pub fn with_signer(self, signer: Option<SecretKey>) -> Remote {
+        Remote { signer, ..self }
     }
 }
 

@@ -10,6 +10,8 @@ use std::sync::Mutex;
 use super::{is_hex64, object_key, record_key, Remote, RemoteError};
 use crate::store::objects::{dir_listing, ListedFile, DIR_LISTING_HEADER};
 use crate::store::{CachedNode, Index, Key, OutputKind, OutputRecord, Workspace};
+use crate::trust::record::{sign, signed_payload};
+use crate::trust::{RecordSignature, Verified};
 
 /// A record larger than this is not read (the largest a node writes, a
 /// results table's with every score as an input, is a few KB; nesting is
@@ -40,6 +42,28 @@ pub struct Transfer {
     pub missing: Vec<String>,
     /// What failed, naming the node and object; nothing of it was published.
     pub failed: Vec<String>,
+    /// Nodes taken without a trusted signature although the workspace
+    /// requires one (`--trust-unsigned`), and why each is unverified.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unverified: Vec<String>,
+    /// Records on the remote that this push counter-signed (push: the same
+    /// outputs were made here).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub countersigned: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A record as the remote keeps it: the node (without local stats) and the
+/// signatures of those who vouch for its outputs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RemoteRecord {
+    #[serde(flatten)]
+    pub node: CachedNode,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signatures: Vec<RecordSignature>,
 }
 
 /// Runs `f` over `items` on at most `jobs` threads; results in item order.
@@ -147,12 +171,17 @@ pub fn push(
         }
     });
     let mut todo = Vec::new();
+    let mut present = Vec::new();
     for (n, has) in nodes.iter().zip(have) {
         if has? {
             t.present += 1;
+            present.push(n);
         } else {
             todo.push(n);
         }
+    }
+    if remote.signer.is_some() {
+        countersign(remote, &present, &mut t);
     }
     // Each object once, whichever nodes share it.
     let mut uploads: Vec<Upload> = Vec::new();
@@ -257,7 +286,9 @@ pub fn push(
         .filter(|n| !broken.contains_key(&n.node_id) && n.outputs.iter().all(|o| !not_sent.contains(&o.object.hash)))
         .collect();
     let sent = parallel(&ready, remote.jobs, |n| {
-        let bytes = serde_json::to_vec_pretty(&portable(n)).expect("a record serializes");
+        let node = portable(n);
+        let signatures = remote.signer.iter().map(|k| sign(&node, k)).collect();
+        let bytes = serde_json::to_vec_pretty(&RemoteRecord { node, signatures }).expect("a record serializes");
         backend.put_bytes(&record_key(&n.key), &bytes).map_err(|e| format!("record of node '{}': {e}", n.node_id))
     });
     for r in sent {
@@ -273,6 +304,71 @@ pub fn push(
     t.bytes = progress.bytes.load(Ordering::Relaxed);
     progress.finish();
     Ok(t)
+}
+
+/// Adds this push's signature to records the remote already has whose
+/// outputs are the ones made here (a second person who reproduced a result
+/// vouches for it too). A record whose outputs differ from ours is not
+/// signed, and said: one of the two runs did not reproduce the other. Two
+/// people counter-signing one record at the same moment can lose one of the
+/// two signatures (the last write wins); pushing again adds it back.
+fn countersign(remote: &Remote, present: &[&CachedNode], t: &mut Transfer) {
+    let Some(signer) = &remote.signer else { return };
+    let results = parallel(present, remote.jobs, |n| -> Result<bool, String> {
+        let what = format!("node '{}'", n.node_id);
+        let mut bytes = Vec::new();
+        if remote
+            .backend
+            .get(&record_key(&n.key), MAX_RECORD_BYTES, &mut bytes)
+            .map_err(|e| format!("{what}: {e}"))?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        let mut theirs: RemoteRecord =
+            serde_json::from_slice(&bytes).map_err(|e| format!("{what}: the remote's record does not read: {e}"))?;
+        if theirs.signatures.iter().any(|s| s.key == signer.name) {
+            return Ok(false);
+        }
+        let ours = portable(n);
+        if signed_payload(&theirs.node) != signed_payload(&ours) {
+            return Err(format!(
+                "{what}: the remote's record names other outputs than the ones made here ({}); not counter-signed \
+                 (`orchestrate run --check` re-executes it)",
+                differing_output(&theirs.node, &ours)
+            ));
+        }
+        theirs.signatures.push(sign(&ours, signer));
+        let bytes = serde_json::to_vec_pretty(&theirs).expect("a record serializes");
+        remote.backend.put_bytes(&record_key(&n.key), &bytes).map_err(|e| format!("{what}: {e}"))?;
+        Ok(true)
+    });
+    for r in results {
+        match r {
+            Ok(signed) => t.countersigned += usize::from(signed),
+            Err(e) => t.failed.push(e),
+        }
+    }
+}
+
+/// The first output whose object differs between two records of one key.
+pub(crate) fn differing_output(a: &CachedNode, b: &CachedNode) -> String {
+    for o in &a.outputs {
+        match b.outputs.iter().find(|p| p.name == o.name) {
+            Some(p) if p.object == o.object && p.workspace_path == o.workspace_path => {}
+            Some(p) => {
+                return format!(
+                    "output '{}': {} ({} bytes) vs {} ({} bytes)",
+                    o.name, o.object.hash, o.object.size, p.object.hash, p.object.size
+                )
+            }
+            None => return format!("output '{}' only on one side", o.name),
+        }
+    }
+    match b.outputs.iter().find(|p| !a.outputs.iter().any(|o| o.name == p.name)) {
+        Some(p) => format!("output '{}' only on one side", p.name),
+        None => "the same outputs".into(),
+    }
 }
 
 /// An object this small is sent without asking first whether it is there.
@@ -300,13 +396,16 @@ fn safe_relative(rel: &str) -> bool {
 /// Reads and checks a record from the remote: bounded, typed, stored under
 /// the key it holds, naming only well-formed hashes, sizes within bounds and
 /// paths that stay inside their folder.
-pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<CachedNode>, RemoteError> {
+/// Last, the remote's trust policy: a record without a signature by a
+/// trusted key is refused where one is required, and one whose trusted
+/// signature does not verify is always refused.
+pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<(CachedNode, Verified)>, RemoteError> {
     let mut bytes = Vec::new();
     let what = format!("record {} on {}", key.short(), remote.url);
     if remote.backend.get(&record_key(key), MAX_RECORD_BYTES, &mut bytes)?.is_none() {
         return Ok(None);
     }
-    let mut node: CachedNode =
+    let RemoteRecord { mut node, signatures } =
         serde_json::from_slice(&bytes).map_err(|e| RemoteError::Refused(format!("{what}: not a node record: {e}")))?;
     if node.key != *key {
         return Err(RemoteError::Refused(format!(
@@ -355,7 +454,10 @@ pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<CachedNode>, Rem
             }
         }
     }
-    Ok(Some(node))
+    let verified = remote.trust.check(&node, &signatures).map_err(|why| {
+        RemoteError::Refused(format!("{what} (node '{}'): {why}", crate::ids::escaped(&node.node_id)))
+    })?;
+    Ok(Some((node, verified)))
 }
 
 /// A writer that hashes what it writes.
@@ -509,13 +611,13 @@ pub fn fetch_node(
     local: (&str, &str),
     spec_dir: &Path,
     progress: &Progress,
-) -> Result<Option<CachedNode>, RemoteError> {
-    let Some(mut node) = read_record(remote, key)? else { return Ok(None) };
+) -> Result<Option<(CachedNode, Verified)>, RemoteError> {
+    let Some((mut node, verified)) = read_record(remote, key)? else { return Ok(None) };
     (node.node_id, node.spec) = (local.0.to_string(), local.1.to_string());
     for o in &node.outputs {
         fetch_object(ws, remote, &node, o, progress)?;
     }
-    land(ws, index, spec_dir, node).map(Some)
+    Ok(Some((land(ws, index, spec_dir, node)?, verified)))
 }
 
 /// Commits a node whose objects are all in the store, checks its outputs out
@@ -552,7 +654,10 @@ pub fn pull(
     let mut found: Vec<CachedNode> = Vec::new();
     for ((id, _), r) in keys.iter().zip(records) {
         match r {
-            Ok(Some(mut n)) => {
+            Ok(Some((mut n, verified))) => {
+                if let Some(why) = remote.trust.flagged(&verified) {
+                    t.unverified.push(format!("{id}: {why}"));
+                }
                 progress.grow(n.outputs.iter().map(|o| o.object.size).sum());
                 (n.node_id, n.spec) = (id.clone(), spec_name.to_string());
                 found.push(n);

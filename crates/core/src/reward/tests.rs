@@ -195,7 +195,11 @@ fn a_script_behind_a_link_is_refused_not_left_out_of_the_key() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::rename(dir.path().join("r.py"), outside.path().join("real.py")).unwrap();
     std::os::unix::fs::symlink(outside.path().join("real.py"), dir.path().join("r.py")).unwrap();
-    assert_eq!(program_files(&[term.clone()], dir.path()), ["r.py"], "the linked script is still one of its files");
+    assert_eq!(
+        program_files(std::slice::from_ref(&term), dir.path()),
+        ["r.py"],
+        "the linked script is still one of its files"
+    );
     let e = term.program().unwrap().digest(dir.path()).unwrap_err().to_string();
     assert!(e.contains("r.py") && e.contains("link"), "the refusal names the link: {e}");
 }
