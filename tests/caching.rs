@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{nodes_with, stdout, Project, CHAIN};
+use common::{nodes_with, stderr, stdout, Project, CHAIN};
 
 fn chain() -> Project {
     let p = Project::new();
@@ -232,4 +232,42 @@ fn plan_says_in_which_run_an_unchanged_node_failed() {
     // A changed node is described by its change, not by an old failure.
     let out = p.run(&["plan", "spec.yaml", "--set", "nodes.flaky.params.cmd=echo other > out.txt"]);
     assert!(stdout(&out).contains("params.cmd"), "{}", stdout(&out));
+}
+
+/// (Issue #34.) `run --check` re-executes cached nodes, as `nix build --check`:
+/// a deterministic node reproduces; `date > out` does not, and says which
+/// output and where it first differs. Nothing in the cache or the tree
+/// changes: the next run executes nothing and the tree keeps the cached bytes.
+#[test]
+fn run_check_finds_a_nondeterministic_node_and_changes_nothing() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        "name: check\nnodes:\n  det:\n    op: shell\n    params: {cmd: 'printf \"one\\ntwo\\n\" > det.txt', outs: [det.txt]}\n  clock:\n    op: shell\n    params: {cmd: 'echo run; date +%s%N > clock.txt', outs: [clock.txt]}\n  down:\n    op: shell\n    params: {cmd: 'cat clock.txt det.txt > down.txt', deps: [clock.txt, det.txt], outs: [down.txt]}\n",
+    );
+    p.run_json(&["spec.yaml"], 0);
+    let (clock, down) = (p.read("clock.txt"), p.read("down.txt"));
+
+    let out = p.run(&["run", "spec.yaml", "--check"]);
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{}\nstderr:\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("reproduced  det "), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(err.contains("DIFFERS     clock ") && err.contains("output 'clock.txt'"), "{err}");
+    assert!(err.contains("first difference at byte") && err.contains("(line 1)"), "{err}");
+    // down is re-executed on the cached clock.txt, so it reproduces.
+    assert!(stdout(&out).contains("reproduced  down "), "{}", stdout(&out));
+    assert!(stdout(&out).contains("checked 3 node(s): 2 reproduced, 1 did not"), "{}", stdout(&out));
+    assert_eq!((p.read("clock.txt"), p.read("down.txt")), (clock.clone(), down), "the tree keeps the cached bytes");
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert!(nodes_with(&ev, "node_finished").is_empty(), "the cache is as it was: {ev:?}");
+
+    // Only the named node, and a deterministic one passes.
+    let out = p.run(&["run", "spec.yaml", "det", "--check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("checked 1 node(s): 1 reproduced"), "{}", stdout(&out));
+    // A node that is not cached cannot be checked: said, exit 1.
+    p.write("spec.yaml", &p.read("spec.yaml").replace("two", "three"));
+    let out = p.run(&["run", "spec.yaml", "det", "--check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not cached  det: key"), "{}", stderr(&out));
 }

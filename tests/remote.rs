@@ -855,3 +855,37 @@ fn a_consistent_lying_record_is_refused_by_a_workspace_that_requires_signatures(
     ok(&m.run(&h, &["pull", "chain.yaml", "--remote", URL]));
     assert_eq!(h.read("c.txt"), "ALPHA\nALPHA\n");
 }
+
+/// (Issue #34.) `run --check --remote` verifies a colleague's result before
+/// trusting it: from an empty workspace, each node of alice's pushed chain is
+/// taken from the remote, re-executed here and compared; with `--push --key
+/// bob` what reproduced is counter-signed on the remote.
+#[test]
+fn run_check_remote_reexecutes_what_the_remote_holds_and_countersigns_what_reproduces() {
+    let m = Moto::start();
+    let config = tempfile::tempdir().unwrap();
+    let alice = generate_key(config.path(), "alice");
+    generate_key(config.path(), "bob");
+    let a = Project::new();
+    a.write("chain.yaml", CHAIN);
+    ok(&m
+        .cmd(&a, &["run", "-q", "chain.yaml", "--remote", URL, "--push", "--key", "alice"])
+        .env("ORCHESTRATE_CONFIG_DIR", config.path())
+        .output()
+        .unwrap());
+    let b = Project::new();
+    b.write("chain.yaml", CHAIN);
+    b.write(".orchestrate/config.yaml", &format!("trusted_keys: ['{alice}']\n"));
+    let out = m
+        .cmd(&b, &["run", "chain.yaml", "--check", "--remote", URL, "--push", "--key", "bob"])
+        .env("ORCHESTRATE_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    let text = ok(&out);
+    for node in ["a", "b", "c", "d"] {
+        assert!(text.contains(&format!("reproduced  {node} ")) && text.contains("(from the remote)"), "{text}");
+    }
+    assert!(text.contains("counter-signed 4 record(s)"), "{text}");
+    let signers = chain_records(&m)["c"].1["signatures"].as_array().unwrap().len();
+    assert_eq!(signers, 2);
+}

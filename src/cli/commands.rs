@@ -25,8 +25,10 @@ const GATE_FAILED: u8 = 1;
 pub fn dispatch(cli: Cli) -> Result<ExitCode> {
     let registry = Registry::builtin();
     match cli.command {
-        Command::Run { spec, targets, jobs, force, dry_run, json, quiet, remote, push, drop_states } => {
+        Command::Run { spec, targets, jobs, force, dry_run, json, quiet, remote, push, drop_states, check } => {
             let (spec, dag) = load(&spec, &registry)?;
+            let wanted =
+                if check && !targets.is_empty() { expand_nodes(&dag, targets.clone())? } else { BTreeSet::new() };
             let (spec, dag, force) = select(spec, dag, targets, force, &registry)?;
             let force = regenerate_dropped(&cli.workspace, &spec, &dag, force)?;
             // `--remote [URL]` consults the remote on a local miss; `--push`
@@ -41,6 +43,10 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             } else {
                 None
             };
+            if check {
+                let ws = Workspace::open(&cli.workspace)?;
+                return super::check::run_check(&ws, &spec, &dag, &wanted, consult.as_ref(), push_to.as_ref(), json);
+            }
             if dry_run {
                 let ws = Workspace::open_read_only(&cli.workspace)?;
                 let entries = plan::plan_with_remote(
@@ -607,7 +613,7 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
 /// The remote of `push`, `pull` and `run --remote`: the URL given (empty:
 /// the configured one), else ORCHESTRATE_REMOTE, else the workspace config.
 /// Missing credentials and a bad URL are usage errors (exit 2).
-fn print_transfer(verb: &str, r: &remote::Remote, t: &remote::Transfer, json: bool) {
+pub(super) fn print_transfer(verb: &str, r: &remote::Remote, t: &remote::Transfer, json: bool) {
     if json {
         outln!("{}", serde_json::to_string(t).expect("a transfer serializes"));
     } else {

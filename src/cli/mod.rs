@@ -18,6 +18,7 @@ macro_rules! out {
     }};
 }
 
+mod check;
 mod commands;
 pub mod events;
 mod generate;
@@ -187,6 +188,13 @@ pub enum Command {
         /// runs the node again): what fits `--profile shapes-0.5b` on a 64 GB disk.
         #[arg(long)]
         drop_states: bool,
+        /// Re-execute the cached NODEs (none: every node) and compare each
+        /// output's hash with the cached one, as `nix build --check`; nothing
+        /// in the cache changes. Exit 1 if any output differs. With
+        /// `--remote`, nodes this workspace lacks are taken from the remote;
+        /// with `--push --key K`, what reproduced is counter-signed there.
+        #[arg(long, conflicts_with_all = ["dry_run", "force", "drop_states"])]
+        check: bool,
     },
     /// Each node: cached, or will run and why.
     Plan {

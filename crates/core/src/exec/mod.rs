@@ -5,6 +5,7 @@
 //! computed then (keys need the upstream outputs' content hashes). A failed
 //! node skips its descendants; every other node still runs.
 
+pub mod check;
 pub mod events;
 pub mod node;
 pub mod plan;

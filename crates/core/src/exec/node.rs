@@ -465,6 +465,27 @@ impl NodeJob<'_> {
 /// Runs the node's op into a staging folder, publishes its outputs, and commits its cache row.
 fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<Vec<OutputRecord>, String> {
     let started = Instant::now();
+    let staging = run_op(job, record, key, &job.ws.log_path(key))?;
+    publish_and_commit(job, key, record, &staging, started).map_err(|why| {
+        // The node failed after its command wrote its outs into the tree: left
+        // there, they would pass for a finished node's (Snakemake removes them too).
+        let mut removed = Vec::new();
+        for rel in job.node.outputs.iter().filter_map(|d| d.workspace_path.as_ref()) {
+            if crate::store::fsx::remove_out(job.spec_dir, rel).unwrap_or(false) {
+                removed.push(rel.as_str());
+            }
+        }
+        if removed.is_empty() {
+            why
+        } else {
+            format!("{why} (its outs were removed from the tree, as the node did not complete: {})", removed.join(", "))
+        }
+    })
+}
+
+/// Runs the node's op (its inputs checked first) into a new staging folder,
+/// its log in `log_path`.
+fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) -> Result<crate::store::Staging, String> {
     let staging = job.ws.staging().map_err(|e| e.to_string())?;
     let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
     for (name, refs) in &job.node.inputs {
@@ -488,14 +509,13 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
             .collect();
         inputs.insert(name.clone(), artifacts);
     }
-    let log_path = job.ws.log_path(key);
     let ctx = RunContext {
         node_id: job.node.id(),
         params: job.node.params.value(),
         spec_dir: job.spec_dir,
         inputs: &inputs,
         staging: staging.path(),
-        log_path: &log_path,
+        log_path,
         cancel: job.cancel,
         workspace: job.ws.root(),
         key,
@@ -503,21 +523,7 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         params_values: &record.params_files,
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
-    publish_and_commit(job, key, record, &staging, started).map_err(|why| {
-        // The node failed after its command wrote its outs into the tree: left
-        // there, they would pass for a finished node's (Snakemake removes them too).
-        let mut removed = Vec::new();
-        for rel in job.node.outputs.iter().filter_map(|d| d.workspace_path.as_ref()) {
-            if crate::store::fsx::remove_out(job.spec_dir, rel).unwrap_or(false) {
-                removed.push(rel.as_str());
-            }
-        }
-        if removed.is_empty() {
-            why
-        } else {
-            format!("{why} (its outs were removed from the tree, as the node did not complete: {})", removed.join(", "))
-        }
-    })
+    Ok(staging)
 }
 
 /// Stores a finished node's outputs and commits its record and cache row.
@@ -528,6 +534,44 @@ fn publish_and_commit(
     staging: &crate::store::Staging,
     started: Instant,
 ) -> Result<Vec<OutputRecord>, String> {
+    let outputs = publish_outputs(job, staging)?;
+    // The node's record and cache row commit last: a crash before this line
+    // leaves no trace of the node but unreferenced objects.
+    job.ws
+        .commit_node(
+            job.index,
+            &CachedNode {
+                key: key.clone(),
+                node_id: job.node.id().to_string(),
+                spec: job.spec_name.to_string(),
+                record: serde_json::to_value(record).expect("a key record serializes"),
+                outputs: outputs.clone(),
+                seconds: started.elapsed().as_secs_f64(),
+                finished_at: now_rfc3339(),
+                run_id: job.run_id.to_string(),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    Ok(outputs)
+}
+
+/// Re-executes a cached node (`run --check`, as `nix build --check`): its op
+/// runs again on the same inputs under the node lock, each output is stored
+/// by content (the cache's record is not touched) and compared with the
+/// cached one, and outputs in the user's tree are put back as the cache has
+/// them. `Ok(outputs)` are the re-executed ones.
+pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, String> {
+    let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
+    // Its own log beside the run's, which stays as it was.
+    let staging = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
+    let outputs = staging.and_then(|staging| publish_outputs(job, &staging));
+    // The tree gets the cached outputs back whatever the re-execution wrote.
+    job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
+    outputs
+}
+
+/// Stores the outputs a node's op left (in staging, or in the user's tree) by content.
+fn publish_outputs(job: &NodeJob<'_>, staging: &crate::store::Staging) -> Result<Vec<OutputRecord>, String> {
     let mut outputs = Vec::with_capacity(job.node.outputs.len());
     for decl in &job.node.outputs {
         let published = match &decl.workspace_path {
@@ -563,23 +607,6 @@ fn publish_and_commit(
         };
         outputs.push(published);
     }
-    // The node's record and cache row commit last: a crash before this line
-    // leaves no trace of the node but unreferenced objects.
-    job.ws
-        .commit_node(
-            job.index,
-            &CachedNode {
-                key: key.clone(),
-                node_id: job.node.id().to_string(),
-                spec: job.spec_name.to_string(),
-                record: serde_json::to_value(record).expect("a key record serializes"),
-                outputs: outputs.clone(),
-                seconds: started.elapsed().as_secs_f64(),
-                finished_at: now_rfc3339(),
-                run_id: job.run_id.to_string(),
-            },
-        )
-        .map_err(|e| e.to_string())?;
     Ok(outputs)
 }
 

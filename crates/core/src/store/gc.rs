@@ -232,9 +232,9 @@ pub(crate) fn refuse_link(ws: &Workspace, path: &Path) -> Result<(), StoreError>
     }
 }
 
-/// A node's record and log (the files besides its objects).
-fn node_files(ws: &Workspace, key: &Key) -> [PathBuf; 2] {
-    [ws.record_path(key), ws.log_path(key)]
+/// A node's record, log and `run --check` log (the files besides its objects).
+fn node_files(ws: &Workspace, key: &Key) -> [PathBuf; 3] {
+    [ws.record_path(key), ws.log_path(key), ws.check_log_path(key)]
 }
 
 /// Removes what [`plan`] lists. `ws` must have been opened with
@@ -250,8 +250,8 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     let doomed = keys
         .iter()
         .flat_map(|k| {
-            let [record, log] = node_files(ws, k);
-            [record, log, ws.root().join("checkpoints").join(k.as_str())]
+            let [record, log, check_log] = node_files(ws, k);
+            [record, log, check_log, ws.root().join("checkpoints").join(k.as_str())]
         })
         .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)));
     for path in doomed {

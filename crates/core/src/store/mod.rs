@@ -785,6 +785,11 @@ impl Workspace {
         self.root.join("logs").join(format!("{key}.log"))
     }
 
+    /// The log of the last `run --check` re-execution of a key (its run's log stays).
+    pub fn check_log_path(&self, key: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{key}.check.log"))
+    }
+
     /// A fresh staging folder for this process.
     ///
     /// The lock comes first: a cleaner (`clear_dead_staging` in another
