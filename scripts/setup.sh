@@ -41,8 +41,9 @@ install_venv() {
   # independent reference for tests (logit parity, the PyTorch benchmarks);
   # tensorboard reads back the event files `export tensorboard` writes;
   # pyarrow writes the Parquet files `dataset.import` is tested on, as
-  # Hugging Face datasets write them.
-  local requirements="torch==$TORCH_VERSION numpy transformers==5.24.0 safetensors tensorboard==2.20.0 pyarrow==22.0.0"
+  # Hugging Face datasets write them; model-signing (OpenSSF) verifies the
+  # packs `pack sign` signs, and imports pyOpenSSL without declaring it.
+  local requirements="torch==$TORCH_VERSION numpy transformers==5.24.0 safetensors tensorboard==2.20.0 pyarrow==22.0.0 model-signing==1.1.1 pyopenssl==26.4.0"
   mkdir -p "$torch_dir"
   # One installer at a time per cache folder; other clones wait here instead of racing.
   exec 9>"$torch_dir/.lock"

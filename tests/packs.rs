@@ -462,3 +462,141 @@ fn a_gate_definition_with_too_many_gates_is_refused_not_printed_row_by_row() {
     assert!(text.contains("5002 gates, over the limit"), "{}", head(&text));
     assert!(text.lines().count() < 60, "{} lines", text.lines().count());
 }
+
+/// Every regular file under a folder, relative, sorted.
+fn files_of(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for rel in files_of(from) {
+        let target = to.join(&rel);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(from.join(&rel), target).unwrap();
+    }
+}
+
+/// `model_signing verify key DIR` (the OpenSSF package, installed in the venv
+/// by scripts/setup.sh for tests): exit code and output.
+fn model_signing_verify(dir: &Path, public_key: &Path) -> (Option<i32>, String) {
+    let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+    let out = std::process::Command::new(python)
+        .args(["-m", "model_signing", "verify", "key"])
+        .arg(dir)
+        .arg("--signature")
+        .arg(dir.join("model.sig"))
+        .arg("--public_key")
+        .arg(public_key)
+        .output()
+        .unwrap();
+    (out.status.code(), format!("{}{}", stdout(&out), common::stderr(&out)))
+}
+
+/// (Issue #34.) `pack sign` writes an OpenSSF model-signing bundle that the
+/// real `model_signing verify key` accepts, and `audit --key` too; a one-byte
+/// change to any file of the pack, an added file, another key's signature or
+/// no signature fails both (or ours). The statement records the provenance.
+#[test]
+fn a_signed_pack_verifies_with_model_signing_and_audit_and_any_edit_fails_both() {
+    let (p, dir) = frozen();
+    let config = tempfile::tempdir().unwrap();
+    let key_cmd = |args: &[&str]| {
+        let out = p.cmd(args).env("ORCHESTRATE_CONFIG_DIR", config.path()).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", common::stderr(&out));
+        stdout(&out)
+    };
+    key_cmd(&["key", "generate", "alice"]);
+    key_cmd(&["key", "generate", "bob"]);
+    let alice_pub = config.path().join("keys/alice.pub");
+    let audit_with = |dir: &Path, key: &str| {
+        let out = p
+            .cmd(&["audit", dir.to_str().unwrap(), "--key", key])
+            .env("ORCHESTRATE_CONFIG_DIR", config.path())
+            .output()
+            .unwrap();
+        (out.status.code(), format!("{}{}", stdout(&out), common::stderr(&out)))
+    };
+    // Unsigned: refused when a key is asked for.
+    let (code, text) = audit_with(&dir, "alice");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("unsigned: the pack has no model.sig"), "{text}");
+
+    assert!(key_cmd(&["pack", "sign", dir.to_str().unwrap(), "--key", "alice"]).contains("signed"));
+    let again = p
+        .cmd(&["pack", "sign", dir.to_str().unwrap(), "--key", "alice"])
+        .env("ORCHESTRATE_CONFIG_DIR", config.path())
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2), "a signature is never replaced");
+    let (code, text) = audit_with(&dir, "alice");
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("signed by key 'alice'") && text.contains("pack intact"), "{text}");
+    // The ecosystem's verifier, and our pack verify, accept it; another key does not.
+    let (code, text) = model_signing_verify(&dir, &alice_pub);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("Verification succeeded"), "{text}");
+    let out = p.run(&["pack", "verify", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "model.sig is the pack's own: {}", common::stderr(&out));
+    let (code, text) = audit_with(&dir, "bob");
+    assert_eq!(code, Some(1));
+    assert!(text.contains("signed by another key than 'bob'"), "{text}");
+    let (code, _) = model_signing_verify(&dir, &config.path().join("keys/bob.pub"));
+    assert_eq!(code, Some(1));
+
+    // The statement carries the provenance: every node's key, the resolved spec, the environment.
+    let python = std::env::var("ORCHESTRATE_PYTHON").unwrap();
+    let out = std::process::Command::new(python)
+        .args(["-c", "import base64,json,sys; b=json.load(open(sys.argv[1])); s=json.loads(base64.b64decode(b['dsseEnvelope']['payload'])); p=s['predicate']['orchestrate_provenance']; print(json.dumps({'nodes': [n['id'] for n in p['nodes']], 'keys': all(len(n['key']) == 64 for n in p['nodes']), 'spec': p['spec']['name'], 'env': sorted(p['environment']), 'files': len(s['predicate']['resources'])}))"])
+        .arg(dir.join("model.sig"))
+        .output()
+        .unwrap();
+    let prov: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", common::stderr(&out)));
+    assert_eq!(prov["nodes"], serde_json::json!(["measure", "gates"]), "in the manifest's order: {prov}");
+    assert_eq!((prov["keys"].as_bool(), prov["spec"].as_str()), (Some(true), Some("packed")), "{prov}");
+    assert!(prov["env"].as_array().unwrap().iter().any(|k| k == "git_commit"), "{prov}");
+    let signed = files_of(&dir).into_iter().filter(|f| f != "model.sig").collect::<Vec<_>>();
+    assert_eq!(prov["files"].as_u64(), Some(signed.len() as u64));
+
+    // One byte changed in any file, or a file added: both verifiers refuse.
+    let scratch = tempfile::tempdir().unwrap();
+    let mut cases: Vec<(String, Box<dyn Fn(&Path)>)> = signed
+        .iter()
+        .map(|f| {
+            let what = format!("one byte of {f}");
+            let f = f.clone();
+            let edit: Box<dyn Fn(&Path)> = Box::new(move |d: &Path| {
+                let path = d.join(&f);
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes[0] ^= 1;
+                std::fs::write(&path, bytes).unwrap();
+            });
+            (what, edit)
+        })
+        .collect();
+    cases
+        .push(("an added file".into(), Box::new(|d: &Path| std::fs::write(d.join("outputs/extra.txt"), "x").unwrap())));
+    for (i, (what, edit)) in cases.iter().enumerate() {
+        let copy = scratch.path().join(format!("case-{i}"));
+        copy_dir(&dir, &copy);
+        edit(&copy);
+        let (code, text) = audit_with(&copy, alice_pub.to_str().unwrap());
+        assert_eq!(code, Some(1), "{what}: audit --key passed: {text}");
+        assert!(text.contains("signature: "), "{what}: the signature check names it: {text}");
+        let (code, text) = model_signing_verify(&copy, &alice_pub);
+        assert_eq!(code, Some(1), "{what}: model_signing passed: {text}");
+    }
+}

@@ -551,8 +551,12 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Pack(PackCommand::Verify { dir, expect }) => {
-            let problems = pack_problems(&dir, expect.as_deref())?;
+        Command::Pack(PackCommand::Sign { dir, key }) => super::keys::sign_pack(&dir, &key),
+        Command::Pack(PackCommand::Verify { dir, expect, key }) => {
+            let mut problems = pack_problems(&dir, expect.as_deref())?;
+            if let Some(key) = &key {
+                problems.extend(super::keys::pack_signature(&dir, key)?);
+            }
             if problems.is_empty() {
                 outln!("{}: intact (checksums, files, event chain, manifest hashes)", dir.display());
                 Ok(ExitCode::SUCCESS)
@@ -560,8 +564,11 @@ pub fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Ok(ExitCode::from(GATE_FAILED))
             }
         }
-        Command::Audit { dir, expect } => {
-            let problems = pack_problems(&dir, expect.as_deref())?;
+        Command::Audit { dir, expect, key } => {
+            let mut problems = pack_problems(&dir, expect.as_deref())?;
+            if let Some(key) = &key {
+                problems.extend(super::keys::pack_signature(&dir, key)?);
+            }
             // A pack whose gates cannot even be evaluated (an unreadable manifest
             // or gate definition) fails its audit; it is not a usage error.
             let results = match orchestrate_core::pack::audit_gates(&dir) {

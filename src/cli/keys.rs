@@ -67,3 +67,42 @@ pub fn open_remote(
     };
     Ok(remote::Remote::open(parsed, jobs.or(configured_jobs).unwrap_or(8))?.with_trust(policy).with_signer(signer))
 }
+
+/// `pack sign DIR --key K`.
+pub fn sign_pack(dir: &std::path::Path, key: &str) -> Result<ExitCode> {
+    let key = SecretKey::load(key)?;
+    let path = orchestrate_core::pack::sign::sign(dir, &key)?;
+    println!("signed {} with key '{}': {}", dir.display(), key.name, path.display());
+    println!(
+        "verify: orchestrate audit {} --key {}   or   model_signing verify key {} --signature {} --public_key {}.pub",
+        dir.display(),
+        key.name,
+        dir.display(),
+        path.display(),
+        key.name
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The problems of a pack's signature by `key` (printed as they are found),
+/// or a line saying it is good.
+pub fn pack_signature(dir: &std::path::Path, key: &str) -> Result<Vec<String>> {
+    let key = PublicKey::resolve(key)?;
+    match orchestrate_core::pack::sign::verify_signature(dir, &key) {
+        Ok(signed) => {
+            println!(
+                "signed by key '{}': {} files, each as signed{}",
+                signed.key,
+                signed.files,
+                signed.root_digest.map(|d| format!(" (root digest {d})")).unwrap_or_default()
+            );
+            Ok(Vec::new())
+        }
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("signature: {p}");
+            }
+            Ok(problems)
+        }
+    }
+}

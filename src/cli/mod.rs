@@ -451,6 +451,12 @@ pub enum Command {
         /// printed it and the release note or tag carries it).
         #[arg(long, value_name = "DIGEST", value_parser = orchestrate_core::pack::parse_digest)]
         expect: Option<String>,
+        /// Also check the pack's signature (model.sig, `pack sign`) by this
+        /// public key: a `.pub` PEM file, a key name in the user's key folder,
+        /// or a `NAME:BASE64` line. Unsigned, another key's, or any file
+        /// changed since signing fails the audit.
+        #[arg(long, value_name = "PUB")]
+        key: Option<String>,
     },
     /// The trajectory guard: its reason codes.
     #[command(subcommand)]
@@ -538,6 +544,20 @@ pub enum PackCommand {
         /// The root digest the pack must have (see `audit --expect`).
         #[arg(long, value_name = "DIGEST", value_parser = orchestrate_core::pack::parse_digest)]
         expect: Option<String>,
+        /// Also check its signature by this public key (see `audit --key`).
+        #[arg(long, value_name = "PUB")]
+        key: Option<String>,
+    },
+    /// Sign an intact pack in the OpenSSF model-signing format: DIR/model.sig,
+    /// a Sigstore bundle over every file's SHA-256 with the pack's provenance,
+    /// which `model_signing verify key DIR --signature DIR/model.sig
+    /// --public_key KEY.pub` and `audit DIR --key KEY` verify.
+    Sign {
+        /// The pack folder.
+        dir: PathBuf,
+        /// The signing key: a name in the user's key folder or a PEM file's path.
+        #[arg(long, value_name = "NAME|PATH")]
+        key: String,
     },
 }
 

@@ -83,6 +83,23 @@ impl PublicKey {
         Ok(PublicKey { name: name.to_string(), key })
     }
 
+    /// A public key as a command line gives it: `NAME:BASE64`, a PEM file's
+    /// path (`alice.pub`; its stem is its name), or a name in the user's key
+    /// folder (`alice` reads `keys/alice.pub`).
+    pub fn resolve(arg: &str) -> Result<PublicKey, TrustError> {
+        if arg.contains('/') || arg.ends_with(".pub") || arg.ends_with(".pem") {
+            let path = Path::new(arg);
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+            check_name(&name)?;
+            return PublicKey::read_pem(path, &name);
+        }
+        if arg.contains(':') {
+            return PublicKey::parse(arg);
+        }
+        check_name(arg)?;
+        PublicKey::read_pem(&keys_dir()?.join(format!("{arg}.pub")), arg)
+    }
+
     /// `NAME:BASE64`, the line a workspace lists under `trusted_keys`.
     pub fn to_line(&self) -> String {
         format!("{}:{}", self.name, B64.encode(self.spki_der()))
