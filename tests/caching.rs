@@ -271,3 +271,20 @@ fn run_check_finds_a_nondeterministic_node_and_changes_nothing() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("not cached  det: key"), "{}", stderr(&out));
 }
+
+/// (Issue #34.) `plan`'s "why" compares a node with the last record of the
+/// same node in the same spec and profile, not with whatever ran last under
+/// that id (another profile here).
+#[test]
+fn plan_says_why_against_the_same_spec_and_profile() {
+    let p = Project::new();
+    let spec = "name: why\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'echo CMD > a.txt', outs: [a.txt]}\nprofiles:\n  tiny:\n    nodes:\n      a:\n        params: {cmd: 'echo tinyprofile > a.txt'}\n";
+    p.write("why.yaml", &spec.replace("CMD", "alpha"));
+    p.run_json(&["why.yaml"], 0);
+    p.run_json(&["why.yaml", "--profile", "tiny"], 0);
+    p.write("why.yaml", &spec.replace("CMD", "gamma"));
+    let out = p.run(&["plan", "why.yaml"]);
+    let text = stdout(&out);
+    assert!(text.contains("alpha") && text.contains("gamma"), "the default profile's last record: {text}");
+    assert!(!text.contains("tinyprofile"), "not the tiny profile's record: {text}");
+}

@@ -137,6 +137,7 @@ pub fn check(
             index: &index,
             node,
             spec_name: &spec.name,
+            spec_profile: spec.profile.as_deref(),
             spec_dir: &spec.base_dir,
             run_id: &run_id,
             upstream: &upstream,

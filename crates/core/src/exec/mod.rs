@@ -242,6 +242,7 @@ pub fn run_with(
                         index: &index,
                         node,
                         spec_name: &spec.name,
+                        spec_profile: spec.profile.as_deref(),
                         spec_dir: &spec.base_dir,
                         run_id,
                         upstream: &upstream,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::dag::key::{diff, EnvPart, HashInputs};
 use crate::dag::DagNode;
 use crate::ops::{InputArtifact, OutputKind, RunContext};
-use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, StoreError, Workspace};
+use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, SpecRef, StoreError, Workspace};
 
 /// The result of resolving one node.
 #[derive(Debug, Clone)]
@@ -51,6 +51,8 @@ pub struct NodeJob<'a> {
     pub index: &'a Index,
     pub node: &'a DagNode,
     pub spec_name: &'a str,
+    /// The spec's profile (`None`: none), with its name what "why" compares against.
+    pub spec_profile: Option<&'a str>,
     pub spec_dir: &'a Path,
     pub run_id: &'a str,
     /// Outputs of the nodes this one reads, by node id.
@@ -247,11 +249,17 @@ impl std::fmt::Display for DirtyReason {
 /// Says why a node whose key has no cache row runs: the key's last failure, or
 /// what changed since the node's last completed record. (A key with a row is a
 /// hit or `OutputsInvalid`: one that completed since it failed is not "failed".)
-fn why_absent(index: &Index, node_id: &str, key: &str, record: &HashInputs) -> Result<DirtyReason, StoreError> {
+fn why_absent(
+    index: &Index,
+    spec: SpecRef<'_>,
+    node_id: &str,
+    key: &str,
+    record: &HashInputs,
+) -> Result<DirtyReason, StoreError> {
     if let Some((run_id, error)) = index.last_failure(node_id, key)? {
         return Ok(DirtyReason::FailedIn { run_id, error });
     }
-    let Some(last) = index.latest_for_node(node_id)? else {
+    let Some(last) = index.latest_for_node(node_id, spec)? else {
         return Ok(DirtyReason::New);
     };
     let changes = diff(&HashInputs::from_stored(&last.record)?, record);
@@ -274,10 +282,12 @@ pub enum Decision {
 
 /// Decides whether the node with this record (and key) is a cache hit, and if
 /// not, why it runs.
+#[allow(clippy::too_many_arguments)]
 pub fn decide(
     ws: &Workspace,
     index: &Index,
     spec_dir: &Path,
+    spec: SpecRef<'_>,
     node_id: &str,
     record: &HashInputs,
     key: &str,
@@ -292,7 +302,7 @@ pub fn decide(
             Some(cached) if ws.objects_present(&cached) => Decision::Restore(cached, why),
             _ => Decision::Run(DirtyReason::OutputsInvalid(why)),
         },
-        Err(None) => Decision::Run(why_absent(index, node_id, key, record)?),
+        Err(None) => Decision::Run(why_absent(index, spec, node_id, key, record)?),
     })
 }
 
@@ -338,7 +348,8 @@ pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn No
         Err(e) => return failed(None, e),
     };
     let key = record.key();
-    match decide(job.ws, job.index, job.spec_dir, job.node.id(), &record, &key, job.force) {
+    let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
+    match decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force) {
         Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None, restored: None },
         Ok(Decision::Restore(cached, why)) => match restore(job, &cached) {
             Ok(outcome) => outcome,

@@ -169,7 +169,7 @@ fn state_of(
     };
     if !unknown_parents.is_empty() {
         // Inputs are not known yet; the node's own fields may already force a run.
-        let Some(last) = index.latest_for_node(node.id())? else {
+        let Some(last) = index.latest_for_node(node.id(), spec.spec_ref())? else {
             return Ok(PlanState::Run { key: None, reason: "new node".into() });
         };
         let mut upstream = known.clone();
@@ -202,7 +202,7 @@ fn state_of(
         Err(e) => return Ok(PlanState::Error { error: e }),
     };
     let key = record.key();
-    Ok(match decide(ws, index, &spec.base_dir, node.id(), &record, &key, forced)? {
+    Ok(match decide(ws, index, &spec.base_dir, spec.spec_ref(), node.id(), &record, &key, forced)? {
         Decision::Hit(_) => PlanState::Cached { key },
         Decision::Restore(_, why) => PlanState::Restore { key, reason: why },
         Decision::Run(reason) => PlanState::Run { key: Some(key), reason: reason.to_string() },
@@ -264,7 +264,7 @@ pub fn explain(
     let mut stand_in = false;
     for p in dag.parents(pos) {
         let pid = dag.nodes[p].id();
-        match index.latest_for_node(pid)? {
+        match index.latest_for_node(pid, spec.spec_ref())? {
             Some(c) => {
                 upstream.insert(pid.to_string(), c.outputs);
             }
@@ -279,7 +279,7 @@ pub fn explain(
     } else {
         None
     };
-    let last = index.latest_for_node(node_id)?;
+    let last = index.latest_for_node(node_id, spec.spec_ref())?;
     if let Some(l) = &last {
         out.cached_key = Some(l.key.clone());
         out.cached_at = Some(l.finished_at.clone());
@@ -426,7 +426,7 @@ pub fn checkout(
             }
         };
         let key = record.key();
-        match decide(ws, &index, &spec.base_dir, &id, &record, &key, false)? {
+        match decide(ws, &index, &spec.base_dir, spec.spec_ref(), &id, &record, &key, false)? {
             Decision::Hit(outputs) => {
                 known.insert(id.clone(), outputs);
                 out.push(CheckedOut::UpToDate { node: id, key });
@@ -497,7 +497,7 @@ pub fn pull_spec(
                 }
             };
             let key = record.key();
-            match decide(ws, &index, &spec.base_dir, &id, &record, &key, false)? {
+            match decide(ws, &index, &spec.base_dir, spec.spec_ref(), &id, &record, &key, false)? {
                 Decision::Hit(outputs) | Decision::Restore(crate::store::CachedNode { outputs, .. }, _) => {
                     total.present += 1;
                     known.insert(id, outputs);

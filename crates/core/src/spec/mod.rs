@@ -336,6 +336,10 @@ pub struct Spec {
 }
 
 impl Spec {
+    /// Its name and profile, as the index looks a node's last record up.
+    pub fn spec_ref(&self) -> crate::store::SpecRef<'_> {
+        crate::store::SpecRef { name: &self.name, profile: self.profile.as_deref() }
+    }
     pub fn node(&self, id: &str) -> Option<&NodeDef> {
         self.nodes.iter().find(|n| n.id == id)
     }

@@ -82,6 +82,13 @@ pub struct CachedNode {
     pub run_id: String,
 }
 
+/// Which spec (by name) and profile a lookup is about.
+#[derive(Debug, Clone, Copy)]
+pub struct SpecRef<'a> {
+    pub name: &'a str,
+    pub profile: Option<&'a str>,
+}
+
 /// A run as listed by `orchestrate status`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRow {
@@ -415,15 +422,21 @@ impl Index {
         raw.map(Self::cached).transpose()
     }
 
-    /// The most recent completed record of a node id, for "why" and `explain`.
-    pub fn latest_for_node(&self, node_id: &str) -> Result<Option<CachedNode>, StoreError> {
+    /// The most recent completed record of a node id in a run of this spec
+    /// and profile, for "why" and `explain`: a node of the same name in
+    /// another spec or profile is another node (its params would be diffed
+    /// against the wrong ones). Records that came from a remote belong to no
+    /// run here and are not considered.
+    pub fn latest_for_node(&self, node_id: &str, spec: SpecRef<'_>) -> Result<Option<CachedNode>, StoreError> {
         let raw = self
             .conn
             .prepare_cached(&format!(
-                "SELECT {} FROM nodes WHERE node_id = ?1 ORDER BY finished_at DESC, rowid DESC LIMIT 1",
+                "SELECT {} FROM nodes WHERE node_id = ?1 AND run_id IN \
+                 (SELECT run_id FROM runs WHERE spec = ?2 AND profile IS ?3) \
+                 ORDER BY finished_at DESC, rowid DESC LIMIT 1",
                 Self::COLUMNS
             ))
-            .and_then(|mut s| s.query_row(params![node_id], Self::row_to_cached).optional())
+            .and_then(|mut s| s.query_row(params![node_id, spec.name, spec.profile], Self::row_to_cached).optional())
             .map_err(db("looking up a node's last record"))?;
         raw.map(Self::cached).transpose()
     }

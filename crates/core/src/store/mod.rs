@@ -29,6 +29,7 @@ use crate::ids as spec_ids;
 
 pub use index::{
     open_database, open_database_read_only, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow,
+    SpecRef,
 };
 pub use objects::{hash_file, ObjectInfo};
 

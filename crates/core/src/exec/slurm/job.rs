@@ -109,6 +109,7 @@ pub fn exec_node(
             index: &index,
             node,
             spec_name: &spec.name,
+            spec_profile: spec.profile.as_deref(),
             spec_dir: &spec.base_dir,
             run_id: &ticket.run_id,
             upstream: &ticket.upstream,
