@@ -69,5 +69,6 @@ else
     bash scripts/run-main.sh
     echo "test: the main job passed in $((SECONDS - main_started)) s"
 fi
-# One closing line over every test binary.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "all tests: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+# One closing line over every test binary; a test that could not run here
+# (it printed SKIPPED: ...) counts as skipped, never as passed.
+bash scripts/test-summary.sh "$log"

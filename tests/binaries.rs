@@ -1,5 +1,7 @@
 //! The CLI must not load libtorch (the worker's side: crates/torch/tests/binaries.rs).
 
+mod common;
+
 use std::process::Command;
 
 fn needed(binary: &str) -> Vec<String> {
@@ -67,7 +69,9 @@ fn asking_for_cuda_without_a_gpu_is_a_clear_error() {
     let plain = env(None);
     assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
     if String::from_utf8_lossy(&plain.stdout).contains("device   cuda") {
-        return; // a machine with a GPU: nothing to refuse
+        // A machine with a GPU: nothing to refuse.
+        common::skip("asking_for_cuda_without_a_gpu_is_a_clear_error", "this machine has a CUDA device");
+        return;
     }
     for asked in ["cuda", "cuda:0"] {
         let out = env(Some(asked));
@@ -79,4 +83,22 @@ fn asking_for_cuda_without_a_gpu_is_a_clear_error() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&format!("ORCHESTRATE_DEVICE={asked}")) && err.contains("no CUDA device"), "{err}");
     }
+}
+
+/// (Issue #34.) scripts/test.sh's closing line counts a test that announced
+/// `SKIPPED:` (through common::skip) as skipped, not passed, and lists it.
+#[test]
+fn the_closing_line_counts_announced_skips_as_skipped_not_passed() {
+    let log = "running 3 tests\nSKIPPED: a test on a small tmpfs (mounting a tmpfs needs root; CI runs as root)\n\
+               test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.1s\n\
+               SKIPPED: the Slurm executor test (ORCHESTRATE_SKIP_SLURM_TEST is set)\n\
+               test result: FAILED. 4 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("log"), log).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-summary.sh");
+    let out = Command::new("bash").arg(script).arg(dir.path().join("log")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("skipped: a test on a small tmpfs (mounting a tmpfs needs root"), "{text}");
+    assert_eq!(text.lines().last(), Some("all tests: 5 passed, 2 failed, 3 skipped"), "{text}");
 }

@@ -275,7 +275,7 @@ impl Drop for Unmount {
 fn project_on_a_small_disk() -> Option<(Project, Unmount)> {
     // SAFETY: a plain syscall.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+        common::skip("a test on a small tmpfs", "mounting a tmpfs needs root; CI runs as root");
         return None;
     }
     let p = Project::new();

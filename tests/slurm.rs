@@ -23,8 +23,7 @@ fn skipped(what: &str) -> bool {
     if std::env::var_os("ORCHESTRATE_SKIP_SLURM_TEST").is_none() {
         return false;
     }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {what} (ORCHESTRATE_SKIP_SLURM_TEST is set)");
+    common::skip(what, "ORCHESTRATE_SKIP_SLURM_TEST is set");
     true
 }
 
