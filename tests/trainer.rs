@@ -206,3 +206,36 @@ fn a_pretraining_stage_replays_the_first_examples_of_a_second_corpus() {
         stderr(&out)
     );
 }
+
+/// (Issue #34.) A deliberate re-run (`--force`) of a GRPO node is a new
+/// attempt: its sealed event log holds its own events, not the finished
+/// attempt's as well (those are set aside), so it ends with the first run's
+/// state but for its wall-clock costs, lineage and event count included, and
+/// the resume check still passes; so does a forced resume.
+#[test]
+fn a_forced_grpo_rerun_is_a_new_attempt_and_the_resume_check_still_passes() {
+    let p = Project::new();
+    p.write("train.yaml", SPEC);
+    p.run_json(&["train.yaml"], 0);
+    let state = |output: &str| {
+        let out = p.run(&["path", "train.yaml", output]);
+        orchestrate_core::train::state::read_state(std::path::Path::new(stdout(&out).trim())).unwrap()
+    };
+    let (continuous, resumed) = (state("grpo@mode=continuous:state"), state("grpo-resume:state"));
+    for _ in 0..2 {
+        for node in ["grpo@mode=continuous", "grpo-resume"] {
+            let ev = p.run_json(&["train.yaml", "--force", node], 0);
+            assert!(nodes_with(&ev, "node_finished").contains(&node.to_string()), "{ev:?}");
+        }
+    }
+    assert_eq!(json_output(&p, "grpo@mode=continuous:metrics")["guard"]["event_log"]["events"], 36);
+    assert_eq!(json_output(&p, "grpo-resume:metrics")["guard"]["event_log"]["events"], 36);
+    for (output, first) in [("grpo@mode=continuous:state", continuous), ("grpo-resume:state", resumed)] {
+        let again = state(output);
+        let difference = orchestrate_core::train::state::first_difference(&first, &again, &["costs"]);
+        assert_eq!(difference, None, "{output}: the forced re-run ends where the first run ended");
+    }
+    let ev = p.run_json(&["train.yaml", "--force", "grpo-check"], 0);
+    assert!(nodes_with(&ev, "node_failed").is_empty(), "{ev:?}");
+    assert_eq!(json_output(&p, "grpo-check:report")["identical"], true);
+}

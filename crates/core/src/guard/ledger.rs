@@ -156,6 +156,53 @@ impl Ledger {
         Ok(seal)
     }
 
+    /// Starts a lineage's chain over after its first `keep` events, for a
+    /// new attempt: a deliberate re-run (`keep` 0), a crash recovery from a
+    /// checkpoint or a resume from a state (`keep`: the events that
+    /// checkpoint or state counted). Events past them belong to an attempt
+    /// that is superseded: the whole chain is first copied, seals and all, to
+    /// `LINEAGE~N` (the first free N), where it stays verifiable, and only then
+    /// cut back, in one transaction. Returns that name, or `None` when the
+    /// chain held no more than `keep` events. Rollout claims are untouched: a
+    /// re-run of the same node key claims its own rollouts again.
+    pub fn restart_chain(&mut self, lineage: &str, keep: usize) -> Result<Option<String>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db("starting a lineage over"))?;
+        let past: i64 = tx
+            .query_row(
+                "SELECT COUNT(*) FROM guard_events WHERE lineage = ?1 AND seq > ?2",
+                params![lineage, keep as i64],
+                |r| r.get(0),
+            )
+            .map_err(db("starting a lineage over"))?;
+        if past == 0 {
+            return Ok(None);
+        }
+        let mut n = 1;
+        let aside = loop {
+            let name = format!("{lineage}~{n}");
+            let taken: bool = tx
+                .query_row("SELECT EXISTS (SELECT 1 FROM guard_events WHERE lineage = ?1)", params![name], |r| r.get(0))
+                .map_err(db("starting a lineage over"))?;
+            if !taken {
+                break name;
+            }
+            n += 1;
+        };
+        tx.execute(
+            "INSERT INTO guard_events (lineage, seq, producer, kind, payload, prev, seal)
+             SELECT ?2, seq, producer, kind, payload, prev, seal FROM guard_events WHERE lineage = ?1 ORDER BY rowid",
+            params![lineage, aside],
+        )
+        .map_err(db("setting a superseded attempt aside"))?;
+        tx.execute("DELETE FROM guard_events WHERE lineage = ?1 AND seq > ?2", params![lineage, keep as i64])
+            .map_err(db("starting a lineage over"))?;
+        tx.commit().map_err(db("starting a lineage over"))?;
+        Ok(Some(aside))
+    }
+
     /// A lineage's events in stored order.
     pub fn events(&self, lineage: &str) -> Result<Vec<StoredEvent>, StoreError> {
         let mut stmt = self

@@ -288,3 +288,27 @@ fn an_unguarded_update_batch_is_on_the_guard_log_before_it_exists() {
     assert_eq!(logged.len(), 1);
     assert!(format!("{logged:?}").contains(UNGUARDED_EVENT), "{logged:?}");
 }
+
+#[test]
+fn restarting_a_chain_sets_the_superseded_attempt_aside_whole_and_keeps_both_verifiable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ledger = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
+    let sync = |ledger: &mut Ledger, i: u64| {
+        events::append(ledger, "L", "control", "sync", &serde_json::json!({"version": i})).unwrap();
+    };
+    for i in 0..5 {
+        sync(&mut ledger, i);
+    }
+    assert_eq!(ledger.restart_chain("L", 5).unwrap(), None, "nothing past the kept events");
+    // A resume from a state that counted 3 events: the 2 after them were a superseded attempt's.
+    assert_eq!(ledger.restart_chain("L", 3).unwrap().as_deref(), Some("L~1"));
+    assert_eq!((ledger.events("L").unwrap().len(), ledger.events("L~1").unwrap().len()), (3, 5));
+    sync(&mut ledger, 3);
+    for lineage in ["L", "L~1"] {
+        assert_eq!(events::verify(&ledger, lineage).unwrap(), None, "{lineage} verifies");
+    }
+    // A deliberate re-run starts over; the next attempt goes beside the first.
+    assert_eq!(ledger.restart_chain("L", 0).unwrap().as_deref(), Some("L~2"));
+    assert!(ledger.events("L").unwrap().is_empty());
+    assert_eq!(ledger.events("L~2").unwrap().len(), 4);
+}

@@ -669,6 +669,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         (pos.bad_updates, pos.detections) = (m.guard.bad_updates_applied, m.guard.detections);
         m.next_iteration
     };
+    // The events of the lineage this attempt continues: none for a fresh start
+    // (a deliberate re-run is a new attempt), those its input state counted
+    // for a resume. `None`: a crash recovery, which continues its chain.
+    let mut continues_after: Option<usize> = Some(0);
     let lineage = match p.mode {
         Mode::Continuous => lineage_of("continuous"),
         Mode::Interrupt => lineage_of("interrupted"),
@@ -679,6 +683,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 bail!("the resume state belongs to another GRPO run (identity differs): refusing to resume");
             }
             let lineage = m.lineage.clone();
+            continues_after = Some(m.guard.event_log.events);
             next_iteration = restored(m, &mut pos);
             lineage
         }
@@ -695,7 +700,15 @@ pub fn run(job: &WorkerJob) -> Result<()> {
                 bail!("the committed checkpoint belongs to another run (identity differs)");
             }
             next_iteration = restored(m, &mut pos);
+            continues_after = None;
             eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");
+        }
+    }
+    // Events of an earlier attempt past this one's starting point (a finished
+    // run forced again, a resume run again) are set aside, not counted twice.
+    if let Some(keep) = continues_after {
+        if let Some(aside) = ledger.restart_chain(&lineage, keep)? {
+            eprintln!("guard: an earlier attempt's events of this lineage were set aside as {aside}; this attempt logs its own");
         }
     }
     // The rollout engine: its own weights, synced explicitly (what makes F1 observable).
