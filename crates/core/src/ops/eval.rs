@@ -51,8 +51,10 @@ pub struct EvalGenerateParams {
     /// (`"Solve step by step: {prompt}"`). Absent: the statement itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_template: Option<String>,
-    /// A name for the evaluated policy (recorded; handy as a matrix axis).
-    #[serde(default)]
+    /// A name for the evaluated policy (handy as a matrix axis). A label only:
+    /// the worker never reads it, so it stays out of the resolved params and
+    /// the key (two evaluations of one model under two names are one).
+    #[serde(default, skip_serializing)]
     pub policy: Option<String>,
 }
 
@@ -546,6 +548,25 @@ pub fn score_with(
 
 #[cfg(test)]
 mod tests {
+
+    /// (Issue #34.) A label the worker never reads stays out of the key: two
+    /// evaluations of the same model named differently are one computation.
+    #[test]
+    fn eval_generate_s_policy_label_is_not_in_the_key() {
+        let registry = crate::ops::Registry::builtin();
+        let op = registry.get("eval.generate").unwrap();
+        let named = |policy: Option<&str>| {
+            let mut p = serde_json::json!({"draws": 2});
+            if let Some(name) = policy {
+                p["policy"] = name.into();
+            }
+            op.parse(&p).unwrap().value().clone()
+        };
+        assert_eq!(named(Some("sft")), named(Some("grpo")));
+        assert_eq!(named(Some("sft")), named(None));
+        let other = op.parse(&serde_json::json!({"draws": 3})).unwrap();
+        assert_ne!(other.value(), &named(None), "a param the worker reads is keyed");
+    }
     use super::*;
 
     /// A test problem's label under id `t1` (ID50), an OOD100 one under `t2`
