@@ -338,8 +338,11 @@ fn countersign(remote: &Remote, present: &[&CachedNode], t: &mut Transfer) {
                 differing_output(&theirs.node, &ours)
             ));
         }
+        // Our own record goes back up (the signatures cover the same payload),
+        // never bytes from the remote that nothing here checked.
         theirs.signatures.push(sign(&ours, signer));
-        let bytes = serde_json::to_vec_pretty(&theirs).expect("a record serializes");
+        let record = RemoteRecord { node: ours, signatures: theirs.signatures };
+        let bytes = serde_json::to_vec_pretty(&record).expect("a record serializes");
         remote.backend.put_bytes(&record_key(&n.key), &bytes).map_err(|e| format!("{what}: {e}"))?;
         Ok(true)
     });
@@ -352,7 +355,7 @@ fn countersign(remote: &Remote, present: &[&CachedNode], t: &mut Transfer) {
 }
 
 /// The first output whose object differs between two records of one key.
-pub(crate) fn differing_output(a: &CachedNode, b: &CachedNode) -> String {
+fn differing_output(a: &CachedNode, b: &CachedNode) -> String {
     for o in &a.outputs {
         match b.outputs.iter().find(|p| p.name == o.name) {
             Some(p) if p.object == o.object && p.workspace_path == o.workspace_path => {}
