@@ -146,21 +146,22 @@ fn grpo_metrics(m: &GrpoMetrics) -> Vec<Metric> {
         metric("updates", Unit::Count, Some(m.updates as f64)),
         metric("refused batches", Unit::Count, Some(m.guard.detections.len() as f64)),
         metric("bad updates applied", Unit::Count, Some(m.guard.bad_updates_applied as f64)),
-        metric("seconds", Unit::Seconds, Some(m.costs.seconds)),
-        metric("generation seconds", Unit::Seconds, Some(h.iter().map(|i| i.costs.generation_seconds).sum())),
-        metric(
-            "behavior check seconds",
-            Unit::Seconds,
-            Some(h.iter().map(|i| i.costs.behavior_verification_seconds).sum()),
-        ),
-        metric(
-            "optimization seconds",
-            Unit::Seconds,
-            Some(h.iter().map(|i| i.costs.optimization_with_reference_seconds).sum()),
-        ),
-        metric("hashing seconds", Unit::Seconds, Some(h.iter().map(|i| i.costs.state_hashing_seconds).sum())),
-        metric("peak RSS MB", Unit::Megabytes, mb(m.costs.peak_rss_bytes)),
+        metric("seconds", Unit::Seconds, m.costs.as_ref().map(|c| c.seconds)),
+        metric("generation seconds", Unit::Seconds, total_cost(h, |c| c.generation_seconds)),
+        metric("behavior check seconds", Unit::Seconds, total_cost(h, |c| c.behavior_verification_seconds)),
+        metric("optimization seconds", Unit::Seconds, total_cost(h, |c| c.optimization_with_reference_seconds)),
+        metric("hashing seconds", Unit::Seconds, total_cost(h, |c| c.state_hashing_seconds)),
+        metric("peak RSS MB", Unit::Megabytes, mb(m.costs.as_ref().and_then(|c| c.peak_rss_bytes))),
     ]
+}
+
+/// A cost summed over the iterations; undefined if any iteration has none
+/// (those a resumed run took over from its interrupted one).
+fn total_cost(
+    h: &[crate::train::metrics::GrpoIteration],
+    k: fn(&crate::train::metrics::IterationCosts) -> f64,
+) -> Option<f64> {
+    h.iter().map(|i| i.costs.as_ref().map(k)).sum()
 }
 
 fn sft_metrics(m: &SftMetrics) -> Vec<Metric> {
@@ -168,9 +169,13 @@ fn sft_metrics(m: &SftMetrics) -> Vec<Metric> {
         metric("final training NLL", Unit::Value, m.history.last().map(|u| u.loss)),
         metric("final validation NLL", Unit::Value, m.validation_history.last().map(|v| v.validation_nll)),
         metric("updates", Unit::Count, Some(m.updates as f64)),
-        metric("seconds", Unit::Seconds, Some(m.costs.seconds)),
-        metric("optimization seconds", Unit::Seconds, m.costs.optimization_seconds),
-        metric("peak RSS MB", Unit::Megabytes, m.costs.peak_rss_bytes.map(|b| b as f64 / 1048576.0)),
+        metric("seconds", Unit::Seconds, m.costs.as_ref().map(|c| c.seconds)),
+        metric("optimization seconds", Unit::Seconds, m.costs.as_ref().and_then(|c| c.optimization_seconds)),
+        metric(
+            "peak RSS MB",
+            Unit::Megabytes,
+            m.costs.as_ref().and_then(|c| c.peak_rss_bytes).map(|b| b as f64 / 1048576.0),
+        ),
     ]
 }
 

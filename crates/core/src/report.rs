@@ -716,10 +716,14 @@ pub fn render(src: &Source) -> String {
             if m.history.is_empty() {
                 "undefined".into()
             } else {
-                format!("{:.2}", m.history.iter().map(|h| k(&h.costs)).sum::<f64>())
+                match m.history.iter().map(|h| h.costs.as_ref().map(k)).sum::<Option<f64>>() {
+                    Some(total) => format!("{total:.2}"),
+                    None => "undefined".into(),
+                }
             }
         };
-        let rss = m.map_or("-".into(), |m| num(m.costs().peak_rss_bytes.map(|b| b as f64 / 1048576.0), 0));
+        let rss =
+            m.map_or("-".into(), |m| num(m.costs().and_then(|c| c.peak_rss_bytes).map(|b| b as f64 / 1048576.0), 0));
         let seconds = if n.outcome == "cached" { "cached".to_string() } else { num(n.seconds, 2) };
         let _ = writeln!(
             html,

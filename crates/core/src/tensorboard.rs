@@ -110,7 +110,8 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
     let mut out = Vec::new();
     let mut at = 0.0;
     for h in &m.history {
-        at += h.costs.loop_seconds;
+        // Wall time advances by the iterations that record theirs.
+        at += h.costs.as_ref().map_or(0.0, |c| c.loop_seconds);
         let step = h.iteration as i64;
         let mut push = |tag: &'static str, v: Option<f64>| {
             if let Some(value) = v.filter(|v| v.is_finite()) {
@@ -138,8 +139,8 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
         // 1 where the guard refused the iteration's batch (quarantined or rejected).
         let refused = h.guard.decision != crate::guard::codes::Decision::Allow;
         push("orchestrate/refused_batch", Some(if refused { 1.0 } else { 0.0 }));
-        push("orchestrate/loop_seconds", Some(h.costs.loop_seconds));
-        push("orchestrate/reward_seconds", h.costs.reward_seconds);
+        push("orchestrate/loop_seconds", h.costs.as_ref().map(|c| c.loop_seconds));
+        push("orchestrate/reward_seconds", h.costs.as_ref().and_then(|c| c.reward_seconds));
         // Each reward term, under TRL's names.
         for (name, t) in &h.reward_terms {
             for (what, v) in [("mean", Some(t.mean)), ("std", t.std)] {
@@ -155,7 +156,8 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
 /// SFT's scalars, one step per update; validation at the update that ended its epoch.
 pub fn sft_scalars(m: &SftMetrics) -> Vec<Scalar> {
     let mut out = Vec::new();
-    let per_update = if m.history.is_empty() { 0.0 } else { m.costs.seconds / m.history.len() as f64 };
+    let seconds = m.costs.as_ref().map_or(0.0, |c| c.seconds);
+    let per_update = if m.history.is_empty() { 0.0 } else { seconds / m.history.len() as f64 };
     for (i, u) in m.history.iter().enumerate() {
         let (step, at) = (u.update as i64 + 1, per_update * (i + 1) as f64);
         for (tag, value) in [("train/loss", u.loss), ("train/learning_rate", u.lr), ("train/grad_norm", u.grad_norm)] {

@@ -272,7 +272,12 @@ pub fn run_record(
     };
     let faulted_updates = faults.len() as u64 * per_iteration;
     // Step time over the iterations no fault touched, so both arms time the same work.
-    let step: Vec<f64> = history.iter().filter(|h| h.faults.is_empty()).map(|h| h.costs.loop_seconds).collect();
+    let step: Vec<f64> = history
+        .iter()
+        .filter(|h| h.faults.is_empty())
+        .map(|h| h.costs.as_ref().map(|c| c.loop_seconds))
+        .collect::<Option<_>>()
+        .ok_or("an iteration of the metrics records no time (a state's metrics, or a resumed run's)")?;
     let reward: Vec<f64> = history.iter().map(|h| h.mean_reward).collect();
     let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
         let Some(r) = eval else { return Ok(None) };
@@ -538,14 +543,14 @@ mod tests {
             guard: IterationGuard { decision: crate::guard::Decision::Allow, codes: vec![], rollouts: None },
             canary: crate::guard::Canary { drift: 0.0, baseline: 0.0 },
             faults: faults.iter().map(|f| f.to_string()).collect(),
-            costs: IterationCosts {
+            costs: Some(IterationCosts {
                 generation_seconds: 0.0,
                 reward_seconds: None,
                 behavior_verification_seconds: 0.0,
                 optimization_with_reference_seconds: 0.0,
                 state_hashing_seconds: 0.0,
                 loop_seconds: seconds,
-            },
+            }),
         };
         TrainingMetrics::Grpo(GrpoMetrics {
             identity: GrpoIdentity::new(&params, "d".into(), "v".into()),
@@ -573,7 +578,7 @@ mod tests {
                 event_log: EventLogSummary { events: 0 },
             },
             final_model_digest: "f".into(),
-            costs: RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None },
+            costs: Some(RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None }),
         })
     }
     use serde_json::Value;
@@ -615,7 +620,7 @@ mod tests {
             history: vec![],
             validation_history: vec![],
             final_model_digest: "f".into(),
-            costs: RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None },
+            costs: Some(RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None }),
         });
         assert!(run_record("on", &sft, None, "ALL").unwrap_err().contains("not the metrics of a GRPO run"));
     }

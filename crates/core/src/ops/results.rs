@@ -342,7 +342,12 @@ impl Op for ResultsTable {
                 }
                 TrainingMetrics::Sft(_) => (None, None, "-".to_string()),
             };
-            let costs = m.costs();
+            let Some(costs) = m.costs() else {
+                return Err(OpError::Failed(format!(
+                    "training run '{name}': its metrics record no costs (a state's metrics, which keep durations out \
+                     of hashed bytes; give the node's `metrics` output)"
+                )));
+            };
             let rss = mebibytes(costs.peak_rss_bytes);
             md.push_str(&format!(
                 "| {name} ({}) | {} | {rss} | {} | {} | {zero_text} |\n",

@@ -59,11 +59,29 @@ impl TrainingMetrics {
         }
     }
 
-    pub fn costs(&self) -> &RunCosts {
+    /// The process's wall-clock and memory (`None` in a state).
+    pub fn costs(&self) -> Option<&RunCosts> {
         match self {
-            TrainingMetrics::Sft(m) => &m.costs,
-            TrainingMetrics::Grpo(m) => &m.costs,
+            TrainingMetrics::Sft(m) => m.costs.as_ref(),
+            TrainingMetrics::Grpo(m) => m.costs.as_ref(),
         }
+    }
+
+    /// The same metrics without wall-clock durations and memory, as a state
+    /// holds them: two runs of one key then write the same state, byte for
+    /// byte, so every key downstream of a state (a resume, its check) agrees
+    /// across workspaces and machines. The `metrics` output keeps them.
+    pub fn without_costs(mut self) -> TrainingMetrics {
+        match &mut self {
+            TrainingMetrics::Sft(m) => m.costs = None,
+            TrainingMetrics::Grpo(m) => {
+                m.costs = None;
+                for h in &mut m.history {
+                    h.costs = None;
+                }
+            }
+        }
+        self
     }
 
     pub fn updates(&self) -> usize {
@@ -144,7 +162,9 @@ pub struct SftMetrics {
     pub history: Vec<SftUpdate>,
     pub validation_history: Vec<SftValidation>,
     pub final_model_digest: String,
-    pub costs: RunCosts,
+    /// Absent in a state: durations are kept out of hashed bytes ([`TrainingMetrics::without_costs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<RunCosts>,
 }
 
 /// One SFT update.
@@ -199,7 +219,9 @@ pub struct GrpoMetrics {
     pub reference_unchanged: bool,
     pub guard: GuardSummary,
     pub final_model_digest: String,
-    pub costs: RunCosts,
+    /// Absent in a state: durations are kept out of hashed bytes ([`TrainingMetrics::without_costs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<RunCosts>,
 }
 
 /// One GRPO iteration.
@@ -231,7 +253,10 @@ pub struct GrpoIteration {
     pub canary: Canary,
     /// Fault families injected at this iteration.
     pub faults: Vec<String>,
-    pub costs: IterationCosts,
+    /// Absent in a state, and so for the iterations a resumed run took over
+    /// from its interrupted one: the time they took is that process's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<IterationCosts>,
 }
 
 /// How the responses of an iteration ended.

@@ -9,6 +9,7 @@ use orchestrate_core::data::rows::{read_examples, LabelRow};
 use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, TEMPLATE_FILES};
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
+use orchestrate_core::train::metrics::TrainingMetrics;
 use orchestrate_core::train::state::{read_state, write_state, StateFile};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
@@ -173,14 +174,17 @@ pub fn read(path: &Path) -> Result<StateFile> {
     Ok(read_state(path)?)
 }
 
-/// Writes the node's outputs: the model folder (with the tokenizer), the state, the metrics.
+/// Writes the node's outputs: the model folder (with the tokenizer), the
+/// state, the metrics. The state holds the metrics without wall-clock costs
+/// (`TrainingMetrics::without_costs`), so two runs of one key write the same
+/// state; the `metrics` output keeps them.
 pub fn write_outputs(
     job: &WorkerJob,
     model: &CausalLm,
     model_dir: &Path,
     params: &BTreeMap<String, Tensor>,
     adam: &AdamW,
-    meta: &Value,
+    metrics: TrainingMetrics,
 ) -> Result<()> {
     let out = job.staging.join("model");
     model.save(&out)?;
@@ -192,8 +196,9 @@ pub fn write_outputs(
             std::fs::copy(&src, out.join(extra))?;
         }
     }
-    save_state(&job.staging.join("state"), params, adam, meta)?;
-    std::fs::write(job.staging.join("metrics"), serde_json::to_string_pretty(meta)? + "\n")?;
+    let meta = serde_json::to_value(&metrics)?;
+    save_state(&job.staging.join("state"), params, adam, &serde_json::to_value(metrics.without_costs())?)?;
+    std::fs::write(job.staging.join("metrics"), serde_json::to_string_pretty(&meta)? + "\n")?;
     Ok(())
 }
 

@@ -200,11 +200,11 @@ impl Setup {
                 event_log: EventLogSummary { events: events.len() },
             },
             final_model_digest,
-            costs: RunCosts {
+            costs: Some(RunCosts {
                 seconds: self.started.elapsed().as_secs_f64(),
                 optimization_seconds: None,
                 peak_rss_bytes: peak_rss_bytes(),
-            },
+            }),
         })
     }
 }
@@ -585,14 +585,14 @@ pub fn record(
         guard,
         canary: sampled.canary,
         faults: sampled.faults.iter().map(|f| format!("{:?}", f.family)).collect(),
-        costs: IterationCosts {
+        costs: Some(IterationCosts {
             generation_seconds: sampled.generation_seconds,
             reward_seconds: Some(scored.reward_seconds),
             behavior_verification_seconds: scored.verification_seconds,
             optimization_with_reference_seconds: done.optimization_seconds,
             state_hashing_seconds: hashing_seconds,
             loop_seconds: done.started.elapsed().as_secs_f64(),
-        },
+        }),
     });
     // A boundary of the whole run is a committed checkpoint, whether or not this
     // process stops there: an interrupt at a boundary commits it exactly as the
@@ -790,7 +790,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     }
     let meta = s.metrics(&ledger, &pos, stop, adam.step, digest(&params), &reference_now)?;
     s.reward.into_inner().unwrap_or_else(|e| e.into_inner()).finish().map_err(|e| err!("{e}"))?;
-    write_outputs(job, &policy, model_dir, &params, &adam, &serde_json::to_value(TrainingMetrics::Grpo(meta))?)?;
+    write_outputs(job, &policy, model_dir, &params, &adam, TrainingMetrics::Grpo(meta))?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
     Ok(())

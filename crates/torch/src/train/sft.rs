@@ -156,7 +156,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
             nll / count.max(1.0)
         );
     }
-    let meta = serde_json::to_value(TrainingMetrics::Sft(SftMetrics {
+    let meta = TrainingMetrics::Sft(SftMetrics {
         identity,
         next_epoch: stop,
         complete: stop == p.epochs,
@@ -166,11 +166,11 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         history,
         validation_history,
         final_model_digest: digest(&params),
-        costs: RunCosts {
+        costs: Some(RunCosts {
             seconds: started.elapsed().as_secs_f64(),
             optimization_seconds: Some(optimization_seconds),
             peak_rss_bytes: peak_rss_bytes(),
-        },
-    }))?;
-    write_outputs(job, &model, model_dir, &params, &adam, &meta)
+        }),
+    });
+    write_outputs(job, &model, model_dir, &params, &adam, meta)
 }
