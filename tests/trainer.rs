@@ -268,3 +268,21 @@ fn two_fresh_workspaces_agree_on_every_key_of_the_training_chain() {
         assert_eq!(Some(key), second.get(node), "node {node} has another key in the second workspace");
     }
 }
+
+/// (Issue #34.) `run --check` re-executes training nodes and they reproduce:
+/// the model and the state byte for byte, the metrics in all but their
+/// wall-clock durations (which no re-execution reproduces, and which it says).
+#[test]
+fn run_check_reproduces_sft_grpo_and_their_resumes() {
+    let p = Project::new();
+    p.write("train.yaml", SPEC);
+    p.run_json(&["train.yaml"], 0);
+    let out = p.run(&["run", "train.yaml", "--check", "warmstart-resume", "grpo@mode=continuous", "grpo-resume"]);
+    assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    for node in ["warmstart-resume", "grpo@mode=continuous", "grpo-resume"] {
+        assert!(text.contains(&format!("reproduced  {node} ")), "{text}");
+    }
+    assert!(text.contains("(metrics: only wall-clock durations differ)"), "{text}");
+    assert!(text.contains("checked 3 node(s): 3 reproduced, 0 did not"), "{text}");
+}

@@ -55,6 +55,11 @@ pub struct CheckResult {
     pub key: Option<Key>,
     #[serde(flatten)]
     pub outcome: CheckOutcome,
+    /// Outputs that differ only in wall-clock durations (a training node's
+    /// `metrics`: its costs), which no re-execution reproduces; the node
+    /// still counts as reproduced.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub durations_differ: Vec<String>,
     /// The cached copy came from the remote for this check.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub from_remote: bool,
@@ -100,6 +105,7 @@ pub fn check(
                 node: id.clone(),
                 key,
                 outcome,
+                durations_differ: Vec::new(),
                 from_remote,
                 seconds: started.elapsed().as_secs_f64(),
                 cached,
@@ -194,11 +200,11 @@ pub fn check(
             continue;
         }
         let rerun = with_interrupts(&cancel, || node::recheck(&job, &record, &cached));
-        let outcome = match rerun {
+        let (outcome, durations_differ) = match rerun {
             Ok(outputs) => compare(ws, &cached, &outputs),
-            Err(error) => CheckOutcome::Failed { error },
+            Err(error) => (CheckOutcome::Failed { error }, Vec::new()),
         };
-        results.push(result(Some(key), outcome, from_remote, Some(cached)));
+        results.push(CheckResult { durations_differ, ..result(Some(key), outcome, from_remote, Some(cached)) });
     }
     Ok(results)
 }
@@ -223,23 +229,45 @@ fn with_interrupts<T>(cancel: &AtomicBool, f: impl FnOnce() -> T) -> T {
     })
 }
 
-/// The first output whose re-executed hash differs from the cached one.
-fn compare(ws: &Workspace, cached: &CachedNode, rerun: &[OutputRecord]) -> CheckOutcome {
+/// The first output whose re-executed hash differs from the cached one
+/// (one that differs only in wall-clock durations is listed apart).
+fn compare(ws: &Workspace, cached: &CachedNode, rerun: &[OutputRecord]) -> (CheckOutcome, Vec<String>) {
+    let mut durations = Vec::new();
     for o in &cached.outputs {
         let Some(r) = rerun.iter().find(|r| r.name == o.name) else {
-            return CheckOutcome::Failed { error: format!("the re-execution wrote no output '{}'", o.name) };
+            let error = format!("the re-execution wrote no output '{}'", o.name);
+            return (CheckOutcome::Failed { error }, durations);
         };
-        if r.object.hash != o.object.hash {
-            return CheckOutcome::Differs {
-                output: o.name.clone(),
-                cached: o.object.clone(),
-                rerun: r.object.clone(),
-                first_difference: first_difference(ws, o, &r.object),
-                rerun_path: ws.object_path(&r.object.hash),
-            };
+        if r.object.hash == o.object.hash {
+            continue;
         }
+        if only_durations_differ(ws, o, &r.object) {
+            durations.push(o.name.clone());
+            continue;
+        }
+        let differs = CheckOutcome::Differs {
+            output: o.name.clone(),
+            cached: o.object.clone(),
+            rerun: r.object.clone(),
+            first_difference: first_difference(ws, o, &r.object),
+            rerun_path: ws.object_path(&r.object.hash),
+        };
+        return (differs, durations);
     }
-    CheckOutcome::Reproduced
+    (CheckOutcome::Reproduced, durations)
+}
+
+/// Whether two versions of an output are training metrics that are the same
+/// but for their wall-clock costs (which `check.resume` does not compare either).
+fn only_durations_differ(ws: &Workspace, cached: &OutputRecord, rerun: &ObjectInfo) -> bool {
+    if cached.name != "metrics" || cached.object.kind != OutputKind::File || !cached.stored() {
+        return false;
+    }
+    let read = |hash: &str| crate::train::metrics::TrainingMetrics::read(&ws.object_path(hash)).ok();
+    match (read(&cached.object.hash), read(&rerun.hash)) {
+        (Some(a), Some(b)) => a.without_costs() == b.without_costs(),
+        _ => false,
+    }
 }
 
 /// Where two versions of an output first differ: the byte and line of a
@@ -250,7 +278,7 @@ fn first_difference(ws: &Workspace, cached: &OutputRecord, rerun: &ObjectInfo) -
         return "the cached bytes are no longer in this workspace's store (dropped or collected)".into();
     }
     match (cached.object.kind, rerun.kind) {
-        (OutputKind::File, OutputKind::File) => first_byte(&a, &b),
+        (OutputKind::File, OutputKind::File) => file_difference(&cached.name, &a, &b),
         (OutputKind::Dir, OutputKind::Dir) => {
             let (Ok((old, _)), Ok((new, _))) = (dir_listing(&a), dir_listing(&b)) else {
                 return "a folder's listing could not be read".into();
@@ -275,6 +303,40 @@ fn first_difference(ws: &Workspace, cached: &OutputRecord, rerun: &ObjectInfo) -
     }
 }
 
+/// Where two versions of a file output differ: the first differing byte and
+/// line, and what it is: for a training state, the first field or tensor
+/// element (`tensor model.embed_tokens.weight: element 17 differs`); for a
+/// JSON file (a training node's metrics), the first differing field, whose
+/// path names the iteration (`field history[3].mean_reward: 0.25 vs 0.5`).
+fn file_difference(output: &str, a: &Path, b: &Path) -> String {
+    let at = first_byte(a, b);
+    let what = if output == crate::store::gc::STATE_OUTPUT {
+        match (crate::train::state::read_state(a), crate::train::state::read_state(b)) {
+            (Ok(x), Ok(y)) => crate::train::state::first_difference(&x, &y, &[]),
+            _ => None,
+        }
+    } else {
+        let json = |p: &Path| -> Option<serde_json::Value> {
+            let meta = std::fs::metadata(p).ok()?;
+            (meta.len() <= MAX_JSON_COMPARED)
+                .then(|| std::fs::read(p).ok())
+                .flatten()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+        };
+        match (json(a), json(b)) {
+            (Some(x), Some(y)) => crate::train::state::json_first_difference(&x, &y),
+            _ => None,
+        }
+    };
+    match what {
+        Some(what) => format!("{at}: {what}"),
+        None => at,
+    }
+}
+
+/// JSON outputs larger than this are compared by bytes only.
+const MAX_JSON_COMPARED: u64 = 64 << 20;
+
 /// The first differing byte of two files, with its line (1-based).
 fn first_byte(a: &Path, b: &Path) -> String {
     let (Ok(fa), Ok(fb)) = (std::fs::File::open(a), std::fs::File::open(b)) else {
@@ -294,5 +356,38 @@ fn first_byte(a: &Path, b: &Path) -> String {
             (Ok(Some(_)), Ok(Some(_))) => return format!("byte {offset} (line {line})"),
             _ => return format!("byte {offset}: a read failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_training_state_or_metrics_difference_names_the_tensor_or_the_iteration() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = serde_json::json!({"kind": "grpo", "next_iteration": 2});
+        let state = |name: &str, w: f32| {
+            let path = dir.path().join(name);
+            let tensors = [("model.w".to_string(), vec![2], vec![1.0, w]), ("adam.m".to_string(), vec![1], vec![0.5])];
+            crate::train::state::write_state(&path, &meta, &tensors).unwrap();
+            path
+        };
+        let (a, b) = (state("a", 2.0), state("b", 3.0));
+        let said = file_difference("state", &a, &b);
+        assert!(said.starts_with("byte ") && said.contains("tensor model.w: element 1 differs (2 vs 3)"), "{said}");
+
+        let metrics = |name: &str, reward: f64| {
+            let path = dir.path().join(name);
+            let m = serde_json::json!({"history": [{"mean_reward": 0.25}, {"mean_reward": reward}]});
+            std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+            path
+        };
+        let said = file_difference("metrics", &metrics("m1", 0.5), &metrics("m2", 0.75));
+        assert!(said.contains("(line 7)") && said.contains("history[1].mean_reward: 0.5 vs 0.75"), "{said}");
+        // Anything else: the byte and line alone.
+        std::fs::write(dir.path().join("t1"), "same\nold\n").unwrap();
+        std::fs::write(dir.path().join("t2"), "same\nnew\n").unwrap();
+        assert_eq!(file_difference("out.txt", &dir.path().join("t1"), &dir.path().join("t2")), "byte 5 (line 2)");
     }
 }

@@ -127,6 +127,12 @@ pub fn first_difference(a: &StateFile, b: &StateFile, ignore: &[&str]) -> Option
     None
 }
 
+/// The first difference between two JSON documents, as a dotted path with
+/// both values (`field history[3].mean_reward: 0.25 vs 0.5`), or `None` when equal.
+pub fn json_first_difference(a: &Value, b: &Value) -> Option<String> {
+    json_difference("", a, b, &[])
+}
+
 fn json_difference(path: &str, a: &Value, b: &Value, ignore: &[&str]) -> Option<String> {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
