@@ -59,9 +59,20 @@ pub struct FreezeOptions {
     pub max_output_bytes: u64,
 }
 
+/// SHA-256 of a file, read in 1 MiB pieces (a pack may hold model weights).
 fn sha256_file(path: &Path) -> Result<String, PackError> {
-    let bytes = fs::read(path).map_err(io(format!("reading {}", path.display())))?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
+    use std::io::Read;
+    let mut file = fs::File::open(path).map_err(io(format!("reading {}", path.display())))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io(format!("reading {}", path.display())))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", hasher.finalize()))
 }
 
 fn copy_object(src: &Path, dst: &Path) -> Result<(), PackError> {

@@ -19,7 +19,6 @@
 //! encoding, as model-signing's `key` signer makes it.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -172,19 +171,8 @@ fn resources(dir: &Path) -> Result<Vec<Resource>, PackError> {
     }
     let mut out = Vec::new();
     for name in files.into_iter().filter(|f| f != SIGNATURE_FILE) {
-        let path = dir.join(&name);
-        let mut file =
-            std::fs::File::open(&path).map_err(|e| PackError::Refused(format!("reading {}: {e}", path.display())))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = file.read(&mut buf).map_err(|e| PackError::Refused(format!("reading {}: {e}", path.display())))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        out.push(Resource { name, algorithm: "sha256".into(), digest: format!("{:x}", hasher.finalize()) });
+        let digest = super::sha256_file(&dir.join(&name))?;
+        out.push(Resource { name, algorithm: "sha256".into(), digest });
     }
     Ok(out)
 }
