@@ -147,21 +147,12 @@ fn grpo_metrics(m: &GrpoMetrics) -> Vec<Metric> {
         metric("refused batches", Unit::Count, Some(m.guard.detections.len() as f64)),
         metric("bad updates applied", Unit::Count, Some(m.guard.bad_updates_applied as f64)),
         metric("seconds", Unit::Seconds, m.costs.as_ref().map(|c| c.seconds)),
-        metric("generation seconds", Unit::Seconds, total_cost(h, |c| c.generation_seconds)),
-        metric("behavior check seconds", Unit::Seconds, total_cost(h, |c| c.behavior_verification_seconds)),
-        metric("optimization seconds", Unit::Seconds, total_cost(h, |c| c.optimization_with_reference_seconds)),
-        metric("hashing seconds", Unit::Seconds, total_cost(h, |c| c.state_hashing_seconds)),
+        metric("generation seconds", Unit::Seconds, m.total_cost(|c| c.generation_seconds)),
+        metric("behavior check seconds", Unit::Seconds, m.total_cost(|c| c.behavior_verification_seconds)),
+        metric("optimization seconds", Unit::Seconds, m.total_cost(|c| c.optimization_with_reference_seconds)),
+        metric("hashing seconds", Unit::Seconds, m.total_cost(|c| c.state_hashing_seconds)),
         metric("peak RSS MB", Unit::Megabytes, mb(m.costs.as_ref().and_then(|c| c.peak_rss_bytes))),
     ]
-}
-
-/// A cost summed over the iterations; undefined if any iteration has none
-/// (those a resumed run took over from its interrupted one).
-fn total_cost(
-    h: &[crate::train::metrics::GrpoIteration],
-    k: fn(&crate::train::metrics::IterationCosts) -> f64,
-) -> Option<f64> {
-    h.iter().map(|i| i.costs.as_ref().map(k)).sum()
 }
 
 fn sft_metrics(m: &SftMetrics) -> Vec<Metric> {

@@ -716,7 +716,7 @@ pub fn render(src: &Source) -> String {
             if m.history.is_empty() {
                 "undefined".into()
             } else {
-                match m.history.iter().map(|h| h.costs.as_ref().map(k)).sum::<Option<f64>>() {
+                match m.total_cost(k) {
                     Some(total) => format!("{total:.2}"),
                     None => "undefined".into(),
                 }

@@ -224,6 +224,14 @@ pub struct GrpoMetrics {
     pub costs: Option<RunCosts>,
 }
 
+impl GrpoMetrics {
+    /// One cost summed over the iterations; undefined if any iteration has
+    /// none (those a resumed run took over from its interrupted one).
+    pub fn total_cost(&self, cost: fn(&IterationCosts) -> f64) -> Option<f64> {
+        self.history.iter().map(|i| i.costs.as_ref().map(cost)).sum()
+    }
+}
+
 /// One GRPO iteration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
