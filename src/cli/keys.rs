@@ -45,14 +45,14 @@ pub fn open_remote(
     signing: bool,
 ) -> Result<remote::Remote> {
     let given = url.filter(|u| !u.is_empty());
-    let Some((parsed, configured_jobs)) = remote::resolve(given, workspace)? else {
+    let config = remote::read_config(workspace)?;
+    let Some((parsed, configured_jobs)) = remote::resolve(given, &config)? else {
         bail!(
             "no remote: give --remote s3://BUCKET/PREFIX (or file:///PATH), set ORCHESTRATE_REMOTE, or add \
              `remote: {{url: ...}}` to {}",
             remote::config_path(workspace).display()
         );
     };
-    let config = remote::read_config(workspace)?;
     let mut policy = config.trust(workspace)?;
     policy.accept_unverified = trust.trust_unsigned;
     let signer = if signing {

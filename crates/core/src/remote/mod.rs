@@ -163,7 +163,7 @@ pub fn read_config(workspace: &Path) -> Result<WorkspaceConfig, RemoteError> {
 
 /// Which remote to use: `--remote`, else `ORCHESTRATE_REMOTE`, else the
 /// workspace config's `remote.url` (`None`: no remote).
-pub fn resolve(cli: Option<&str>, workspace: &Path) -> Result<Option<(RemoteUrl, Option<usize>)>, RemoteError> {
+pub fn resolve(cli: Option<&str>, config: &WorkspaceConfig) -> Result<Option<(RemoteUrl, Option<usize>)>, RemoteError> {
     if let Some(url) = cli {
         return Ok(Some((RemoteUrl::parse(url)?, None)));
     }
@@ -172,8 +172,7 @@ pub fn resolve(cli: Option<&str>, workspace: &Path) -> Result<Option<(RemoteUrl,
             return Ok(Some((RemoteUrl::parse(&url)?, None)));
         }
     }
-    let config = read_config(workspace)?;
-    match config.remote {
+    match &config.remote {
         Some(r) => Ok(Some((RemoteUrl::parse(&r.url)?, r.jobs))),
         None => Ok(None),
     }
