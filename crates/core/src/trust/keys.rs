@@ -174,6 +174,9 @@ impl SecretKey {
                 path.display()
             ))
         })?;
+        if !meta.is_file() {
+            return Err(TrustError(format!("{}: not a regular file (a key file may not be a link)", path.display())));
+        }
         if meta.permissions().mode() & 0o077 != 0 {
             return Err(TrustError(format!(
                 "{}: a private key readable by others is refused (chmod 600 {})",
@@ -292,6 +295,10 @@ mod tests {
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
         let shared = SecretKey::load(secret.to_str().unwrap()).unwrap_err().to_string();
         assert!(shared.contains("readable by others"), "{shared}");
+        let link = dir.path().join("link.pem");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let linked = SecretKey::load(link.to_str().unwrap()).unwrap_err().to_string();
+        assert!(linked.contains("may not be a link"), "{linked}");
     }
 
     #[test]
