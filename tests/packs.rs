@@ -573,12 +573,12 @@ fn a_signed_pack_verifies_with_model_signing_and_audit_and_any_edit_fails_both()
 
     // One byte changed in any file, or a file added: both verifiers refuse.
     let scratch = tempfile::tempdir().unwrap();
-    let mut cases: Vec<(String, Box<dyn Fn(&Path)>)> = signed
+    let mut cases: Vec<(String, Tamper)> = signed
         .iter()
         .map(|f| {
             let what = format!("one byte of {f}");
             let f = f.clone();
-            let edit: Box<dyn Fn(&Path)> = Box::new(move |d: &Path| {
+            let edit: Tamper = Box::new(move |d: &Path| {
                 let path = d.join(&f);
                 let mut bytes = std::fs::read(&path).unwrap();
                 bytes[0] ^= 1;
@@ -589,7 +589,7 @@ fn a_signed_pack_verifies_with_model_signing_and_audit_and_any_edit_fails_both()
         .collect();
     cases
         .push(("an added file".into(), Box::new(|d: &Path| std::fs::write(d.join("outputs/extra.txt"), "x").unwrap())));
-    for (i, (what, edit)) in cases.iter().enumerate() {
+    for (i, (what, edit)) in cases.into_iter().enumerate() {
         let copy = scratch.path().join(format!("case-{i}"));
         copy_dir(&dir, &copy);
         edit(&copy);
