@@ -534,7 +534,12 @@ fn a_reward_program_is_summed_logged_keyed_and_its_failures_fail_the_node() {
         assert!((mean - (c + 0.5 * s)).abs() < 1e-12, "mean {mean} = {c} + 0.5 × {s}");
         // Each response's reward is one of the four sums the terms can make.
         assert!(rewards.iter().all(|r| [0.0, 0.5, 1.0, 1.5].contains(r)), "{rewards:?}");
-        assert!(h["costs"]["reward_seconds"].as_f64().unwrap() > 0.0);
+    }
+    // What computing the rewards took is in the node's record, per iteration.
+    let status: serde_json::Value = serde_json::from_str(&stdout(&p.run(&["status", "--json"]))).unwrap();
+    let grpo = status["nodes"].as_array().unwrap().iter().find(|n| n["node_id"] == "grpo").unwrap();
+    for (_, c) in grpo["costs"]["iterations"].as_object().unwrap() {
+        assert!(c["reward_seconds"].as_f64().unwrap() > 0.0, "{c}");
     }
     // The envelope named the sum of terms, which the guard accepted: weights changed.
     assert!(m["history"][0]["weights_changed"].as_bool().unwrap(), "{}", m["history"][0]);

@@ -130,7 +130,20 @@ fn e2_reports_both_arms_per_seed_and_gates_the_margin() {
         assert_eq!(row["n"], 5);
         let mean = values.iter().sum::<f64>() / 5.0;
         assert!((a["success"]["mean"].as_f64().unwrap() - mean).abs() < 1e-12);
-        assert!(a["step_seconds"]["mean"].as_f64().unwrap() > 0.0);
+        // Step time is no result in the summary (a duration would change every
+        // key downstream); `compare --group-by seed` reads it from the records.
+        assert!(a.get("step_seconds").is_none(), "{a}");
+        let step = g["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r["metric"] == "step seconds (unfaulted iterations)"
+                    && r["group"].as_str().is_some_and(|g| g.contains(&format!("guard={arm}")))
+            })
+            .unwrap_or_else(|| panic!("no step time for arm {arm}: {g:#}"));
+        assert_eq!(step["n"], 5, "{step}");
+        assert!(step["values"].as_array().unwrap().iter().all(|v| v.as_f64().unwrap() > 0.0), "{step}");
         assert!(a["train_reward"]["std"].is_number());
     }
     let diff = summary["arms"]["on"]["success"]["mean"].as_f64().unwrap()

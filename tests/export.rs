@@ -26,11 +26,13 @@ fn mean(xs: &[f64]) -> Option<f64> {
     (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
 }
 
-/// The scalars a GRPO metrics file should give, computed from its JSON.
-fn expected_grpo(m: &Value) -> BTreeMap<String, Vec<(i64, f64)>> {
+/// The scalars a GRPO metrics file and its node's recorded costs should
+/// give, computed from their JSON.
+fn expected_grpo(m: &Value, costs: &Value) -> BTreeMap<String, Vec<(i64, f64)>> {
     let mut out: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::new();
     for h in m["history"].as_array().unwrap() {
         let step = h["iteration"].as_i64().unwrap();
+        let cost = &costs["iterations"][step.to_string()];
         let mut put = |tag: &str, v: Option<f64>| {
             if let Some(v) = v {
                 out.entry(tag.into()).or_default().push((step, v));
@@ -64,8 +66,8 @@ fn expected_grpo(m: &Value) -> BTreeMap<String, Vec<(i64, f64)>> {
         put("train/completions/clipped_ratio", Some(length / (eos + length)));
         put("orchestrate/behavior_max_gap", Some(h["behavior_max_gap"].as_f64().unwrap()));
         put("orchestrate/refused_batch", Some(if h["guard"]["decision"] == "allow" { 0.0 } else { 1.0 }));
-        put("orchestrate/loop_seconds", Some(h["costs"]["loop_seconds"].as_f64().unwrap()));
-        put("orchestrate/reward_seconds", h["costs"]["reward_seconds"].as_f64());
+        put("orchestrate/loop_seconds", Some(cost["loop_seconds"].as_f64().unwrap()));
+        put("orchestrate/reward_seconds", cost["reward_seconds"].as_f64());
         // Each reward term under TRL's names (one term here: the verifier).
         for (name, t) in h["reward_terms"].as_object().unwrap() {
             put(&format!("train/rewards/{name}/mean"), t["mean"].as_f64());
@@ -135,7 +137,11 @@ fn every_exported_scalar_reads_back_in_tensorboard_as_the_run_measured_it() {
         let out = p.run(&["path", "t.yaml", &format!("{node}:metrics")]);
         serde_json::from_str(&std::fs::read_to_string(stdout(&out).trim()).unwrap()).unwrap()
     };
-    same(&read["grpo"], &expected_grpo(&metrics("grpo")), "grpo");
+    // What each iteration cost is in the node's record (issue #34), as `status` shows it.
+    let status: Value = serde_json::from_str(&stdout(&p.run(&["status", "--json"]))).unwrap();
+    let costs = &status["nodes"].as_array().unwrap().iter().find(|n| n["node_id"] == "grpo").unwrap()["costs"];
+    assert!(metrics("grpo")["history"][0].get("costs").is_none(), "no duration in a hashed output");
+    same(&read["grpo"], &expected_grpo(&metrics("grpo"), costs), "grpo");
     same(&read["sft"], &expected_sft(&metrics("sft")), "sft");
     assert_eq!(read["grpo"]["train/reward"].len(), 3);
 

@@ -44,6 +44,14 @@ fn interrupt_and_resume_equal_continuous_and_the_reference_never_changes() {
         assert!(h["behavior_max_gap"].as_f64().unwrap() <= 2e-4);
         let fraction = h["zero_variance_fraction"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&fraction));
+        assert!(h.get("costs").is_none(), "no duration in a hashed output: {h}");
+    }
+    // The costs are in the node's record: each iteration's, as `status` shows them.
+    let status: serde_json::Value = serde_json::from_str(&stdout(&p.run(&["status", "--json"]))).unwrap();
+    let node = status["nodes"].as_array().unwrap().iter().find(|n| n["node_id"] == "grpo@mode=continuous").unwrap();
+    let iterations = node["costs"]["iterations"].as_object().unwrap();
+    assert_eq!(iterations.keys().collect::<Vec<_>>(), ["0", "1", "2"], "{node}");
+    for c in iterations.values() {
         for cost in [
             "generation_seconds",
             "behavior_verification_seconds",
@@ -51,7 +59,7 @@ fn interrupt_and_resume_equal_continuous_and_the_reference_never_changes() {
             "state_hashing_seconds",
             "loop_seconds",
         ] {
-            assert!(h["costs"][cost].as_f64().unwrap() >= 0.0, "{cost}");
+            assert!(c[cost].as_f64().unwrap() >= 0.0, "{cost}");
         }
     }
     let interrupted = json_output(&p, "grpo@mode=interrupt:metrics");
@@ -241,15 +249,19 @@ fn a_forced_grpo_rerun_is_a_new_attempt_and_the_resume_check_still_passes() {
 }
 
 /// (Issue #34.) Two fresh workspaces running the same training chain agree on
-/// every node's key, the resumes and their checks included: a state keeps no
-/// wall-clock durations, and `eval.generate`'s `policy` label is not keyed
-/// (the two workspaces name it differently). Nodes that read a `metrics` or
-/// an evaluation `summary` (which still carry durations) are not in this chain.
+/// every node's key: the resumes and their checks, the evaluation's score and
+/// the results table too. No hashed output holds a wall-clock duration or a
+/// memory peak (they are kept in each node's record, beside its outputs), and
+/// `eval.generate`'s `policy` label is not keyed (the two name it differently).
 #[test]
 fn two_fresh_workspaces_agree_on_every_key_of_the_training_chain() {
     let keys = |policy: &str| {
         let p = Project::new();
-        let eval = format!("  eval:\n    op: eval.generate\n    inputs: {{model: 'grpo-resume:model', pages: 'data:pages.test'}}\n    params: {{draws: 1, max_new_tokens: 8, policy: {policy}}}\n");
+        let eval = format!(
+            "  eval:\n    op: eval.generate\n    inputs: {{model: 'grpo-resume:model', pages: 'data:pages.test'}}\n    params: {{draws: 1, max_new_tokens: 8, policy: {policy}}}\n\
+             \x20 score:\n    op: eval.score\n    inputs: {{responses: 'eval:responses', summary: 'eval:summary', labels: 'data:labels.test'}}\n\
+             \x20 results:\n    op: results.table\n    inputs: {{evals: ['score:results'], training: ['warmstart@mode=continuous:metrics', 'grpo-resume:metrics']}}\n    params: {{policies: [grpo], runs: [warmstart, grpo]}}\n"
+        );
         p.write("train.yaml", &format!("{SPEC}{eval}"));
         let ev = p.run_json(&["train.yaml"], 0);
         let keys: std::collections::BTreeMap<String, String> = ev
@@ -257,21 +269,30 @@ fn two_fresh_workspaces_agree_on_every_key_of_the_training_chain() {
             .filter(|e| e["event"] == "node_finished")
             .map(|e| (e["node"].as_str().unwrap().to_string(), e["key"].as_str().unwrap().to_string()))
             .collect();
-        // A resumed run's metrics read, the iterations it took over without costs.
+        // What each process cost is in its node's record, not in its outputs.
         let resumed = json_output(&p, "grpo-resume:metrics");
-        assert!(resumed["history"][0].get("costs").is_none() && resumed["history"][2]["costs"].is_object());
+        assert!(resumed.get("costs").is_none() && resumed["history"][2].get("costs").is_none(), "{resumed}");
+        assert!(json_output(&p, "eval:summary").get("generation_seconds").is_none());
+        let status = p.run(&["status", "--json"]);
+        assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+        let status: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+        let grpo = status["nodes"].as_array().unwrap().iter().find(|c| c["node_id"] == "grpo-resume").unwrap();
+        assert!(grpo["costs"]["process"]["seconds"].as_f64().unwrap() > 0.0, "{grpo}");
+        // The resumed process ran iterations 1 and 2; iteration 0 was the interrupted one's.
+        let ran: Vec<&String> = grpo["costs"]["iterations"].as_object().unwrap().keys().collect();
+        assert_eq!(ran, ["1", "2"], "{grpo}");
         keys
     };
     let (first, second) = (keys("resumed"), keys("grpo"));
-    assert_eq!(first.len(), 12, "{first:?}");
+    assert_eq!(first.len(), 14, "{first:?}");
     for (node, key) in &first {
         assert_eq!(Some(key), second.get(node), "node {node} has another key in the second workspace");
     }
 }
 
-/// (Issue #34.) `run --check` re-executes training nodes and they reproduce:
-/// the model and the state byte for byte, the metrics in all but their
-/// wall-clock durations (which no re-execution reproduces, and which it says).
+/// (Issue #34.) `run --check` re-executes training nodes and they reproduce
+/// every output byte for byte: the model, the state and the metrics (which
+/// hold no wall-clock duration; those are in the record).
 #[test]
 fn run_check_reproduces_sft_grpo_and_their_resumes() {
     let p = Project::new();
@@ -283,6 +304,5 @@ fn run_check_reproduces_sft_grpo_and_their_resumes() {
     for node in ["warmstart-resume", "grpo@mode=continuous", "grpo-resume"] {
         assert!(text.contains(&format!("reproduced  {node} ")), "{text}");
     }
-    assert!(text.contains("(metrics: only wall-clock durations differ)"), "{text}");
     assert!(text.contains("checked 3 node(s): 3 reproduced, 0 did not"), "{text}");
 }

@@ -37,15 +37,7 @@ pub fn run_check(
         let key = r.key.as_ref().map(|k| k.short().to_string()).unwrap_or_default();
         let from = if r.from_remote { " (from the remote)" } else { "" };
         let line = match &r.outcome {
-            CheckOutcome::Reproduced if r.durations_differ.is_empty() => {
-                format!("reproduced  {} {key}{from} in {:.1} s", r.node, r.seconds)
-            }
-            CheckOutcome::Reproduced => format!(
-                "reproduced  {} {key}{from} in {:.1} s ({}: only wall-clock durations differ)",
-                r.node,
-                r.seconds,
-                r.durations_differ.join(", ")
-            ),
+            CheckOutcome::Reproduced => format!("reproduced  {} {key}{from} in {:.1} s", r.node, r.seconds),
             CheckOutcome::Differs { output, cached, rerun, first_difference, rerun_path } => format!(
                 "DIFFERS     {} {key}{from}: output '{output}': cached {} ({}), re-executed {} ({}); first difference at {first_difference}; the re-executed bytes: {}",
                 r.node,

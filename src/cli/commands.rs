@@ -1075,12 +1075,20 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
         }
         None => runs.first().map(|r| r.run_id.clone()),
     };
-    let nodes = match &shown {
+    let mut nodes = Vec::new();
+    for node in match &shown {
         Some(r) => index.run_nodes(r)?,
         None => Vec::new(),
-    };
+    } {
+        // What its process cost, from the record of the key it had.
+        let costs = match &node.key {
+            Some(k) => index.lookup(k)?.and_then(|c| c.costs),
+            None => None,
+        };
+        nodes.push(StatusNode { node, costs });
+    }
     if json {
-        outln!("{}", serde_json::json!({"runs": runs, "run": shown, "nodes": nodes}));
+        outln!("{}", serde_json::to_string(&StatusReport { runs, run: shown, nodes })?);
         return Ok(ExitCode::SUCCESS);
     }
     for r in &runs {
@@ -1097,14 +1105,39 @@ fn status(root: &std::path::Path, run: Option<String>, limit: usize, json: bool)
     }
     if let Some(r) = shown {
         outln!("\nnodes of {r}:");
-        for n in nodes {
+        for StatusNode { node: n, costs } in nodes {
             let key = n.key.as_deref().map(|k| &k[..8]).unwrap_or("--------");
             let secs = n.seconds.map(|s| format!("{s:.2}s")).unwrap_or_default();
+            // A cached node's own cost is the run that made it.
+            let cost = costs.map(|c| format!("  (its process: {})", cost_text(&c))).unwrap_or_default();
             let detail = n.detail.map(|d| format!("  {}", escaped_lines(&d))).unwrap_or_default();
-            outln!("  {:<8} {}  {:<28} {secs}{detail}", n.outcome, esc(key), esc(&n.node_id));
+            outln!("  {:<8} {}  {:<28} {secs}{cost}{detail}", n.outcome, esc(key), esc(&n.node_id));
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `status --json` prints.
+#[derive(serde::Serialize)]
+struct StatusReport {
+    runs: Vec<orchestrate_core::store::RunRow>,
+    /// The run whose nodes are listed (`None`: no run yet).
+    run: Option<String>,
+    nodes: Vec<StatusNode>,
+}
+
+/// One node of the listed run, with what its process cost as its record keeps it.
+#[derive(serde::Serialize)]
+struct StatusNode {
+    #[serde(flatten)]
+    node: orchestrate_core::store::RunNodeRow,
+    costs: Option<orchestrate_core::costs::NodeCosts>,
+}
+
+/// A node's costs in a few words: `46.5 s, peak 554 MB`.
+pub(super) fn cost_text(c: &orchestrate_core::costs::NodeCosts) -> String {
+    let rss = c.process.peak_rss_bytes.map(|b| format!(", peak {:.0} MB", b as f64 / 1048576.0)).unwrap_or_default();
+    format!("{:.1} s{rss}", c.process.seconds)
 }
 
 /// At most this many of a pack's problems are printed, then their count.
@@ -1202,8 +1235,39 @@ fn verifier(cmd: VerifierCommand) -> Result<ExitCode> {
     }
 }
 
-/// Prints the outputs ops mark for printing (results tables) after a run.
+/// Prints the outputs ops mark for printing (results tables) after a run,
+/// then what each node's process cost.
 fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
+    print_outputs(ws, dag, result);
+    print_costs(ws, dag, result);
+}
+
+/// What each node of the run that measured its costs (training,
+/// evaluation) cost, as its record keeps them: a cached node's are those of
+/// the run that made it.
+fn print_costs(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
+    let Ok(index) = ws.index() else { return };
+    let mut rows = String::new();
+    for node in &dag.nodes {
+        let (key, when) = match result.outcomes.get(node.id()) {
+            Some(exec::Outcome::Ran { key, .. }) => (key, "this run"),
+            Some(exec::Outcome::Cached { key, .. }) => (key, "cached"),
+            _ => continue,
+        };
+        let Some(c) = index.lookup(key).ok().flatten().and_then(|c| c.costs) else { continue };
+        let rss = c.process.peak_rss_bytes.map_or("undefined".into(), |b| format!("{:.0}", b as f64 / 1048576.0));
+        rows.push_str(&format!("| {} | {} | {:.1} | {rss} | {when} |\n", node.id(), node.op.name(), c.process.seconds));
+    }
+    if !rows.is_empty() {
+        outln!(
+            "\ncosts (each node's process, as its record keeps them; never part of a key):\n\
+             | node | op | seconds | peak RSS (MB) | measured |\n|---|---|---|---|---|\n{rows}"
+        );
+    }
+}
+
+/// Prints the outputs ops mark for printing (results tables).
+fn print_outputs(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
     for node in &dag.nodes {
         let Some(name) = node.op.printed_output() else { continue };
         let outputs = match result.outcomes.get(node.id()) {

@@ -131,7 +131,6 @@ const REWARD_WINDOW: usize = 20;
 fn grpo_metrics(m: &GrpoMetrics) -> Vec<Metric> {
     let h = &m.history;
     let last = h.len().saturating_sub(REWARD_WINDOW);
-    let mb = |b: Option<u64>| b.map(|b| b as f64 / 1048576.0);
     vec![
         metric("train reward (mean over iterations)", Unit::Rate, mean(h.iter().map(|i| i.mean_reward))),
         metric(
@@ -146,13 +145,44 @@ fn grpo_metrics(m: &GrpoMetrics) -> Vec<Metric> {
         metric("updates", Unit::Count, Some(m.updates as f64)),
         metric("refused batches", Unit::Count, Some(m.guard.detections.len() as f64)),
         metric("bad updates applied", Unit::Count, Some(m.guard.bad_updates_applied as f64)),
-        metric("seconds", Unit::Seconds, m.costs.as_ref().map(|c| c.seconds)),
-        metric("generation seconds", Unit::Seconds, m.total_cost(|c| c.generation_seconds)),
-        metric("behavior check seconds", Unit::Seconds, m.total_cost(|c| c.behavior_verification_seconds)),
-        metric("optimization seconds", Unit::Seconds, m.total_cost(|c| c.optimization_with_reference_seconds)),
-        metric("hashing seconds", Unit::Seconds, m.total_cost(|c| c.state_hashing_seconds)),
-        metric("peak RSS MB", Unit::Megabytes, mb(m.costs.as_ref().and_then(|c| c.peak_rss_bytes))),
     ]
+}
+
+/// What a node's process cost ([`Node::costs`]): seconds, GRPO's cost
+/// categories summed over its iterations, peak memory.
+fn cost_metrics(node: &Node, m: Option<&TrainingMetrics>) -> Vec<Metric> {
+    let Some(c) = node.costs(m) else { return Vec::new() };
+    let mb = c.process.peak_rss_bytes.map(|b| b as f64 / 1048576.0);
+    let seconds = if node.op == "eval.generate" { "generation seconds" } else { "seconds" };
+    let mut out = vec![metric(seconds, Unit::Seconds, Some(c.process.seconds))];
+    match m {
+        Some(TrainingMetrics::Grpo(g)) => {
+            let n = g.history.len();
+            out.push(metric("generation seconds", Unit::Seconds, c.total(n, |c| c.generation_seconds)));
+            out.push(metric("behavior check seconds", Unit::Seconds, c.total(n, |c| c.behavior_verification_seconds)));
+            out.push(metric(
+                "optimization seconds",
+                Unit::Seconds,
+                c.total(n, |c| c.optimization_with_reference_seconds),
+            ));
+            out.push(metric("hashing seconds", Unit::Seconds, c.total(n, |c| c.state_hashing_seconds)));
+            // What E1's overhead is about: a whole iteration, over those no
+            // fault touched and this process ran (so arms time the same work).
+            let unfaulted =
+                g.history.iter().filter(|h| h.faults.is_empty()).filter_map(|h| c.iterations.get(&h.iteration));
+            out.push(metric(
+                "step seconds (unfaulted iterations)",
+                Unit::Seconds,
+                mean(unfaulted.map(|c| c.loop_seconds)),
+            ));
+        }
+        Some(TrainingMetrics::Sft(_)) => {
+            out.push(metric("optimization seconds", Unit::Seconds, c.process.optimization_seconds))
+        }
+        None => {}
+    }
+    out.push(metric("peak RSS MB", Unit::Megabytes, mb));
+    out
 }
 
 fn sft_metrics(m: &SftMetrics) -> Vec<Metric> {
@@ -160,13 +190,6 @@ fn sft_metrics(m: &SftMetrics) -> Vec<Metric> {
         metric("final training NLL", Unit::Value, m.history.last().map(|u| u.loss)),
         metric("final validation NLL", Unit::Value, m.validation_history.last().map(|v| v.validation_nll)),
         metric("updates", Unit::Count, Some(m.updates as f64)),
-        metric("seconds", Unit::Seconds, m.costs.as_ref().map(|c| c.seconds)),
-        metric("optimization seconds", Unit::Seconds, m.costs.as_ref().and_then(|c| c.optimization_seconds)),
-        metric(
-            "peak RSS MB",
-            Unit::Megabytes,
-            m.costs.as_ref().and_then(|c| c.peak_rss_bytes).map(|b| b as f64 / 1048576.0),
-        ),
     ]
 }
 
@@ -179,7 +202,6 @@ fn eval_metrics(r: &EvalResults) -> Vec<Metric> {
             out.push(metric(format!("{mode} JSON validity {pop}"), Unit::Rate, s.json_validity));
         }
     }
-    out.push(metric("generation seconds", Unit::Seconds, Some(r.generation_seconds)));
     out
 }
 
@@ -214,24 +236,25 @@ pub fn node_metrics(node: &Node) -> Result<Vec<Metric>, String> {
     let read_err = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
     match node.op.as_str() {
         "train.grpo" | "train.sft" => {
-            let Some(p) = node.outputs.get("metrics") else { return Ok(Vec::new()) };
-            match TrainingMetrics::read(p).map_err(|e| read_err("metrics", &e))? {
-                TrainingMetrics::Grpo(m) => Ok(grpo_metrics(&m)),
-                TrainingMetrics::Sft(m) => Ok(sft_metrics(&m)),
-            }
+            let Some(p) = node.outputs.get("metrics") else { return Ok(cost_metrics(node, None)) };
+            let m = TrainingMetrics::read(p).map_err(|e| read_err("metrics", &e))?;
+            let mut out = match &m {
+                TrainingMetrics::Grpo(m) => grpo_metrics(m),
+                TrainingMetrics::Sft(m) => sft_metrics(m),
+            };
+            out.extend(cost_metrics(node, Some(&m)));
+            Ok(out)
         }
         "eval.score" => {
             let Some(p) = node.outputs.get("results") else { return Ok(Vec::new()) };
             Ok(eval_metrics(&EvalResults::read(p).map_err(|e| read_err("results", &e))?))
         }
         "eval.generate" => {
-            let Some(p) = node.outputs.get("summary") else { return Ok(Vec::new()) };
-            let s: EvalSummary = crate::canonical::read_typed(p).map_err(|e| read_err("summary", &e))?;
-            let mb = s.peak_rss_bytes.map(|b| b as f64 / 1048576.0);
-            Ok(vec![
-                metric("generation seconds", Unit::Seconds, Some(s.generation_seconds)),
-                metric("peak RSS MB", Unit::Megabytes, mb),
-            ])
+            // A summary that does not read is said, never taken for "no costs".
+            if let Some(p) = node.outputs.get("summary") {
+                let _: EvalSummary = crate::canonical::read_typed(p).map_err(|e| read_err("summary", &e))?;
+            }
+            Ok(cost_metrics(node, None))
         }
         "results.table" => {
             let Some(p) = node.outputs.get("table.json") else { return Ok(Vec::new()) };

@@ -14,6 +14,7 @@
 
 pub mod canonical;
 pub mod compare;
+pub mod costs;
 pub mod dag;
 pub mod data;
 pub mod docfile;

@@ -42,6 +42,27 @@ pub struct Node {
     /// The hash-input record its key was computed from (absent when the
     /// node never completed).
     pub record: Option<crate::dag::key::HashInputs>,
+    /// What its process cost, as its record (or a pack's manifest) keeps it.
+    pub costs: Option<crate::costs::NodeCosts>,
+}
+
+impl Node {
+    /// What the node's process cost: its record's, or for outputs written
+    /// before costs moved to the record (the committed packs), what its
+    /// training `metrics` (given, as read) or its evaluation `summary` hold.
+    pub fn costs(&self, metrics: Option<&TrainingMetrics>) -> Option<crate::costs::NodeCosts> {
+        if self.costs.is_some() {
+            return self.costs.clone();
+        }
+        if let Some(m) = metrics {
+            return m.legacy_costs();
+        }
+        if self.op != "eval.generate" {
+            return None;
+        }
+        let summary: crate::ops::eval::EvalSummary = crate::canonical::read_typed(self.outputs.get("summary")?).ok()?;
+        summary.legacy_costs()
+    }
 }
 
 /// A shell node's declared params, as its record keeps them (`None` for
@@ -159,6 +180,7 @@ pub fn from_run(ws: &Workspace, run: Option<String>) -> Result<Source> {
             outputs,
             hashes,
             record,
+            costs: cached.and_then(|c| c.costs),
         });
     }
     for (node, inputs) in nodes.iter_mut().zip(records) {
@@ -708,32 +730,35 @@ pub fn render(src: &Source) -> String {
     }
     html.push_str("</section>\n");
 
-    html.push_str("<section id=\"costs\"><h2>Costs</h2><table><tr><th>node</th><th>op</th><th>outcome</th><th>seconds (this run)</th><th>generation s</th><th>behavior check s</th><th>optimization s</th><th>hashing s</th><th>peak RSS MB</th></tr>\n");
+    html.push_str("<section id=\"costs\"><h2>Costs</h2><p>As each node's record keeps them (measured where it ran; never part of a key).</p><table><tr><th>node</th><th>op</th><th>outcome</th><th>seconds (this run)</th><th>seconds (when it ran)</th><th>generation s</th><th>behavior check s</th><th>optimization s</th><th>hashing s</th><th>peak RSS MB</th></tr>\n");
     for n in &src.nodes {
         let m = metrics.iter().find(|(x, _)| x.id == n.id).map(|(_, m)| m);
+        let costs = n.costs(m);
+        let is_grpo = matches!(m, Some(TrainingMetrics::Grpo(_)));
         let sum = |k: fn(&IterationCosts) -> f64| -> String {
-            let Some(TrainingMetrics::Grpo(m)) = m else { return "-".into() };
-            if m.history.is_empty() {
-                "undefined".into()
-            } else {
-                match m.total_cost(k) {
-                    Some(total) => format!("{total:.2}"),
-                    None => "undefined".into(),
-                }
+            match (&costs, m.and_then(TrainingMetrics::iterations)) {
+                (Some(c), Some(iterations)) if is_grpo => num(c.total(iterations, k), 2),
+                _ => "-".into(),
             }
         };
-        let rss =
-            m.map_or("-".into(), |m| num(m.costs().and_then(|c| c.peak_rss_bytes).map(|b| b as f64 / 1048576.0), 0));
+        let generation = match (&costs, n.op.as_str()) {
+            (Some(c), "eval.generate") => num(Some(c.process.seconds), 2),
+            _ => sum(|c| c.generation_seconds),
+        };
+        let optimization = match (&costs, m) {
+            (Some(c), Some(TrainingMetrics::Sft(_))) => num(c.process.optimization_seconds, 2),
+            _ => sum(|c| c.optimization_with_reference_seconds),
+        };
+        let rss = costs.as_ref().map_or("-".into(), |c| num(c.process.peak_rss_bytes.map(|b| b as f64 / 1048576.0), 0));
+        let ran = costs.as_ref().map_or("-".into(), |c| num(Some(c.process.seconds), 2));
         let seconds = if n.outcome == "cached" { "cached".to_string() } else { num(n.seconds, 2) };
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{seconds}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{rss}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{seconds}</td><td>{ran}</td><td>{generation}</td><td>{}</td><td>{optimization}</td><td>{}</td><td>{rss}</td></tr>",
             esc(&n.id),
             esc(&n.op),
             esc(&n.outcome),
-            sum(|c| c.generation_seconds),
             sum(|c| c.behavior_verification_seconds),
-            sum(|c| c.optimization_with_reference_seconds),
             sum(|c| c.state_hashing_seconds)
         );
     }
@@ -875,6 +900,7 @@ mod tests {
             outputs: outputs.iter().map(|(k, p)| (k.to_string(), p.to_path_buf())).collect(),
             hashes: BTreeMap::new(),
             record: None,
+            costs: None,
         }
     }
 
@@ -933,6 +959,27 @@ mod tests {
         assert!(l.chains.iter().all(|c| c.windows(2).all(|w| l.rank[w[0]] + 1 == l.rank[w[1]])), "{l:?}");
     }
 
+    /// The committed packs' metrics and evaluation summaries still hold their
+    /// costs (from before they moved to the record): the report reads them there.
+    #[test]
+    fn costs_of_outputs_from_before_the_record_kept_them_are_read_from_the_outputs() {
+        let outputs = crate::example_packs::outputs("v0.3.0");
+        let grpo = node("grpo", "train.grpo", &[("metrics", &outputs.join("grpo@mode=continuous/metrics"))]);
+        let m = TrainingMetrics::read(&grpo.outputs["metrics"]).unwrap();
+        let c = grpo.costs(Some(&m)).expect("the pack's GRPO metrics hold costs");
+        assert!(c.process.seconds > 0.0);
+        assert!(c.total(m.iterations().unwrap(), |c| c.loop_seconds).is_some(), "every iteration's");
+        let eval = node("eval", "eval.generate", &[("summary", &outputs.join("eval@policy=sft/summary"))]);
+        assert!(eval.costs(None).expect("the pack's summary holds its generation seconds").process.seconds > 0.0);
+        // A record's costs come first.
+        let recorded = crate::costs::NodeCosts {
+            process: crate::costs::RunCosts { seconds: 1.25, optimization_seconds: None, peak_rss_bytes: None },
+            iterations: Default::default(),
+        };
+        let n = Node { costs: Some(recorded.clone()), ..grpo };
+        assert_eq!(n.costs(Some(&m)), Some(recorded));
+    }
+
     #[test]
     fn node_names_are_escaped() {
         let n = Node {
@@ -945,6 +992,7 @@ mod tests {
             outputs: BTreeMap::new(),
             hashes: BTreeMap::new(),
             record: None,
+            costs: None,
         };
         let html = render(&Source { title: "<t>".into(), nodes: vec![n] });
         assert!(html.contains("a&lt;b&gt;&amp;&quot;c&quot;") && !html.contains("a<b>"));

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
+use crate::costs::NodeCosts;
 use crate::report::{Node, Source};
 use crate::stats::{mean_of as mean, sample_std};
 use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics};
@@ -105,13 +106,15 @@ pub fn event_file(scalars: &[Scalar], base_time: f64) -> Vec<u8> {
     out
 }
 
-/// GRPO's scalars, one step per iteration.
-pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
+/// GRPO's scalars, one step per iteration; `costs` (the node record's)
+/// give the wall time and the cost scalars.
+pub fn grpo_scalars(m: &GrpoMetrics, costs: Option<&NodeCosts>) -> Vec<Scalar> {
     let mut out = Vec::new();
     let mut at = 0.0;
     for h in &m.history {
+        let cost = costs.and_then(|c| c.iterations.get(&h.iteration));
         // Wall time advances by the iterations that record theirs.
-        at += h.costs.as_ref().map_or(0.0, |c| c.loop_seconds);
+        at += cost.map_or(0.0, |c| c.loop_seconds);
         let step = h.iteration as i64;
         let mut push = |tag: &'static str, v: Option<f64>| {
             if let Some(value) = v.filter(|v| v.is_finite()) {
@@ -139,8 +142,8 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
         // 1 where the guard refused the iteration's batch (quarantined or rejected).
         let refused = h.guard.decision != crate::guard::codes::Decision::Allow;
         push("orchestrate/refused_batch", Some(if refused { 1.0 } else { 0.0 }));
-        push("orchestrate/loop_seconds", h.costs.as_ref().map(|c| c.loop_seconds));
-        push("orchestrate/reward_seconds", h.costs.as_ref().and_then(|c| c.reward_seconds));
+        push("orchestrate/loop_seconds", cost.map(|c| c.loop_seconds));
+        push("orchestrate/reward_seconds", cost.and_then(|c| c.reward_seconds));
         // Each reward term, under TRL's names.
         for (name, t) in &h.reward_terms {
             for (what, v) in [("mean", Some(t.mean)), ("std", t.std)] {
@@ -154,9 +157,9 @@ pub fn grpo_scalars(m: &GrpoMetrics) -> Vec<Scalar> {
 }
 
 /// SFT's scalars, one step per update; validation at the update that ended its epoch.
-pub fn sft_scalars(m: &SftMetrics) -> Vec<Scalar> {
+pub fn sft_scalars(m: &SftMetrics, costs: Option<&NodeCosts>) -> Vec<Scalar> {
     let mut out = Vec::new();
-    let seconds = m.costs.as_ref().map_or(0.0, |c| c.seconds);
+    let seconds = costs.map_or(0.0, |c| c.process.seconds);
     let per_update = if m.history.is_empty() { 0.0 } else { seconds / m.history.len() as f64 };
     for (i, u) in m.history.iter().enumerate() {
         let (step, at) = (u.update as i64 + 1, per_update * (i + 1) as f64);
@@ -252,8 +255,14 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
     let mut found: Vec<(&Node, Result<Vec<Scalar>, String>)> = Vec::new();
     for n in training_nodes(src) {
         let scalars = match TrainingMetrics::read(&n.outputs["metrics"]) {
-            Ok(TrainingMetrics::Grpo(m)) => Ok(grpo_scalars(&m)),
-            Ok(TrainingMetrics::Sft(m)) => Ok(sft_scalars(&m)),
+            Ok(m) => {
+                // Wall time from what the record keeps (older metrics: their own costs).
+                let costs = n.costs(Some(&m));
+                match &m {
+                    TrainingMetrics::Grpo(m) => Ok(grpo_scalars(m, costs.as_ref())),
+                    TrainingMetrics::Sft(m) => Ok(sft_scalars(m, costs.as_ref())),
+                }
+            }
             Err(e) => Err(e.to_string()),
         };
         found.push((n, scalars));

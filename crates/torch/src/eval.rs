@@ -69,10 +69,20 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let summary = orchestrate_core::ops::eval::EvalSummary {
         problems: pages.len(),
         draws: p.draws,
-        generation_seconds: started.elapsed().as_secs_f64(),
-        peak_rss_bytes: peak_rss_bytes(),
+        generation_seconds: None,
+        peak_rss_bytes: None,
         device: format!("{device:?}"),
     };
     std::fs::write(job.staging.join("summary"), serde_json::to_string_pretty(&summary)? + "\n")?;
+    // What the generation cost goes beside the outputs, into the node's record.
+    let costs = orchestrate_core::costs::NodeCosts {
+        process: orchestrate_core::costs::RunCosts {
+            seconds: started.elapsed().as_secs_f64(),
+            optimization_seconds: None,
+            peak_rss_bytes: peak_rss_bytes(),
+        },
+        iterations: Default::default(),
+    };
+    costs.write(&job.staging)?;
     Ok(())
 }

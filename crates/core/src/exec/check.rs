@@ -55,11 +55,6 @@ pub struct CheckResult {
     pub key: Option<Key>,
     #[serde(flatten)]
     pub outcome: CheckOutcome,
-    /// Outputs that differ only in wall-clock durations (a training node's
-    /// `metrics`: its costs), which no re-execution reproduces; the node
-    /// still counts as reproduced.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub durations_differ: Vec<String>,
     /// The cached copy came from the remote for this check.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub from_remote: bool,
@@ -105,7 +100,6 @@ pub fn check(
                 node: id.clone(),
                 key,
                 outcome,
-                durations_differ: Vec::new(),
                 from_remote,
                 seconds: started.elapsed().as_secs_f64(),
                 cached,
@@ -200,11 +194,11 @@ pub fn check(
             continue;
         }
         let rerun = with_interrupts(&cancel, || node::recheck(&job, &record, &cached));
-        let (outcome, durations_differ) = match rerun {
+        let outcome = match rerun {
             Ok(outputs) => compare(ws, &cached, &outputs),
-            Err(error) => (CheckOutcome::Failed { error }, Vec::new()),
+            Err(error) => CheckOutcome::Failed { error },
         };
-        results.push(CheckResult { durations_differ, ..result(Some(key), outcome, from_remote, Some(cached)) });
+        results.push(result(Some(key), outcome, from_remote, Some(cached)));
     }
     Ok(results)
 }
@@ -229,45 +223,25 @@ fn with_interrupts<T>(cancel: &AtomicBool, f: impl FnOnce() -> T) -> T {
     })
 }
 
-/// The first output whose re-executed hash differs from the cached one
-/// (one that differs only in wall-clock durations is listed apart).
-fn compare(ws: &Workspace, cached: &CachedNode, rerun: &[OutputRecord]) -> (CheckOutcome, Vec<String>) {
-    let mut durations = Vec::new();
+/// The first output whose re-executed hash differs from the cached one. No
+/// output holds a wall-clock duration (they are in the record, see
+/// [`crate::costs`]), so a deterministic node reproduces every byte.
+fn compare(ws: &Workspace, cached: &CachedNode, rerun: &[OutputRecord]) -> CheckOutcome {
     for o in &cached.outputs {
         let Some(r) = rerun.iter().find(|r| r.name == o.name) else {
-            let error = format!("the re-execution wrote no output '{}'", o.name);
-            return (CheckOutcome::Failed { error }, durations);
+            return CheckOutcome::Failed { error: format!("the re-execution wrote no output '{}'", o.name) };
         };
-        if r.object.hash == o.object.hash {
-            continue;
+        if r.object.hash != o.object.hash {
+            return CheckOutcome::Differs {
+                output: o.name.clone(),
+                cached: o.object.clone(),
+                rerun: r.object.clone(),
+                first_difference: first_difference(ws, o, &r.object),
+                rerun_path: ws.object_path(&r.object.hash),
+            };
         }
-        if only_durations_differ(ws, o, &r.object) {
-            durations.push(o.name.clone());
-            continue;
-        }
-        let differs = CheckOutcome::Differs {
-            output: o.name.clone(),
-            cached: o.object.clone(),
-            rerun: r.object.clone(),
-            first_difference: first_difference(ws, o, &r.object),
-            rerun_path: ws.object_path(&r.object.hash),
-        };
-        return (differs, durations);
     }
-    (CheckOutcome::Reproduced, durations)
-}
-
-/// Whether two versions of an output are training metrics that are the same
-/// but for their wall-clock costs (which `check.resume` does not compare either).
-fn only_durations_differ(ws: &Workspace, cached: &OutputRecord, rerun: &ObjectInfo) -> bool {
-    if cached.name != "metrics" || cached.object.kind != OutputKind::File || !cached.stored() {
-        return false;
-    }
-    let read = |hash: &str| crate::train::metrics::TrainingMetrics::read(&ws.object_path(hash)).ok();
-    match (read(&cached.object.hash), read(&rerun.hash)) {
-        (Some(a), Some(b)) => a.without_costs() == b.without_costs(),
-        _ => false,
-    }
+    CheckOutcome::Reproduced
 }
 
 /// Where two versions of an output first differ: the byte and line of a

@@ -275,7 +275,7 @@ pub enum Decision {
     /// A cache entry whose objects are all in the store, but whose outputs in
     /// the user's tree are missing or differ (why): they are checked out of
     /// the store instead of the node running.
-    Restore(CachedNode, String),
+    Restore(Box<CachedNode>, String),
     /// The node must run, and why.
     Run(DirtyReason),
 }
@@ -299,7 +299,7 @@ pub fn decide(
     Ok(match cached_valid(ws, index, spec_dir, key)? {
         Ok(outputs) => Decision::Hit(outputs),
         Err(Some(why)) => match index.lookup(key)? {
-            Some(cached) if ws.objects_present(&cached) => Decision::Restore(cached, why),
+            Some(cached) if ws.objects_present(&cached) => Decision::Restore(Box::new(cached), why),
             _ => Decision::Run(DirtyReason::OutputsInvalid(why)),
         },
         Err(None) => Decision::Run(why_absent(index, spec, node_id, key, record)?),
@@ -545,6 +545,8 @@ fn publish_and_commit(
     staging: &crate::store::Staging,
     started: Instant,
 ) -> Result<Vec<OutputRecord>, String> {
+    // What the op's process cost goes into the record, beside the outputs.
+    let costs = crate::costs::NodeCosts::take(staging.path())?;
     let outputs = publish_outputs(job, staging)?;
     // The node's record and cache row commit last: a crash before this line
     // leaves no trace of the node but unreferenced objects.
@@ -560,6 +562,7 @@ fn publish_and_commit(
                 seconds: started.elapsed().as_secs_f64(),
                 finished_at: now_rfc3339(),
                 run_id: job.run_id.to_string(),
+                costs,
             },
         )
         .map_err(|e| e.to_string())?;

@@ -498,9 +498,13 @@ pub fn pull_spec(
             };
             let key = record.key();
             match decide(ws, &index, &spec.base_dir, spec.spec_ref(), &id, &record, &key, false)? {
-                Decision::Hit(outputs) | Decision::Restore(crate::store::CachedNode { outputs, .. }, _) => {
+                Decision::Hit(outputs) => {
                     total.present += 1;
                     known.insert(id, outputs);
+                }
+                Decision::Restore(cached, _) => {
+                    total.present += 1;
+                    known.insert(id, cached.outputs);
                 }
                 Decision::Run(_) => keys.push((id, key)),
             }

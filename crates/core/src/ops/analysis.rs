@@ -106,7 +106,7 @@ impl Op for ConstantGroups {
 pub struct ArmsParams {
     /// The arm of each `training` input, in order (e.g. `on`, `off`).
     pub arms: Vec<String>,
-    /// The arm the others are compared with (success difference, step-time ratio).
+    /// The arm the others are compared with (success difference).
     #[serde(default)]
     pub baseline: Option<String>,
     /// The evaluation population whose greedy success is reported.
@@ -122,8 +122,11 @@ fn d_population() -> String {
 }
 
 /// `analysis.arms`: GRPO runs grouped into arms (guard on / off, ...): per run
-/// and per arm, held-out success, train reward, step time, bad updates applied,
-/// injection-to-detection latency and wasted iterations. The evidence of E1 and E2.
+/// and per arm, held-out success, train reward, bad updates applied,
+/// injection-to-detection latency and wasted iterations. The evidence of E1 and
+/// E2. Step time is not among them: a duration is no result of the runs' bytes
+/// (it is in each node's record, and `compare --group-by seed` sets the arms'
+/// side by side), and in an output it would change every key downstream.
 pub struct Arms;
 
 /// Mean and sample standard deviation (n − 1) of some values.
@@ -170,7 +173,9 @@ pub struct RunRecord {
     pub per_draw_success: Option<f64>,
     /// Mean train reward over the run's iterations (`null` if none).
     pub train_reward: Option<f64>,
-    /// Mean whole iteration over the iterations no fault touched.
+    /// Only in summaries written before analysis.arms v3: the mean whole
+    /// iteration over the iterations no fault touched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_seconds: Option<f64>,
     pub updates: usize,
     pub bad_updates_applied: u64,
@@ -192,7 +197,9 @@ pub struct ArmSummary {
     pub seeds: Vec<u64>,
     pub success: Moments,
     pub train_reward: Moments,
-    pub step_seconds: Moments,
+    /// Only before analysis.arms v3, as [`RunRecord::step_seconds`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seconds: Option<Moments>,
     pub bad_updates_applied: u64,
     pub faulted_updates: u64,
     pub faults_injected: usize,
@@ -212,6 +219,8 @@ pub struct ArmComparison {
     pub success_difference_interval: Option<Interval>,
     /// Whether the interval pairs runs by seed.
     pub paired_by_seed: bool,
+    /// Only before analysis.arms v3, as [`RunRecord::step_seconds`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_time_ratio: Option<f64>,
 }
 
@@ -271,13 +280,6 @@ pub fn run_record(
         (_, None) => return Err("bad updates were applied but no fault is listed".to_string()),
     };
     let faulted_updates = faults.len() as u64 * per_iteration;
-    // Step time over the iterations no fault touched, so both arms time the same work.
-    let step: Vec<f64> = history
-        .iter()
-        .filter(|h| h.faults.is_empty())
-        .map(|h| h.costs.as_ref().map(|c| c.loop_seconds))
-        .collect::<Option<_>>()
-        .ok_or("an iteration of the metrics records no time (a state's metrics, or a resumed run's)")?;
     let reward: Vec<f64> = history.iter().map(|h| h.mean_reward).collect();
     let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
         let Some(r) = eval else { return Ok(None) };
@@ -306,7 +308,7 @@ pub fn run_record(
         success,
         per_draw_success: sample.and_then(|s| s.success_rate),
         train_reward: mean_of(&reward),
-        step_seconds: mean_of(&step),
+        step_seconds: None,
         updates: metrics.updates,
         bad_updates_applied: bad,
         faulted_updates,
@@ -332,7 +334,7 @@ pub fn summarize(records: &[RunRecord], baseline: Option<&str>) -> ArmsSummary {
                 seeds: runs.iter().map(|r| r.seed).collect(),
                 success: moments(&values(|r| r.success)),
                 train_reward: moments(&values(|r| r.train_reward)),
-                step_seconds: moments(&values(|r| r.step_seconds)),
+                step_seconds: None,
                 bad_updates_applied: runs.iter().map(|r| r.bad_updates_applied).sum(),
                 faulted_updates: runs.iter().map(|r| r.faulted_updates).sum(),
                 faults_injected: runs.iter().map(|r| r.faults.len()).sum(),
@@ -367,17 +369,13 @@ pub fn summarize(records: &[RunRecord], baseline: Option<&str>) -> ArmsSummary {
             } else {
                 crate::stats::mean_difference(&base.success.values, &arm.success.values, 0)
             };
-            let step_time_ratio = match (arm.step_seconds.mean, base.step_seconds.mean) {
-                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                _ => None,
-            };
             versus_baseline.insert(
                 name.clone(),
                 ArmComparison {
                     success_difference,
                     success_difference_interval,
                     paired_by_seed: paired,
-                    step_time_ratio,
+                    step_time_ratio: None,
                 },
             );
         }
@@ -390,31 +388,29 @@ fn fmt(v: Option<f64>, digits: usize) -> String {
 }
 
 fn markdown(summary: &ArmsSummary, notes: &[String]) -> String {
-    let mut md = String::from("| arm | seed | success | train reward | step s | bad updates | detections | max latency | wasted it. |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("| arm | seed | success | train reward | bad updates | detections | max latency | wasted it. |\n|---|---|---|---|---|---|---|---|\n");
     for r in &summary.runs {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.arm,
             r.seed,
             fmt(r.success, 4),
             fmt(r.train_reward, 4),
-            fmt(r.step_seconds, 3),
             r.bad_updates_applied,
             r.detections,
             r.detection_latency_max.map_or("-".into(), |l| l.to_string()),
             r.wasted_iterations
         ));
     }
-    md.push_str("\n| arm | runs | guard | success mean ± sd | train reward mean ± sd | step s mean ± sd | bad updates / faulted | undetected faults | wasted it. |\n|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("\n| arm | runs | guard | success mean ± sd | train reward mean ± sd | bad updates / faulted | undetected faults | wasted it. |\n|---|---|---|---|---|---|---|---|\n");
     let pm = |m: &Moments, d: usize| format!("{} ± {}", fmt(m.mean, d), fmt(m.std, d));
     for (name, a) in &summary.arms {
         md.push_str(&format!(
-            "| {name} | {} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
+            "| {name} | {} | {} | {} | {} | {} / {} | {} | {} |\n",
             a.runs,
             a.guard.iter().map(|g| GuardSwitch::label(*g)).collect::<Vec<_>>().join(", "),
             pm(&a.success, 4),
             pm(&a.train_reward, 4),
-            pm(&a.step_seconds, 3),
             a.bad_updates_applied,
             a.faulted_updates,
             a.undetected_faults,
@@ -433,9 +429,8 @@ fn markdown(summary: &ArmsSummary, notes: &[String]) -> String {
                 None => String::new(),
             };
             md.push_str(&format!(
-                "\n{name} vs {base}: success difference {}{interval}, step-time ratio {}\n",
-                fmt(c.success_difference, 4),
-                fmt(c.step_time_ratio, 3)
+                "\n{name} vs {base}: success difference {}{interval}\n",
+                fmt(c.success_difference, 4)
             ));
         }
     }
@@ -451,11 +446,12 @@ impl Op for Arms {
     }
     /// 2: the success difference's bootstrap interval, the guard column in the
     /// markdown (one shared type for summary.json).
+    /// 3: no step time (a duration, kept in each node's record, not a result).
     fn version(&self) -> u32 {
-        2
+        3
     }
     fn summary(&self) -> &'static str {
-        "GRPO runs grouped into arms: success, reward, step time, bad updates, detection latency, waste"
+        "GRPO runs grouped into arms: success, reward, bad updates, detection latency, waste"
     }
     type Params = ArmsParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
@@ -526,7 +522,7 @@ mod tests {
         use crate::train::metrics::*;
         let params: crate::ops::GrpoParams =
             crate::ops::parse_params(&json!({"seed": 3, "iterations": 6, "updates_per_iteration": 2})).unwrap();
-        let iteration = |i: usize, reward: f64, faults: &[&str], seconds: f64| GrpoIteration {
+        let iteration = |i: usize, reward: f64, faults: &[&str]| GrpoIteration {
             iteration: i,
             prompts: vec![],
             rollouts: [0, 0],
@@ -543,14 +539,7 @@ mod tests {
             guard: IterationGuard { decision: crate::guard::Decision::Allow, codes: vec![], rollouts: None },
             canary: crate::guard::Canary { drift: 0.0, baseline: 0.0 },
             faults: faults.iter().map(|f| f.to_string()).collect(),
-            costs: Some(IterationCosts {
-                generation_seconds: 0.0,
-                reward_seconds: None,
-                behavior_verification_seconds: 0.0,
-                optimization_with_reference_seconds: 0.0,
-                state_hashing_seconds: 0.0,
-                loop_seconds: seconds,
-            }),
+            costs: None,
         };
         TrainingMetrics::Grpo(GrpoMetrics {
             identity: GrpoIdentity::new(&params, "d".into(), "v".into()),
@@ -563,7 +552,7 @@ mod tests {
             cursor: Cursor { epoch: 0, offset: 0 },
             consumed_rollouts: vec![],
             rollouts_consumed: 0,
-            history: vec![iteration(0, 0.5, &[], 2.0), iteration(1, 0.25, &["F3"], 9.0), iteration(2, 0.0, &[], 4.0)],
+            history: vec![iteration(0, 0.5, &[]), iteration(1, 0.25, &["F3"]), iteration(2, 0.0, &[])],
             reference_digest: "r".into(),
             reference_unchanged: true,
             guard: GuardSummary {
@@ -578,7 +567,7 @@ mod tests {
                 event_log: EventLogSummary { events: 0 },
             },
             final_model_digest: "f".into(),
-            costs: Some(RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None }),
+            costs: None,
         })
     }
     use serde_json::Value;
@@ -592,22 +581,21 @@ mod tests {
         assert_eq!(on.undetected_faults, 1);
         assert_eq!(on.detection_latency_max, Some(1));
         assert_eq!(on.wasted_iterations, 1);
-        // Step time skips the faulted iteration; reward averages every one.
-        assert_eq!(on.step_seconds, Some(3.0));
+        // Reward averages every iteration; no duration is a result.
         assert_eq!(on.train_reward, Some(0.25));
+        assert_eq!(on.step_seconds, None);
         let off = run_record("off", &metrics("off", faults, &[], 4), None, "ALL").unwrap();
         assert_eq!(off.faulted_updates, 4);
         assert_eq!(off.wasted_iterations, 5, "iterations 1..6 build on the first bad update");
         let s = summarize(&[on, off], Some("off"));
-        assert_eq!(s.arms["on"].step_seconds.std, None, "one run has no deviation");
-        assert_eq!(s.versus_baseline["on"].step_time_ratio, Some(1.0));
+        assert_eq!(s.arms["on"].success.std, None, "one run has no deviation");
         // No evaluation: no success, so no difference and no interval, never 0.
         assert_eq!(s.versus_baseline["on"].success_difference, None);
         assert_eq!(s.versus_baseline["on"].success_difference_interval, None);
         // What is written reads back as the same type (the gates read this file).
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<ArmsSummary>(&text).unwrap(), s);
-        use crate::train::metrics::{RunCosts, Scheduler, SftIdentity, SftMetrics};
+        use crate::train::metrics::{Scheduler, SftIdentity, SftMetrics};
         let sft_params: crate::ops::SftParams =
             crate::ops::parse_params(&json!({"branch": "sft", "epochs": 1})).unwrap();
         let sft = TrainingMetrics::Sft(SftMetrics {
@@ -620,7 +608,7 @@ mod tests {
             history: vec![],
             validation_history: vec![],
             final_model_digest: "f".into(),
-            costs: Some(RunCosts { seconds: 1.0, optimization_seconds: None, peak_rss_bytes: None }),
+            costs: None,
         });
         assert!(run_record("on", &sft, None, "ALL").unwrap_err().contains("not the metrics of a GRPO run"));
     }

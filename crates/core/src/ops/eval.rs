@@ -100,11 +100,27 @@ pub struct EvalResponse {
 pub struct EvalSummary {
     pub problems: usize,
     pub draws: usize,
-    pub generation_seconds: f64,
-    /// `null` where the OS does not report it (not 0).
-    #[serde(deserialize_with = "required")]
+    /// Only in summaries written before eval.generate v2: the generation's
+    /// seconds are now in the node's record ([`crate::costs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_seconds: Option<f64>,
+    /// Only before eval.generate v2, as `generation_seconds` (`null` there
+    /// where the OS did not report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
     pub device: String,
+}
+
+impl EvalSummary {
+    /// The costs a summary written before eval.generate v2 holds.
+    pub fn legacy_costs(&self) -> Option<crate::costs::NodeCosts> {
+        let process = self.generation_seconds.map(|seconds| crate::costs::RunCosts {
+            seconds,
+            optimization_seconds: None,
+            peak_rss_bytes: self.peak_rss_bytes,
+        });
+        crate::costs::NodeCosts::legacy(process.as_ref(), BTreeMap::new())
+    }
 }
 
 /// One population's tally in one mode, as `eval.score` writes it. Rates are
@@ -183,8 +199,12 @@ pub struct EvalResults {
     pub sample: ModeScores,
     /// What each reported metric means, in words.
     pub metrics: BTreeMap<String, String>,
-    pub generation_seconds: f64,
-    #[serde(deserialize_with = "required")]
+    /// Only in results written before eval.score v5, copied from the
+    /// evaluation's summary; the costs are in eval.generate's record now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation_seconds: Option<f64>,
+    /// Only before eval.score v5, as `generation_seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
     pub device: String,
     /// The evaluated policy's name, when the spec gave one.
@@ -232,8 +252,10 @@ impl Op for EvalGenerate {
     fn name(&self) -> &'static str {
         WorkerOp::EvalGenerate.name()
     }
+    /// 2: the summary keeps no seconds and no memory peak (they are in the
+    ///    node's record, so two runs of one key write the same bytes).
     fn version(&self) -> u32 {
-        1
+        2
     }
     fn summary(&self) -> &'static str {
         "greedy and sampled responses of a policy to test problems; no labels (runs in the worker)"
@@ -324,8 +346,9 @@ impl Op for EvalScore {
     /// 3: each problem's draws and correct ones (`sample_problems`).
     /// 4: the populations are the labels' (a split without OOD100 has no
     ///    OOD100 entry) and the labels are read as the typed rows.
+    /// 5: the results keep no seconds and no memory peak (see eval.generate v2).
     fn version(&self) -> u32 {
-        4
+        5
     }
     fn summary(&self) -> &'static str {
         "per-population success, JSON validity, no-EOS and lengths of evaluated responses"
@@ -358,7 +381,7 @@ impl Op for EvalScore {
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("responses", "eval.generate's responses"),
-            InputDecl::required("summary", "eval.generate's summary (costs)"),
+            InputDecl::required("summary", "eval.generate's summary (problems, draws, device)"),
             InputDecl::required("labels", "the labels of the same split (data:labels.test)"),
         ])
     }
@@ -537,8 +560,8 @@ pub fn score_with(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
-        generation_seconds: summary.generation_seconds,
-        peak_rss_bytes: summary.peak_rss_bytes,
+        generation_seconds: None,
+        peak_rss_bytes: None,
         device: summary.device.clone(),
         policy,
         greedy_problems,
@@ -611,7 +634,7 @@ mod tests {
     fn results() -> EvalResults {
         let (labels, _) = one_test_problem();
         let summary =
-            EvalSummary { problems: 1, draws: 0, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
+            EvalSummary { problems: 1, draws: 0, generation_seconds: None, peak_rss_bytes: None, device: "Cpu".into() };
         score(&[response("greedy", 0, "not json")], &labels, &summary, PROTOCOL_VERIFIER, Some("sft".into())).unwrap()
     }
 
@@ -638,7 +661,7 @@ mod tests {
             response("sample", 2, right),
         ];
         let summary =
-            EvalSummary { problems: 1, draws: 3, generation_seconds: 0.5, peak_rss_bytes: None, device: "Cpu".into() };
+            EvalSummary { problems: 1, draws: 3, generation_seconds: None, peak_rss_bytes: None, device: "Cpu".into() };
         let r = score(&responses, &labels, &summary, PROTOCOL_VERIFIER, None).unwrap();
         assert_eq!(r.sample.population("ID50").unwrap().correct, 2, "the reference response is scored correct");
         let draws = r.sample_problems.clone().unwrap();
@@ -694,7 +717,7 @@ mod tests {
             ..response("greedy", 0, "")
         };
         let summary =
-            EvalSummary { problems: 2, draws: 0, generation_seconds: 0.1, peak_rss_bytes: None, device: "Cpu".into() };
+            EvalSummary { problems: 2, draws: 0, generation_seconds: None, peak_rss_bytes: None, device: "Cpu".into() };
         // No population field: ALL only.
         let labels: BTreeMap<_, _> = [label("a", "#### 42", None), label("b", "7", None)].into();
         let rs = [answer("a", None, "so 40 + 2 = 42"), answer("b", None, "it is 8")];

@@ -25,7 +25,10 @@ pub struct ResultsTableFile {
     /// version 3, which had none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draw_comparisons: Option<Vec<PairedDrawComparison>>,
-    pub evaluation_costs: Vec<EvaluationCost>,
+    /// Only in tables written before version 4: what each evaluation cost
+    /// (the costs are in each node's record now, see [`crate::costs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation_costs: Option<Vec<EvaluationCost>>,
     pub notes: Vec<String>,
     /// What per-draw success counts.
     pub per_draw_success: String,
@@ -34,7 +37,13 @@ pub struct ResultsTableFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward_trends: Option<Vec<RewardTrend>>,
     pub rows: Vec<ResultsRow>,
-    pub training_costs: Vec<TrainingCost>,
+    /// Only in tables written before version 4, as `evaluation_costs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_costs: Option<Vec<TrainingCost>>,
+    /// Each training run's updates, rollouts and zero-variance groups
+    /// (`None`: a table written before version 4, whose `training_costs` held them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<Vec<TrainingRun>>,
 }
 
 /// Greedy pass@1 of `policy` minus `baseline` on the same problems of a
@@ -170,7 +179,25 @@ pub struct ResultsRow {
     pub population: String,
 }
 
-/// What one training run cost.
+/// What one training run did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingRun {
+    pub run: String,
+    pub kind: String,
+    pub updates: usize,
+    /// GRPO only.
+    #[serde(deserialize_with = "required")]
+    pub rollouts: Option<usize>,
+    /// GRPO only.
+    #[serde(deserialize_with = "required")]
+    pub zero_variance_groups: Option<usize>,
+    /// GRPO only: groups in all (iterations × prompts per iteration).
+    #[serde(deserialize_with = "required")]
+    pub groups: Option<usize>,
+}
+
+/// What one training run cost (tables written before version 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainingCost {
@@ -187,7 +214,7 @@ pub struct TrainingCost {
     pub zero_variance_groups: Option<usize>,
 }
 
-/// What one evaluation cost.
+/// What one evaluation cost (tables written before version 4).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluationCost {
@@ -222,11 +249,6 @@ pub fn pct(v: Option<f64>) -> String {
     v.map_or_else(|| "undefined".to_string(), |x| format!("{:.1} %", 100.0 * x))
 }
 
-/// A byte count as whole MiB, or `undefined` where it was not measured.
-fn mebibytes(bytes: Option<u64>) -> String {
-    bytes.map(|b| format!("{:.0}", b as f64 / 1048576.0)).unwrap_or_else(|| "undefined".into())
-}
-
 /// A number, or `undefined`.
 pub fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "undefined".to_string(), |x| format!("{x:.digits$}"))
@@ -238,17 +260,19 @@ impl Op for ResultsTable {
     }
     /// 2: GRPO reward trends and paired comparisons, with bootstrap intervals.
     /// 3: paired comparisons of per-draw success too.
+    /// 4: no cost rows (seconds and memory are in each node's record, and
+    ///    `run` and the report show them): a training row per run instead.
     fn version(&self) -> u32 {
-        3
+        4
     }
     fn summary(&self) -> &'static str {
-        "a results table of policies × populations, with cost rows (JSON and Markdown)"
+        "a results table of policies × populations, with each training run's updates (JSON and Markdown)"
     }
     type Params = ResultsParams;
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(vec![
             InputDecl::required("evals", "eval.score results, one per policy"),
-            InputDecl::optional("training", "training metrics, for the cost rows"),
+            InputDecl::optional("training", "training metrics, for the training rows and reward trends"),
         ])
     }
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
@@ -271,7 +295,6 @@ impl Op for ResultsTable {
         }
         let mut rows = Vec::new();
         let mut md = String::from("| policy | population | greedy pass@1 | per-draw success | JSON validity | no EOS | mean tokens |\n|---|---|---|---|---|---|---|\n");
-        let mut eval_costs = Vec::new();
         // Each policy's per-problem outcomes: greedy, and draws (if scored with them).
         let mut by_policy = std::collections::BTreeMap::new();
         // Every population any evaluation reports, ALL first.
@@ -319,60 +342,51 @@ impl Op for ResultsTable {
                 ));
                 rows.push(row);
             }
-            eval_costs.push(EvaluationCost {
-                policy: name.clone(),
-                generation_seconds: r.generation_seconds,
-                peak_rss_bytes: r.peak_rss_bytes,
-            });
         }
-        md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n\n| cost | seconds | peak RSS (MB) | updates | rollouts | zero-variance groups |\n|---|---|---|---|---|---|\n");
-        let mut run_costs = Vec::new();
+        md.push_str("\nPer-draw success counts every sampled response; it is not best-of-k.\n");
+        let mut runs = Vec::new();
         let mut trends = Vec::new();
         for (name, input) in p.runs.iter().zip(&training) {
             let m = TrainingMetrics::read(&input.path)?;
-            if let TrainingMetrics::Grpo(g) = &m {
-                let rewards: Vec<f64> = g.history.iter().map(|h| h.mean_reward).collect();
-                trends.push(reward_trend(name, &rewards));
-            }
-            let (rollouts, zero, zero_text) = match &m {
+            let run = match &m {
                 TrainingMetrics::Grpo(g) => {
-                    let zero: usize = g.history.iter().map(|h| h.zero_variance_groups).sum();
-                    let groups = g.history.len() * g.identity.params.prompts_per_iteration;
-                    (Some(g.rollouts_consumed), Some(zero), format!("{zero} of {groups}"))
+                    let rewards: Vec<f64> = g.history.iter().map(|h| h.mean_reward).collect();
+                    trends.push(reward_trend(name, &rewards));
+                    TrainingRun {
+                        run: name.clone(),
+                        kind: m.kind().to_string(),
+                        updates: g.updates,
+                        rollouts: Some(g.rollouts_consumed),
+                        zero_variance_groups: Some(g.history.iter().map(|h| h.zero_variance_groups).sum()),
+                        groups: Some(g.history.len() * g.identity.params.prompts_per_iteration),
+                    }
                 }
-                TrainingMetrics::Sft(_) => (None, None, "-".to_string()),
+                TrainingMetrics::Sft(s) => TrainingRun {
+                    run: name.clone(),
+                    kind: m.kind().to_string(),
+                    updates: s.updates,
+                    rollouts: None,
+                    zero_variance_groups: None,
+                    groups: None,
+                },
             };
-            let Some(costs) = m.costs() else {
-                return Err(OpError::Failed(format!(
-                    "training run '{name}': its metrics record no costs (a state's metrics, which keep durations out \
-                     of hashed bytes; give the node's `metrics` output)"
-                )));
-            };
-            let rss = mebibytes(costs.peak_rss_bytes);
-            md.push_str(&format!(
-                "| {name} ({}) | {} | {rss} | {} | {} | {zero_text} |\n",
-                m.kind(),
-                num(Some(costs.seconds), 1),
-                m.updates(),
-                rollouts.map_or("-".into(), |r| r.to_string())
-            ));
-            run_costs.push(TrainingCost {
-                run: name.clone(),
-                kind: m.kind().to_string(),
-                seconds: costs.seconds,
-                peak_rss_bytes: costs.peak_rss_bytes,
-                updates: m.updates(),
-                rollouts,
-                zero_variance_groups: zero,
-            });
+            runs.push(run);
         }
-        for c in &eval_costs {
-            let rss = mebibytes(c.peak_rss_bytes);
-            md.push_str(&format!(
-                "| eval {} | {} | {rss} | - | - | - |\n",
-                c.policy,
-                num(Some(c.generation_seconds), 1)
-            ));
+        if !runs.is_empty() {
+            md.push_str("\n| training run | updates | rollouts | zero-variance groups |\n|---|---|---|---|\n");
+            for r in &runs {
+                let zero = match (r.zero_variance_groups, r.groups) {
+                    (Some(z), Some(g)) => format!("{z} of {g}"),
+                    _ => "-".into(),
+                };
+                md.push_str(&format!(
+                    "| {} ({}) | {} | {} | {zero} |\n",
+                    r.run,
+                    r.kind,
+                    r.updates,
+                    r.rollouts.map_or("-".into(), |n| n.to_string())
+                ));
+            }
         }
         if !trends.is_empty() {
             md.push_str(&format!(
@@ -422,8 +436,9 @@ impl Op for ResultsTable {
             draw_comparisons: Some(draw_comparisons),
             reward_trends: Some(trends),
             rows,
-            training_costs: run_costs,
-            evaluation_costs: eval_costs,
+            training_costs: None,
+            evaluation_costs: None,
+            training: Some(runs),
             notes: p.notes.clone(),
             per_draw_success: "every sampled response counts; not best-of-k".into(),
         };

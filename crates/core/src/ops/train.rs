@@ -39,7 +39,9 @@ impl Op for TrainSft {
     }
     fn version(&self) -> u32 {
         // 2: metrics and state metadata are the shared `TrainingMetrics` type.
-        2
+        // 3: the metrics keep no seconds and no memory peak (they are in the
+        //    node's record, so two runs of one key write the same bytes).
+        3
     }
     fn summary(&self) -> &'static str {
         "SFT on reference responses (warm-start or SFT branch), resumable (runs in the worker)"
@@ -120,7 +122,9 @@ impl Op for TrainGrpo {
         // 6: metrics record each response's length (`response_tokens`).
         // 7: rewards are terms (`reward:`), each logged per iteration
         //    (`reward_terms`: TRL's rewards/<name>/mean and /std).
-        7
+        // 8: the metrics keep no seconds and no memory peak, the run's or an
+        //    iteration's (they are in the node's record).
+        8
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"

@@ -61,6 +61,10 @@ pub struct PackedNode {
     pub hash_inputs: Value,
     pub outputs: Vec<PackedOutput>,
     pub finished_at: String,
+    /// What its process cost, from its record (absent where the record has
+    /// none, and in packs frozen before costs moved there: their metrics hold them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<crate::costs::NodeCosts>,
 }
 
 /// One output of a packed node: copied into the pack (`path`), or listed with

@@ -280,6 +280,7 @@ pub fn freeze(
                 hash_inputs: cached.record.clone(),
                 outputs: outs,
                 finished_at: cached.finished_at.clone(),
+                costs: cached.costs.clone(),
             });
         }
         // The event log of the latest run of this spec, sealed into a chain.
@@ -760,6 +761,7 @@ pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
             outputs,
             hashes: n.outputs.iter().map(|o| (o.name.clone(), o.blake3.clone())).collect(),
             record: Some(record),
+            costs: n.costs.clone(),
         });
     }
     if nodes.is_empty() {

@@ -80,6 +80,11 @@ pub struct CachedNode {
     pub seconds: f64,
     pub finished_at: String,
     pub run_id: String,
+    /// What the op's process cost (seconds, memory), as it measured them:
+    /// beside the outputs, never hashed and never signed (`None`: an op that
+    /// measures none, or a record from before they were kept here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costs: Option<crate::costs::NodeCosts>,
 }
 
 /// Which spec (by name) and profile a lookup is about.
@@ -167,7 +172,8 @@ pub struct RunNodeRow {
     pub detail: Option<String>,
 }
 
-const SCHEMA_VERSION: i64 = 5;
+/// 6: `nodes.costs` (added to an older index's table by [`Index::open`]).
+const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS nodes (
@@ -178,7 +184,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     outputs TEXT NOT NULL,
     seconds REAL NOT NULL,
     finished_at TEXT NOT NULL,
-    run_id TEXT NOT NULL
+    run_id TEXT NOT NULL,
+    costs TEXT
 );
 CREATE INDEX IF NOT EXISTS nodes_by_id ON nodes(node_id, finished_at);
 CREATE TABLE IF NOT EXISTS runs (
@@ -221,7 +228,7 @@ CREATE TABLE file_stats (
 ";
 
 /// A cache row as read: key, node id, spec, record, outputs, seconds, finished at, run id.
-type CachedRow = (String, String, String, String, String, f64, String, String);
+type CachedRow = (String, String, String, String, String, f64, String, String, Option<String>);
 
 /// A connection to the index. Each thread opens its own.
 pub struct Index {
@@ -230,6 +237,16 @@ pub struct Index {
     /// file removed or replaced under an open connection, which SQLite goes on
     /// writing into unseen.
     file: Option<(std::path::PathBuf, u64, u64)>,
+    /// The columns a cache row is read from: an index of version 5 or older
+    /// opened read-only has no `costs` column, and reads none.
+    columns: &'static str,
+}
+
+/// Whether the nodes table has the `costs` column (index version 6).
+fn has_costs_column(conn: &Connection) -> Result<bool, StoreError> {
+    conn.prepare("SELECT 1 FROM pragma_table_info('nodes') WHERE name = 'costs'")
+        .and_then(|mut s| s.exists([]))
+        .map_err(db("reading the nodes table's columns"))
 }
 
 fn file_identity(path: &Path) -> Option<(std::path::PathBuf, u64, u64)> {
@@ -368,7 +385,12 @@ impl Index {
     /// Opens (and if needed creates) the index.
     pub fn open(path: &Path) -> Result<Index, StoreError> {
         let conn = open_database(path, "the index", SCHEMA, SCHEMA_VERSION)?;
-        Ok(Index { conn, file: file_identity(path) })
+        // An index of version 5 or older has no `costs` column (CREATE TABLE
+        // IF NOT EXISTS kept its table as it was).
+        if !has_costs_column(&conn)? {
+            conn.execute_batch("ALTER TABLE nodes ADD COLUMN costs TEXT").map_err(db("adding the costs column"))?;
+        }
+        Ok(Index { conn, file: file_identity(path), columns: Self::COLUMNS })
     }
 
     /// Whether the file this connection writes is still the one at its path:
@@ -390,16 +412,29 @@ impl Index {
 
     /// Opens an existing index read-only (for `plan`, `--dry-run`: changes nothing).
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
-        Ok(Index { conn: open_database_read_only(path, "the index")?, file: file_identity(path) })
+        let conn = open_database_read_only(path, "the index")?;
+        let columns = if has_costs_column(&conn)? { Self::COLUMNS } else { Self::COLUMNS_BEFORE_COSTS };
+        Ok(Index { conn, file: file_identity(path), columns })
     }
 
     fn row_to_cached(row: &rusqlite::Row<'_>) -> rusqlite::Result<CachedRow> {
-        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?, row.get(6)?, row.get(7)?))
+        Ok((
+            row.get(0)?,
+            row.get(1)?,
+            row.get(2)?,
+            row.get(3)?,
+            row.get(4)?,
+            row.get(5)?,
+            row.get(6)?,
+            row.get(7)?,
+            row.get(8)?,
+        ))
     }
 
     fn cached(raw: CachedRow) -> Result<CachedNode, StoreError> {
-        let (key, node_id, spec, record, outputs, seconds, finished_at, run_id) = raw;
+        let (key, node_id, spec, record, outputs, seconds, finished_at, run_id, costs) = raw;
         Ok(CachedNode {
+            costs: costs.as_deref().map(|c| parse(c, "costs")).transpose()?,
             record: parse(&record, "hash-input record")?,
             outputs: parse(&outputs, "outputs manifest")?,
             key: Key::parse(&key)?,
@@ -411,12 +446,14 @@ impl Index {
         })
     }
 
-    const COLUMNS: &'static str = "key, node_id, spec, record, outputs, seconds, finished_at, run_id";
+    const COLUMNS: &'static str = "key, node_id, spec, record, outputs, seconds, finished_at, run_id, costs";
+    const COLUMNS_BEFORE_COSTS: &'static str =
+        "key, node_id, spec, record, outputs, seconds, finished_at, run_id, NULL AS costs";
 
     pub fn lookup(&self, key: &str) -> Result<Option<CachedNode>, StoreError> {
         let raw = self
             .conn
-            .prepare_cached(&format!("SELECT {} FROM nodes WHERE key = ?1", Self::COLUMNS))
+            .prepare_cached(&format!("SELECT {} FROM nodes WHERE key = ?1", self.columns))
             .and_then(|mut s| s.query_row(params![key], Self::row_to_cached).optional())
             .map_err(db("looking up a key"))?;
         raw.map(Self::cached).transpose()
@@ -434,7 +471,7 @@ impl Index {
                 "SELECT {} FROM nodes WHERE node_id = ?1 AND run_id IN \
                  (SELECT run_id FROM runs WHERE spec = ?2 AND profile IS ?3) \
                  ORDER BY finished_at DESC, rowid DESC LIMIT 1",
-                Self::COLUMNS
+                self.columns
             ))
             .and_then(|mut s| s.query_row(params![node_id, spec.name, spec.profile], Self::row_to_cached).optional())
             .map_err(db("looking up a node's last record"))?;
@@ -460,8 +497,8 @@ impl Index {
     pub fn insert_node(&self, n: &CachedNode) -> Result<(), StoreError> {
         self.conn
             .execute(
-                "INSERT OR REPLACE INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT OR REPLACE INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id, costs)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     n.key,
                     n.node_id,
@@ -470,7 +507,8 @@ impl Index {
                     json(&n.outputs),
                     n.seconds,
                     n.finished_at,
-                    n.run_id
+                    n.run_id,
+                    n.costs.as_ref().map(json)
                 ],
             )
             .map_err(db("committing a node"))?;
@@ -618,7 +656,7 @@ impl Index {
     /// Every completed node, for `store verify`.
     pub fn all_nodes(&self) -> Result<Vec<CachedNode>, StoreError> {
         let mut stmt =
-            self.conn.prepare(&format!("SELECT {} FROM nodes", Self::COLUMNS)).map_err(db("listing nodes"))?;
+            self.conn.prepare(&format!("SELECT {} FROM nodes", self.columns)).map_err(db("listing nodes"))?;
         let raw: Vec<_> = stmt
             .query_map([], Self::row_to_cached)
             .map_err(db("listing nodes"))?
@@ -655,6 +693,39 @@ impl Index {
 #[cfg(test)]
 mod migration_tests {
     use super::*;
+
+    /// An index of version 5 (no `costs` column): opened, it gains the column
+    /// and keeps its rows; opened read-only (by `plan`), it reads them without costs.
+    #[test]
+    fn an_index_of_version_5_gains_the_costs_column_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let key = "ab".repeat(32);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(&format!(
+                "CREATE TABLE nodes (key TEXT PRIMARY KEY, node_id TEXT NOT NULL, spec TEXT NOT NULL, record TEXT NOT NULL,
+                   outputs TEXT NOT NULL, seconds REAL NOT NULL, finished_at TEXT NOT NULL, run_id TEXT NOT NULL);
+                 INSERT INTO nodes VALUES ('{key}', 'a', 's', '{{}}', '[]', 1.5, 'then', 'r1');
+                 PRAGMA user_version = 5;"
+            ))
+            .unwrap();
+        }
+        let old = Index::open_read_only(&path).unwrap().lookup(&key).unwrap().unwrap();
+        assert_eq!((old.node_id.as_str(), old.costs), ("a", None));
+        let index = Index::open(&path).unwrap();
+        assert_eq!(index.lookup(&key).unwrap().unwrap().seconds, 1.5, "the row is kept");
+        let costs = crate::costs::NodeCosts {
+            process: crate::costs::RunCosts { seconds: 2.0, optimization_seconds: None, peak_rss_bytes: Some(7) },
+            iterations: Default::default(),
+        };
+        let node = CachedNode { costs: Some(costs.clone()), ..old };
+        index.insert_node(&node).unwrap();
+        assert_eq!(index.lookup(&key).unwrap().unwrap().costs, Some(costs));
+        drop(index);
+        // Opening it again adds nothing twice.
+        assert!(Index::open(&path).unwrap().lookup(&key).unwrap().unwrap().costs.is_some());
+    }
 
     #[test]
     fn an_index_of_version_4_keeps_its_rows_and_its_stat_cache_starts_over_with_ctime() {

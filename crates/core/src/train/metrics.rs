@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::canonical::{required, ArtifactError};
+use crate::canonical::ArtifactError;
+pub use crate::costs::{IterationCosts, NodeCosts, RunCosts};
 use crate::guard::{Canary, Decision};
 use crate::train::params::{FaultSpec, GrpoParams, GuardSwitch, Mode, SftParams};
 
@@ -59,29 +60,26 @@ impl TrainingMetrics {
         }
     }
 
-    /// The process's wall-clock and memory (`None` in a state).
-    pub fn costs(&self) -> Option<&RunCosts> {
+    /// The costs that metrics written before costs moved to the node's
+    /// record hold (the committed packs'); `None` for metrics written since,
+    /// whose costs are in the record ([`crate::costs`]).
+    pub fn legacy_costs(&self) -> Option<NodeCosts> {
         match self {
-            TrainingMetrics::Sft(m) => m.costs.as_ref(),
-            TrainingMetrics::Grpo(m) => m.costs.as_ref(),
+            TrainingMetrics::Sft(m) => NodeCosts::legacy(m.costs.as_ref(), BTreeMap::new()),
+            TrainingMetrics::Grpo(m) => NodeCosts::legacy(
+                m.costs.as_ref(),
+                m.history.iter().filter_map(|h| h.costs.clone().map(|c| (h.iteration, c))).collect(),
+            ),
         }
     }
 
-    /// The same metrics without wall-clock durations and memory, as a state
-    /// holds them: two runs of one key then write the same state, byte for
-    /// byte, so every key downstream of a state (a resume, its check) agrees
-    /// across workspaces and machines. The `metrics` output keeps them.
-    pub fn without_costs(mut self) -> TrainingMetrics {
-        match &mut self {
-            TrainingMetrics::Sft(m) => m.costs = None,
-            TrainingMetrics::Grpo(m) => {
-                m.costs = None;
-                for h in &mut m.history {
-                    h.costs = None;
-                }
-            }
+    /// How many GRPO iterations the run has in all (`None` for SFT): what a
+    /// total over [`NodeCosts::iterations`] needs.
+    pub fn iterations(&self) -> Option<usize> {
+        match self {
+            TrainingMetrics::Sft(_) => None,
+            TrainingMetrics::Grpo(m) => Some(m.history.len()),
         }
-        self
     }
 
     pub fn updates(&self) -> usize {
@@ -136,19 +134,6 @@ pub struct Scheduler {
     pub total: usize,
 }
 
-/// Wall-clock and memory of one process (not compared by `check.resume`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunCosts {
-    pub seconds: f64,
-    /// SFT only: the time in forward, backward and optimizer steps.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub optimization_seconds: Option<f64>,
-    /// `null` where the OS does not report it.
-    #[serde(deserialize_with = "required")]
-    pub peak_rss_bytes: Option<u64>,
-}
-
 /// `train.sft`'s metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -162,7 +147,8 @@ pub struct SftMetrics {
     pub history: Vec<SftUpdate>,
     pub validation_history: Vec<SftValidation>,
     pub final_model_digest: String,
-    /// Absent in a state: durations are kept out of hashed bytes ([`TrainingMetrics::without_costs`]).
+    /// Only in metrics written before costs moved to the node's record
+    /// (train.sft v3, train.grpo v8; see [`crate::costs`]): never written now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub costs: Option<RunCosts>,
 }
@@ -219,17 +205,10 @@ pub struct GrpoMetrics {
     pub reference_unchanged: bool,
     pub guard: GuardSummary,
     pub final_model_digest: String,
-    /// Absent in a state: durations are kept out of hashed bytes ([`TrainingMetrics::without_costs`]).
+    /// Only in metrics written before costs moved to the node's record
+    /// (train.sft v3, train.grpo v8; see [`crate::costs`]): never written now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub costs: Option<RunCosts>,
-}
-
-impl GrpoMetrics {
-    /// One cost summed over the iterations; undefined if any iteration has
-    /// none (those a resumed run took over from its interrupted one).
-    pub fn total_cost(&self, cost: fn(&IterationCosts) -> f64) -> Option<f64> {
-        self.history.iter().map(|i| i.costs.as_ref().map(cost)).sum()
-    }
 }
 
 /// One GRPO iteration.
@@ -261,8 +240,8 @@ pub struct GrpoIteration {
     pub canary: Canary,
     /// Fault families injected at this iteration.
     pub faults: Vec<String>,
-    /// Absent in a state, and so for the iterations a resumed run took over
-    /// from its interrupted one: the time they took is that process's.
+    /// Only in metrics written before train.grpo v8 (see [`crate::costs`]),
+    /// and there absent for the iterations a resumed run took over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub costs: Option<IterationCosts>,
 }
@@ -296,21 +275,6 @@ pub struct IterationGuard {
     /// How many rollouts were refused (absent when the batch was allowed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollouts: Option<usize>,
-}
-
-/// An iteration's cost categories, in seconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IterationCosts {
-    pub generation_seconds: f64,
-    /// Computing the rewards, every term (a program's replies included);
-    /// absent before train.grpo v7.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reward_seconds: Option<f64>,
-    pub behavior_verification_seconds: f64,
-    pub optimization_with_reference_seconds: f64,
-    pub state_hashing_seconds: f64,
-    pub loop_seconds: f64,
 }
 
 /// What the guard did over the run.

@@ -168,6 +168,7 @@ mod tests {
             seconds: 1.0,
             finished_at: "now".into(),
             run_id: "r".into(),
+            costs: None,
         }
     }
 
@@ -189,6 +190,11 @@ mod tests {
         // Local things are not signed: another node name, time or run reads the same.
         let mut renamed = honest.clone();
         (renamed.node_id, renamed.seconds, renamed.run_id) = ("b".into(), 9.0, "q".into());
+        // Nor what the process cost (measured where it ran, never reproduced).
+        renamed.costs = Some(crate::costs::NodeCosts {
+            process: crate::costs::RunCosts { seconds: 9.0, optimization_seconds: None, peak_rss_bytes: Some(1) },
+            iterations: Default::default(),
+        });
         assert!(policy.check(&renamed, std::slice::from_ref(&sig)).is_ok());
         assert!(policy.check(&honest, &[]).unwrap_err().starts_with("unsigned;"));
         let e = policy.check(&honest, &[sign(&honest, &bob)]).unwrap_err();

@@ -9,7 +9,7 @@ use orchestrate_core::data::rows::{read_examples, LabelRow};
 use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, TEMPLATE_FILES};
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::train::metrics::TrainingMetrics;
+use orchestrate_core::train::metrics::{NodeCosts, TrainingMetrics};
 use orchestrate_core::train::state::{read_state, write_state, StateFile};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
@@ -175,9 +175,9 @@ pub fn read(path: &Path) -> Result<StateFile> {
 }
 
 /// Writes the node's outputs: the model folder (with the tokenizer), the
-/// state, the metrics. The state holds the metrics without wall-clock costs
-/// (`TrainingMetrics::without_costs`), so two runs of one key write the same
-/// state; the `metrics` output keeps them.
+/// state, the metrics; and beside them what the process cost, which the
+/// executor keeps in the node's record (`orchestrate_core::costs`): no output
+/// holds a duration, so two runs of one key write the same bytes.
 pub fn write_outputs(
     job: &WorkerJob,
     model: &CausalLm,
@@ -185,6 +185,7 @@ pub fn write_outputs(
     params: &BTreeMap<String, Tensor>,
     adam: &AdamW,
     metrics: TrainingMetrics,
+    costs: NodeCosts,
 ) -> Result<()> {
     let out = job.staging.join("model");
     model.save(&out)?;
@@ -197,8 +198,9 @@ pub fn write_outputs(
         }
     }
     let meta = serde_json::to_value(&metrics)?;
-    save_state(&job.staging.join("state"), params, adam, &serde_json::to_value(metrics.without_costs())?)?;
+    save_state(&job.staging.join("state"), params, adam, &meta)?;
     std::fs::write(job.staging.join("metrics"), serde_json::to_string_pretty(&meta)? + "\n")?;
+    costs.write(&job.staging)?;
     Ok(())
 }
 

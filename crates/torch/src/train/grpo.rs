@@ -27,7 +27,7 @@ use orchestrate_core::reward::{term_stats, RewardFunction, TermStats};
 use orchestrate_core::store::Workspace;
 use orchestrate_core::train::metrics::{
     Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
-    IterationCosts, IterationGuard, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
+    IterationCosts, IterationGuard, NodeCosts, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
 };
 use serde_json::{json, Value};
 use tch::Tensor;
@@ -111,6 +111,9 @@ pub struct Position {
     pub bad_updates: usize,
     pub detections: Vec<Detection>,
     pub consumed: Vec<[u64; 2]>,
+    /// What each iteration this process ran cost: kept apart from the
+    /// history (no checkpoint or output holds a duration), for the record.
+    pub costs: BTreeMap<usize, IterationCosts>,
 }
 
 /// One iteration's rollouts as sampled.
@@ -200,12 +203,20 @@ impl Setup {
                 event_log: EventLogSummary { events: events.len() },
             },
             final_model_digest,
-            costs: Some(RunCosts {
+            costs: None,
+        })
+    }
+
+    /// What this process cost: its seconds and memory, and each iteration it ran.
+    fn costs(&self, pos: &Position) -> NodeCosts {
+        NodeCosts {
+            process: RunCosts {
                 seconds: self.started.elapsed().as_secs_f64(),
                 optimization_seconds: None,
                 peak_rss_bytes: peak_rss_bytes(),
-            }),
-        })
+            },
+            iterations: pos.costs.clone(),
+        }
     }
 }
 
@@ -585,15 +596,19 @@ pub fn record(
         guard,
         canary: sampled.canary,
         faults: sampled.faults.iter().map(|f| format!("{:?}", f.family)).collect(),
-        costs: Some(IterationCosts {
+        costs: None,
+    });
+    pos.costs.insert(
+        iteration,
+        IterationCosts {
             generation_seconds: sampled.generation_seconds,
             reward_seconds: Some(scored.reward_seconds),
             behavior_verification_seconds: scored.verification_seconds,
             optimization_with_reference_seconds: done.optimization_seconds,
             state_hashing_seconds: hashing_seconds,
             loop_seconds: done.started.elapsed().as_secs_f64(),
-        }),
-    });
+        },
+    );
     // A boundary of the whole run is a committed checkpoint, whether or not this
     // process stops there: an interrupt at a boundary commits it exactly as the
     // continuous run does, so both lineages log the same events. Only the run's
@@ -663,6 +678,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         bad_updates: 0,
         detections: Vec::new(),
         consumed: Vec::new(),
+        costs: BTreeMap::new(),
     };
     let restored = |m: GrpoMetrics, pos: &mut Position| {
         (pos.updates, pos.cursor, pos.history, pos.consumed) = (m.updates, m.cursor, m.history, m.consumed_rollouts);
@@ -789,8 +805,9 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         bail!("the reference model changed during training");
     }
     let meta = s.metrics(&ledger, &pos, stop, adam.step, digest(&params), &reference_now)?;
+    let costs = s.costs(&pos);
     s.reward.into_inner().unwrap_or_else(|e| e.into_inner()).finish().map_err(|e| err!("{e}"))?;
-    write_outputs(job, &policy, model_dir, &params, &adam, TrainingMetrics::Grpo(meta))?;
+    write_outputs(job, &policy, model_dir, &params, &adam, TrainingMetrics::Grpo(meta), costs)?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
     Ok(())
@@ -907,6 +924,7 @@ mod tests {
             bad_updates: 0,
             detections: Vec::new(),
             consumed: Vec::new(),
+            costs: BTreeMap::new(),
         };
         let allow = || IterationGuard { decision: Decision::Allow, codes: Vec::new(), rollouts: None };
 

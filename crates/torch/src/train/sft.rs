@@ -4,7 +4,7 @@
 //! recorded and never used to pick a checkpoint.
 
 use orchestrate_core::train::metrics::{
-    RunCosts, Scheduler, SftIdentity, SftMetrics, SftUpdate, SftValidation, TrainingMetrics,
+    NodeCosts, RunCosts, Scheduler, SftIdentity, SftMetrics, SftUpdate, SftValidation, TrainingMetrics,
 };
 use std::time::Instant;
 
@@ -166,11 +166,15 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         history,
         validation_history,
         final_model_digest: digest(&params),
-        costs: Some(RunCosts {
+        costs: None,
+    });
+    let costs = NodeCosts {
+        process: RunCosts {
             seconds: started.elapsed().as_secs_f64(),
             optimization_seconds: Some(optimization_seconds),
             peak_rss_bytes: peak_rss_bytes(),
-        }),
-    });
-    write_outputs(job, &model, model_dir, &params, &adam, meta)
+        },
+        iterations: Default::default(),
+    };
+    write_outputs(job, &model, model_dir, &params, &adam, meta, costs)
 }
