@@ -14,7 +14,7 @@
 # usage: scripts/gpu-check.sh            # the binaries in target/release
 #        ORCHESTRATE_BIN_DIR=DIR scripts/gpu-check.sh
 # ORCHESTRATE_DEVICE=cpu runs the CPU fallback: the same steps on the tiny shapes
-# and fewer iterations (tests/gpu_check.rs runs it, so the script cannot rot).
+# and fewer iterations (tests/it/gpu_check.rs runs it, so the script cannot rot).
 # ORCHESTRATE_PYTHON picks the python that has torch (default: python3).
 # Exit code 0 only if every check holds.
 set -euo pipefail

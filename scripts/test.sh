@@ -38,7 +38,8 @@ release_pid=
 # processes too: setsid gives it a process group of its own.
 trap 'if [ -n "$release_pid" ]; then kill -- "-$release_pid" 2>/dev/null; fi; rm -f "$log" "$release_log"' EXIT
 # The main job's release build starts now, at the lowest CPU priority, beside the
-# tests: they run one test binary at a time and leave about 40 % of 2 cores idle,
+# tests: they leave about 40 % of 2 cores idle (a test mostly waits on the
+# `orchestrate` processes it starts),
 # which the build takes instead of running after them (another profile, so the two
 # cargo commands do not wait on each other's lock). run-main.sh's own
 # `cargo build --release` then finds it done.

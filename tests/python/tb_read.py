@@ -1,6 +1,6 @@
 """Reads every run folder under a TensorBoard log dir with TensorBoard's own
 reader and prints {run: {tag: [[step, value], ...]}} as JSON: the independent
-check of `orchestrate export tensorboard` (tests/export.rs)."""
+check of `orchestrate export tensorboard` (tests/it/export.rs)."""
 import json
 import os
 import sys

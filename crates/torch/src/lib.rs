@@ -1,7 +1,7 @@
 //! Everything that calls libtorch. This module tree is compiled into the
 //! `orchestrate-torch` worker binary only, never into the library: if any
 //! library code referenced tch, the `orchestrate` binary would load libtorch
-//! (~200 ms of static initialisers) at every start. `tests/binaries.rs`
+//! (~200 ms of static initialisers) at every start. `tests/it/binaries.rs`
 //! checks that the CLI does not link it.
 
 // `h = h + a` must not become `h += a`: on a tch `Tensor`, `+=` is the in-place

@@ -4,7 +4,7 @@
 //! minijinja the way transformers' `apply_chat_template` renders it (blocks
 //! trimmed, Python string methods, `raise_exception`); a folder without one
 //! (the embedded default) gets the built-in ChatML, [`chat_prompt`].
-//! `tests/model.rs` checks token-id parity with transformers for Qwen2.5's
+//! `tests/it/model.rs` checks token-id parity with transformers for Qwen2.5's
 //! template, a Llama-3 one and the embedded default's.
 
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! own reader (the `tensorboard` package in the project's venv), every scalar
 //! compared with the run's metrics, recomputed here.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! pre-registered codes at the injected iteration, no false rejects, and bad
 //! updates counted with the guard off (gates/fault-matrix.yaml).
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, Project};
 

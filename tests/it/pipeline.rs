@@ -1,7 +1,7 @@
 //! Issue #31: a researcher's own pipeline, as written for DVC or Snakemake.
 //! Folder outs and deps, glob deps, a missing dep said at `validate`.
 
-mod common;
+use crate::common;
 
 use common::{events, nodes_with, stderr, stdout, Project, TRAINER, TRL_SWEEP};
 
@@ -706,7 +706,7 @@ fn a_hardlinked_checkout_is_the_read_only_object_and_an_edit_never_corrupts_the_
 #[test]
 fn gc_drop_states_keeps_every_node_cached_and_a_run_that_needs_a_state_makes_it_again() {
     let p = Project::new();
-    let full = include_str!("fixtures/train-small.yaml");
+    let full = include_str!("../fixtures/train-small.yaml");
     let spec = &full[..full.find("  grpo:").expect("the fixture has a grpo node")];
     p.write("t.yaml", spec);
     let out = p.run(&["run", "t.yaml", "--json"]);
@@ -769,7 +769,7 @@ fn gc_drop_states_keeps_every_node_cached_and_a_run_that_needs_a_state_makes_it_
 #[test]
 fn run_drop_states_drops_each_state_once_its_readers_finished_and_everything_stays_cached() {
     let p = Project::new();
-    let full = include_str!("fixtures/train-small.yaml");
+    let full = include_str!("../fixtures/train-small.yaml");
     p.write("t.yaml", &full[..full.find("  grpo:").expect("the fixture has a grpo node")]);
     let out = p.run(&["run", "t.yaml", "--drop-states"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

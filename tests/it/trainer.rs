@@ -2,11 +2,11 @@
 //! equals continuous bit for bit, the reference never changes, and a rollout
 //! is never consumed twice.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project};
 
-const SPEC: &str = include_str!("fixtures/train-small.yaml");
+const SPEC: &str = include_str!("../fixtures/train-small.yaml");
 
 fn json_output(p: &Project, output: &str) -> serde_json::Value {
     let out = p.run(&["path", "train.yaml", output]);

@@ -1,6 +1,6 @@
 //! extends, profiles, --set, matrix expansion, explain and status, end to end.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project};
 

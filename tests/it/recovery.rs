@@ -2,7 +2,7 @@
 //! re-run, from the last committed checkpoint and ends exactly where an
 //! uncrashed run ends.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, Project};
 

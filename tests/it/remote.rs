@@ -3,7 +3,7 @@
 //! remote: push then pull, `run --remote`, a tampered object, a push killed
 //! half-way, concurrent pushes, lying records, missing credentials.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

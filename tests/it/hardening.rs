@@ -1,7 +1,7 @@
 //! Issue #30: never touch what is not ours, and an audit that names cannot fool.
 //! Each test is a repro that failed before the fix, run through the binary.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, Project};
 

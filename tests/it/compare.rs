@@ -3,7 +3,7 @@
 //! over seeds gives the mean, sample std and n that the test recomputes from
 //! the nodes' own files.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, Project, CHAIN};
 use serde_json::Value;

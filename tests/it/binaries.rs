@@ -1,6 +1,6 @@
 //! The CLI must not load libtorch (the worker's side: crates/torch/tests/binaries.rs).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

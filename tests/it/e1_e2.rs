@@ -2,7 +2,7 @@
 //! documented tiny profile takes minutes), with their
 //! pre-registered gates; and the E1 guard-on criteria failing on a mislabelled run.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

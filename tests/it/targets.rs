@@ -1,7 +1,7 @@
 //! `run SPEC NODE...` and `plan SPEC NODE...`: only the targets and what they
 //! need, as `dvc repro STAGE` and Snakemake targets.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project, CHAIN};
 

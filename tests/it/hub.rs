@@ -3,7 +3,7 @@
 //! X-Linked-Etag and sizes; a large file redirected to a "CDN" path that honours
 //! `Range`), serving a tiny model the test builds.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,6 +1,6 @@
 //! The guard's nonce registry across processes.
 
-mod common;
+use crate::common;
 
 use common::Project;
 

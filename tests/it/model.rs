@@ -1,6 +1,6 @@
 //! The model ops and `orchestrate generate`, through the binaries.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project};
 

@@ -1,7 +1,7 @@
 //! grpo-main.yaml end to end on a small budget (its tiny profile, shrunk), and
 //! what a change re-runs.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project};
 

@@ -1,6 +1,6 @@
 //! `orchestrate report` on the committed pack and on a workspace run.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, Project};
 

@@ -1,6 +1,6 @@
 //! What re-runs and what stays cached.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project, CHAIN};
 

@@ -1,6 +1,6 @@
 //! Every bad spec gets one clear error with file, line and column, and exit code 2.
 
-mod common;
+use crate::common;
 
 use common::{stderr, Project};
 

@@ -3,7 +3,7 @@
 //! with other CPU kernels; the worker's answer cached until what it depends on
 //! changes.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

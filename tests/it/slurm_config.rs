@@ -1,7 +1,7 @@
 //! The Slurm executor's configuration, without a cluster: spec fields, keys
 //! under Slurm resources, and the errors given before anything is submitted.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, tiny_spec, Project};
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! `orchestrate events` (search) and `orchestrate alert-scan` (webhook) on a small
 //! guarded GRPO run with F3 injected, against a local HTTP server on 127.0.0.1.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

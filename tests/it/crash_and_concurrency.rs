@@ -1,7 +1,7 @@
 //! SIGKILL at any moment leaves nothing half-published; two runs on one
 //! workspace never execute the same node twice.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Gates, frozen packs, verify and audit: from the pack alone, with every
 //! kind of tampering named.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

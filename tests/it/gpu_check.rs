@@ -2,7 +2,7 @@
 //! step of the GPU check runs, on the tiny shapes, so the script cannot rot
 //! between the days a GPU is at hand.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

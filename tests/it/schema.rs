@@ -3,7 +3,7 @@
 //! `orchestrate schema` generates from the ops' params types: a new param that
 //! is not in it would be flagged by an editor as an error.
 
-mod common;
+use crate::common;
 
 use common::{stderr, Project};
 

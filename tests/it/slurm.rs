@@ -4,7 +4,7 @@
 //! fails and says why; set ORCHESTRATE_SKIP_SLURM_TEST=1 to skip it on
 //! purpose (e.g. as a non-root developer), which it then prints.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,6 +1,6 @@
 //! Paired gradient replay on the tiny model: F2, F3 and F4 against the clean batch.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, Project};
 

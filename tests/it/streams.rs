@@ -1,7 +1,7 @@
 //! A closed stdout (`orchestrate run SPEC | head -1`) never stops or fails a
 //! run, and no command panics on it.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;

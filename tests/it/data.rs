@@ -1,6 +1,6 @@
 //! The StockArithmetic dataset op, data isolation at compile time, and the verifier CLI.
 
-mod common;
+use crate::common;
 
 use common::{nodes_with, stderr, stdout, Project};
 
