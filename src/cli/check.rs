@@ -1,9 +1,9 @@
 //! `run --check [NODE...]`: re-executes cached nodes and says, per node,
 //! whether their outputs reproduce (exit 1 on any that does not).
 
+use super::exit::Status;
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
-use std::process::ExitCode;
 
 use anyhow::Result;
 
@@ -26,7 +26,7 @@ pub fn run_check(
     consult: Option<&remote::Remote>,
     push_to: Option<&remote::Remote>,
     json: bool,
-) -> Result<ExitCode> {
+) -> Result<Status> {
     orchestrate_core::exec::signal::install_interrupt_handler();
     let results = check::check(ws, spec, dag, wanted, &runtime::env_provider(), consult)?;
     let mut bad = 0;
@@ -67,12 +67,12 @@ pub fn run_check(
         let nodes: Vec<_> = results.iter().filter(|r| r.reproduced()).filter_map(|r| r.cached.clone()).collect();
         let progress = remote::Progress::new(!json && std::io::stderr().is_terminal(), "push");
         let t = remote::push(ws, to, &nodes, &progress)?;
-        super::commands::print_transfer("pushed", to, &t, json);
+        super::transfer::print_transfer("pushed", to, &t, json);
         bad += t.failed.len();
     }
     if !json {
         let reproduced = results.iter().filter(|r| r.reproduced()).count();
         println!("checked {} node(s): {reproduced} reproduced, {} did not", results.len(), results.len() - reproduced);
     }
-    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if bad == 0 { Status::Ok } else { Status::Failed })
 }

@@ -4,7 +4,12 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+
+use super::commands::Ctx;
+use super::exit::Status;
+use super::{AlertScanArgs, EventsArgs};
 use serde_json::{json, Value};
+use std::io::Write as _;
 
 use orchestrate_core::dag::key::HashInputs;
 use orchestrate_core::exec::Event;
@@ -241,4 +246,51 @@ pub fn post(url: &str, body: &Value, retries: u32, backoff: Duration, total: Dur
         bail!("webhook {url}: no answer within {} s (--timeout), retries included: {last}", total.as_secs())
     }
     bail!("webhook {url} failed after {} attempt(s): {last}", retries + 1)
+}
+
+/// `orchestrate events`: a run's events, filtered.
+pub fn events(ctx: &Ctx, args: EventsArgs) -> Result<Status> {
+    let EventsArgs { run, kind, code, node, json } = args;
+    let ws = Workspace::open_read_only(&ctx.workspace)?
+        .with_context(|| format!("no workspace at {}", ctx.workspace.display()))?;
+    let run = ws.resolve_run(run)?;
+    let filter = Filter { kind, code, node };
+    let mut shown = 0usize;
+    let mut out = std::io::stdout().lock();
+    for e in collect(&ws, &run)?.iter().filter(|e| filter.matches(e)) {
+        shown += 1;
+        let line = if json { e.to_string() } else { render(e) };
+        // A reader that went away (`| head`) ends the listing quietly.
+        if writeln!(out, "{line}").is_err() {
+            return Ok(Status::Ok);
+        }
+    }
+    if !json {
+        eprintln!("{shown} event(s) of run {run}");
+    }
+    Ok(Status::Ok)
+}
+
+/// `orchestrate alert-scan`: every non-ALLOW guard decision to a webhook.
+pub fn alert_scan(ctx: &Ctx, args: AlertScanArgs) -> Result<Status> {
+    let AlertScanArgs { run, webhook, slack, retries, timeout, dry_run } = args;
+    let ws = Workspace::open_read_only(&ctx.workspace)?
+        .with_context(|| format!("no workspace at {}", ctx.workspace.display()))?;
+    let run = ws.resolve_run(run)?;
+    let alerts = alerts(&collect(&ws, &run)?);
+    for a in &alerts {
+        let body = payload(a, slack);
+        if dry_run {
+            outln!("{body}");
+        } else {
+            let deadline = std::time::Duration::from_secs(timeout);
+            post(&webhook, &body, retries, std::time::Duration::from_millis(200), deadline)?;
+        }
+    }
+    eprintln!(
+        "{} non-ALLOW decision(s) in run {run}{}",
+        alerts.len(),
+        if dry_run { " (dry run, nothing posted)" } else { "" }
+    );
+    Ok(Status::Ok)
 }

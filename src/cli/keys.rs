@@ -1,7 +1,7 @@
 //! `orchestrate key`: signing keys in the user's config folder, and the
 //! trust a remote is opened with (`trusted_keys`, `--trust-unsigned`, `--key`).
 
-use std::process::ExitCode;
+use super::exit::Status;
 
 use anyhow::{bail, Result};
 
@@ -9,7 +9,7 @@ use super::{KeyCommand, TrustArgs};
 use orchestrate_core::remote;
 use orchestrate_core::trust::{keys, PublicKey, SecretKey};
 
-pub fn key(cmd: KeyCommand) -> Result<ExitCode> {
+pub fn key(cmd: KeyCommand) -> Result<Status> {
     match cmd {
         KeyCommand::Generate { name } => {
             let key = SecretKey::generate(&name)?;
@@ -31,7 +31,7 @@ pub fn key(cmd: KeyCommand) -> Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Status::Ok)
 }
 
 /// Opens the remote `url` (or the configured one) with the workspace's trust
@@ -69,7 +69,7 @@ pub fn open_remote(
 }
 
 /// `pack sign DIR --key K`.
-pub fn sign_pack(dir: &std::path::Path, key: &str) -> Result<ExitCode> {
+pub fn sign_pack(dir: &std::path::Path, key: &str) -> Result<Status> {
     let key = SecretKey::load(key)?;
     let path = orchestrate_core::pack::sign::sign(dir, &key)?;
     println!("signed {} with key '{}': {}", dir.display(), key.name, path.display());
@@ -81,7 +81,7 @@ pub fn sign_pack(dir: &std::path::Path, key: &str) -> Result<ExitCode> {
         path.display(),
         key.name
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Status::Ok)
 }
 
 /// The problems of a pack's signature by `key` (printed as they are found),

@@ -21,8 +21,17 @@ macro_rules! out {
 mod check;
 mod commands;
 pub mod events;
+mod exit;
 mod generate;
 mod keys;
+mod pack;
+mod plan;
+mod results;
+mod run;
+mod shared;
+mod tools;
+mod transfer;
+mod workspace;
 
 pub use generate::GenerateArgs;
 
@@ -154,242 +163,55 @@ pub struct ExecutorArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a spec: every node not already cached, in dependency order.
-    Run {
-        #[command(flatten)]
-        spec: SpecArgs,
-        /// Run only these nodes and what they need (as `dvc repro STAGE` and
-        /// Snakemake targets); a matrix node's written id (`grpo`) names every
-        /// expansion. None: the whole spec.
-        #[arg(value_name = "NODE")]
-        targets: Vec<String>,
-        /// Run at most N nodes at once (with Slurm: jobs queued or running).
-        #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
-        jobs: usize,
-        /// Run this node even if it is cached (repeatable); a matrix node's
-        /// written id (`grpo`) names every expansion (`grpo@seed=0`, ...).
-        #[arg(long, value_name = "NODE")]
-        force: Vec<String>,
-        /// Print the plan and change nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// One JSON event per line instead of progress.
-        #[arg(long)]
-        json: bool,
-        /// Only failures and the summary.
-        #[arg(long, short = 'q')]
-        quiet: bool,
-        #[command(flatten)]
-        remote: RemoteArgs,
-        /// Upload the nodes this run executed to the remote cache afterwards.
-        #[arg(long)]
-        push: bool,
-        /// Drop each training state once every node that reads it has
-        /// finished (its node stays cached; a later run that needs the state
-        /// runs the node again): what fits `--profile shapes-0.5b` on a 64 GB disk.
-        #[arg(long)]
-        drop_states: bool,
-        /// Re-execute the cached NODEs (none: every node) and compare each
-        /// output's hash with the cached one, as `nix build --check`; nothing
-        /// in the cache changes. Exit 1 if any output differs. With
-        /// `--remote`, nodes this workspace lacks are taken from the remote;
-        /// with `--push --key K`, what reproduced is counter-signed there.
-        #[arg(long, conflicts_with_all = ["dry_run", "force", "drop_states"])]
-        check: bool,
-    },
+    Run(RunArgs),
     /// Each node: cached, or will run and why.
-    Plan {
-        #[command(flatten)]
-        spec: SpecArgs,
-        /// Plan only these nodes and what they need (as `run NODE...`).
-        #[arg(value_name = "NODE")]
-        targets: Vec<String>,
-        /// Plan as if these nodes were forced.
-        #[arg(long, value_name = "NODE")]
-        force: Vec<String>,
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        remote: RemoteArgs,
-    },
+    Plan(PlanArgs),
     /// Upload cached nodes (records and output objects) to the remote cache:
     /// the spec's, or every cached node with `--all`. Objects go before the
     /// record that names them; what the remote has is skipped (HEAD requests).
-    Push {
-        /// The spec whose cached nodes to push.
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
-        spec: Option<PathBuf>,
-        /// The spec's profile.
-        #[arg(long, value_name = "P")]
-        profile: Option<String>,
-        /// Push every node cached in the workspace.
-        #[arg(long)]
-        all: bool,
-        #[command(flatten)]
-        transfer: TransferArgs,
-    },
+    Push(PushArgs),
     /// Download from the remote cache what a run of the spec (or of these
     /// targets) needs and the local cache lacks. Every object is re-hashed
     /// before it is published; a record is kept only once all its objects are.
-    Pull {
-        #[command(flatten)]
-        spec: SpecArgs,
-        /// Only these nodes and what they need.
-        #[arg(value_name = "NODE")]
-        targets: Vec<String>,
-        #[command(flatten)]
-        transfer: TransferArgs,
-    },
+    Pull(PullArgs),
     /// Make the outs in the tree match the store, as `dvc checkout`: each node
     /// (or these targets and what they need) whose current key is cached has
     /// its missing or changed outs checked out of the store. Nothing runs.
     /// Exit 1 when a node's key is not in the store.
-    Checkout {
-        #[command(flatten)]
-        spec: SpecArgs,
-        /// Only these nodes and what they need.
-        #[arg(value_name = "NODE")]
-        targets: Vec<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Checkout(CheckoutArgs),
     /// The hash-input diff of a node between its cached record and now.
-    Explain {
-        #[command(flatten)]
-        spec: SpecArgs,
-        /// The node id (matrix nodes: `ID@axis=value`).
-        node: String,
-        #[arg(long)]
-        json: bool,
-    },
+    Explain(ExplainArgs),
     /// Print the store path of a cached output (`NODE:OUTPUT`), e.g. `cat $(orchestrate path s.yaml data:summary)`.
-    Path {
-        #[command(flatten)]
-        spec: SpecArgs,
-        /// The output, as `NODE:OUTPUT`.
-        output: String,
-    },
+    Path(PathArgs),
     /// Check a spec without running it.
-    Validate {
-        #[command(flatten)]
-        spec: SpecArgs,
-    },
+    Validate(ValidateArgs),
     /// Print the spec JSON Schema, or write it (with the pages and labels row schemas) into a folder.
-    Schema {
-        /// Write `experiment.schema.json` into this folder.
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-    },
+    Schema(SchemaArgs),
     /// Recent runs and their nodes.
-    Status {
-        /// Show this run's nodes (default: the latest run).
-        #[arg(long, value_name = "RUN")]
-        run: Option<String>,
-        /// How many runs to list.
-        #[arg(long, default_value_t = 10)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    Status(StatusArgs),
     /// Search a run's events: the engine's (node started, cached, finished,
     /// failed) and the sealed guard events of its GRPO nodes.
-    Events {
-        /// The run (default: the latest).
-        #[arg(long, value_name = "RUN")]
-        run: Option<String>,
-        /// Only this event type (`node_finished`, `decision`, `update_applied`, ...).
-        #[arg(long = "type", value_name = "TYPE")]
-        kind: Option<String>,
-        /// Only events carrying this reason code (`T001` or `T001_ARTIFACT_HASH_MISMATCH`).
-        #[arg(long, value_name = "CODE")]
-        code: Option<String>,
-        /// Only this node (a matrix node's base id matches every expansion).
-        #[arg(long, value_name = "NODE")]
-        node: Option<String>,
-        /// One JSON object per line.
-        #[arg(long)]
-        json: bool,
-    },
+    Events(EventsArgs),
     /// POST every non-ALLOW guard decision of a run to a webhook, as JSON.
-    AlertScan {
-        /// The run (default: the latest).
-        #[arg(long, value_name = "RUN")]
-        run: Option<String>,
-        /// Where to POST (an http:// or https:// URL).
-        #[arg(long, value_name = "URL", value_parser = events::parse_webhook)]
-        webhook: String,
-        /// Send a Slack-compatible `{"text": ...}` message.
-        #[arg(long)]
-        slack: bool,
-        /// Retries per alert after the first attempt (5xx, 429 and transport errors).
-        #[arg(long, default_value_t = 3)]
-        retries: u32,
-        /// Seconds one alert may take in all, retries included: a server that
-        /// never answers is cut then.
-        #[arg(long, value_name = "SECS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
-        timeout: u64,
-        /// Print the alerts instead of posting them.
-        #[arg(long)]
-        dry_run: bool,
-    },
+    AlertScan(AlertScanArgs),
     /// One self-contained HTML report (inline SVG, no network) of a run or a pack:
     /// the DAG, GRPO and SFT curves, evaluation, costs, gates, fault matrix.
     /// With several runs or packs (or `--group-by`), their GRPO and SFT curves
     /// overlaid, one line per run, a legend naming each.
-    Report {
-        /// Run ids of the workspace, spec files (their latest run) or pack
-        /// folders (default: the latest run).
-        targets: Vec<String>,
-        /// Where to write the HTML.
-        #[arg(long, value_name = "FILE", default_value = "report.html")]
-        out: PathBuf,
-        /// Draw a matrix node's expansions over this axis (e.g. `seed`) as one
-        /// mean line with a band of ± one sample std.
-        #[arg(long, value_name = "AXIS")]
-        group_by: Option<String>,
-        /// The profile of SPEC targets.
-        #[arg(long, value_name = "P")]
-        profile: Option<String>,
-    },
+    Report(ReportArgs),
     /// What changed between runs, specs (their latest run) or pack folders, and
     /// why: the hash-input fields of nodes whose keys differ, the metrics of
     /// matching nodes with the signed change, and gates whose verdict flipped.
     /// The first is the baseline. Exit 0 whatever differs (a comparison is not
     /// a check); 2 if something named cannot be read.
-    Compare {
-        /// Run ids of the workspace, spec files (their latest run) or pack
-        /// folders; with `--group-by`, exactly one.
-        #[arg(required = true, value_name = "RUN|SPEC|PACK")]
-        targets: Vec<String>,
-        /// The profile of every SPEC argument (its latest run with that profile).
-        #[arg(long, value_name = "P")]
-        profile: Option<String>,
-        /// Also show the rows that are the same everywhere.
-        #[arg(long)]
-        all: bool,
-        /// Group one run's matrix nodes over this axis (e.g. `seed`): mean ±
-        /// std and n at each remaining matrix point, and paired bootstrap
-        /// intervals between evaluations of the same problems.
-        #[arg(long, value_name = "AXIS")]
-        group_by: Option<String>,
-        /// The comparison as JSON.
-        #[arg(long, conflicts_with = "md")]
-        json: bool,
-        /// The comparison as Markdown tables.
-        #[arg(long)]
-        md: bool,
-    },
+    Compare(CompareArgs),
     /// Export a run's or a pack's curves for other tools.
     #[command(subcommand)]
     Export(ExportCommand),
     /// Run one node submitted by `orchestrate run` with executor slurm, from a
     /// shared workspace: what each Slurm job runs. Exit code 0 if the node ran
     /// or was cached, 1 if it failed, 2 if the ticket or spec cannot be read.
-    ExecNode {
-        /// The shared workspace folder.
-        workspace: PathBuf,
-        /// The node's key (its ticket is `WORKSPACE/slurm/tickets/KEY.json`).
-        key: String,
-    },
+    ExecNode(ExecNodeArgs),
     /// The ops a spec can use.
     Ops,
     /// Check the store: every cached output present with its recorded hash.
@@ -400,40 +222,9 @@ pub enum Command {
     /// most recent result where the latest run did not finish that node, and
     /// what a `--keep-pack` pack lists. Refused while another process has the
     /// workspace open.
-    Gc {
-        /// The specs whose latest runs are kept (files; their `name` is what counts).
-        /// Give them, or `--all-specs`.
-        #[arg(value_name = "SPEC", required_unless_present = "all_specs")]
-        specs: Vec<PathBuf>,
-        /// Keep the latest runs of every spec the workspace has seen.
-        #[arg(long, conflicts_with = "specs")]
-        all_specs: bool,
-        /// How many of each kept spec's latest runs to keep whole.
-        #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-        keep_runs: u64,
-        /// Also drop the training states (`state` outputs) of the kept results,
-        /// the largest objects (a model plus AdamW's two moments): their nodes
-        /// and everything that read them stay cached; a run that needs a state
-        /// again runs its node first. Bit-exact resume makes that state again.
-        #[arg(long)]
-        drop_states: bool,
-        /// Also keep every node and output a frozen pack folder lists (repeatable).
-        #[arg(long, value_name = "DIR")]
-        keep_pack: Vec<PathBuf>,
-        /// List what would be removed (counts and bytes); remove nothing.
-        #[arg(long, short = 'n')]
-        dry_run: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Gc(GcArgs),
     /// The store's size by spec and node, largest first (`dvc du`-like).
-    Du {
-        /// How many nodes to list (the rest are summed).
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    Du(DuArgs),
     /// Rebuild the index's cache rows from the node records under
     /// .orchestrate/records (after a damaged index was moved aside).
     Reindex,
@@ -444,20 +235,7 @@ pub enum Command {
     Pack(PackCommand),
     /// Verify a pack, then re-evaluate its gates from its own files (no workspace, no libtorch).
     /// Exit code 0 only if the pack is intact and every gate passes.
-    Audit {
-        /// The pack folder.
-        dir: PathBuf,
-        /// The root digest the pack must have (`sha256:HEX`, as `pack freeze`
-        /// printed it and the release note or tag carries it).
-        #[arg(long, value_name = "DIGEST", value_parser = orchestrate_core::pack::parse_digest)]
-        expect: Option<String>,
-        /// Also check the pack's signature (model.sig, `pack sign`) by this
-        /// public key: a `.pub` PEM file, a key name in the user's key folder,
-        /// or a `NAME:BASE64` line. Unsigned, another key's, or any file
-        /// changed since signing fails the audit.
-        #[arg(long, value_name = "PUB")]
-        key: Option<String>,
-    },
+    Audit(AuditArgs),
     /// The trajectory guard: its reason codes.
     #[command(subcommand)]
     Guard(GuardCommand),
@@ -470,6 +248,309 @@ pub enum Command {
     /// line a workspace lists under `trusted_keys` (docs/remote.md).
     #[command(subcommand)]
     Key(KeyCommand),
+}
+
+/// The arguments of `orchestrate run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Run only these nodes and what they need (as `dvc repro STAGE` and
+    /// Snakemake targets); a matrix node's written id (`grpo`) names every
+    /// expansion. None: the whole spec.
+    #[arg(value_name = "NODE")]
+    pub targets: Vec<String>,
+    /// Run at most N nodes at once (with Slurm: jobs queued or running).
+    #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
+    pub jobs: usize,
+    /// Run this node even if it is cached (repeatable); a matrix node's
+    /// written id (`grpo`) names every expansion (`grpo@seed=0`, ...).
+    #[arg(long, value_name = "NODE")]
+    pub force: Vec<String>,
+    /// Print the plan and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// One JSON event per line instead of progress.
+    #[arg(long)]
+    pub json: bool,
+    /// Only failures and the summary.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Upload the nodes this run executed to the remote cache afterwards.
+    #[arg(long)]
+    pub push: bool,
+    /// Drop each training state once every node that reads it has
+    /// finished (its node stays cached; a later run that needs the state
+    /// runs the node again): what fits `--profile shapes-0.5b` on a 64 GB disk.
+    #[arg(long)]
+    pub drop_states: bool,
+    /// Re-execute the cached NODEs (none: every node) and compare each
+    /// output's hash with the cached one, as `nix build --check`; nothing
+    /// in the cache changes. Exit 1 if any output differs. With
+    /// `--remote`, nodes this workspace lacks are taken from the remote;
+    /// with `--push --key K`, what reproduced is counter-signed there.
+    #[arg(long, conflicts_with_all = ["dry_run", "force", "drop_states"])]
+    pub check: bool,
+}
+
+/// The arguments of `orchestrate plan`.
+#[derive(Debug, clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Plan only these nodes and what they need (as `run NODE...`).
+    #[arg(value_name = "NODE")]
+    pub targets: Vec<String>,
+    /// Plan as if these nodes were forced.
+    #[arg(long, value_name = "NODE")]
+    pub force: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// The arguments of `orchestrate push`.
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// The spec whose cached nodes to push.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub spec: Option<PathBuf>,
+    /// The spec's profile.
+    #[arg(long, value_name = "P")]
+    pub profile: Option<String>,
+    /// Push every node cached in the workspace.
+    #[arg(long)]
+    pub all: bool,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+/// The arguments of `orchestrate pull`.
+#[derive(Debug, clap::Args)]
+pub struct PullArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Only these nodes and what they need.
+    #[arg(value_name = "NODE")]
+    pub targets: Vec<String>,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+/// The arguments of `orchestrate checkout`.
+#[derive(Debug, clap::Args)]
+pub struct CheckoutArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Only these nodes and what they need.
+    #[arg(value_name = "NODE")]
+    pub targets: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `orchestrate explain`.
+#[derive(Debug, clap::Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// The node id (matrix nodes: `ID@axis=value`).
+    pub node: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `orchestrate path`.
+#[derive(Debug, clap::Args)]
+pub struct PathArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// The output, as `NODE:OUTPUT`.
+    pub output: String,
+}
+
+/// The arguments of `orchestrate validate`.
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// The arguments of `orchestrate schema`.
+#[derive(Debug, clap::Args)]
+pub struct SchemaArgs {
+    /// Write `experiment.schema.json` into this folder.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+/// The arguments of `orchestrate status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Show this run's nodes (default: the latest run).
+    #[arg(long, value_name = "RUN")]
+    pub run: Option<String>,
+    /// How many runs to list.
+    #[arg(long, default_value_t = 10)]
+    pub limit: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `orchestrate events`.
+#[derive(Debug, clap::Args)]
+pub struct EventsArgs {
+    /// The run (default: the latest).
+    #[arg(long, value_name = "RUN")]
+    pub run: Option<String>,
+    /// Only this event type (`node_finished`, `decision`, `update_applied`, ...).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub kind: Option<String>,
+    /// Only events carrying this reason code (`T001` or `T001_ARTIFACT_HASH_MISMATCH`).
+    #[arg(long, value_name = "CODE")]
+    pub code: Option<String>,
+    /// Only this node (a matrix node's base id matches every expansion).
+    #[arg(long, value_name = "NODE")]
+    pub node: Option<String>,
+    /// One JSON object per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `orchestrate alert-scan`.
+#[derive(Debug, clap::Args)]
+pub struct AlertScanArgs {
+    /// The run (default: the latest).
+    #[arg(long, value_name = "RUN")]
+    pub run: Option<String>,
+    /// Where to POST (an http:// or https:// URL).
+    #[arg(long, value_name = "URL", value_parser = events::parse_webhook)]
+    pub webhook: String,
+    /// Send a Slack-compatible `{"text": ...}` message.
+    #[arg(long)]
+    pub slack: bool,
+    /// Retries per alert after the first attempt (5xx, 429 and transport errors).
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Seconds one alert may take in all, retries included: a server that
+    /// never answers is cut then.
+    #[arg(long, value_name = "SECS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout: u64,
+    /// Print the alerts instead of posting them.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The arguments of `orchestrate report`.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// Run ids of the workspace, spec files (their latest run) or pack
+    /// folders (default: the latest run).
+    pub targets: Vec<String>,
+    /// Where to write the HTML.
+    #[arg(long, value_name = "FILE", default_value = "report.html")]
+    pub out: PathBuf,
+    /// Draw a matrix node's expansions over this axis (e.g. `seed`) as one
+    /// mean line with a band of ± one sample std.
+    #[arg(long, value_name = "AXIS")]
+    pub group_by: Option<String>,
+    /// The profile of SPEC targets.
+    #[arg(long, value_name = "P")]
+    pub profile: Option<String>,
+}
+
+/// The arguments of `orchestrate compare`.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    /// Run ids of the workspace, spec files (their latest run) or pack
+    /// folders; with `--group-by`, exactly one.
+    #[arg(required = true, value_name = "RUN|SPEC|PACK")]
+    pub targets: Vec<String>,
+    /// The profile of every SPEC argument (its latest run with that profile).
+    #[arg(long, value_name = "P")]
+    pub profile: Option<String>,
+    /// Also show the rows that are the same everywhere.
+    #[arg(long)]
+    pub all: bool,
+    /// Group one run's matrix nodes over this axis (e.g. `seed`): mean ±
+    /// std and n at each remaining matrix point, and paired bootstrap
+    /// intervals between evaluations of the same problems.
+    #[arg(long, value_name = "AXIS")]
+    pub group_by: Option<String>,
+    /// The comparison as JSON.
+    #[arg(long, conflicts_with = "md")]
+    pub json: bool,
+    /// The comparison as Markdown tables.
+    #[arg(long)]
+    pub md: bool,
+}
+
+/// The arguments of `orchestrate exec-node`.
+#[derive(Debug, clap::Args)]
+pub struct ExecNodeArgs {
+    /// The shared workspace folder.
+    pub workspace: PathBuf,
+    /// The node's key (its ticket is `WORKSPACE/slurm/tickets/KEY.json`).
+    pub key: String,
+}
+
+/// The arguments of `orchestrate gc`.
+#[derive(Debug, clap::Args)]
+pub struct GcArgs {
+    /// The specs whose latest runs are kept (files; their `name` is what counts).
+    /// Give them, or `--all-specs`.
+    #[arg(value_name = "SPEC", required_unless_present = "all_specs")]
+    pub specs: Vec<PathBuf>,
+    /// Keep the latest runs of every spec the workspace has seen.
+    #[arg(long, conflicts_with = "specs")]
+    pub all_specs: bool,
+    /// How many of each kept spec's latest runs to keep whole.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_runs: u64,
+    /// Also drop the training states (`state` outputs) of the kept results,
+    /// the largest objects (a model plus AdamW's two moments): their nodes
+    /// and everything that read them stay cached; a run that needs a state
+    /// again runs its node first. Bit-exact resume makes that state again.
+    #[arg(long)]
+    pub drop_states: bool,
+    /// Also keep every node and output a frozen pack folder lists (repeatable).
+    #[arg(long, value_name = "DIR")]
+    pub keep_pack: Vec<PathBuf>,
+    /// List what would be removed (counts and bytes); remove nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `orchestrate du`.
+#[derive(Debug, clap::Args)]
+pub struct DuArgs {
+    /// How many nodes to list (the rest are summed).
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The arguments of `orchestrate audit`.
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    /// The pack folder.
+    pub dir: PathBuf,
+    /// The root digest the pack must have (`sha256:HEX`, as `pack freeze`
+    /// printed it and the release note or tag carries it).
+    #[arg(long, value_name = "DIGEST", value_parser = orchestrate_core::pack::parse_digest)]
+    pub expect: Option<String>,
+    /// Also check the pack's signature (model.sig, `pack sign`) by this
+    /// public key: a `.pub` PEM file, a key name in the user's key folder,
+    /// or a `NAME:BASE64` line. Unsigned, another key's, or any file
+    /// changed since signing fails the audit.
+    #[arg(long, value_name = "PUB")]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -599,21 +680,11 @@ fn default_jobs() -> usize {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match commands::dispatch(cli) {
-        Ok(code) => code,
+        Ok(status) => status.code(),
         Err(e) => {
-            eprintln!("error: {e:#}");
-            // A remote that failed or served what does not check out is a
-            // runtime failure (1); 2 stays for usage and input errors.
-            let remote_failed = e.chain().any(|c| {
-                matches!(
-                    c.downcast_ref::<orchestrate_core::remote::RemoteError>(),
-                    Some(
-                        orchestrate_core::remote::RemoteError::Transfer(_)
-                            | orchestrate_core::remote::RemoteError::Refused(_)
-                    )
-                )
-            });
-            ExitCode::from(if remote_failed { 1 } else { 2 })
+            let e = exit::CliError::classify(e);
+            eprintln!("error: {e}");
+            e.code()
         }
     }
 }

@@ -8,7 +8,7 @@ use orchestrate_core::spec::{load, LoadOptions};
 #[test]
 fn the_shapes_profile_is_qwen2_5_0_5b_to_the_parameter() {
     let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/grpo-main.yaml");
-    let opts = LoadOptions { profile: Some("shapes-0.5b".into()), overrides: vec![] };
+    let opts = LoadOptions { profile: Some("shapes-0.5b".into()), ..Default::default() };
     let spec = load(&spec, &opts).unwrap_or_else(|e| panic!("{e}"));
     let base = spec.node("base").unwrap();
     assert_eq!(base.op, "model.init");

@@ -6,11 +6,12 @@ pub mod deps;
 mod isolation;
 pub mod key;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use petgraph::algo::{tarjan_scc, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::visit::EdgeRef;
 use serde_json::Value;
 
 use crate::ops::{AnyOp, OutputDecl, Params, Registry};
@@ -53,6 +54,41 @@ pub struct Dag {
 }
 
 impl Dag {
+    /// The DAG cut down to `targets` and every node they read from,
+    /// transitively (`run NODE…`, as `dvc repro STAGE` and Snakemake
+    /// targets): each kept node as it was compiled, since a key depends only
+    /// on what its node reads, so no spec is compiled again. Ids that are no
+    /// node are ignored (the caller checks what was named).
+    pub fn restrict(self, targets: &BTreeSet<String>) -> Dag {
+        let mut keep = vec![false; self.nodes.len()];
+        let mut stack: Vec<usize> = targets.iter().filter_map(|id| self.position(id)).collect();
+        while let Some(pos) = stack.pop() {
+            if !std::mem::replace(&mut keep[pos], true) {
+                stack.extend(self.parents(pos));
+            }
+        }
+        let mut moved = vec![usize::MAX; self.nodes.len()];
+        let mut nodes = Vec::with_capacity(keep.iter().filter(|k| **k).count());
+        for (old, node) in self.nodes.into_iter().enumerate().filter(|(i, _)| keep[*i]) {
+            moved[old] = nodes.len();
+            nodes.push(node);
+        }
+        let mut graph: DiGraph<usize, ()> = DiGraph::with_capacity(nodes.len(), self.graph.edge_count());
+        let mut index = HashMap::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            index.insert(n.def.id.clone(), graph.add_node(i));
+        }
+        for e in self.graph.edge_references() {
+            let (from, to) = (self.graph[e.source()], self.graph[e.target()]);
+            if keep[from] && keep[to] {
+                graph.add_edge(NodeIndex::new(moved[from]), NodeIndex::new(moved[to]), ());
+            }
+        }
+        // A topological order filtered is a topological order of what is left.
+        let order = self.order.iter().filter(|p| keep[**p]).map(|p| moved[*p]).collect();
+        Dag { graph, nodes, index, order }
+    }
+
     pub fn position(&self, id: &str) -> Option<usize> {
         self.index.get(id).map(|ix| self.graph[*ix])
     }
@@ -620,6 +656,55 @@ mod tests {
             interpreters: BTreeMap::new(),
             env: None,
         }
+    }
+
+    /// `Dag::restrict` keeps the targets and what they read, as compiling
+    /// the spec cut down to them gives: the same nodes, edges and order.
+    #[test]
+    fn a_dag_restricted_to_targets_is_the_dag_of_the_spec_cut_to_them() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("spec.yaml");
+        let shell = |deps: &str, out: &str| {
+            format!("    op: shell\n    params: {{cmd: 'true', deps: [{deps}], outs: [{out}]}}\n")
+        };
+        let text = format!(
+            "name: t\nnodes:\n  a:\n{}  b:\n{}  c:\n{}  d:\n{}  e:\n{}",
+            shell("", "a.txt"),
+            shell("a.txt", "b.txt"),
+            shell("b.txt", "c.txt"),
+            shell("", "d.txt"),
+            shell("a.txt, d.txt", "e.txt")
+        );
+        std::fs::write(&path, text).unwrap();
+        let spec = crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads");
+        let registry = Registry::builtin();
+        let shape = |dag: &Dag| {
+            let ids: Vec<&str> = dag.order.iter().map(|&p| dag.nodes[p].id()).collect();
+            let mut edges: Vec<(String, String)> = (0..dag.nodes.len())
+                .flat_map(|p| dag.parents(p).into_iter().map(move |q| (q, p)))
+                .map(|(q, p)| (dag.nodes[q].id().to_string(), dag.nodes[p].id().to_string()))
+                .collect();
+            edges.sort();
+            let inputs: Vec<_> = dag.order.iter().map(|&p| dag.nodes[p].inputs.clone()).collect();
+            (ids.iter().map(|s| s.to_string()).collect::<Vec<_>>(), edges, inputs)
+        };
+        for targets in [vec!["b"], vec!["c", "d"], vec!["e"], vec!["a", "b", "c", "d", "e"]] {
+            let named: BTreeSet<String> = targets.iter().map(|s| s.to_string()).collect();
+            let cut = compile(&spec, &registry).unwrap().restrict(&named);
+            // What the CLI did before: the spec cut down and compiled again.
+            let full = compile(&spec, &registry).unwrap();
+            let kept: BTreeSet<String> = shape(&cut).0.into_iter().collect();
+            let mut small = spec.clone();
+            small.nodes.retain(|n| kept.contains(&n.id));
+            assert_eq!(shape(&cut), shape(&compile(&small, &registry).unwrap()), "{targets:?}");
+            assert!(kept.iter().all(|id| full.position(id).is_some()));
+            for p in 0..cut.nodes.len() {
+                assert_eq!(cut.position(cut.nodes[p].id()), Some(p));
+            }
+        }
+        let named: BTreeSet<String> = ["b".to_string()].into();
+        let cut = compile(&spec, &registry).unwrap().restrict(&named);
+        assert_eq!(shape(&cut).0, ["a", "b"]);
     }
 
     #[test]

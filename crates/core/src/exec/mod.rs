@@ -68,6 +68,31 @@ pub struct RunResult {
     pub drop_errors: Vec<String>,
 }
 
+impl RunResult {
+    /// How many gates failed in this run's gate nodes (ran or cached). A gate
+    /// report that cannot be read is an error naming the node and the file:
+    /// it must never count as passed. A gate node that failed or was skipped
+    /// is already a failed run, and is not counted here.
+    pub fn failed_gates(&self, ws: &Workspace, dag: &Dag) -> Result<usize, String> {
+        use crate::ops::gate::GateOp;
+        let mut failed = 0;
+        for node in dag.nodes.iter().filter(|n| n.op.name() == GateOp::NAME) {
+            let outputs = match self.outcomes.get(node.id()) {
+                Some(Outcome::Ran { outputs, .. }) | Some(Outcome::Cached { outputs, .. }) => outputs,
+                _ => continue,
+            };
+            let out = outputs
+                .iter()
+                .find(|o| o.name == GateOp::REPORT)
+                .ok_or_else(|| format!("gate node '{}' has no {} output", node.id(), GateOp::REPORT))?;
+            let report = crate::gate::GateReport::read(&ws.object_path(&out.object.hash))
+                .map_err(|e| format!("gate node '{}': {} {e}", node.id(), GateOp::REPORT))?;
+            failed += report.failed();
+        }
+        Ok(failed)
+    }
+}
+
 enum Msg {
     Event(Event),
     Done(usize, Outcome),

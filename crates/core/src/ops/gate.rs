@@ -37,9 +37,16 @@ pub fn evidence_input(reference: &str) -> String {
     format!("evidence:{reference}")
 }
 
+impl GateOp {
+    /// The op's name in specs.
+    pub const NAME: &'static str = "gate";
+    /// The output that holds its [`crate::gate::GateReport`].
+    pub const REPORT: &'static str = "gates.json";
+}
+
 impl Op for GateOp {
     fn name(&self) -> &'static str {
-        "gate"
+        Self::NAME
     }
     fn version(&self) -> u32 {
         1
@@ -62,7 +69,7 @@ impl Op for GateOp {
         vec![params.file.clone()]
     }
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
-        vec![OutputDecl::file("gates.json"), OutputDecl::file("gates.md")]
+        vec![OutputDecl::file(Self::REPORT), OutputDecl::file("gates.md")]
     }
     fn role(&self, _params: &Self::Params) -> Role {
         Role::Scoring

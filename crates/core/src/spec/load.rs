@@ -14,6 +14,11 @@ use super::{matrix_value_label, AxisValue, MatrixAxis, NodeDef, OutputRef, Spec,
 pub struct LoadOptions {
     pub profile: Option<String>,
     pub overrides: Vec<Override>,
+    /// `--executor`: instead of the spec's `executor:`.
+    pub executor: Option<super::ExecutorKind>,
+    /// `--partition`, `--gpus`, …: laid over every node's own `resources:`
+    /// (what the command line gives wins, field by field).
+    pub resources: Option<super::SlurmResources>,
 }
 
 /// One `--set path.to.key=value` (the value is read as YAML: `1e-3`, `[2, 4]`, `true`).
@@ -205,13 +210,19 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
 
     let doc: SpecDoc = serde_path_to_error::deserialize(&merged).map_err(|e| typed_error(e, &sources))?;
     let nodes = expand(&doc, &sources)?;
+    let mut nodes = nodes;
+    if let Some(over) = &opts.resources {
+        for node in &mut nodes {
+            node.resources = over.over(&node.resources);
+        }
+    }
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     Ok(Spec {
         name: doc.name,
         path: path.to_path_buf(),
         base_dir: if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir },
         profile: opts.profile.clone(),
-        executor: doc.executor,
+        executor: opts.executor.unwrap_or(doc.executor),
         resolved: merged,
         nodes,
         sources,

@@ -1,0 +1,170 @@
+//! `orchestrate plan`, `explain` and `path`: what the cache holds for a spec, changing nothing.
+
+use std::collections::BTreeSet;
+
+use anyhow::{bail, Result};
+
+use super::commands::Ctx;
+use super::exit::Status;
+use super::keys::open_remote;
+use super::shared::*;
+use super::*;
+use orchestrate_core::dag::{self};
+use orchestrate_core::exec::plan::{self, PlanEntry, PlanState};
+use orchestrate_core::runtime;
+use orchestrate_core::spec::did_you_mean;
+use orchestrate_core::store::Workspace;
+
+/// `orchestrate plan`: each node cached, or will run and why.
+pub fn plan(ctx: &Ctx, args: PlanArgs) -> Result<Status> {
+    let PlanArgs { spec, targets, force, json, remote } = args;
+    let (spec, dag) = load(&spec, &ctx.registry)?;
+    let (spec, dag, force) = select(spec, dag, targets, force)?;
+    let force = regenerate_dropped(&ctx.workspace, &spec, &dag, force)?;
+    let remote = remote
+        .remote
+        .as_deref()
+        .map(|url| open_remote(&ctx.workspace, Some(url), None, &remote.trust, false))
+        .transpose()?;
+    let ws = Workspace::open_read_only(&ctx.workspace)?;
+    let entries = plan::plan_with_remote(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider(), remote.as_ref())?;
+    print_plan(&entries, json);
+    let broken = entries.iter().any(|e| matches!(e.state, PlanState::Error { .. }));
+    Ok(if broken { Status::Failed } else { Status::Ok })
+}
+
+/// `orchestrate explain`: the hash-input diff of a node between its record and now.
+pub fn explain(ctx: &Ctx, args: ExplainArgs) -> Result<Status> {
+    let ExplainArgs { spec, node, json } = args;
+    let (spec, dag) = load(&spec, &ctx.registry)?;
+    // A matrix node's written id explains each of its expansions.
+    let ids = expand_nodes(&dag, vec![node.clone()])?;
+    let ws = Workspace::open_read_only(&ctx.workspace)?;
+    let mut all = Vec::new();
+    for id in &ids {
+        all.push(plan::explain(ws.as_ref(), &spec, &dag, id, &runtime::env_provider())?);
+    }
+    if json {
+        if dag.get(&node).is_some() {
+            outln!("{}", serde_json::to_string_pretty(&all[0])?);
+        } else {
+            outln!("{}", serde_json::to_string_pretty(&all)?);
+        }
+        return Ok(Status::Ok);
+    }
+    for (i, e) in all.iter().enumerate() {
+        if i > 0 {
+            outln!();
+        }
+        print_explanation(e);
+    }
+    Ok(Status::Ok)
+}
+
+/// `orchestrate path`: the store path of a cached output.
+pub fn path(ctx: &Ctx, args: PathArgs) -> Result<Status> {
+    let PathArgs { spec, output } = args;
+    let (spec, dag) = load(&spec, &ctx.registry)?;
+    let Some((node, name)) = output.split_once(':') else { bail!("'{output}': expected NODE:OUTPUT") };
+    check_nodes(&dag, vec![node.to_string()])?;
+    let outputs: Vec<String> =
+        dag.get(node).map(|n| n.outputs.iter().map(|o| o.name.clone()).collect()).unwrap_or_default();
+    if !outputs.iter().any(|o| o == name) {
+        bail!(
+            "node '{node}' has no output '{name}'{}; its outputs: {}",
+            did_you_mean(name, outputs.iter().map(String::as_str)),
+            outputs.join(", ")
+        );
+    }
+    let ws = Workspace::open_read_only(&ctx.workspace)?;
+    let entries = plan::plan(ws.as_ref(), &spec, &dag, &BTreeSet::new(), &runtime::env_provider())?;
+    let cached = entries.iter().find(|e| e.node == node).and_then(|e| match &e.state {
+        PlanState::Cached { key } => Some(key.clone()),
+        _ => None,
+    });
+    let (Some(ws), Some(key)) = (ws, cached) else {
+        eprintln!("'{node}' is not cached as the spec stands: run it first");
+        return Ok(Status::Failed);
+    };
+    let record = ws.index()?.lookup(&key)?.ok_or_else(|| anyhow::anyhow!("cache row vanished for {key}"))?;
+    let out =
+        record.outputs.iter().find(|o| o.name == name).ok_or_else(|| anyhow::anyhow!("no output '{name}' recorded"))?;
+    if let Some(why) = &out.dropped {
+        eprintln!("output '{name}' of '{node}' was {why}: `orchestrate run SPEC --force {node}` makes it again");
+        return Ok(Status::Failed);
+    }
+    let path = ws.object_path(&out.object.hash);
+    outln!("{}", std::path::absolute(&path).unwrap_or(path).display());
+    Ok(Status::Ok)
+}
+
+pub(super) fn print_plan(entries: &[PlanEntry], json: bool) {
+    if json {
+        for e in entries {
+            outln!("{}", serde_json::to_string(e).expect("plan entries serialize"));
+        }
+        return;
+    }
+    let width = entries.iter().map(|e| e.node.len()).max().unwrap_or(4);
+    let (mut cached, mut run, mut pending) = (0, 0, 0);
+    for e in entries {
+        let short = |k: &Option<orchestrate_core::store::Key>| {
+            k.as_deref().map(|k| k[..8].to_string()).unwrap_or_else(|| "--------".into())
+        };
+        match &e.state {
+            PlanState::Cached { key } => {
+                cached += 1;
+                outln!("{:<width$}  cached   {}", e.node, &key[..8]);
+            }
+            PlanState::Restore { key, reason } => {
+                cached += 1;
+                outln!("{:<width$}  restore  {}  {reason}; checked out of the store, not run", e.node, &key[..8]);
+            }
+            PlanState::CachedRemote { key, remote } => {
+                cached += 1;
+                outln!("{:<width$}  cached (remote) {}  from {remote}", e.node, &key[..8]);
+            }
+            PlanState::Run { key, reason } => {
+                run += 1;
+                outln!("{:<width$}  run      {}  {reason}", e.node, short(key));
+            }
+            PlanState::Pending { after } => {
+                pending += 1;
+                outln!(
+                    "{:<width$}  pending  --------  runs only if {} produce{} different outputs",
+                    e.node,
+                    after.join(", "),
+                    if after.len() == 1 { "s" } else { "" }
+                );
+            }
+            PlanState::Error { error } => {
+                outln!("{:<width$}  error    --------  {error}", e.node)
+            }
+        }
+    }
+    outln!("{cached} cached, {run} to run, {pending} pending on upstream");
+}
+
+/// One node id named on the command line, exactly.
+/// `explain`'s lines for one node.
+fn print_explanation(e: &plan::Explanation) {
+    outln!("node     {}", e.node);
+    outln!("key now  {}", e.key.as_deref().unwrap_or("(unknown)"));
+    outln!("cached   {}", e.cached_key.as_deref().unwrap_or("(never completed)"));
+    if let Some(at) = &e.cached_at {
+        outln!("         at {at}");
+    }
+    if e.cached_key.is_some() && e.key.is_some() {
+        if e.changes.is_empty() {
+            outln!("no hash input changed");
+        } else {
+            outln!("changed hash inputs:");
+            for line in dag::key::explain_lines(&e.changes) {
+                outln!("  {line}");
+            }
+        }
+    }
+    for n in &e.notes {
+        outln!("note: {n}");
+    }
+}
