@@ -333,3 +333,83 @@ fn a_disk_that_stays_full_still_fails_the_node_with_its_reason_and_exits_1() {
     assert!(err.contains("fill") && err.contains("No space left on device"), "{err}");
     assert!(err.contains("could not be recorded"), "the lost record is said: {err}");
 }
+
+/// (Issue #36.) Two `orchestrate run`s side by side share the machine's CPU:
+/// each counted every core as its own, so two runs of `-j 4` put four
+/// one-thread numerical nodes on two cores. The slots are machine-wide now
+/// (a lock file per core): measured from both runs' events as they arrive,
+/// never more numerical nodes run at once than the machine has cores.
+#[cfg(feature = "torch")]
+#[test]
+fn two_runs_side_by_side_never_put_more_numerical_nodes_on_the_cpu_than_it_has_cores() {
+    use std::io::BufRead;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    let slots = tempfile::tempdir().unwrap();
+    let sft = |name: &str, lr: &str| {
+        format!(
+            "  {name}:\n    op: train.sft\n    inputs: {{model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation'}}\n    params: {{branch: warmstart, epochs: 2, batch_size: 2, lr: {lr}}}\n"
+        )
+    };
+    let nodes = format!("{}{}{}", sft("a", "1.0e-3"), sft("b", "2.0e-3"), sft("c", "3.0e-3"));
+    let spec = common::tiny_spec("side", &nodes);
+    let start = Instant::now();
+    // (seconds since start, +1 started / -1 finished, run, node) of numerical nodes.
+    type Seen = Vec<(f64, i32, usize, String)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let numerical = ["base", "a", "b", "c"];
+    let mut readers = Vec::new();
+    let mut children = Vec::new();
+    let projects = [Project::new(), Project::new()];
+    for (run, p) in projects.iter().enumerate() {
+        p.write("s.yaml", &spec);
+        let mut child = p
+            .cmd(&["run", "--json", "-j", "4", "s.yaml"])
+            .env("ORCHESTRATE_CPU_SLOTS_DIR", slots.path())
+            .env("ORCHESTRATE_THREADS", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let seen = Arc::clone(&seen);
+        readers.push(std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let e: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+                let node = e["node"].as_str().unwrap_or_default().to_string();
+                let step = match e["event"].as_str() {
+                    Some("node_started") => 1,
+                    Some("node_finished") | Some("node_failed") => -1,
+                    _ => continue,
+                };
+                if numerical.contains(&node.as_str()) {
+                    seen.lock().unwrap().push((start.elapsed().as_secs_f64(), step, run, node));
+                }
+            }
+        }));
+        children.push(child);
+    }
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    for r in readers {
+        r.join().unwrap();
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    // A run says a node finished just after its slot was freed, and the other
+    // run may start one on that slot first: each end is taken 0.1 s earlier
+    // than it was read (every node here runs 0.4 s or more, so four nodes on
+    // two cores would still overlap).
+    for e in seen.iter_mut().filter(|e| e.1 < 0) {
+        e.0 -= 0.1;
+    }
+    seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    assert_eq!(seen.len(), 16, "4 numerical nodes × 2 runs, started and finished: {seen:?}");
+    let (mut now, mut most) = (0, 0);
+    for (_, step, _, _) in &seen {
+        now += step;
+        most = most.max(now);
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as i32;
+    assert!(most <= cores, "{most} numerical nodes ran at once on {cores} cores: {seen:?}");
+}

@@ -195,7 +195,7 @@ pub fn run_with(
     let mut blocked_by: Vec<Option<String>> = vec![None; n];
     let env_cache: Mutex<Option<Result<EnvPart, String>>> = Mutex::new(None);
     let cancel = AtomicBool::new(false);
-    let cpu = node::CpuSlots::default();
+    let cpu = node::CpuSlots::machine();
     let (job_tx, job_rx) = mpsc::channel::<(usize, BTreeMap<String, Vec<OutputRecord>>)>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();

@@ -6,7 +6,7 @@
 
 use crate::store::Key;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
@@ -71,33 +71,137 @@ pub struct NodeJob<'a> {
 /// holds as many as its libtorch threads (see [`crate::runtime::worker_threads`]
 /// and a node's `threads`) while it runs, whatever `--jobs` allows, as
 /// Snakemake's `--cores` bounds the sum of its rules' `threads`.
-#[derive(Default)]
+///
+/// Across processes: a core is a lock file (`slot-N`) in a folder every
+/// orchestrate process of this user on this machine shares
+/// ([`cpu_slots_dir`]), held with `flock` while the node runs, so two runs
+/// side by side never put more numerical nodes on the CPU than it has cores;
+/// the kernel releases a killed process's locks. Where that folder cannot be
+/// used, the slots are this process's own (said once on stderr).
 pub struct CpuSlots {
+    /// The machine-wide slot files' folder (`None`: this process only).
+    dir: Option<PathBuf>,
     used: std::sync::Mutex<usize>,
     freed: std::sync::Condvar,
 }
 
+impl Default for CpuSlots {
+    /// This process's own slots (tests; a folder that cannot be used).
+    fn default() -> Self {
+        CpuSlots { dir: None, used: Default::default(), freed: Default::default() }
+    }
+}
+
+/// How long a node waits before it asks the machine's slots again.
+const SLOT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Cores held while a numerical node runs.
-pub struct CpuSlot<'a>(&'a CpuSlots, usize);
+pub struct CpuSlot<'a> {
+    slots: &'a CpuSlots,
+    /// Cores counted in this process (the process-local slots).
+    local: usize,
+    /// The slot files locked (the machine's slots): unlocked when closed.
+    _files: Vec<std::fs::File>,
+}
+
+/// Where the machine's CPU slot files are: `ORCHESTRATE_CPU_SLOTS_DIR`, else
+/// `orchestrate-cpu-UID` in the temp folder, made with mode 0700. One that is
+/// a link, not a folder or not this user's is not used (`Err` says why).
+pub fn cpu_slots_dir() -> Result<PathBuf, String> {
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    checked_slots_dir(match std::env::var_os("ORCHESTRATE_CPU_SLOTS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => std::env::temp_dir().join(format!("orchestrate-cpu-{uid}")),
+    })
+}
+
+/// `dir`, made if absent, if it is a folder of this user's (never a link).
+pub(crate) fn checked_slots_dir(dir: PathBuf) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a folder (a link is never followed)", dir.display()));
+    }
+    if meta.uid() != uid {
+        return Err(format!("{} belongs to another user", dir.display()));
+    }
+    Ok(dir)
+}
 
 impl CpuSlots {
+    /// The slots every orchestrate process of this user on this machine shares.
+    pub fn machine() -> CpuSlots {
+        match cpu_slots_dir() {
+            Ok(dir) => CpuSlots::in_dir(dir),
+            Err(why) => {
+                eprintln!("note: CPU slots are this run's own, not shared with other runs on this machine: {why}");
+                CpuSlots::default()
+            }
+        }
+    }
+
+    /// Slots shared through the lock files in `dir`.
+    pub fn in_dir(dir: PathBuf) -> CpuSlots {
+        CpuSlots { dir: Some(dir), ..Default::default() }
+    }
+
     /// Waits until `threads` of `cores` are free (a node asking for more than
     /// the machine has runs alone), and holds them.
     pub fn acquire(&self, threads: usize, cores: usize) -> CpuSlot<'_> {
         let want = threads.clamp(1, cores.max(1));
+        if let Some(dir) = &self.dir {
+            match self.lock_files(dir, want, cores.max(1)) {
+                Ok(files) => return CpuSlot { slots: self, local: 0, _files: files },
+                Err(e) => eprintln!(
+                    "note: the machine's CPU slots in {} cannot be used ({e}); this node counts this run's only",
+                    dir.display()
+                ),
+            }
+        }
         let mut used = self.used.lock().expect("cpu slots");
         while *used + want > cores.max(1) {
             used = self.freed.wait(used).expect("cpu slots");
         }
         *used += want;
-        CpuSlot(self, want)
+        CpuSlot { slots: self, local: want, _files: Vec::new() }
+    }
+
+    /// Locks `want` of the `cores` slot files, all or none at a time (a node
+    /// never sits on part of what it needs while another waits for the rest).
+    fn lock_files(&self, dir: &Path, want: usize, cores: usize) -> std::io::Result<Vec<std::fs::File>> {
+        loop {
+            let mut held = Vec::with_capacity(want);
+            for n in 0..cores {
+                let file = crate::store::fsx::open_lock(&dir.join(format!("slot-{n}")))?;
+                match file.try_lock() {
+                    Ok(()) => held.push(file),
+                    Err(std::fs::TryLockError::WouldBlock) => {}
+                    Err(std::fs::TryLockError::Error(e)) => return Err(e),
+                }
+                if held.len() == want {
+                    return Ok(held);
+                }
+            }
+            drop(held);
+            std::thread::sleep(SLOT_POLL);
+        }
     }
 }
 
 impl Drop for CpuSlot<'_> {
     fn drop(&mut self) {
-        *self.0.used.lock().expect("cpu slots") -= self.1;
-        self.0.freed.notify_all();
+        if self.local > 0 {
+            *self.slots.used.lock().expect("cpu slots") -= self.local;
+            self.slots.freed.notify_all();
+        }
     }
 }
 

@@ -218,6 +218,37 @@ fn cpu_slots_bound_the_numerical_nodes_running_at_once() {
     assert_eq!(most.load(Ordering::SeqCst), 2, "six nodes, two slots: two at a time, never more");
 }
 
+/// (Issue #36.) Two processes' slots are one machine's: two `CpuSlots` on the
+/// same folder (each lock file opened apart, as two processes open it) never
+/// hold more cores together than there are.
+#[test]
+fn the_machines_cpu_slots_bound_the_nodes_of_every_process_together() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (super::node::CpuSlots::in_dir(dir.path().into()), super::node::CpuSlots::in_dir(dir.path().into()));
+    let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        for (i, threads) in [1, 1, 2, 1, 1, 2].into_iter().enumerate() {
+            let slots = if i % 2 == 0 { &a } else { &b };
+            let (now, most) = (&now, &most);
+            s.spawn(move || {
+                let _slot = slots.acquire(threads, 3);
+                let n = now.fetch_add(threads, Ordering::SeqCst) + threads;
+                most.fetch_max(n, Ordering::SeqCst);
+                std::thread::sleep(std::time::Duration::from_millis(60));
+                now.fetch_sub(threads, Ordering::SeqCst);
+            });
+        }
+    });
+    let most = most.load(Ordering::SeqCst);
+    assert!((2..=3).contains(&most), "at most 3 cores held at once, and some at once: {most}");
+    // A folder that is a link is not used.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(dir.path(), &link).unwrap();
+    assert!(super::node::checked_slots_dir(link).unwrap_err().contains("not a folder"));
+    assert_eq!(super::node::checked_slots_dir(dir.path().join("new")).unwrap(), dir.path().join("new"), "made");
+}
+
 #[test]
 fn a_node_with_more_threads_holds_more_cores() {
     use std::sync::atomic::{AtomicUsize, Ordering};
