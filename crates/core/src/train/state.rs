@@ -40,41 +40,135 @@ const META_KEY: &str = "orchestrate_state";
 
 /// Writes a state atomically: f32 tensors (name → shape, values) plus JSON.
 pub fn write_state(path: &Path, meta: &Value, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<(), StateError> {
-    let io = |context: String| move |source| StateError::Io { context, source };
-    let data: Vec<(String, safetensors::tensor::TensorView<'_>)> = Vec::new();
-    let bytes: Vec<Vec<u8>> =
-        tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-    let mut views = data;
-    for ((name, shape, _), b) in tensors.iter().zip(&bytes) {
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
-            .map_err(|e| StateError::Invalid { path: path.display().to_string(), message: e.to_string() })?;
-        views.push((name.clone(), view));
+    let shapes: Vec<(String, Vec<usize>)> = tensors.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect();
+    let by_name: HashMap<&str, &[f32]> = tensors.iter().map(|(n, _, v)| (n.as_str(), v.as_slice())).collect();
+    write_state_streamed(path, meta, &shapes, |name, out| write_f32_le(by_name[name], out))
+}
+
+/// Writes f32 values as little-endian bytes, a block at a time (never a copy
+/// of the whole tensor).
+pub fn write_f32_le(values: &[f32], out: &mut dyn Write) -> std::io::Result<()> {
+    let mut block = Vec::with_capacity(1 << 16);
+    for chunk in values.chunks(1 << 14) {
+        block.clear();
+        for x in chunk {
+            block.extend_from_slice(&x.to_le_bytes());
+        }
+        out.write_all(&block)?;
+    }
+    Ok(())
+}
+
+/// Counts what goes through, so a tensor that wrote other than its size is caught.
+struct Counted<'a> {
+    inner: &'a mut dyn Write,
+    bytes: usize,
+}
+
+impl Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The safetensors header of a state: what `safetensors::serialize` writes
+/// (tensors by descending dtype alignment, then name; offsets in that order;
+/// the JSON padded with spaces to a multiple of 8), and the tensors in file order.
+/// A state's header bytes, and each tensor's name and byte size in file order.
+type Header = (Vec<u8>, Vec<(String, usize)>);
+
+fn header(meta: &Value, shapes: &[(String, Vec<usize>)]) -> Result<Header, String> {
+    use safetensors::tensor::{Metadata, TensorInfo};
+    let mut sorted: Vec<&(String, Vec<usize>)> = shapes.iter().collect();
+    // Every state tensor is F32: the dtype order is the name order.
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let (mut infos, mut order, mut offset) = (Vec::new(), Vec::new(), 0usize);
+    for (name, shape) in sorted {
+        let n = shape.iter().product::<usize>() * 4;
+        infos.push((
+            name.clone(),
+            TensorInfo { dtype: safetensors::Dtype::F32, shape: shape.clone(), data_offsets: (offset, offset + n) },
+        ));
+        order.push((name.clone(), n));
+        offset += n;
     }
     let mut metadata = HashMap::new();
     metadata.insert(META_KEY.to_string(), meta.to_string());
-    let serialized = safetensors::tensor::serialize(views, Some(metadata))
-        .map_err(|e| StateError::Invalid { path: path.display().to_string(), message: e.to_string() })?;
+    let header = Metadata::new(Some(metadata), infos).map_err(|e| e.to_string())?;
+    let mut bytes = serde_json::to_string(&header).map_err(|e| e.to_string())?.into_bytes();
+    bytes.resize(bytes.len().next_multiple_of(8), b' ');
+    Ok((bytes, order))
+}
+
+/// Writes a state atomically, streamed: the header first, then each tensor's
+/// little-endian f32 bytes as `emit(name, out)` writes them, straight into
+/// the gzip stream, so no copy of the whole state is ever in memory (a 0.5B
+/// model's state is 5.9 GB of f32). The bytes are those of
+/// `safetensors::serialize` then gzip level 1, as before (the committed
+/// packs' states read, and a state written again is the same object).
+pub fn write_state_streamed(
+    path: &Path,
+    meta: &Value,
+    shapes: &[(String, Vec<usize>)],
+    mut emit: impl FnMut(&str, &mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), StateError> {
+    let io = |context: String| move |source| StateError::Io { context, source };
+    let invalid = |message: String| StateError::Invalid { path: path.display().to_string(), message };
+    let (head, order) = header(meta, shapes).map_err(invalid)?;
     let tmp = path.with_extension("partial");
-    {
+    let written = (|| -> Result<(), StateError> {
         let file = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-        let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::new(1));
-        gz.write_all(&serialized).map_err(io(format!("writing {}", tmp.display())))?;
+        let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(file), flate2::Compression::new(1));
+        gz.write_all(&(head.len() as u64).to_le_bytes()).map_err(io(format!("writing {}", tmp.display())))?;
+        gz.write_all(&head).map_err(io(format!("writing {}", tmp.display())))?;
+        for (name, size) in &order {
+            let mut out = Counted { inner: &mut gz, bytes: 0 };
+            emit(name, &mut out).map_err(io(format!("writing tensor {name} into {}", tmp.display())))?;
+            if out.bytes != *size {
+                return Err(invalid(format!("tensor {name}: {} bytes written for a size of {size}", out.bytes)));
+            }
+        }
         let file = gz.finish().map_err(io(format!("writing {}", tmp.display())))?;
-        file.sync_all().map_err(io(format!("syncing {}", tmp.display())))?;
+        let file = file
+            .into_inner()
+            .map_err(|e| StateError::Io { context: format!("writing {}", tmp.display()), source: e.into_error() })?;
+        file.sync_all().map_err(io(format!("syncing {}", tmp.display())))
+    })();
+    if let Err(e) = written {
+        // Never a half-written state left beside the real one.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
     std::fs::rename(&tmp, path).map_err(io(format!("publishing {}", path.display())))
 }
 
-/// Reads a state file written by [`write_state`].
+/// The largest state header read (safetensors' own bound).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Reads a state file written by [`write_state`], streamed: the header, then
+/// each tensor's bytes straight from the gzip stream into that tensor (the
+/// whole decompressed file is never in memory beside them).
 pub fn read_state(path: &Path) -> Result<StateFile, StateError> {
     let invalid = |message: String| StateError::Invalid { path: path.display().to_string(), message };
     let file = std::fs::File::open(path)
         .map_err(|source| StateError::Io { context: format!("opening {}", path.display()), source })?;
-    let mut bytes = Vec::new();
-    flate2::read::GzDecoder::new(file)
-        .read_to_end(&mut bytes)
-        .map_err(|e| invalid(format!("not a gzip state file: {e}")))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let mut gz = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
+    let mut n = [0u8; 8];
+    gz.read_exact(&mut n).map_err(|e| invalid(format!("not a gzip state file: {e}")))?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER_BYTES {
+        return Err(invalid(format!("a header of {n} bytes, over the {MAX_HEADER_BYTES} allowed")));
+    }
+    let mut head = vec![0u8; n as usize];
+    gz.read_exact(&mut head).map_err(|e| invalid(format!("the header is cut short: {e}")))?;
+    let head = std::str::from_utf8(&head).map_err(|e| invalid(format!("the header is not UTF-8: {e}")))?;
+    let header: safetensors::tensor::Metadata =
+        serde_json::from_str(head).map_err(|e| invalid(format!("the header does not read: {e}")))?;
     let meta_text = header
         .metadata()
         .as_ref()
@@ -82,19 +176,26 @@ pub fn read_state(path: &Path) -> Result<StateFile, StateError> {
         .ok_or_else(|| invalid("no orchestrate state metadata".into()))?
         .clone();
     let meta: Value = serde_json::from_str(&meta_text).map_err(|e| invalid(e.to_string()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let mut infos: Vec<(String, &safetensors::tensor::TensorInfo)> = header.tensors().into_iter().collect();
+    infos.sort_by_key(|(_, info)| info.data_offsets);
     let mut tensors = BTreeMap::new();
-    for (name, view) in st.tensors() {
-        tensors.insert(
-            name,
-            RawTensor {
-                dtype: format!("{:?}", view.dtype()),
-                shape: view.shape().to_vec(),
-                bytes: view.data().to_vec(),
-            },
-        );
+    let mut at = 0usize;
+    for (name, info) in infos {
+        let (start, end) = info.data_offsets;
+        if start != at || end < start {
+            return Err(invalid(format!("tensor {name}: its bytes are not where the header says")));
+        }
+        let mut bytes = vec![0u8; end - start];
+        gz.read_exact(&mut bytes).map_err(|e| invalid(format!("tensor {name} is cut short: {e}")))?;
+        at = end;
+        tensors.insert(name, RawTensor { dtype: format!("{:?}", info.dtype), shape: info.shape.clone(), bytes });
     }
-    Ok(StateFile { meta, tensors })
+    let mut rest = [0u8; 1];
+    match gz.read(&mut rest) {
+        Ok(0) => Ok(StateFile { meta, tensors }),
+        Ok(_) => Err(invalid("bytes after the last tensor".into())),
+        Err(e) => Err(invalid(format!("not a gzip state file: {e}"))),
+    }
 }
 
 /// The first difference between two states, field by field and tensor by
@@ -189,5 +290,82 @@ mod tests {
             first_difference(&sa, &read_state(&c).unwrap(), &[]).unwrap(),
             "tensor w: element 2 differs (3 vs 3.5)"
         );
+    }
+
+    /// What `write_state` wrote before it streamed: `safetensors::serialize`
+    /// of the whole state in memory, then gzip level 1 in one write.
+    fn written_whole(meta: &Value, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+        let bytes: Vec<Vec<u8>> =
+            tensors.iter().map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, shape, _), b)| {
+                (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b).unwrap())
+            })
+            .collect();
+        let mut metadata = HashMap::new();
+        metadata.insert(META_KEY.to_string(), meta.to_string());
+        let serialized = safetensors::tensor::serialize(views, Some(metadata)).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(1));
+        gz.write_all(&serialized).unwrap();
+        gz.finish().unwrap()
+    }
+
+    /// (Issue #36.) The streamed state is the same file, byte for byte, as
+    /// the one written whole (so states written before still read, and a
+    /// state written again is the same object); it reads back the same; a
+    /// state cut short or with bytes after its last tensor is refused.
+    #[test]
+    fn a_streamed_state_is_the_file_the_whole_state_gave_and_a_damaged_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = json!({"step": 3, "kind": "grpo", "lineage": "x"});
+        // Names out of order, shapes of several ranks, a tensor larger than a write block.
+        let big: Vec<f32> = (0..70_000).map(|i| (i as f32).sin()).collect();
+        let tensors = vec![
+            ("model/z.weight".to_string(), vec![2, 3], vec![1.0f32, -2.0, 3.5, 0.0, -0.0, f32::MIN_POSITIVE]),
+            ("adam_m/a".to_string(), vec![70_000], big),
+            ("model/b".to_string(), vec![1], vec![7.25]),
+        ];
+        let path = dir.path().join("state");
+        write_state(&path, &meta, &tensors).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), written_whole(&meta, &tensors), "byte for byte");
+        let read = read_state(&path).unwrap();
+        assert_eq!(read.meta, meta);
+        for (name, shape, values) in &tensors {
+            let t = &read.tensors[name];
+            assert_eq!(&t.shape, shape);
+            let back: Vec<f32> =
+                t.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            assert_eq!(
+                back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                values.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+        // A tensor that writes other than its size fails the write and leaves nothing.
+        let shapes = vec![("w".to_string(), vec![4])];
+        let other = dir.path().join("other");
+        let e = write_state_streamed(&other, &meta, &shapes, |_, out| write_f32_le(&[1.0, 2.0], out)).unwrap_err();
+        assert!(e.to_string().contains("8 bytes written for a size of 16"), "{e}");
+        assert!(!other.exists() && !other.with_extension("partial").exists());
+        // Damaged files: the gzip of the state cut short, and with a byte more.
+        let whole = {
+            let mut d = flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap());
+            let mut v = Vec::new();
+            d.read_to_end(&mut v).unwrap();
+            v
+        };
+        let gz = |bytes: &[u8]| {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(1));
+            e.write_all(bytes).unwrap();
+            e.finish().unwrap()
+        };
+        let damaged = dir.path().join("damaged");
+        std::fs::write(&damaged, gz(&whole[..whole.len() - 3])).unwrap();
+        assert!(read_state(&damaged).unwrap_err().to_string().contains("cut short"));
+        std::fs::write(&damaged, gz(&[whole.as_slice(), b"x"].concat())).unwrap();
+        assert!(read_state(&damaged).unwrap_err().to_string().contains("after the last tensor"));
+        std::fs::write(&damaged, gz(&u64::MAX.to_le_bytes())).unwrap();
+        assert!(read_state(&damaged).unwrap_err().to_string().contains("over the"));
     }
 }

@@ -10,7 +10,7 @@ use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, 
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::train::metrics::{NodeCosts, TrainingMetrics};
-use orchestrate_core::train::state::{read_state, write_state, StateFile};
+use orchestrate_core::train::state::{read_state, write_f32_le, write_state_streamed, StateFile};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
@@ -123,24 +123,40 @@ pub fn params(model: &CausalLm) -> BTreeMap<String, Tensor> {
     model.vs.variables().into_iter().collect()
 }
 
-fn to_f32(t: &Tensor) -> (Vec<usize>, Vec<f32>) {
-    let shape = t.size().iter().map(|d| *d as usize).collect();
-    let flat = t.detach().to_device(Device::Cpu).to_kind(Kind::Float).contiguous().view([-1]);
-    (shape, Vec::<f32>::try_from(&flat).unwrap_or_default())
+/// Writes model, AdamW moments and `meta` as one state file, streamed: each
+/// tensor goes to the file a block at a time (`write_state_streamed`), so
+/// writing a state holds no copy of the model or its moments (a 0.5B model's
+/// state is 5.9 GB of f32; copying it all twice before gzip ran a 24 GB
+/// machine out of memory).
+pub fn save_state(path: &Path, params: &BTreeMap<String, Tensor>, adam: &AdamW, meta: &Value) -> Result<()> {
+    let mut shapes = Vec::with_capacity(params.len() * 3);
+    let mut by_name: BTreeMap<String, &Tensor> = BTreeMap::new();
+    for (name, p) in params {
+        for (prefix, t) in [("model", p), ("adam_m", &adam.exp_avg[name]), ("adam_v", &adam.exp_avg_sq[name])] {
+            let full = format!("{prefix}/{name}");
+            shapes.push((full.clone(), t.size().iter().map(|d| *d as usize).collect()));
+            by_name.insert(full, t);
+        }
+    }
+    write_state_streamed(path, meta, &shapes, |name, out| write_tensor(by_name[name], out))?;
+    Ok(())
 }
 
-/// Writes model, AdamW moments and `meta` as one state file.
-pub fn save_state(path: &Path, params: &BTreeMap<String, Tensor>, adam: &AdamW, meta: &Value) -> Result<()> {
-    let mut tensors = Vec::with_capacity(params.len() * 3);
-    for (name, p) in params {
-        let (shape, v) = to_f32(p);
-        tensors.push((format!("model/{name}"), shape, v));
-        let (shape, v) = to_f32(&adam.exp_avg[name]);
-        tensors.push((format!("adam_m/{name}"), shape, v));
-        let (shape, v) = to_f32(&adam.exp_avg_sq[name]);
-        tensors.push((format!("adam_v/{name}"), shape, v));
+/// How many values of a tensor are copied out at a time (4 MiB of f32).
+const STATE_BLOCK: i64 = 1 << 20;
+
+/// A tensor's values as little-endian f32, a block at a time.
+fn write_tensor(t: &Tensor, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let flat = t.detach().to_kind(Kind::Float).contiguous().view([-1]);
+    let n = flat.size()[0];
+    let mut at = 0;
+    while at < n {
+        let len = STATE_BLOCK.min(n - at);
+        let block = flat.narrow(0, at, len).to_device(Device::Cpu);
+        let values = Vec::<f32>::try_from(&block).map_err(std::io::Error::other)?;
+        write_f32_le(&values, out)?;
+        at += len;
     }
-    write_state(path, meta, &tensors)?;
     Ok(())
 }
 
