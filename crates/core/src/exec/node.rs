@@ -177,20 +177,31 @@ impl CpuSlots {
     /// Locks `want` of the `cores` slot files, all or none at a time (a node
     /// never sits on part of what it needs while another waits for the rest).
     fn lock_files(&self, dir: &Path, want: usize, cores: usize) -> std::io::Result<Vec<std::fs::File>> {
+        // Opened once: a node that waits asks the same files again.
+        let files = (0..cores)
+            .map(|n| crate::store::fsx::open_lock(&dir.join(format!("slot-{n}"))))
+            .collect::<std::io::Result<Vec<_>>>()?;
         loop {
             let mut held = Vec::with_capacity(want);
-            for n in 0..cores {
-                let file = crate::store::fsx::open_lock(&dir.join(format!("slot-{n}")))?;
+            for (n, file) in files.iter().enumerate() {
                 match file.try_lock() {
-                    Ok(()) => held.push(file),
+                    Ok(()) => held.push(n),
                     Err(std::fs::TryLockError::WouldBlock) => {}
                     Err(std::fs::TryLockError::Error(e)) => return Err(e),
                 }
                 if held.len() == want {
-                    return Ok(held);
+                    // The files not held close unlocked; the held ones stay locked until the slot drops.
+                    return Ok(files
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(n, _)| held.contains(n))
+                        .map(|(_, f)| f)
+                        .collect());
                 }
             }
-            drop(held);
+            for &n in &held {
+                let _ = files[n].unlock();
+            }
             std::thread::sleep(SLOT_POLL);
         }
     }
