@@ -163,6 +163,24 @@ fn a_node_started_just_before_orchestrate_dies_leaves_nothing_running() {
     assert!(left.is_empty(), "still running: {left:?}");
 }
 
+/// Orchestrate dying after starting a node's process and before its
+/// watchdog holds the process's group: the node's command never runs (it
+/// waits at its gate, which closes), and nothing is left running.
+#[test]
+fn a_node_started_before_its_watchdog_knew_it_runs_nothing() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: \"touch ran; sh -c 'sleep 30' & sleep 30\", outs: [a.txt]}\n",
+    );
+    let out =
+        p.cmd(&["run", "--quiet", "spec.yaml"]).env("ORCHESTRATE_FAILPOINT", "spawned-unwatched").output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let left = left_running(p.path());
+    assert!(left.is_empty(), "still running: {left:?}");
+    assert!(!p.path().join("ran").exists(), "the command ran though its watchdog never held it");
+}
+
 #[test]
 fn dry_run_changes_nothing() {
     let p = Project::new();

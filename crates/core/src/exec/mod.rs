@@ -163,6 +163,8 @@ pub fn run_with(
 ) -> Result<RunResult, StoreError> {
     let started = Instant::now();
     let run_id = new_run_id();
+    // One syncfs when the run ends instead of fsyncs per node (see DeferredSync).
+    let deferred = crate::store::objects::DeferredSync::start(ws.root());
     let mut index = ws.index()?;
     index.start_run(
         &RunRow {
@@ -496,7 +498,11 @@ pub fn run_with(
     };
     let summary =
         format!("{} ran, {} cached, {} failed, {} skipped", stats.ran, stats.cached, stats.failed, stats.skipped);
+    // What the run wrote is made durable before the run is recorded finished
+    // (recorded even when the sync fails, which is then the run's error).
+    let synced = deferred.finish();
     let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log).err().map(|e| e.to_string());
+    synced?;
     Ok(RunResult { run_id, stats, outcomes: result, unrecorded, interrupted, dropped_states, drop_errors })
 }
 

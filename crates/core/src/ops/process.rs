@@ -7,12 +7,16 @@
 //! workers). They share the node's process group, so the whole group is
 //! killed: when the node's main process exits (what it left running would
 //! otherwise keep writing into the tree), when the run is cancelled, and, if
-//! orchestrate dies without a chance to do it, by a watchdog. The watchdog is a
-//! small `sh` holding the read end of a pipe whose only write end is
-//! orchestrate's: when orchestrate dies, however it dies, the kernel closes
-//! that end and the watchdog, reading end-of-file where it waited for "done",
-//! kills the group. (A process that leaves the group on purpose, with
-//! `setsid`, escapes this, as it escapes a terminal's Ctrl-C.)
+//! orchestrate dies without a chance to do it, by the watchdog. The watchdog is
+//! one small `sh` per orchestrate process (not one per node: a 200-node run
+//! started 400 processes), holding the read end of a pipe whose only write end
+//! is orchestrate's. Orchestrate tells it `+GROUP` when it starts a node's
+//! process, before that process may do anything (it waits at a gate, see
+//! [`spawn_tied`]), and `-GROUP` once that group is gone; when orchestrate
+//! dies, however it dies, the kernel closes the write end and the watchdog,
+//! reading end-of-file, kills every group it still holds. (A process that
+//! leaves the group on purpose, with `setsid`, escapes this, as it escapes a
+//! terminal's Ctrl-C.)
 //!
 //! What the child writes (stdout and stderr) goes to the node's log through
 //! orchestrate, which keeps its last bytes in memory too: when the log cannot
@@ -24,19 +28,89 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::OpError;
 
-/// The watchdog: reads the group id, then waits for "done"; end-of-file
-/// instead means orchestrate is gone, and the group is killed. It ignores the
-/// terminal's signals so that only its pipe decides.
+/// The watchdog: keeps the groups it is told (`+G` adds, `-G` removes, one
+/// line each, every line written whole in one `write` under `PIPE_BUF`, so
+/// lines from several writers never mix); end-of-file means orchestrate is
+/// gone, and every group it still holds is killed. It ignores the terminal's
+/// signals so that only its pipe decides.
 const WATCHDOG: &str = r#"trap '' HUP INT TERM
-read -r g || exit 0
-if read -r _; then exit 0; fi
-[ -n "$g" ] && kill -s KILL -- "-$g" 2>/dev/null
+held=' '
+while read -r line; do
+  g=${line#?}
+  case $line in
+    +*) held="$held$g " ;;
+    -*) case $held in *" $g "*) held="${held%%" $g "*} ${held#*" $g "}" ;; esac ;;
+  esac
+done
+for g in $held; do kill -s KILL -- "-$g" 2>/dev/null; done
 exit 0"#;
+
+/// This process's watchdog, started with the first tied child.
+struct Watchdog {
+    child: Child,
+    writer: std::io::PipeWriter,
+    /// The groups it holds: restarted (someone killed it), it is told them again.
+    held: std::collections::BTreeSet<libc::pid_t>,
+}
+
+static WATCHDOG_PROCESS: Mutex<Option<Watchdog>> = Mutex::new(None);
+
+impl Watchdog {
+    fn start() -> std::io::Result<Watchdog> {
+        let (reader, writer) = std::io::pipe()?;
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .stdin(Stdio::from(reader))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        Ok(Watchdog { child, writer, held: Default::default() })
+    }
+
+    /// The running watchdog (started, or started again and told the groups
+    /// it held, when it is not running), locked: a spawn holds the lock, so
+    /// the descriptor its child writes to cannot be closed under it by a
+    /// restart on another thread.
+    fn running() -> std::io::Result<std::sync::MutexGuard<'static, Option<Watchdog>>> {
+        let mut slot = WATCHDOG_PROCESS.lock().unwrap_or_else(|p| p.into_inner());
+        let running = match slot.as_mut() {
+            Some(w) => w.child.try_wait()?.is_none(),
+            None => false,
+        };
+        if !running {
+            let held = slot.take().map(|w| w.held).unwrap_or_default();
+            let mut fresh = Watchdog::start()?;
+            for g in &held {
+                fresh.say(b'+', *g)?;
+            }
+            fresh.held = held;
+            *slot = Some(fresh);
+        }
+        Ok(slot)
+    }
+
+    fn say(&mut self, sign: u8, group: libc::pid_t) -> std::io::Result<()> {
+        let (line, len) = group_line(sign, group);
+        // One write of a few bytes to a pipe: whole or not at all.
+        self.writer.write_all(&line[..len])
+    }
+
+    /// Tells the watchdog a group is gone (its leader reaped, or it never ran).
+    fn release(group: libc::pid_t) {
+        let mut slot = WATCHDOG_PROCESS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = slot.as_mut() {
+            w.held.remove(&group);
+            let _ = w.say(b'-', group);
+        }
+    }
+}
 
 /// How much of a child's output is kept in memory (the end of it).
 const TAIL_BYTES: usize = 16 << 10;
@@ -63,57 +137,80 @@ impl Sink {
     }
 }
 
-/// The threads that copy a child's stdout and stderr into its [`Sink`].
+/// A child's stdout and stderr (one pipe, as a terminal shows them: in the
+/// order written), read into its [`Sink`] by the thread that waits for it,
+/// with a pidfd saying when the child exits: no thread started per stream.
 struct Capture {
-    sink: Arc<Mutex<Sink>>,
+    sink: Sink,
     log: PathBuf,
-    done: mpsc::Receiver<()>,
-    streams: usize,
+    /// The read end; `None` once it reached end-of-file.
+    pipe: Option<std::io::PipeReader>,
+    /// The child's pidfd (`pidfd_open`), where the kernel has them.
+    pidfd: Option<std::os::fd::OwnedFd>,
 }
 
 impl Capture {
-    fn start(child: &mut Child, log: &Path, file: std::fs::File) -> Capture {
-        let sink = Arc::new(Mutex::new(Sink { file, tail: Vec::new(), error: None }));
-        let (tx, done) = mpsc::channel();
-        let mut streams = 0;
-        let readers: Vec<Box<dyn Read + Send>> = [
-            child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>),
-            child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        for mut reader in readers {
-            streams += 1;
-            let (sink, tx) = (sink.clone(), tx.clone());
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 8192];
-                loop {
-                    match reader.read(&mut buf) {
-                        Ok(0) => break,
-                        Ok(n) => sink.lock().unwrap_or_else(|p| p.into_inner()).take(&buf[..n]),
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(_) => break,
-                    }
-                }
-                let _ = tx.send(());
-            });
-        }
-        Capture { sink, log: log.to_path_buf(), done, streams }
+    fn new(pipe: std::io::PipeReader, pid: libc::pid_t, log: &Path, file: std::fs::File) -> Capture {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a plain syscall; a descriptor it returns is ours alone.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let pidfd = (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
+        Capture { sink: Sink { file, tail: Vec::new(), error: None }, log: log.to_path_buf(), pipe: Some(pipe), pidfd }
     }
 
-    /// Waits for the streams to end (at most 2 s: a process that left the
-    /// group with `setsid` may hold them open), then says what was captured.
-    fn finish(self) -> Output {
+    /// Waits up to `timeout` for output (read into the sink) or the child's
+    /// exit, whichever comes first.
+    fn pump(&mut self, timeout: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut fds = Vec::with_capacity(2);
+        if let Some(pipe) = &self.pipe {
+            fds.push(libc::pollfd { fd: pipe.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        if let Some(pidfd) = &self.pidfd {
+            fds.push(libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        if fds.is_empty() {
+            std::thread::sleep(timeout);
+            return;
+        }
+        // Without a pidfd the exit is polled: a short wait.
+        let ms = if self.pidfd.is_some() { timeout.as_millis() } else { 2 };
+        // SAFETY: `fds` lives across the call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms as libc::c_int) };
+        if ready > 0 && self.pipe.is_some() && fds[0].revents != 0 {
+            self.read_some();
+        }
+    }
+
+    /// One read of what is there; end-of-file (or an error) ends the pipe.
+    fn read_some(&mut self) {
+        let Some(pipe) = self.pipe.as_mut() else { return };
+        let mut buf = [0u8; 8192];
+        match pipe.read(&mut buf) {
+            Ok(0) => self.pipe = None,
+            Ok(n) => self.sink.take(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => self.pipe = None,
+        }
+    }
+
+    /// Reads what is left until end-of-file (at most 2 s: a process that left
+    /// the group with `setsid` may hold the pipe open), then says what was captured.
+    fn finish(mut self) -> Output {
+        use std::os::fd::AsRawFd;
         let until = std::time::Instant::now() + Duration::from_secs(2);
-        for _ in 0..self.streams {
+        while let Some(pipe) = &self.pipe {
             let left = until.saturating_duration_since(std::time::Instant::now());
-            if self.done.recv_timeout(left).is_err() {
+            if left.is_zero() {
                 break;
             }
+            let mut fd = libc::pollfd { fd: pipe.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: `fd` lives across the call.
+            if unsafe { libc::poll(&mut fd, 1, left.as_millis().max(1) as libc::c_int) } > 0 {
+                self.read_some();
+            }
         }
-        let sink = self.sink.lock().unwrap_or_else(|p| p.into_inner());
-        Output { tail: sink.tail.clone(), log: self.log, log_error: sink.error.as_ref().map(|e| e.to_string()) }
+        Output { tail: self.sink.tail, log: self.log, log_error: self.sink.error.as_ref().map(|e| e.to_string()) }
     }
 }
 
@@ -172,80 +269,66 @@ pub struct Finished {
 pub struct Tied {
     child: Child,
     pgid: libc::pid_t,
-    watchdog: Option<(Child, std::io::PipeWriter)>,
     capture: Option<Capture>,
     reaped: bool,
 }
 
 /// Spawns `cmd` in a process group of its own, tied to this process (see the
 /// module's documentation), its stdout and stderr captured into `log` (created).
+///
+/// The child's stdin is a pipe, and it is the child's gate: the child must
+/// read it to its end before it does anything (the shell op's script starts
+/// with [`shell_gate`]; the worker reads its job from it). The watchdog is
+/// told the child's group before the caller writes anything there, so when
+/// orchestrate dies between starting the child and telling the watchdog, the
+/// child reads end-of-file and exits without having run anything.
+///
+/// No code runs in the child between fork and exec: that lets the standard
+/// library start it with `posix_spawn` (a `vfork`), not a `fork` copying
+/// this process's page tables, whose copy-on-write faults were a fifth of a
+/// 200-node run's time.
 pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
     // A link planted at the log's name is an error, never written through.
     let file = crate::store::fsx::open_truncate(log)?;
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    // The watchdog starts first, so no moment exists where the node runs unwatched.
-    let (reader, writer) = std::io::pipe()?;
-    let watchdog = Command::new("sh")
-        .arg("-c")
-        .arg(WATCHDOG)
-        .stdin(Stdio::from(reader))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()?;
-    let parent = std::process::id() as libc::pid_t;
-    let watchdog_fd = std::os::fd::AsRawFd::as_raw_fd(&writer);
-    // SAFETY: prctl, getppid, getpid and write are async-signal-safe; nothing
-    // here allocates or touches memory of the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            // The group's leader also dies at once with its parent.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // A parent that died before the line above took effect sent no
-            // signal, and had not yet told the watchdog the group: run nothing.
-            if libc::getppid() != parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            // The child tells the watchdog its group itself, before it execs:
-            // told by the parent after `spawn` returned, a parent SIGKILLed in
-            // between left the watchdog without a group while the command had
-            // already started a background process, which then outlived it.
-            // (The child's copy of the pipe closes at exec: close-on-exec.)
-            let line = pid_line(libc::getpid());
-            let (bytes, len) = (line.0.as_ptr(), line.1);
-            if libc::write(watchdog_fd, bytes.cast(), len) != len as isize {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.process_group(0);
-    let mut watchdog = Some((watchdog, writer));
-    let child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            finish_watchdog(&mut watchdog);
-            return Err(e);
-        }
-    };
-    // For tests: orchestrate dying right after the spawn, the command already
-    // running (the window the child's own report to the watchdog closes).
-    if std::env::var_os("ORCHESTRATE_FAILPOINT").is_some_and(|v| v == "spawned") {
+    let (output, output_w) = std::io::pipe()?;
+    cmd.stdin(Stdio::piped()).stdout(output_w.try_clone()?).stderr(output_w).process_group(0);
+    // The watchdog runs before the child does, so no moment exists where the
+    // node runs unwatched; its lock is held until it holds the new group.
+    let mut watchdog = Watchdog::running()?;
+    let spawned = cmd.spawn();
+    // The command keeps its copies of the output pipe's write end until
+    // told otherwise; with one left here the pipe would never end.
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let child = spawned?;
+    let pgid = child.id() as libc::pid_t;
+    // For tests: orchestrate dying after the spawn, before the watchdog
+    // holds the group: the child finds its gate closed and runs nothing.
+    if std::env::var_os("ORCHESTRATE_FAILPOINT").is_some_and(|v| v == "spawned-unwatched") {
         std::thread::sleep(Duration::from_millis(300));
         std::process::abort();
     }
-    let pgid = child.id() as libc::pid_t;
-    let mut child = child;
-    let capture = Some(Capture::start(&mut child, log, file));
-    // The child told the watchdog its group before it exec'd (see pre_exec).
-    Ok(Tied { child, pgid, watchdog, capture, reaped: false })
+    let w = watchdog.as_mut().expect("running");
+    w.say(b'+', pgid)?;
+    w.held.insert(pgid);
+    drop(watchdog);
+    let capture = Some(Capture::new(output, pgid, log, file));
+    Ok(Tied { child, pgid, capture, reaped: false })
 }
 
-/// `<pid>\n` in a buffer on the stack, for the child to write between fork
-/// and exec (no allocation there).
-fn pid_line(pid: libc::pid_t) -> ([u8; 24], usize) {
+/// What a shell op's script starts with: it waits at its gate (its stdin,
+/// see [`spawn_tied`]) and exits 125 if the gate closes without a line, then
+/// gives the script an empty stdin, as it had before. On the script's first
+/// line, so the shell's line numbers in error messages stay the user's.
+pub const SHELL_GATE: &str = "read -r ORCHESTRATE_GATE || exit 125; unset ORCHESTRATE_GATE; exec </dev/null; ";
+
+/// `script` behind [`SHELL_GATE`].
+pub fn shell_gate(script: &str) -> String {
+    format!("{SHELL_GATE}{script}")
+}
+
+/// `+<pid>\n` (or `-`) in a buffer on the stack, for the child to write
+/// between fork and exec (no allocation there).
+fn group_line(sign: u8, pid: libc::pid_t) -> ([u8; 24], usize) {
     let mut digits = [0u8; 24];
     let mut n = pid.unsigned_abs();
     let mut len = 0;
@@ -258,26 +341,27 @@ fn pid_line(pid: libc::pid_t) -> ([u8; 24], usize) {
         }
     }
     let mut out = [0u8; 24];
+    out[0] = sign;
     for i in 0..len {
-        out[i] = digits[len - 1 - i];
+        out[1 + i] = digits[len - 1 - i];
     }
-    out[len] = b'\n';
-    (out, len + 1)
-}
-
-/// Tells the watchdog the group ended normally, and reaps it.
-fn finish_watchdog(watchdog: &mut Option<(Child, std::io::PipeWriter)>) {
-    if let Some((mut child, mut writer)) = watchdog.take() {
-        let _ = writeln!(writer, "done");
-        drop(writer);
-        let _ = child.wait();
-    }
+    out[1 + len] = b'\n';
+    (out, len + 2)
 }
 
 impl Tied {
-    /// The child's stdin, if it was piped.
+    /// The child's stdin, its gate: what is written there, then closing it,
+    /// lets the child go.
     pub fn stdin(&mut self) -> Option<ChildStdin> {
         self.child.stdin.take()
+    }
+
+    /// Opens a shell op's gate ([`SHELL_GATE`]): one line, then end-of-file.
+    pub fn open_gate(&mut self) -> std::io::Result<()> {
+        match self.child.stdin.take() {
+            Some(mut stdin) => stdin.write_all(b"go\n"),
+            None => Ok(()),
+        }
     }
 
     /// Whether the group's leader has exited, without reaping it: while it is
@@ -302,7 +386,9 @@ impl Tied {
         }
         let status = self.child.wait();
         self.reaped = true;
-        finish_watchdog(&mut self.watchdog);
+        // Reaped, the leader's pid (the group's id) may be reused: the
+        // watchdog lets go of it now, the group already killed above.
+        Watchdog::release(self.pgid);
         status
     }
 
@@ -319,7 +405,9 @@ impl Tied {
                 self.stop(kill_grace());
                 return Err(OpError::Cancelled);
             }
-            std::thread::sleep(Duration::from_millis(2));
+            // Output is read as it comes; the child's exit wakes this at once
+            // (its pidfd), the cancel flag within 20 ms.
+            self.capture.as_mut().expect("captured until waited for").pump(Duration::from_millis(20));
         }
     }
 
@@ -337,7 +425,12 @@ impl Tied {
             if self.leader_exited().unwrap_or(true) {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            // Still read its output: a trainer saving on SIGTERM must not
+            // block on a full pipe until the grace period ends.
+            match self.capture.as_mut() {
+                Some(capture) => capture.pump(Duration::from_millis(5)),
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
         }
         let _ = self.end();
     }
@@ -380,10 +473,97 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pid_line_is_the_decimal_pid_and_a_newline() {
+    fn the_group_line_is_the_sign_the_decimal_pid_and_a_newline() {
         for pid in [1, 9, 10, 4242, libc::pid_t::MAX] {
-            let (buf, len) = pid_line(pid);
-            assert_eq!(&buf[..len], format!("{pid}\n").as_bytes());
+            let (buf, len) = group_line(b'+', pid);
+            assert_eq!(&buf[..len], format!("+{pid}\n").as_bytes());
+            let (buf, len) = group_line(b'-', pid);
+            assert_eq!(&buf[..len], format!("-{pid}\n").as_bytes());
+        }
+    }
+
+    /// Tied children share one watchdog (a 200-node run started 200 of them
+    /// beside its nodes before).
+    #[test]
+    fn tied_children_share_one_watchdog() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tied = Vec::new();
+        for i in 0..3 {
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c").arg("sleep 30");
+            tied.push(spawn_tied(&mut cmd, &dir.path().join(format!("log{i}"))).unwrap());
+        }
+        let me = std::process::id().to_string();
+        let watchdogs = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+            .filter(|e| {
+                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+                let ppid = stat.rsplit(')').next().unwrap_or("").split_whitespace().nth(1).unwrap_or("").to_string();
+                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                ppid == me && String::from_utf8_lossy(&cmdline).contains("trap '' HUP INT TERM")
+            })
+            .count();
+        drop(tied);
+        assert_eq!(watchdogs, 1, "each tied child started a watchdog of its own");
+    }
+
+    /// The watchdog kills, at end-of-file, the groups it still holds and
+    /// none it was told are gone (whose ids the kernel may have reused).
+    #[test]
+    fn the_watchdog_kills_the_groups_it_holds_and_spares_those_let_go() {
+        let group = || Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let (mut held, mut let_go, mut also_held) = (group(), group(), group());
+        let mut watchdog = Command::new("sh").arg("-c").arg(WATCHDOG).stdin(Stdio::piped()).spawn().unwrap();
+        let mut stdin = watchdog.stdin.take().unwrap();
+        for (sign, child) in [(b'+', &held), (b'+', &let_go), (b'+', &also_held), (b'-', &let_go)] {
+            let (line, len) = group_line(sign, child.id() as libc::pid_t);
+            stdin.write_all(&line[..len]).unwrap();
+        }
+        drop(stdin);
+        watchdog.wait().unwrap();
+        let dead = |c: &mut Child| {
+            let until = std::time::Instant::now() + Duration::from_secs(2);
+            while std::time::Instant::now() < until {
+                if c.try_wait().unwrap().is_some() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            false
+        };
+        assert!(dead(&mut held) && dead(&mut also_held), "a held group outlived orchestrate");
+        assert!(!dead(&mut let_go), "a group let go of was killed");
+        let_go.kill().unwrap();
+        let_go.wait().unwrap();
+    }
+
+    /// A gated script whose gate closes without a line (orchestrate died
+    /// before the watchdog held its group) runs nothing; opened, it runs.
+    #[test]
+    fn a_gated_script_runs_only_once_its_gate_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        for open in [false, true] {
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c").arg(shell_gate(&format!("read -r x; echo \"stdin:$x\"; touch {}", ran.display())));
+            let mut tied = spawn_tied(&mut cmd, &dir.path().join(format!("log-{open}"))).unwrap();
+            if open {
+                tied.open_gate().unwrap();
+            } else {
+                drop(tied.stdin());
+            }
+            let finished = tied.wait(&AtomicBool::new(false)).unwrap();
+            assert_eq!(ran.exists(), open);
+            if open {
+                // The script itself reads an empty stdin, as before the gate.
+                assert!(finished.status.success());
+                let log = std::fs::read_to_string(dir.path().join("log-true")).unwrap();
+                assert_eq!(log.trim(), "stdin:", "{log}");
+            } else {
+                assert_eq!(finished.status.code(), Some(125));
+            }
         }
     }
 
@@ -399,6 +579,21 @@ mod tests {
         assert!(text.contains("to-stdout") && text.contains("to-stderr"), "{text}");
         let lines = finished.output.last_lines(10);
         assert!(lines.contains("to-stdout") && lines.contains("to-stderr") && lines.contains("n.log"), "{lines}");
+    }
+
+    /// Read as it comes by the waiting thread: more than a pipe holds, from
+    /// both streams, all reaches the log and the child never blocks on it.
+    #[test]
+    fn output_larger_than_a_pipe_reaches_the_log_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("big.log");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg("head -c 300000 /dev/zero | tr '\\0' o; head -c 200000 /dev/zero | tr '\\0' e >&2");
+        let finished = spawn_tied(&mut cmd, &log).unwrap().wait(&AtomicBool::new(false)).unwrap();
+        assert!(finished.status.success());
+        let text = std::fs::read(&log).unwrap();
+        assert_eq!(text.len(), 500_000);
+        assert_eq!(text.iter().filter(|&&b| b == b'o').count(), 300_000);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `shell`: a command with declared file deps and outs, like a DVC stage.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -215,15 +215,17 @@ impl Op for ShellOp {
             }
         }
         let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg(&command).current_dir(ctx.spec_dir).stdin(Stdio::null());
+        // The script waits at its gate until the watchdog holds its group.
+        cmd.arg("-c").arg(super::process::shell_gate(&command)).current_dir(ctx.spec_dir);
         cmd.env("ORCHESTRATE_NODE", ctx.node_id);
         for (name, artifacts) in ctx.inputs {
             let paths: Vec<String> = artifacts.iter().map(|a| a.path.display().to_string()).collect();
             cmd.env(format!("ORCHESTRATE_INPUT_{}", env_name(name)), paths.join(" "));
         }
         cmd.envs(p.env.iter().map(|(k, v)| (k, v.to_string())));
-        let child = super::process::spawn_tied(&mut cmd, ctx.log_path)
+        let mut child = super::process::spawn_tied(&mut cmd, ctx.log_path)
             .map_err(|e| OpError::io(format!("starting sh (log {})", ctx.log_path.display()), e))?;
+        child.open_gate().map_err(|e| OpError::io(format!("starting sh (log {})", ctx.log_path.display()), e))?;
         // As Snakemake does: outs a failed or interrupted command wrote are
         // incomplete, and are removed (stale ones were removed before it ran).
         // This also frees a full disk, so the log and the run's record can be written.

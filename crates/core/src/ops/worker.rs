@@ -84,6 +84,9 @@ pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> 
     }
     let mut child = process::spawn_tied(&mut cmd, ctx.log_path)
         .map_err(|e| OpError::io(format!("starting {} (log {})", worker.display(), ctx.log_path.display()), e))?;
+    // The job on its stdin is the worker's gate (see spawn_tied): it reads
+    // it whole before doing anything, and an orchestrate gone before writing
+    // it leaves it end-of-file, an error, and nothing done.
     let body = serde_json::to_vec(&job).map_err(|e| OpError::Failed(e.to_string()))?;
     if let Some(mut stdin) = child.stdin() {
         stdin.write_all(&body).map_err(|e| OpError::io("sending the job to the worker", e))?;

@@ -187,7 +187,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     // Fresh (O_EXCL), so a link planted at the temporary name is never written through.
     let _ = fs::remove_file(&tmp);
     let mut f = File::create_new(&tmp)?;
-    f.write_all(bytes).and_then(|()| f.sync_all())?;
+    f.write_all(bytes).and_then(|()| objects::sync_file(&f))?;
     fs::rename(&tmp, path)
 }
 
@@ -220,6 +220,8 @@ pub struct Workspace {
     /// gc never removes what a running process may still read or commit.
     _use_lock: Option<std::sync::Arc<File>>,
     exclusive: bool,
+    /// This process's staging root, made on first use and shared by clones.
+    staging_root: std::sync::Arc<std::sync::Mutex<Option<std::sync::Arc<StagingRoot>>>>,
 }
 
 /// A held node lock; released on drop or when the process dies.
@@ -227,11 +229,12 @@ pub struct NodeLock {
     _file: File,
 }
 
-/// A staging folder for one process's in-flight outputs; removed on drop, and
-/// by the next process if this one was killed (its lock is gone then).
+/// A staging folder for one node's in-flight outputs, inside its process's
+/// [`StagingRoot`]; removed on drop, and with the root by the next process
+/// if this one was killed (the root's lock is gone then).
 pub struct Staging {
     dir: PathBuf,
-    _lock: File,
+    _root: std::sync::Arc<StagingRoot>,
 }
 
 impl Staging {
@@ -241,9 +244,47 @@ impl Staging {
 }
 
 impl Drop for Staging {
+    /// Empties the folder and hands it back to its root for the next node
+    /// (a node that published moved its outputs out: nothing to remove);
+    /// a folder that cannot be emptied is removed whole.
+    fn drop(&mut self) {
+        let emptied = fs::read_dir(&self.dir)
+            .and_then(|entries| entries.map(|e| e.map(|e| e.path())).collect::<Result<Vec<_>, _>>())
+            .ok()
+            .is_some_and(|paths| paths.iter().all(|p| objects::remove_any(p).is_ok()));
+        let real_dir = fs::symlink_metadata(&self.dir).is_ok_and(|m| m.is_dir());
+        if emptied && real_dir {
+            self._root.free.lock().unwrap_or_else(|p| p.into_inner()).push(std::mem::take(&mut self.dir));
+        } else {
+            let _ = objects::remove_any(&self.dir);
+        }
+    }
+}
+
+/// One process's folder under `tmp/`, holding its nodes' staging folders,
+/// and its lock (`tmp/NAME.lock`, held while the process has it). One per
+/// opened workspace rather than a folder and a lock made and removed per
+/// node: on ext4 without a journal every file removed makes the next
+/// creations scan past its inode for a while, and a 200-node run removed 600.
+/// Node folders are reused too: emptied, a finished node's folder is the
+/// next node's.
+struct StagingRoot {
+    dir: PathBuf,
+    _lock: File,
+    next: std::sync::atomic::AtomicU64,
+    free: std::sync::Mutex<Vec<PathBuf>>,
+}
+
+impl Drop for StagingRoot {
     fn drop(&mut self) {
         let _ = objects::remove_any(&self.dir);
         let _ = fs::remove_file(self.dir.with_extension("lock"));
+    }
+}
+
+impl std::fmt::Debug for StagingRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagingRoot").field("dir", &self.dir).finish()
     }
 }
 
@@ -460,6 +501,7 @@ impl Workspace {
             root: root.to_path_buf(),
             read_only: false,
             _use_lock: Some(std::sync::Arc::new(use_lock)),
+            staging_root: Default::default(),
             exclusive,
         };
         if !new_index_ok {
@@ -482,7 +524,13 @@ impl Workspace {
             Found::Foreign => return Err(not_a_workspace(root)),
             Found::Marked | Found::Unmarked => {}
         }
-        let ws = Workspace { root: root.to_path_buf(), read_only: true, _use_lock: None, exclusive: false };
+        let ws = Workspace {
+            root: root.to_path_buf(),
+            read_only: true,
+            _use_lock: None,
+            exclusive: false,
+            staging_root: Default::default(),
+        };
         if ws.index_missing() && ws.refuse_missing_index().is_ok() {
             // Marked but nothing recorded yet.
             return Ok(None);
@@ -791,13 +839,39 @@ impl Workspace {
         self.root.join("logs").join(format!("{key}.check.log"))
     }
 
-    /// A fresh staging folder for this process.
-    ///
-    /// The lock comes first: a cleaner (`clear_dead_staging` in another
-    /// process) removes a lone lock it can take, which it can between our
-    /// creating the file and locking it. So once locked, the lock is checked to
-    /// be still the file at its path, and a removed one is made afresh.
+    /// A fresh staging folder for one node, in this process's staging root
+    /// (made on first use).
     pub fn staging(&self) -> Result<Staging, StoreError> {
+        let root = {
+            let mut slot = self.staging_root.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(root) => root.clone(),
+                None => {
+                    let root = std::sync::Arc::new(self.staging_root()?);
+                    *slot = Some(root.clone());
+                    root
+                }
+            }
+        };
+        let reused = root.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let dir = match reused {
+            Some(dir) => dir,
+            None => {
+                let n = root.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let dir = root.dir.join(n.to_string());
+                fs::create_dir(&dir).map_err(io(format!("creating {}", dir.display())))?;
+                dir
+            }
+        };
+        Ok(Staging { dir, _root: root })
+    }
+
+    /// Makes this process's staging root. The lock comes first: a cleaner
+    /// (`clear_dead_staging` in another process) removes a lone lock it can
+    /// take, which it can between our creating the file and locking it. So
+    /// once locked, the lock is checked to be still the file at its path, and
+    /// a removed one is made afresh.
+    fn staging_root(&self) -> Result<StagingRoot, StoreError> {
         use std::os::unix::fs::MetadataExt;
         for _ in 0..100 {
             let dir = self.root.join("tmp").join(objects::unique_suffix());
@@ -816,7 +890,7 @@ impl Workspace {
                 continue;
             }
             fs::create_dir(&dir).map_err(io(format!("creating {}", dir.display())))?;
-            return Ok(Staging { dir, _lock: lock });
+            return Ok(StagingRoot { dir, _lock: lock, next: Default::default(), free: Default::default() });
         }
         Err(StoreError::Io {
             context: format!("creating staging in {}", self.root.join("tmp").display()),
@@ -1204,7 +1278,33 @@ mod staging_tests {
         let live = ws.staging().unwrap();
         Workspace::open(dir.path()).unwrap();
         assert!(!orphan.exists(), "the orphan lock is removed");
-        assert!(live.path().exists() && live.path().with_extension("lock").exists(), "live staging is kept");
+        let root = live.path().parent().unwrap();
+        assert!(live.path().exists() && root.with_extension("lock").exists(), "live staging is kept");
+    }
+
+    /// A process's nodes stage in one root (one folder and one lock made per
+    /// process, not per node); a node's folder is emptied when it is dropped
+    /// and reused; the root and its lock go with the last handle on the
+    /// workspace.
+    #[test]
+    fn a_processs_stagings_share_one_root_removed_with_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let clone = ws.clone();
+        let (a, b) = (ws.staging().unwrap(), clone.staging().unwrap());
+        assert_ne!(a.path(), b.path());
+        let root = a.path().parent().unwrap().to_path_buf();
+        assert_eq!(b.path().parent().unwrap(), root, "each node made a staging root of its own");
+        let a_dir = a.path().to_path_buf();
+        std::fs::write(a_dir.join("partial"), "x").unwrap();
+        drop(a);
+        // Emptied, a's folder is the next node's.
+        assert!(a_dir.is_dir() && !a_dir.join("partial").exists() && root.with_extension("lock").is_file());
+        let c = ws.staging().unwrap();
+        assert_eq!(c.path(), a_dir, "a finished node's folder was not reused");
+        drop((b, c, ws, clone));
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert!(left.is_empty(), "left in tmp: {left:?}");
     }
 
     /// The repro of issue #30: `tmp` a link to the user's folder. Before,
@@ -1332,7 +1432,7 @@ mod staging_tests {
     fn staging_survives_cleaners_running_beside_it() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(dir.path()).unwrap();
+        Workspace::open(dir.path()).unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
         // Stops the cleaners however the loop below ends, a failed assert included.
         struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
@@ -1351,13 +1451,15 @@ mod staging_tests {
             }
             let _stop = StopOnDrop(&stop);
             for _ in 0..2000 {
+                // A workspace opened afresh makes a staging root of its own.
+                let ws = Workspace::open(dir.path()).unwrap();
                 let staging = ws.staging().unwrap();
-                let lock = staging.path().with_extension("lock");
+                let lock = staging.path().parent().unwrap().with_extension("lock");
                 assert!(staging.path().is_dir(), "{} was removed under its owner", staging.path().display());
                 let linked = std::fs::metadata(&lock).map(|m| m.ino()).ok();
                 assert_eq!(
                     linked,
-                    Some(staging._lock.metadata().unwrap().ino()),
+                    Some(staging._root._lock.metadata().unwrap().ino()),
                     "{} is not the lock held",
                     lock.display()
                 );
