@@ -322,7 +322,11 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
         ));
     }
     let extends = doc.get("extends").cloned();
-    let at_extends = Location::file(display.clone(), locator.value(&["extends".to_string()]));
+    // Where `extends` was written, for its errors only (locating parses the file again).
+    let at_extends = {
+        let (display, locator) = (display.clone(), locator.clone());
+        move || Location::file(display, locator.value(&["extends".to_string()]))
+    };
     files.push(FileDoc { display, locator });
 
     match extends {
@@ -340,7 +344,7 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
             }) {
                 return Err(SpecError::new(
                     SpecErrorKind::Extends,
-                    at_extends,
+                    at_extends(),
                     format!("extends '{parent}': {why}: {}", parent_path.display()),
                 ));
             }
@@ -348,7 +352,7 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
             deep_merge(&mut base, doc);
             Ok(base)
         }
-        Some(_) => Err(SpecError::new(SpecErrorKind::WrongType, at_extends, "extends: expected a file path")),
+        Some(_) => Err(SpecError::new(SpecErrorKind::WrongType, at_extends(), "extends: expected a file path")),
     }
 }
 

@@ -25,8 +25,19 @@ impl From<Marker> for Pos {
 
 /// Where each path of a document was written: the key's position (for mapping
 /// entries) and the value's position.
+///
+/// Built lazily: the second parse happens the first time a position is
+/// asked for, i.e. when a spec has an error to point at. A valid spec is
+/// parsed once (it was parsed twice on every load: 200 nodes' `validate`
+/// spent a fifth of its time here).
 #[derive(Debug, Default, Clone)]
 pub struct Locator {
+    source: std::sync::Arc<str>,
+    located: std::sync::Arc<std::sync::OnceLock<Located>>,
+}
+
+#[derive(Debug, Default)]
+struct Located {
     keys: HashMap<Vec<String>, Pos>,
     values: HashMap<Vec<String>, Pos>,
     /// Keys written twice in one mapping: (path, first, second).
@@ -103,15 +114,48 @@ pub fn too_deep(source: &str) -> Option<Pos> {
 }
 
 impl Locator {
-    /// Builds the locator; a document the parser rejects yields an empty one
-    /// (serde reports the syntax error itself, with its own position).
+    /// The locator of `source`, parsed when first asked.
     pub fn new(source: &str) -> Self {
+        Locator { source: source.into(), located: Default::default() }
+    }
+
+    fn located(&self) -> &Located {
+        self.located.get_or_init(|| Located::new(&self.source))
+    }
+
+    /// The key's position if the path ends in a mapping key, else the value's.
+    pub fn key(&self, path: &[String]) -> Option<Pos> {
+        let l = self.located();
+        l.keys.get(path).or_else(|| l.values.get(path)).copied()
+    }
+
+    /// The value's position.
+    pub fn value(&self, path: &[String]) -> Option<Pos> {
+        let l = self.located();
+        l.values.get(path).or_else(|| l.keys.get(path)).copied()
+    }
+
+    /// The first key written twice in one mapping: its path, first and second position.
+    pub fn first_duplicate(&self) -> Option<&(Vec<String>, Pos, Pos)> {
+        self.located().duplicates.first()
+    }
+
+    /// Whether the document wrote this exact path.
+    pub fn has(&self, path: &[String]) -> bool {
+        self.located().values.contains_key(path)
+    }
+}
+
+impl Located {
+    /// A document the parser rejects yields an empty one (serde reports the
+    /// syntax error itself, with its own position).
+    fn new(source: &str) -> Self {
         let mut events = Collect::default();
         let mut parser = Parser::new_from_str(source);
         if parser.load(&mut events, false).is_err() {
-            return Locator::default();
+            return Located::default();
         }
-        let mut loc = Locator::default();
+        let mut loc = Located::default();
         let mut i = 0;
         let evs = &events.0;
         // Skip to the first document's root node.
@@ -180,26 +224,6 @@ impl Locator {
             }
             _ => {}
         }
-    }
-
-    /// The key's position if the path ends in a mapping key, else the value's.
-    pub fn key(&self, path: &[String]) -> Option<Pos> {
-        self.keys.get(path).or_else(|| self.values.get(path)).copied()
-    }
-
-    /// The value's position.
-    pub fn value(&self, path: &[String]) -> Option<Pos> {
-        self.values.get(path).or_else(|| self.keys.get(path)).copied()
-    }
-
-    /// The first key written twice in one mapping: its path, first and second position.
-    pub fn first_duplicate(&self) -> Option<&(Vec<String>, Pos, Pos)> {
-        self.duplicates.first()
-    }
-
-    /// Whether the document wrote this exact path.
-    pub fn has(&self, path: &[String]) -> bool {
-        self.values.contains_key(path)
     }
 }
 

@@ -126,6 +126,7 @@ pub fn hash_dir(root: &Path) -> Result<ObjectInfo, StoreError> {
 
 fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
     if sync_deferred() {
+        SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         return Ok(());
     }
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(format!("syncing {}", dir.display())))
@@ -134,6 +135,9 @@ fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
 /// How many [`DeferredSync`]s are alive in this process.
 static DEFERRED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// How many syncs were left to a [`DeferredSync`] so far.
+static SKIPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn sync_deferred() -> bool {
     DEFERRED.load(std::sync::atomic::Ordering::SeqCst) > 0
 }
@@ -141,6 +145,7 @@ fn sync_deferred() -> bool {
 /// `f.sync_all()`, or nothing while a [`DeferredSync`] is alive.
 pub(crate) fn sync_file(f: &File) -> std::io::Result<()> {
     if sync_deferred() {
+        SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         return Ok(());
     }
     f.sync_all()
@@ -161,18 +166,30 @@ pub(crate) fn sync_file(f: &File) -> std::io::Result<()> {
 pub struct DeferredSync {
     root: std::path::PathBuf,
     finished: bool,
+    /// [`SKIPPED`] when it started: a run that skipped no sync (all cached)
+    /// has nothing to flush.
+    skipped_before: u64,
 }
 
 impl DeferredSync {
     pub fn start(root: &Path) -> DeferredSync {
         DEFERRED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        DeferredSync { root: root.to_path_buf(), finished: false }
+        let skipped_before = SKIPPED.load(std::sync::atomic::Ordering::SeqCst);
+        DeferredSync { root: root.to_path_buf(), finished: false, skipped_before }
     }
 
-    /// Flushes the workspace's filesystem (`syncfs`): what the run wrote is durable.
+    /// Flushes the workspace's filesystem (`syncfs`) if a sync was left to
+    /// it: what the run wrote is durable.
     pub fn finish(mut self) -> Result<(), StoreError> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Result<(), StoreError> {
         self.finished = true;
         DEFERRED.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if SKIPPED.load(std::sync::atomic::Ordering::SeqCst) == self.skipped_before {
+            return Ok(());
+        }
         syncfs(&self.root)
     }
 }
@@ -180,8 +197,7 @@ impl DeferredSync {
 impl Drop for DeferredSync {
     fn drop(&mut self) {
         if !self.finished {
-            DEFERRED.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = syncfs(&self.root);
+            let _ = self.end();
         }
     }
 }
@@ -559,8 +575,11 @@ mod tests {
         a.finish().unwrap();
         drop(b);
         assert_eq!(DEFERRED.load(std::sync::atomic::Ordering::SeqCst), before);
+        // A sync left to it is made at the end (here failing: the root is gone).
         let gone = dir.path().join("gone");
-        let err = DeferredSync::start(&gone).finish().unwrap_err().to_string();
+        let deferred = DeferredSync::start(&gone);
+        sync_file(&File::open(dir.path()).unwrap()).unwrap();
+        let err = deferred.finish().unwrap_err().to_string();
         assert!(err.contains("gone"), "{err}");
     }
 
