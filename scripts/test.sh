@@ -32,49 +32,43 @@ fi
 cargo fmt --check
 cargo build --all-targets --locked
 log="$(mktemp)"
-main_log="$(mktemp)"
-main_pid=
-# On the way out (a failed test included), the main job or its build still
-# running is stopped, rustc and the worker too: setsid gives it a process
-# group of its own.
-trap 'if [ -n "$main_pid" ]; then kill -- "-$main_pid" 2>/dev/null; fi; rm -rf "$log" "$main_log" "${main_slots:-}"' EXIT
-# The README's main job, so it can never break silently again: the whole
-# protocol on the embedded default (release build), failing the run if it
-# exits non-zero. It starts now, beside the tests, at the lowest CPU priority:
-# its release build first (another profile, so the two cargo commands do not
-# wait on each other's lock), then `bash scripts/run-main.sh` itself. The tests
-# leave about 40 % of 2 cores idle (a test mostly waits on the `orchestrate`
-# processes it starts), which the build and then the job take instead of
-# running after them; once the tests end, the job has both cores. Its figures
-# do not depend on what runs beside it. ORCHESTRATE_SKIP_MAIN_JOB=1 skips it
-# for a quick local run, and says so.
-# Its CPU slots are its own (docs/specs.md, Threads): in the machine's, its
-# 2-thread pretraining would hold both cores' slots for minutes and the tests'
-# training nodes would wait for them; at nice 19 it takes only what they leave.
-main_slots="$(mktemp -d)"
-main_started=$SECONDS
+release_log="$(mktemp)"
+release_pid=
+# On the way out (a failed test included), a build still running is stopped, rustc
+# processes too: setsid gives it a process group of its own.
+trap 'if [ -n "$release_pid" ]; then kill -- "-$release_pid" 2>/dev/null; fi; rm -f "$log" "$release_log"' EXIT
+# The main job's release build starts now, at the lowest CPU priority, beside the
+# tests: they leave about 40 % of 2 cores idle (a test mostly waits on the
+# `orchestrate` processes it starts),
+# which the build takes instead of running after them (another profile, so the two
+# cargo commands do not wait on each other's lock). run-main.sh's own
+# `cargo build --release` then finds it done.
 if [ "${ORCHESTRATE_SKIP_MAIN_JOB:-}" != 1 ]; then
-    ORCHESTRATE_CPU_SLOTS_DIR="$main_slots" setsid nice -n 19 bash -c 'cargo build --release --locked && echo "test: the release build done after $((SECONDS)) s" && bash scripts/run-main.sh' \
-        >"$main_log" 2>&1 &
-    main_pid=$!
+    setsid nice -n 19 cargo build --release --locked >"$release_log" 2>&1 &
+    release_pid=$!
 fi
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
 # Compile-fail examples (the guard's handle and the update path's types).
 cargo test --locked --doc 2>&1 | tee -a "$log"
+# The README's main job itself, so it can never break silently again: the whole
+# protocol on the embedded default (release build), failing the run if it exits
+# non-zero. ORCHESTRATE_SKIP_MAIN_JOB=1 skips it for a quick local run, and says so.
 if [ "${ORCHESTRATE_SKIP_MAIN_JOB:-}" = 1 ]; then
     echo "test: ORCHESTRATE_SKIP_MAIN_JOB=1: the README's main job (bash scripts/run-main.sh) was NOT run"
 else
     waited=$SECONDS
-    echo "test: the README's main job (bash scripts/run-main.sh), started beside the tests $((SECONDS - main_started)) s ago: waiting for it"
-    if ! wait "$main_pid"; then
-        main_pid=
-        cat "$main_log" >&2
-        echo "test: the README's main job (or its release build) failed" >&2
+    if ! wait "$release_pid"; then
+        release_pid=
+        cat "$release_log" >&2
+        echo "test: the release build for the main job failed" >&2
         exit 1
     fi
-    main_pid=
-    grep -v '^running \|^done \|^cached \|^ *Compiling ' "$main_log"
-    echo "test: the main job passed, $((SECONDS - main_started)) s after it started beside the tests ($((SECONDS - waited)) s after they ended)"
+    release_pid=
+    echo "test: the release build ($(tail -n 1 "$release_log" | sed 's/^ *//')), waited $((SECONDS - waited)) s for it after the tests"
+    echo "test: the README's main job: bash scripts/run-main.sh"
+    main_started=$SECONDS
+    bash scripts/run-main.sh
+    echo "test: the main job passed in $((SECONDS - main_started)) s"
 fi
 # One closing line over every test binary; a test that could not run here
 # (it printed SKIPPED: ...) counts as skipped, never as passed.
