@@ -170,7 +170,9 @@ impl Capture {
             fds.push(libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
         }
         if fds.is_empty() {
-            std::thread::sleep(timeout);
+            // No pidfd (a kernel before 5.3) and the output ended: the exit
+            // is polled, every 2 ms as before.
+            std::thread::sleep(Duration::from_millis(2));
             return;
         }
         // Without a pidfd the exit is polled: a short wait.
