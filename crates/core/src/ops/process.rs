@@ -397,6 +397,12 @@ impl Tied {
     /// Waits for the child, killing its group if the run is cancelled. When
     /// the child exits, whatever it left running in its group is killed.
     pub fn wait(mut self, cancel: &AtomicBool) -> Result<Finished, OpError> {
+        // For tests: orchestrate dying right after a node's process was let
+        // go, its command already running (what the watchdog is for).
+        if std::env::var_os("ORCHESTRATE_FAILPOINT").is_some_and(|v| v == "spawned") {
+            std::thread::sleep(Duration::from_millis(300));
+            std::process::abort();
+        }
         loop {
             if self.leader_exited().map_err(|e| OpError::io("waiting for a child process", e))? {
                 let status = self.end().map_err(|e| OpError::io("waiting for a child process", e))?;
