@@ -113,6 +113,8 @@ impl World {
             drop_states: false,
         };
         let executor = Recording::default();
+        // Runs defer their syncs process-wide; the test counting them runs alone.
+        let _serial = crate::store::objects::DEFERRED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let result = run_with(&self.ws, &spec, &dag, &opts, &executor, &mut Quiet).expect("the run completes");
         let mut handed = executor.handed.into_inner().unwrap();
         handed.sort_by(|a, b| a.0.cmp(&b.0));

@@ -125,8 +125,7 @@ pub fn hash_dir(root: &Path) -> Result<ObjectInfo, StoreError> {
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
-    if sync_deferred() {
-        SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if skip_sync() {
         return Ok(());
     }
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(format!("syncing {}", dir.display())))
@@ -142,10 +141,23 @@ fn sync_deferred() -> bool {
     DEFERRED.load(std::sync::atomic::Ordering::SeqCst) > 0
 }
 
+/// Whether a sync is left to a [`DeferredSync`] (counted, so it flushes).
+fn skip_sync() -> bool {
+    let deferred = sync_deferred();
+    if deferred {
+        SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    deferred
+}
+
+/// Held by the tests that start a [`DeferredSync`] (a run), so the one
+/// counting them sees only its own.
+#[cfg(test)]
+pub(crate) static DEFERRED_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `f.sync_all()`, or nothing while a [`DeferredSync`] is alive.
 pub(crate) fn sync_file(f: &File) -> std::io::Result<()> {
-    if sync_deferred() {
-        SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if skip_sync() {
         return Ok(());
     }
     f.sync_all()
@@ -566,6 +578,7 @@ mod tests {
 
     #[test]
     fn per_file_syncs_are_deferred_while_a_run_holds_a_deferred_sync() {
+        let _serial = DEFERRED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         // Other tests in this process may hold one: count relative to now.
         let before = DEFERRED.load(std::sync::atomic::Ordering::SeqCst);
