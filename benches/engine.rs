@@ -14,30 +14,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-/// A chain of layers (the 10,000-node plan): each stage reads its parent.
-fn pipeline(layers: usize, width: usize) -> String {
-    let mut yaml = format!("name: bench-{layers}x{width}\nnodes:\n");
-    for l in 0..layers {
-        for s in 0..width {
-            let out = format!("d/l{l}s{s}.txt");
-            if l == 0 {
-                yaml.push_str(&format!(
-                    "  l{l}s{s}:\n    op: shell\n    params: {{cmd: 'echo {s} > {out}', outs: [{out}]}}\n"
-                ));
-            } else {
-                let dep = format!("d/l{}s{s}.txt", l - 1);
-                yaml.push_str(&format!(
-                    "  l{l}s{s}:\n    op: shell\n    params: {{cmd: 'cat {dep} > {out}; echo {l} >> {out}', deps: [{dep}], outs: [{out}]}}\n"
-                ));
-            }
-        }
-    }
-    yaml
-}
+/// One stage: its command, its parents' files, its own file.
+type Stage = (String, Vec<String>, String);
 
-/// The lattice: stage `s` of layer `l` reads stages `s` and `s+1` (mod the
-/// width) of layer `l-1`. Each stage's command and its parents' files.
-fn lattice(layers: usize, width: usize) -> Vec<Vec<(String, Vec<String>, String)>> {
+/// Layers of `width` stages: stage `s` of layer `l` reads stages `s`, `s+1`,
+/// … (`parents` of them, mod the width) of layer `l-1`. Two parents: the
+/// 200-stage lattice; one: the 10,000-node chain.
+fn lattice(layers: usize, width: usize, parents: usize) -> Vec<Vec<Stage>> {
     let file = |l: usize, s: usize| format!("d/l{l}s{s}.txt");
     (0..layers)
         .map(|l| {
@@ -47,8 +30,8 @@ fn lattice(layers: usize, width: usize) -> Vec<Vec<(String, Vec<String>, String)
                     if l == 0 {
                         (format!("echo {s} > {out}"), Vec::new(), out)
                     } else {
-                        let deps = vec![file(l - 1, s), file(l - 1, (s + 1) % width)];
-                        (format!("cat {} {} > {out}; echo {l} >> {out}", deps[0], deps[1]), deps, out)
+                        let deps: Vec<String> = (0..parents).map(|k| file(l - 1, (s + k) % width)).collect();
+                        (format!("cat {} > {out}; echo {l} >> {out}", deps.join(" ")), deps, out)
                     }
                 })
                 .collect()
@@ -56,7 +39,7 @@ fn lattice(layers: usize, width: usize) -> Vec<Vec<(String, Vec<String>, String)
         .collect()
 }
 
-fn lattice_spec(lattice: &[Vec<(String, Vec<String>, String)>]) -> String {
+fn lattice_spec(lattice: &[Vec<Stage>]) -> String {
     let mut yaml = String::from("name: lattice\nnodes:\n");
     for (l, layer) in lattice.iter().enumerate() {
         for (s, (cmd, deps, out)) in layer.iter().enumerate() {
@@ -69,7 +52,7 @@ fn lattice_spec(lattice: &[Vec<(String, Vec<String>, String)>]) -> String {
     yaml
 }
 
-fn snakefile(lattice: &[Vec<(String, Vec<String>, String)>]) -> String {
+fn snakefile(lattice: &[Vec<Stage>]) -> String {
     let mut rules = String::from("rule all:\n    input:\n");
     for (_, _, out) in lattice.last().expect("a layer") {
         rules.push_str(&format!("        \"{out}\",\n"));
@@ -86,7 +69,7 @@ fn snakefile(lattice: &[Vec<(String, Vec<String>, String)>]) -> String {
 }
 
 /// The floor: the same commands, a layer at a time, `xargs -P jobs` each.
-fn floor(lattice: &[Vec<(String, Vec<String>, String)>], jobs: &str) -> f64 {
+fn floor(lattice: &[Vec<Stage>], jobs: &str) -> f64 {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir(dir.path().join("d")).unwrap();
     let layers: Vec<String> =
@@ -106,7 +89,7 @@ fn floor(lattice: &[Vec<(String, Vec<String>, String)>], jobs: &str) -> f64 {
 }
 
 /// Snakemake's first run in a fresh folder, when the venv has it.
-fn snakemake(lattice: &[Vec<(String, Vec<String>, String)>], jobs: &str) -> Option<(f64, f64)> {
+fn snakemake(lattice: &[Vec<Stage>], jobs: &str) -> Option<(f64, f64)> {
     let python = std::env::var_os("ORCHESTRATE_PYTHON")?;
     let has = Command::new(&python).args(["-m", "snakemake", "--version"]).output().ok()?;
     if !has.status.success() {
@@ -146,7 +129,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     // `cargo bench` passes --bench; nothing else is accepted.
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).to_string();
-    let shape = lattice(8, 25);
+    let shape = lattice(8, 25, 2);
     let mut firsts = Vec::new();
     let mut floors = Vec::new();
     let mut noops = Vec::new();
@@ -181,7 +164,7 @@ fn main() {
     println!("  orchestrate plan, all cached              {:>8.1} ms (median of 21)", median(plans) * 1000.0);
 
     let big = tempfile::tempdir().expect("temp dir");
-    std::fs::write(big.path().join("big.yaml"), pipeline(100, 100)).unwrap();
+    std::fs::write(big.path().join("big.yaml"), lattice_spec(&lattice(100, 100, 1))).unwrap();
     let fresh = median((0..3).map(|_| orchestrate(big.path(), &["plan", "big.yaml"])).collect());
     let validate = median((0..3).map(|_| orchestrate(big.path(), &["validate", "big.yaml"])).collect());
     println!("10,000 synthetic nodes (100 layers x 100):");
