@@ -248,12 +248,15 @@ impl Drop for Staging {
     /// (a node that published moved its outputs out: nothing to remove);
     /// a folder that cannot be emptied is removed whole.
     fn drop(&mut self) {
-        let emptied = fs::read_dir(&self.dir)
-            .and_then(|entries| entries.map(|e| e.map(|e| e.path())).collect::<Result<Vec<_>, _>>())
-            .ok()
-            .is_some_and(|paths| paths.iter().all(|p| objects::remove_any(p).is_ok()));
+        // Checked first: a link put in the folder's place is removed as a
+        // link, never listed through (that emptied the folder it points to).
         let real_dir = fs::symlink_metadata(&self.dir).is_ok_and(|m| m.is_dir());
-        if emptied && real_dir {
+        let emptied = real_dir
+            && fs::read_dir(&self.dir)
+                .and_then(|entries| entries.map(|e| e.map(|e| e.path())).collect::<Result<Vec<_>, _>>())
+                .ok()
+                .is_some_and(|paths| paths.iter().all(|p| objects::remove_any(p).is_ok()));
+        if emptied {
             self._root.free.lock().unwrap_or_else(|p| p.into_inner()).push(std::mem::take(&mut self.dir));
         } else {
             let _ = objects::remove_any(&self.dir);
@@ -854,6 +857,15 @@ impl Workspace {
             }
         };
         let reused = root.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        // A folder waiting for reuse that is no longer a real folder (a link
+        // put in its place) is removed as a link and a fresh one made.
+        let reused = reused.filter(|dir| {
+            let real = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+            if !real {
+                let _ = objects::remove_any(dir);
+            }
+            real
+        });
         let dir = match reused {
             Some(dir) => dir,
             None => {
@@ -1280,6 +1292,37 @@ mod staging_tests {
         assert!(!orphan.exists(), "the orphan lock is removed");
         let root = live.path().parent().unwrap();
         assert!(live.path().exists() && root.with_extension("lock").exists(), "live staging is kept");
+    }
+
+    /// A node's staging folder replaced by a link to the user's folder:
+    /// dropping it removes the link, never what the link points to.
+    #[test]
+    fn a_link_planted_at_a_staging_folder_is_removed_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(&dir.path().join("ws")).unwrap();
+        let outside = dir.path().join("users");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("notes.txt"), "keep").unwrap();
+        let staging = ws.staging().unwrap();
+        let at = staging.path().to_path_buf();
+        std::fs::remove_dir(&at).unwrap();
+        std::os::unix::fs::symlink(&outside, &at).unwrap();
+        drop(staging);
+        assert_eq!(std::fs::read_to_string(outside.join("notes.txt")).unwrap(), "keep");
+        assert!(std::fs::symlink_metadata(&at).is_err(), "the link was left in staging");
+        // The next node gets a real folder, not the link's place.
+        let next = ws.staging().unwrap();
+        assert!(std::fs::symlink_metadata(next.path()).unwrap().is_dir());
+        // A finished node's folder waiting for reuse, replaced by a link:
+        // not handed out, and what it points to is untouched.
+        let reused = next.path().to_path_buf();
+        drop(next);
+        std::fs::remove_dir(&reused).unwrap();
+        std::os::unix::fs::symlink(&outside, &reused).unwrap();
+        let again = ws.staging().unwrap();
+        assert!(std::fs::symlink_metadata(again.path()).unwrap().is_dir(), "a link was handed out as staging");
+        drop(again);
+        assert_eq!(std::fs::read_to_string(outside.join("notes.txt")).unwrap(), "keep");
     }
 
     /// A process's nodes stage in one root (one folder and one lock made per
