@@ -856,6 +856,14 @@ impl Workspace {
                 }
             }
         };
+        // The root made at first use is still our folder: a link put in its
+        // place would have the node's folder made wherever it points.
+        if !fs::symlink_metadata(&root.dir).is_ok_and(|m| m.is_dir()) {
+            return Err(StoreError::Invalid(format!(
+                "{} is no longer a folder orchestrate made (a link or a file was put in its place); nothing was written through it",
+                root.dir.display()
+            )));
+        }
         let reused = root.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         // A folder waiting for reuse that is no longer a real folder (a link
         // put in its place) is removed as a link and a fresh one made.
@@ -1322,6 +1330,27 @@ mod staging_tests {
         let again = ws.staging().unwrap();
         assert!(std::fs::symlink_metadata(again.path()).unwrap().is_dir(), "a link was handed out as staging");
         drop(again);
+        assert_eq!(std::fs::read_to_string(outside.join("notes.txt")).unwrap(), "keep");
+    }
+
+    /// The staging root replaced by a link while the process runs: the next
+    /// node's staging is refused, nothing is made where the link points, and
+    /// the link alone is removed with the workspace.
+    #[test]
+    fn a_link_planted_at_the_staging_root_is_refused_and_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(&dir.path().join("ws")).unwrap();
+        let outside = dir.path().join("users");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("notes.txt"), "keep").unwrap();
+        let root = ws.staging().unwrap().path().parent().unwrap().to_path_buf();
+        super::objects::remove_any(&root).unwrap();
+        std::os::unix::fs::symlink(&outside, &root).unwrap();
+        let err = ws.staging().err().expect("staging through a link").to_string();
+        assert!(err.contains("no longer a folder"), "{err}");
+        drop(ws);
+        let listed: Vec<_> = std::fs::read_dir(&outside).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(listed, vec![std::ffi::OsString::from("notes.txt")]);
         assert_eq!(std::fs::read_to_string(outside.join("notes.txt")).unwrap(), "keep");
     }
 
