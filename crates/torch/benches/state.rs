@@ -1,9 +1,10 @@
 //! Writing and reading a training state: prints figures, asserts nothing but
 //! that both ways write the same bytes. Side by side in one process, on the
-//! same tensors: the streamed writer and reader (`save_state`, `read_state`)
-//! and what they replaced (every tensor copied out whole, then
+//! same tensors: the streamed writer and restore (`save_state`,
+//! `restore_state`, which reads each tensor from the stream into the model's
+//! own) and what they replaced (every tensor copied out whole, then
 //! `safetensors::serialize` of the whole state in memory, then gzip; reading
-//! the whole decompressed file, then copying each tensor out of it). For each:
+//! the whole decompressed file, copying each tensor out of it, then into the model). For each:
 //! seconds, and the peak resident memory above what the tensors themselves
 //! take (Linux's VmHWM, reset between the two with /proc/self/clear_refs).
 //!
@@ -17,7 +18,7 @@ use std::io::{Read, Write};
 use std::time::Instant;
 
 use orchestrate_torch::train::adamw::{AdamW, AdamWConfig};
-use orchestrate_torch::train::common::save_state;
+use orchestrate_torch::train::common::{restore_state, save_state};
 use tch::{Device, Kind, Tensor};
 
 fn status(field: &str) -> u64 {
@@ -70,13 +71,44 @@ fn write_whole(path: &std::path::Path, params: &BTreeMap<String, Tensor>, adam: 
     gz.finish().expect("finish");
 }
 
-/// The reader before it streamed.
-fn read_whole(path: &std::path::Path) -> usize {
+/// The reader before it streamed: the whole decompressed file, each tensor's
+/// bytes copied out of it, then into values and a tensor, copied into the model.
+fn restore_whole(path: &std::path::Path, params: &BTreeMap<String, Tensor>, adam: &AdamW) -> usize {
     let mut bytes = Vec::new();
     flate2::read::GzDecoder::new(std::fs::File::open(path).expect("file")).read_to_end(&mut bytes).expect("read");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("state");
-    let copies: Vec<Vec<u8>> = st.tensors().into_iter().map(|(_, v)| v.data().to_vec()).collect();
+    let copies: BTreeMap<String, Vec<u8>> = st.tensors().into_iter().map(|(n, v)| (n, v.data().to_vec())).collect();
+    tch::no_grad(|| {
+        for (name, p) in params {
+            for (prefix, t) in [("model", p), ("adam_m", &adam.exp_avg[name]), ("adam_v", &adam.exp_avg_sq[name])] {
+                let raw = &copies[&format!("{prefix}/{name}")];
+                let values: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                t.shallow_clone().copy_(&Tensor::from_slice(&values).view(t.size().as_slice()));
+            }
+        }
+    });
     copies.len()
+}
+
+/// The metadata of an SFT state (what `restore_state` checks before reading tensors).
+fn sft_meta() -> serde_json::Value {
+    use orchestrate_core::train::metrics::{Scheduler, SftIdentity, SftMetrics};
+    let p = serde_json::from_value(serde_json::json!({"branch": "warmstart", "epochs": 1})).expect("params");
+    let m = SftMetrics {
+        identity: SftIdentity::new(&p, "bench".into(), 1),
+        next_epoch: 1,
+        complete: false,
+        updates: 0,
+        adam_step: 0,
+        scheduler: Scheduler { next_update: 0, total: 1 },
+        history: Vec::new(),
+        validation_history: Vec::new(),
+        final_model_digest: "bench".into(),
+        costs: None,
+    };
+    let mut v = serde_json::to_value(m).expect("meta");
+    v["kind"] = "sft".into();
+    v
 }
 
 fn main() {
@@ -99,7 +131,7 @@ fn main() {
     for t in adam.exp_avg.values_mut().chain(adam.exp_avg_sq.values_mut()) {
         let _ = t.normal_(0.0, 1.0);
     }
-    let meta = serde_json::json!({"kind": "sft", "bench": true});
+    let meta = sft_meta();
     let dir = tempfile::tempdir().expect("temp dir");
     let (streamed, whole) = (dir.path().join("streamed"), dir.path().join("whole"));
     let state_gb = (3 * total * 4) as f64 / 1e9;
@@ -111,15 +143,18 @@ fn main() {
     let size = std::fs::metadata(&streamed).expect("size").len() as f64 / 1e9;
     let gb = |b: u64| b as f64 / 1e9;
     println!("write  streamed: {ws:.2} s, {:.3} GB above the tensors | whole: {os:.2} s, {:.2} GB above | memory ratio {:.4}, time ratio {:.2} (file {size:.2} GB, the same bytes)", gb(wm), gb(om), wm as f64 / om as f64, ws / os);
+    let mut restored = AdamW::new(AdamWConfig::new(0.01), &params);
     let (rs, rm) = measured(|| {
-        let s = orchestrate_core::train::state::read_state(&streamed).expect("read_state");
-        assert_eq!(s.tensors.len(), 3 * params.len());
+        restore_state(&streamed, "the bench state", &params, &mut restored, |_| Ok(())).expect("restore_state")
     });
+    let same = adam.exp_avg.iter().all(|(n, t)| t.equal(&restored.exp_avg[n]))
+        && adam.exp_avg_sq.iter().all(|(n, t)| t.equal(&restored.exp_avg_sq[n]));
+    assert!(same, "the restored moments are not the saved ones");
     let (ors, orm) = measured(|| {
-        assert_eq!(read_whole(&whole), 3 * params.len());
+        assert_eq!(restore_whole(&whole, &params, &restored), 3 * params.len());
     });
     println!(
-        "read   streamed: {rs:.2} s, {:.2} GB | whole: {ors:.2} s, {:.2} GB | memory ratio {:.2}, time ratio {:.2}",
+        "restore streamed into the tensors: {rs:.2} s, {:.3} GB above them | whole file: {ors:.2} s, {:.2} GB above | memory ratio {:.4}, time ratio {:.2}",
         gb(rm),
         gb(orm),
         rm as f64 / orm as f64,

@@ -150,52 +150,132 @@ pub fn write_state_streamed(
 /// The largest state header read (safetensors' own bound).
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
-/// Reads a state file written by [`write_state`], streamed: the header, then
-/// each tensor's bytes straight from the gzip stream into that tensor (the
-/// whole decompressed file is never in memory beside them).
-pub fn read_state(path: &Path) -> Result<StateFile, StateError> {
-    let invalid = |message: String| StateError::Invalid { path: path.display().to_string(), message };
-    let file = std::fs::File::open(path)
-        .map_err(|source| StateError::Io { context: format!("opening {}", path.display()), source })?;
-    let mut gz = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
-    let mut n = [0u8; 8];
-    gz.read_exact(&mut n).map_err(|e| invalid(format!("not a gzip state file: {e}")))?;
-    let n = u64::from_le_bytes(n);
-    if n > MAX_HEADER_BYTES {
-        return Err(invalid(format!("a header of {n} bytes, over the {MAX_HEADER_BYTES} allowed")));
-    }
-    let mut head = vec![0u8; n as usize];
-    gz.read_exact(&mut head).map_err(|e| invalid(format!("the header is cut short: {e}")))?;
-    let head = std::str::from_utf8(&head).map_err(|e| invalid(format!("the header is not UTF-8: {e}")))?;
-    let header: safetensors::tensor::Metadata =
-        serde_json::from_str(head).map_err(|e| invalid(format!("the header does not read: {e}")))?;
-    let meta_text = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(META_KEY))
-        .ok_or_else(|| invalid("no orchestrate state metadata".into()))?
-        .clone();
-    let meta: Value = serde_json::from_str(&meta_text).map_err(|e| invalid(e.to_string()))?;
-    let mut infos: Vec<(String, &safetensors::tensor::TensorInfo)> = header.tensors().into_iter().collect();
-    infos.sort_by_key(|(_, info)| info.data_offsets);
-    let mut tensors = BTreeMap::new();
-    let mut at = 0usize;
-    for (name, info) in infos {
-        let (start, end) = info.data_offsets;
-        if start != at || end < start {
-            return Err(invalid(format!("tensor {name}: its bytes are not where the header says")));
+/// A tensor as a state's header describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorHead {
+    pub name: String,
+    /// safetensors' dtype name (`F32` for every tensor a state holds).
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Its size in bytes.
+    pub bytes: usize,
+}
+
+/// A state file opened for reading: its metadata and tensor list are read
+/// (so a caller can refuse a state of another run before reading any of its
+/// gigabytes); its tensors are then read one by one, straight from the gzip
+/// stream into wherever the caller puts them ([`StateReader::read_tensors`]).
+pub struct StateReader {
+    path: std::path::PathBuf,
+    gz: flate2::read::GzDecoder<std::io::BufReader<std::fs::File>>,
+    meta: Value,
+    heads: Vec<TensorHead>,
+}
+
+impl StateReader {
+    pub fn open(path: &Path) -> Result<StateReader, StateError> {
+        let invalid = |message: String| StateError::Invalid { path: path.display().to_string(), message };
+        let file = std::fs::File::open(path)
+            .map_err(|source| StateError::Io { context: format!("opening {}", path.display()), source })?;
+        let mut gz = flate2::read::GzDecoder::new(std::io::BufReader::new(file));
+        let mut n = [0u8; 8];
+        gz.read_exact(&mut n).map_err(|e| invalid(format!("not a gzip state file: {e}")))?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER_BYTES {
+            return Err(invalid(format!("a header of {n} bytes, over the {MAX_HEADER_BYTES} allowed")));
         }
-        let mut bytes = vec![0u8; end - start];
-        gz.read_exact(&mut bytes).map_err(|e| invalid(format!("tensor {name} is cut short: {e}")))?;
-        at = end;
-        tensors.insert(name, RawTensor { dtype: format!("{:?}", info.dtype), shape: info.shape.clone(), bytes });
+        let mut head = vec![0u8; n as usize];
+        gz.read_exact(&mut head).map_err(|e| invalid(format!("the header is cut short: {e}")))?;
+        let head = std::str::from_utf8(&head).map_err(|e| invalid(format!("the header is not UTF-8: {e}")))?;
+        let header: safetensors::tensor::Metadata =
+            serde_json::from_str(head).map_err(|e| invalid(format!("the header does not read: {e}")))?;
+        let meta_text = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get(META_KEY))
+            .ok_or_else(|| invalid("no orchestrate state metadata".into()))?
+            .clone();
+        let meta: Value = serde_json::from_str(&meta_text).map_err(|e| invalid(e.to_string()))?;
+        let mut infos: Vec<(String, &safetensors::tensor::TensorInfo)> = header.tensors().into_iter().collect();
+        infos.sort_by_key(|(_, info)| info.data_offsets);
+        let (mut heads, mut at) = (Vec::with_capacity(infos.len()), 0usize);
+        for (name, info) in infos {
+            let (start, end) = info.data_offsets;
+            if start != at || end < start {
+                return Err(invalid(format!("tensor {name}: its bytes are not where the header says")));
+            }
+            at = end;
+            heads.push(TensorHead {
+                name,
+                dtype: format!("{:?}", info.dtype),
+                shape: info.shape.clone(),
+                bytes: end - start,
+            });
+        }
+        Ok(StateReader { path: path.to_path_buf(), gz, meta, heads })
     }
-    let mut rest = [0u8; 1];
-    match gz.read(&mut rest) {
-        Ok(0) => Ok(StateFile { meta, tensors }),
-        Ok(_) => Err(invalid("bytes after the last tensor".into())),
-        Err(e) => Err(invalid(format!("not a gzip state file: {e}"))),
+
+    /// The JSON the state holds beside its tensors.
+    pub fn meta(&self) -> &Value {
+        &self.meta
     }
+
+    /// The tensors, in file order.
+    pub fn heads(&self) -> &[TensorHead] {
+        &self.heads
+    }
+
+    /// Reads every tensor in file order: `take(head, bytes)` must read exactly
+    /// `head.bytes` bytes from `bytes`, which ends there. A tensor cut short,
+    /// one its taker did not read whole, or bytes after the last tensor are an
+    /// error naming the file and the tensor.
+    pub fn read_tensors(
+        mut self,
+        mut take: impl FnMut(&TensorHead, &mut dyn Read) -> std::io::Result<()>,
+    ) -> Result<(), StateError> {
+        let path = self.path.display().to_string();
+        let invalid = |message: String| StateError::Invalid { path: path.clone(), message };
+        for head in &self.heads {
+            let mut part = (&mut self.gz).take(head.bytes as u64);
+            take(head, &mut part).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => invalid(format!("tensor {} is cut short: {e}", head.name)),
+                _ => invalid(format!("tensor {}: {e}", head.name)),
+            })?;
+            if part.limit() != 0 {
+                return Err(invalid(format!(
+                    "tensor {}: {} of its {} bytes were read",
+                    head.name,
+                    head.bytes as u64 - part.limit(),
+                    head.bytes
+                )));
+            }
+        }
+        let mut rest = [0u8; 1];
+        match self.gz.read(&mut rest) {
+            Ok(0) => Ok(()),
+            Ok(_) => Err(invalid("bytes after the last tensor".into())),
+            Err(e) => Err(invalid(format!("not a gzip state file: {e}"))),
+        }
+    }
+}
+
+/// Reads a whole state file written by [`write_state`] into memory (every
+/// tensor's bytes; for comparing two states). A trainer restoring a state
+/// reads it into its own tensors through [`StateReader`] instead.
+pub fn read_state(path: &Path) -> Result<StateFile, StateError> {
+    let reader = StateReader::open(path)?;
+    let meta = reader.meta().clone();
+    let mut tensors = BTreeMap::new();
+    reader.read_tensors(|head, bytes| {
+        let mut all = vec![0u8; head.bytes];
+        bytes.read_exact(&mut all)?;
+        tensors.insert(
+            head.name.clone(),
+            RawTensor { dtype: head.dtype.clone(), shape: head.shape.clone(), bytes: all },
+        );
+        Ok(())
+    })?;
+    Ok(StateFile { meta, tensors })
 }
 
 /// The first difference between two states, field by field and tensor by
@@ -342,6 +422,15 @@ mod tests {
                 values.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
         }
+        // Read tensor by tensor: the heads in file order before any tensor;
+        // a taker that leaves part of its tensor unread is an error naming it.
+        let reader = StateReader::open(&path).unwrap();
+        assert_eq!(reader.meta(), &meta);
+        let names: Vec<&str> = reader.heads().iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["adam_m/a", "model/b", "model/z.weight"]);
+        assert_eq!(reader.heads()[0].bytes, 280_000);
+        let e = reader.read_tensors(|_, bytes| bytes.read_exact(&mut [0u8; 8])).unwrap_err();
+        assert!(e.to_string().contains("tensor adam_m/a: 8 of its 280000 bytes were read"), "{e}");
         // A tensor that writes other than its size fails the write and leaves nothing.
         let shapes = vec![("w".to_string(), vec![4])];
         let other = dir.path().join("other");

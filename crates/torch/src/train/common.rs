@@ -10,7 +10,7 @@ use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, 
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::train::metrics::{NodeCosts, TrainingMetrics};
-use orchestrate_core::train::state::{read_state, write_f32_le, write_state_streamed, StateFile};
+use orchestrate_core::train::state::{write_f32_le, write_state_streamed, StateReader};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
@@ -160,34 +160,77 @@ fn write_tensor(t: &Tensor, out: &mut dyn std::io::Write) -> std::io::Result<()>
     Ok(())
 }
 
-fn tensor_of(state: &StateFile, name: &str, device: Device) -> Result<Tensor> {
-    let raw = state.tensors.get(name).ok_or_else(|| err!("the state has no tensor {name}"))?;
-    let values: Vec<f32> = raw.bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let shape: Vec<i64> = raw.shape.iter().map(|d| *d as i64).collect();
-    Ok(Tensor::from_slice(&values).view(shape.as_slice()).to_device(device))
-}
-
-/// Restores model parameters and AdamW moments from a state, bit for bit.
-pub fn restore_state(state: &StateFile, params: &BTreeMap<String, Tensor>, adam: &mut AdamW) -> Result<()> {
-    tch::no_grad(|| -> Result<()> {
-        for (name, p) in params {
-            let device = p.device();
-            p.shallow_clone().copy_(&tensor_of(state, &format!("model/{name}"), device)?);
-            adam.exp_avg.get_mut(name).expect("moments").copy_(&tensor_of(state, &format!("adam_m/{name}"), device)?);
-            adam.exp_avg_sq.get_mut(name).expect("moments").copy_(&tensor_of(
-                state,
-                &format!("adam_v/{name}"),
-                device,
-            )?);
+/// Restores model parameters and AdamW moments from a state file, streamed.
+/// The state's metrics are read first and handed to `accept`, which refuses a
+/// state of another run or kind before any tensor is read; then each tensor
+/// goes from the gzip stream straight into its parameter or moment, a block at
+/// a time, bit for bit, so restoring holds no copy of the state (a 0.5B
+/// model's is 5.9 GB). A state missing a tensor, holding one this model does
+/// not have, or one of another shape or dtype is refused, naming it.
+pub fn restore_state<T>(
+    path: &Path,
+    what: &str,
+    params: &BTreeMap<String, Tensor>,
+    adam: &mut AdamW,
+    accept: impl FnOnce(TrainingMetrics) -> Result<T>,
+) -> Result<T> {
+    let reader = StateReader::open(path)?;
+    let metrics = TrainingMetrics::from_meta(reader.meta(), what).map_err(|e| err!("{e}"))?;
+    let adam_step = match &metrics {
+        TrainingMetrics::Sft(m) => m.adam_step,
+        TrainingMetrics::Grpo(m) => m.adam_step,
+    };
+    let accepted = accept(metrics)?;
+    let mut targets: BTreeMap<String, Tensor> = BTreeMap::new();
+    for (name, p) in params {
+        let moments = (adam.exp_avg.get(name), adam.exp_avg_sq.get(name));
+        let (Some(m), Some(v)) = moments else { bail!("AdamW holds no moments for parameter {name}") };
+        for (prefix, t) in [("model", p), ("adam_m", m), ("adam_v", v)] {
+            targets.insert(format!("{prefix}/{name}"), t.shallow_clone());
         }
-        Ok(())
-    })?;
-    adam.step = state.meta["adam_step"].as_i64().ok_or_else(|| err!("the state has no adam_step"))?;
-    Ok(())
+    }
+    // Every tensor is matched against the model from the header, before any
+    // is read: a state that does not fit leaves the model as it was.
+    let heads = reader.heads();
+    for head in heads {
+        let Some(target) = targets.get(&head.name) else {
+            bail!("{}: the state holds {}, which this model does not have", path.display(), head.name)
+        };
+        let shape: Vec<usize> = target.size().iter().map(|d| *d as usize).collect();
+        if head.dtype != "F32" || head.shape != shape {
+            bail!(
+                "{}: tensor {} is {} {:?} in the state, F32 {shape:?} in the model",
+                path.display(),
+                head.name,
+                head.dtype,
+                head.shape
+            );
+        }
+    }
+    if let Some(missing) = targets.keys().find(|name| !heads.iter().any(|h| &h.name == *name)) {
+        bail!("{}: the state has no tensor {missing}", path.display());
+    }
+    tch::no_grad(|| reader.read_tensors(|head, bytes| read_tensor(&targets[&head.name], bytes)))?;
+    adam.step = adam_step;
+    Ok(accepted)
 }
 
-pub fn read(path: &Path) -> Result<StateFile> {
-    Ok(read_state(path)?)
+/// Fills a tensor with little-endian f32 values read from `bytes`, a block at
+/// a time (the tensor may live on a GPU).
+fn read_tensor(target: &Tensor, bytes: &mut dyn std::io::Read) -> std::io::Result<()> {
+    let flat = target.view([-1]);
+    let n = flat.size()[0];
+    let mut block = vec![0u8; (STATE_BLOCK.min(n).max(0) as usize) * 4];
+    let mut at = 0;
+    while at < n {
+        let len = STATE_BLOCK.min(n - at);
+        let raw = &mut block[..len as usize * 4];
+        bytes.read_exact(raw)?;
+        let values: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        flat.narrow(0, at, len).copy_(&Tensor::from_slice(&values));
+        at += len;
+    }
+    Ok(())
 }
 
 /// Writes the node's outputs: the model folder (with the tokenizer), the
@@ -226,4 +269,88 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::adamw::AdamWConfig;
+    use orchestrate_core::train::metrics::{Scheduler, SftIdentity, SftMetrics};
+
+    /// Parameters of the given shapes and AdamW moments, all random from `seed`.
+    fn trained(shapes: &[(&str, &[i64])], seed: i64) -> (BTreeMap<String, Tensor>, AdamW) {
+        tch::manual_seed(seed);
+        let params: BTreeMap<String, Tensor> =
+            shapes.iter().map(|(n, s)| (n.to_string(), Tensor::randn(*s, (Kind::Float, Device::Cpu)))).collect();
+        let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
+        for t in adam.exp_avg.values_mut().chain(adam.exp_avg_sq.values_mut()) {
+            let _ = t.normal_(0.0, 1.0);
+        }
+        adam.step = 7;
+        (params, adam)
+    }
+
+    fn meta(adam_step: i64) -> Value {
+        let p = serde_json::from_value(serde_json::json!({"branch": "warmstart", "epochs": 1})).unwrap();
+        let m = SftMetrics {
+            identity: SftIdentity::new(&p, "digest".into(), 4),
+            next_epoch: 1,
+            complete: false,
+            updates: 3,
+            adam_step,
+            scheduler: Scheduler { next_update: 3, total: 6 },
+            history: Vec::new(),
+            validation_history: Vec::new(),
+            final_model_digest: "digest".into(),
+            costs: None,
+        };
+        let mut v = serde_json::to_value(m).unwrap();
+        v["kind"] = "sft".into();
+        v
+    }
+
+    fn same(a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>) -> bool {
+        a.len() == b.len() && a.iter().all(|(n, t)| b.get(n).is_some_and(|u| t.equal(u)))
+    }
+
+    /// (Issue #36 item 5.) A state restores into the model's own tensors,
+    /// read from the stream a block at a time (one tensor spans two blocks),
+    /// bit for bit, AdamW's step included; a state its caller refuses leaves
+    /// the model untouched; a state of another shape, lacking a tensor or
+    /// holding one the model does not have is refused, naming the tensor.
+    #[test]
+    fn a_state_restores_bit_for_bit_into_the_model_and_a_mismatched_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let shapes: &[(&str, &[i64])] = &[("embed", &[2, 600_000]), ("norm", &[5]), ("w", &[3, 4])];
+        let (saved, saved_adam) = trained(shapes, 1);
+        let path = dir.path().join("state");
+        save_state(&path, &saved, &saved_adam, &meta(7)).unwrap();
+
+        let (params, mut adam) = trained(shapes, 2);
+        let before: BTreeMap<String, Tensor> = params.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+        let e = restore_state(&path, "the test state", &params, &mut adam, |_| -> Result<()> { bail!("not this run") })
+            .unwrap_err();
+        assert!(e.to_string().contains("not this run"), "{e}");
+        assert!(same(&params, &before), "a refused state changed the model");
+
+        let kind = restore_state(&path, "the test state", &params, &mut adam, |m| Ok(m.kind())).unwrap();
+        assert_eq!(kind, "sft");
+        assert!(same(&params, &saved), "the model is not the saved one, bit for bit");
+        assert!(same(&adam.exp_avg, &saved_adam.exp_avg) && same(&adam.exp_avg_sq, &saved_adam.exp_avg_sq));
+        assert_eq!(adam.step, 7);
+
+        let refused = |shapes: &[(&str, &[i64])]| {
+            let (params, mut adam) = trained(shapes, 3);
+            let before: BTreeMap<String, Tensor> = params.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+            let e = restore_state(&path, "the test state", &params, &mut adam, |_| Ok(())).unwrap_err();
+            assert!(same(&params, &before), "a state that does not fit changed the model");
+            e.to_string()
+        };
+        let e = refused(&[("embed", &[2, 600_000]), ("norm", &[5]), ("w", &[4, 3])]);
+        assert!(e.contains("w") && e.contains("[3, 4]") && e.contains("[4, 3]"), "{e}");
+        let e = refused(&[("embed", &[2, 600_000]), ("norm", &[5]), ("w", &[3, 4]), ("x", &[2])]);
+        assert!(e.contains("has no tensor adam_m/x"), "{e}");
+        let e = refused(&[("embed", &[2, 600_000]), ("w", &[3, 4])]);
+        assert!(e.contains("adam_m/norm") && e.contains("does not have"), "{e}");
+    }
 }

@@ -34,7 +34,7 @@ use tch::Tensor;
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
 use super::common::{
-    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, read, restore_state,
+    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, restore_state,
     rl_pool, write_outputs, Example, Prompter,
 };
 use super::guarded::{
@@ -48,20 +48,21 @@ use crate::decoder::CausalLm;
 use crate::error::{bail, err, Result};
 use crate::generate::{generate, pick_device, Generated, Sampling};
 
-/// Where a run stands, restored from a state (a resume input or a WAL
+/// Where a run stands, restored from a state file (a resume input or a WAL
 /// checkpoint): weights and AdamW into `params` and `adam`, the rest returned.
+/// A state of another kind or run is refused before its tensors are read.
 fn restore_position(
-    state: &orchestrate_core::train::state::StateFile,
+    path: &std::path::Path,
     what: &str,
+    identity: &GrpoIdentity,
     params: &BTreeMap<String, Tensor>,
     adam: &mut AdamW,
 ) -> Result<GrpoMetrics> {
-    let metrics = match TrainingMetrics::from_meta(&state.meta, what).map_err(|e| err!("{e}"))? {
-        TrainingMetrics::Grpo(m) => m,
+    restore_state(path, what, params, adam, |m| match m {
+        TrainingMetrics::Grpo(m) if &m.identity == identity => Ok(m),
+        TrainingMetrics::Grpo(_) => bail!("{what} belongs to another GRPO run (identity differs): refusing it"),
         other => bail!("{what} is the state of a {} run, not of a GRPO run", other.kind()),
-    };
-    restore_state(state, params, adam)?;
-    Ok(metrics)
+    })
 }
 
 /// What a run reads and never changes once set up: the params, the RL pool
@@ -693,11 +694,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         Mode::Continuous => lineage_of("continuous"),
         Mode::Interrupt => lineage_of("interrupted"),
         Mode::Resume => {
-            let state = read(input_path(job, "resume_from")?)?;
-            let m = restore_position(&state, "the resume state", &params, &mut adam)?;
-            if m.identity != identity {
-                bail!("the resume state belongs to another GRPO run (identity differs): refusing to resume");
-            }
+            let m = restore_position(input_path(job, "resume_from")?, "the resume state", &identity, &params, &mut adam)?;
             let lineage = m.lineage.clone();
             continues_after = Some(m.guard.event_log.events);
             next_iteration = restored(m, &mut pos);
@@ -711,10 +708,7 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let wal = Wal::new(&job.workspace, &job.key);
     if p.mode != Mode::Resume {
         if let Some(state) = wal.last_committed()? {
-            let m = restore_position(&state, "the committed checkpoint", &params, &mut adam)?;
-            if m.identity != identity {
-                bail!("the committed checkpoint belongs to another run (identity differs)");
-            }
+            let m = restore_position(&state, "the committed checkpoint", &identity, &params, &mut adam)?;
             next_iteration = restored(m, &mut pos);
             continues_after = None;
             eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");

@@ -16,7 +16,7 @@ use tch::Kind;
 
 use super::adamw::{clip_grad_norm, digest, learning_rate, zero_grad, AdamW, AdamWConfig};
 use super::common::{
-    examples, input_path, load_model, params, peak_rss_bytes, permutation, read, restore_state, write_outputs, Prompter,
+    examples, input_path, load_model, params, peak_rss_bytes, permutation, restore_state, write_outputs, Prompter,
 };
 use crate::decoder::CausalLm;
 use crate::generate::{pick_device, response_logits_every_position};
@@ -99,16 +99,13 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let (mut start_epoch, mut updates) = (0usize, 0usize);
     let (mut history, mut validation_history): (Vec<SftUpdate>, Vec<SftValidation>) = (Vec::new(), Vec::new());
     if p.mode == Mode::Resume {
-        let state = read(input_path(job, "resume_from")?)?;
-        let m =
-            match TrainingMetrics::from_meta(&state.meta, "the resume state").map_err(|e| crate::error::err!("{e}"))? {
-                TrainingMetrics::Sft(m) => m,
-                other => bail!("the resume state is the state of a {} run, not of an SFT run", other.kind()),
-            };
-        if m.identity != identity {
-            bail!("the resume state belongs to another SFT run (identity differs): refusing to resume");
-        }
-        restore_state(&state, &params, &mut adam)?;
+        let m = restore_state(input_path(job, "resume_from")?, "the resume state", &params, &mut adam, |m| match m {
+            TrainingMetrics::Sft(m) if m.identity == identity => Ok(m),
+            TrainingMetrics::Sft(_) => {
+                bail!("the resume state belongs to another SFT run (identity differs): refusing to resume")
+            }
+            other => bail!("the resume state is the state of a {} run, not of an SFT run", other.kind()),
+        })?;
         (start_epoch, updates, history, validation_history) =
             (m.next_epoch, m.updates, m.history, m.validation_history);
         if m.scheduler != (Scheduler { next_update: updates, total }) {

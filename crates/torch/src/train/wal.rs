@@ -8,13 +8,23 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::error::Result;
-use orchestrate_core::train::state::StateFile;
-use serde_json::{json, Value};
+use crate::error::{bail, err, Result};
+use serde_json::Value;
 use tch::Tensor;
 
 use super::adamw::AdamW;
-use super::common::{read, save_state};
+use super::common::save_state;
+
+/// The file naming the last committed checkpoint.
+const POINTER: &str = "committed.json";
+
+/// What [`POINTER`] holds.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Committed {
+    /// The checkpoint's file name in the folder: `iter-N.state`.
+    checkpoint: String,
+}
 
 pub struct Wal {
     dir: PathBuf,
@@ -33,13 +43,22 @@ impl Wal {
         Wal { dir: workspace.join("checkpoints").join(key) }
     }
 
-    /// The state of the last committed checkpoint, if any.
-    pub fn last_committed(&self) -> Result<Option<StateFile>> {
-        let pointer = self.dir.join("committed.json");
-        let Ok(text) = std::fs::read_to_string(&pointer) else { return Ok(None) };
-        let v: Value = serde_json::from_str(&text)?;
-        let file = self.dir.join(v["checkpoint"].as_str().unwrap_or_default());
-        Ok(Some(read(&file)?))
+    /// The state file of the last committed checkpoint, if any: a file
+    /// `iter-N.state` in this folder (the pointer is refused otherwise).
+    pub fn last_committed(&self) -> Result<Option<PathBuf>> {
+        let pointer = self.dir.join(POINTER);
+        let text = match std::fs::read_to_string(&pointer) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => bail!("{}: {e}", pointer.display()),
+        };
+        let committed: Committed =
+            serde_json::from_str(&text).map_err(|e| err!("{}: not a commit pointer: {e}", pointer.display()))?;
+        let number = committed.checkpoint.strip_prefix("iter-").and_then(|n| n.strip_suffix(".state"));
+        if !number.is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            bail!("{}: checkpoint '{}' is not a name iter-N.state", pointer.display(), committed.checkpoint);
+        }
+        Ok(Some(self.dir.join(committed.checkpoint)))
     }
 
     /// CHECKPOINTED then COMMITTED for the state after `iteration`.
@@ -59,14 +78,37 @@ impl Wal {
         save_state(&self.dir.join(&name), params, adam, meta)?;
         failpoint("checkpointed", iteration);
         let tmp = self.dir.join("committed.json.partial");
-        std::fs::write(&tmp, json!({"checkpoint": name}).to_string())?;
+        std::fs::write(&tmp, serde_json::to_string(&Committed { checkpoint: name })?)?;
         std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join("committed.json"))?;
+        std::fs::rename(&tmp, self.dir.join(POINTER))?;
         failpoint("committed", iteration);
         Ok(())
     }
 
     pub fn clear(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The commit pointer names a checkpoint in its own folder: one naming a
+    /// path elsewhere is refused, never read.
+    #[test]
+    fn the_commit_pointer_names_a_checkpoint_of_its_own_folder_or_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::new(dir.path(), "k");
+        assert_eq!(wal.last_committed().unwrap(), None);
+        std::fs::create_dir_all(&wal.dir).unwrap();
+        let pointer = wal.dir.join(POINTER);
+        std::fs::write(&pointer, r#"{"checkpoint": "iter-12.state"}"#).unwrap();
+        assert_eq!(wal.last_committed().unwrap(), Some(wal.dir.join("iter-12.state")));
+        for bad in [r#"{"checkpoint": "../../../etc/passwd"}"#, r#"{"checkpoint": "iter-.state"}"#, r#"{}"#, "x"] {
+            std::fs::write(&pointer, bad).unwrap();
+            let e = wal.last_committed().unwrap_err().to_string();
+            assert!(e.contains("committed.json"), "{bad}: {e}");
+        }
     }
 }
