@@ -8,61 +8,18 @@ use anyhow::{bail, Context, Result};
 use super::commands::Ctx;
 use super::exit::Status;
 use super::{AlertScanArgs, EventsArgs};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 use std::io::Write as _;
 
-use orchestrate_core::dag::key::HashInputs;
+use orchestrate_core::exec::run_events::{self, Alert, Detail, RunEvent};
 use orchestrate_core::exec::Event;
-use orchestrate_core::ops::worker::WorkerOp;
+use orchestrate_core::guard::Decision;
 use orchestrate_core::store::Workspace;
-use orchestrate_core::train::metrics::TrainingMetrics;
 
-/// Every event of a run, engine events first (in order), then, for each node of
-/// the run that has GRPO metrics, its guard event chain. Each event is
-/// `{source, node, type, seq, codes, ...}`.
-pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<Value>> {
-    let index = ws.index()?;
-    let mut out = Vec::new();
-    for (seq, text) in index.run_events(run)?.iter().enumerate() {
-        let e: Event =
-            serde_json::from_str(text).with_context(|| format!("event {seq} of run {run} is not an engine event"))?;
-        out.push(json!({
-            "source": "engine", "run": run, "seq": seq, "type": e.kind(), "node": e.node(),
-            "codes": [], "event": e,
-        }));
-    }
-    let ledger = orchestrate_core::guard::Ledger::open_read_only(ws)?;
-    for n in index.run_nodes(run)? {
-        let Some(ledger) = &ledger else { break };
-        let Some(key) = &n.key else { continue };
-        let Some(cached) = index.lookup(key)? else { continue };
-        // GRPO nodes have a guard lineage; their metrics say which.
-        if HashInputs::from_stored(&cached.record)?.op != WorkerOp::TrainGrpo.name() {
-            continue;
-        }
-        let metrics = cached
-            .outputs
-            .iter()
-            .find(|o| o.name == "metrics")
-            .with_context(|| format!("GRPO node {} has no metrics output", n.node_id))?;
-        let TrainingMetrics::Grpo(m) = TrainingMetrics::read(&ws.object_path(&metrics.object.hash))? else {
-            bail!("the metrics of GRPO node {} are not GRPO metrics", n.node_id);
-        };
-        let lineage = m.lineage.as_str();
-        for orchestrate_core::guard::ledger::StoredEvent { seq, producer, kind, payload, seal, .. } in
-            ledger.events(lineage)?
-        {
-            let payload: Value = serde_json::from_str(&payload).unwrap_or(Value::String(payload));
-            let codes = payload["codes"].clone();
-            out.push(json!({
-                "source": "guard", "run": run, "seq": seq, "type": kind, "node": n.node_id,
-                "producer": producer, "lineage": lineage, "seal": seal,
-                "codes": if codes.is_array() { codes } else { json!([]) },
-                "decision": payload["decision"], "iteration": payload["iteration"], "payload": payload,
-            }));
-        }
-    }
-    Ok(out)
+/// Every event of a run (`exec::run_events::collect`).
+pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>> {
+    Ok(run_events::collect(ws, run)?)
 }
 
 /// Filters for `orchestrate events`.
@@ -77,23 +34,21 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn matches(&self, e: &Value) -> bool {
-        if let Some(k) = &self.kind {
-            if e["type"].as_str() != Some(k.as_str()) {
-                return false;
-            }
+    pub fn matches(&self, e: &RunEvent) -> bool {
+        if self.kind.as_ref().is_some_and(|k| &e.kind != k) {
+            return false;
         }
         if let Some(c) = &self.code {
-            let has =
-                e["codes"].as_array().into_iter().flatten().filter_map(Value::as_str).any(|x| {
-                    x.eq_ignore_ascii_case(c) || x.split('_').next().is_some_and(|id| id.eq_ignore_ascii_case(c))
-                });
+            let has = e
+                .codes
+                .iter()
+                .any(|x| x.eq_ignore_ascii_case(c) || x.split('_').next().is_some_and(|id| id.eq_ignore_ascii_case(c)));
             if !has {
                 return false;
             }
         }
         if let Some(n) = &self.node {
-            let node = e["node"].as_str().unwrap_or_default();
+            let node = e.node.as_deref().unwrap_or_default();
             if node != n && node.split('@').next() != Some(n.as_str()) {
                 return false;
             }
@@ -103,73 +58,77 @@ impl Filter {
 }
 
 /// One line per event for people.
-pub fn render(e: &Value) -> String {
-    let node = e["node"].as_str().unwrap_or("-");
-    let kind = e["type"].as_str().unwrap_or("?");
-    match e["source"].as_str() {
-        Some("guard") => {
-            let codes: Vec<&str> = e["codes"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-            let mut line = format!("guard  {node}  #{} {}/{kind}", e["seq"], e["producer"].as_str().unwrap_or("?"));
-            if let Some(i) = e["iteration"].as_u64() {
-                line.push_str(&format!("  iteration {i}"));
+pub fn render(e: &RunEvent) -> String {
+    let node = e.node.as_deref().unwrap_or("-");
+    let kind = &e.kind;
+    match &e.detail {
+        Detail::Guard { producer, decision, iteration, .. } => {
+            let mut line = format!("guard  {node}  #{} {producer}/{kind}  iteration {iteration}", e.seq);
+            if let Some(d) = decision {
+                line.push_str(&format!("  {}", decision_name(*d).to_uppercase()));
             }
-            if let Some(d) = e["decision"].as_str() {
-                line.push_str(&format!("  {}", d.to_uppercase()));
-            }
-            if !codes.is_empty() {
-                line.push_str(&format!("  {}", codes.join(", ")));
+            if !e.codes.is_empty() {
+                line.push_str(&format!("  {}", e.codes.join(", ")));
             }
             line
         }
-        _ => {
-            let mut line = format!("engine {node}  #{} {kind}", e["seq"]);
-            if let Some(s) = e["event"]["seconds"].as_f64() {
+        Detail::Engine { event } => {
+            let mut line = format!("engine {node}  #{} {kind}", e.seq);
+            // How long it took; why it ran (under Slurm: which job), why it waited, or why it failed.
+            let (seconds, why) = match event {
+                Event::NodeStarted { reason, .. } | Event::Waiting { reason, .. } => (None, Some(reason)),
+                Event::NodeFinished { seconds, .. } | Event::RunFinished { seconds, .. } => (Some(*seconds), None),
+                Event::NodeFailed { seconds, error, .. } => (Some(*seconds), Some(error)),
+                Event::NodeSkipped { because, .. } => (None, Some(because)),
+                Event::RunStarted { .. } | Event::CacheHit { .. } | Event::PackFrozen { .. } => (None, None),
+            };
+            if let Some(s) = seconds {
                 line.push_str(&format!("  {s:.2}s"));
             }
-            // Why it ran (under Slurm: which job), why it waited, or why it failed.
-            for field in ["reason", "because", "error"] {
-                if let Some(text) = e["event"][field].as_str() {
-                    line.push_str(&format!("  {text}"));
-                }
+            if let Some(text) = why {
+                line.push_str(&format!("  {text}"));
             }
             line
         }
     }
 }
 
+/// A decision as the guard log writes it (`allow`, `reject`, ...).
+fn decision_name(d: Decision) -> String {
+    serde_json::to_value(d).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| format!("{d:?}"))
+}
+
 /// The guard decisions of a run that were not ALLOW.
-pub fn alerts(events: &[Value]) -> Vec<Value> {
-    events
-        .iter()
-        .filter(|e| e["source"] == "guard" && e["type"] == "decision")
-        .filter(|e| e["decision"].as_str().is_some_and(|d| !d.eq_ignore_ascii_case("allow")))
-        .cloned()
-        .collect()
+pub fn alerts(events: &[RunEvent]) -> Vec<Alert> {
+    events.iter().filter_map(RunEvent::alert).collect()
+}
+
+/// A Slack-compatible message: `text`, with the full alert under `orchestrate`.
+#[derive(Debug, Serialize)]
+struct SlackMessage<'a> {
+    text: String,
+    orchestrate: &'a Alert,
 }
 
 /// The JSON body posted for one alert; `slack` wraps it in a Slack-compatible
 /// `{"text": ...}` message (the full alert rides along under `orchestrate`).
-pub fn payload(alert: &Value, slack: bool) -> Value {
-    let body = json!({
-        "run": alert["run"], "node": alert["node"], "iteration": alert["iteration"],
-        "decision": alert["decision"], "codes": alert["codes"], "lineage": alert["lineage"],
-        "seq": alert["seq"], "seal": alert["seal"],
-    });
-    if !slack {
-        return body;
-    }
-    let codes: Vec<&str> = alert["codes"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    json!({
-        "text": format!(
-            ":rotating_light: orchestrate guard {} in run {}, node {}, iteration {}: {}",
-            alert["decision"].as_str().unwrap_or("?").to_uppercase(),
-            alert["run"].as_str().unwrap_or("?"),
-            alert["node"].as_str().unwrap_or("?"),
-            alert["iteration"],
-            codes.join(", ")
-        ),
-        "orchestrate": body,
-    })
+pub fn payload(alert: &Alert, slack: bool) -> Value {
+    let body = if slack {
+        serde_json::to_value(SlackMessage {
+            text: format!(
+                ":rotating_light: orchestrate guard {} in run {}, node {}, iteration {}: {}",
+                decision_name(alert.decision).to_uppercase(),
+                alert.run,
+                alert.node,
+                alert.iteration,
+                alert.codes.join(", ")
+            ),
+            orchestrate: alert,
+        })
+    } else {
+        serde_json::to_value(alert)
+    };
+    body.expect("an alert serializes")
 }
 
 /// `--webhook`: an absolute http:// or https:// URL with a host and, if given,
@@ -259,7 +218,7 @@ pub fn events(ctx: &Ctx, args: EventsArgs) -> Result<Status> {
     let mut out = std::io::stdout().lock();
     for e in collect(&ws, &run)?.iter().filter(|e| filter.matches(e)) {
         shown += 1;
-        let line = if json { e.to_string() } else { render(e) };
+        let line = if json { serde_json::to_string(e)? } else { render(e) };
         // A reader that went away (`| head`) ends the listing quietly.
         if writeln!(out, "{line}").is_err() {
             return Ok(Status::Ok);

@@ -101,7 +101,12 @@ fn resuming_with_other_settings_is_refused() {
     let ev = p.run_json(&["train.yaml"], 1);
     let failed =
         ev.iter().find(|e| e["event"] == "node_failed" && e["node"] == "warmstart-resume").expect("the resume fails");
-    assert!(failed["error"].as_str().unwrap().contains("identity differs"), "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("identity differs"), "{failed}");
+    // The worker's typed result: the failure's kind, and its message once
+    // (not again among the log's last lines).
+    assert!(error.contains("orchestrate-torch failed (input)"), "{error}");
+    assert_eq!(error.matches("identity differs").count(), 1, "{error}");
 }
 
 #[test]

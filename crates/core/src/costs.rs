@@ -1,6 +1,6 @@
 //! What a node's process cost: wall-clock seconds and memory. An op measures
-//! them and leaves them beside its outputs in its staging folder
-//! ([`SIDECAR`]); the executor keeps them in the node's record
+//! them and reports them (the worker's ops in their
+//! [`crate::ops::worker::WorkerResult`]); the executor keeps them in the node's record
 //! ([`crate::store::CachedNode::costs`]), never in an output. So no hashed
 //! byte holds a duration, and two runs of one key (in two workspaces, on two
 //! machines of the same kind) write the same outputs and give every node
@@ -12,18 +12,10 @@
 //! summaries) still hold them, and are read through [`NodeCosts::legacy`].
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::required;
-
-/// The file an op writes its costs to, in its staging folder (never an output).
-pub const SIDECAR: &str = ".costs.json";
-
-/// A costs file larger than this is refused (a GRPO run of 10,000 iterations
-/// writes about 2 MB).
-pub const MAX_SIDECAR_BYTES: u64 = 16 << 20;
 
 /// Wall-clock and memory of one process.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,40 +59,6 @@ pub struct NodeCosts {
 }
 
 impl NodeCosts {
-    /// Writes the costs into `staging` (as [`SIDECAR`]).
-    pub fn write(&self, staging: &Path) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(staging.join(SIDECAR), bytes)
-    }
-
-    /// The costs an op left in `staging`, if any. A costs file that is a link,
-    /// too large or does not read is an error naming it: the op that wrote it
-    /// is ours, so that is a defect to report, not a cost to guess.
-    pub fn take(staging: &Path) -> Result<Option<NodeCosts>, String> {
-        let path = staging.join(SIDECAR);
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        if !meta.is_file() {
-            return Err(format!("{}: the op's costs are not a plain file", path.display()));
-        }
-        if meta.len() > MAX_SIDECAR_BYTES {
-            return Err(format!(
-                "{}: the op's costs are {} bytes, over the {MAX_SIDECAR_BYTES} allowed",
-                path.display(),
-                meta.len()
-            ));
-        }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut de = serde_json::Deserializer::from_str(&text);
-        let costs = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| format!("{}: the op's costs: field {}: {}", path.display(), e.path(), e.inner()))?;
-        let _ = std::fs::remove_file(&path);
-        Ok(Some(costs))
-    }
-
     /// One iteration cost summed over a run of `iterations` iterations;
     /// undefined if any of them has none (those a resumed run took over from
     /// its interrupted one), or if there are none.
@@ -144,22 +102,5 @@ mod tests {
         assert_eq!(costs(&[1, 2]).total(3, |c| c.loop_seconds), None);
         assert_eq!(costs(&[1, 2, 3]).total(3, |c| c.loop_seconds), None);
         assert_eq!(costs(&[]).total(0, |c| c.loop_seconds), None);
-    }
-
-    #[test]
-    fn costs_round_trip_through_staging_and_a_bad_file_is_named_not_guessed() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(NodeCosts::take(dir.path()).unwrap(), None);
-        let c = costs(&[0, 1]);
-        c.write(dir.path()).unwrap();
-        assert_eq!(NodeCosts::take(dir.path()).unwrap(), Some(c));
-        assert!(!dir.path().join(SIDECAR).exists(), "taken, so it never lands among the outputs");
-        std::fs::write(dir.path().join(SIDECAR), r#"{"process": {"seconds": "soon", "peak_rss_bytes": null}}"#)
-            .unwrap();
-        let e = NodeCosts::take(dir.path()).unwrap_err();
-        assert!(e.contains(SIDECAR) && e.contains("process.seconds"), "{e}");
-        std::fs::remove_file(dir.path().join(SIDECAR)).unwrap();
-        std::os::unix::fs::symlink("/etc/passwd", dir.path().join(SIDECAR)).unwrap();
-        assert!(NodeCosts::take(dir.path()).unwrap_err().contains("not a plain file"));
     }
 }

@@ -82,7 +82,8 @@ fn restore_whole(path: &std::path::Path, params: &BTreeMap<String, Tensor>, adam
         for (name, p) in params {
             for (prefix, t) in [("model", p), ("adam_m", &adam.exp_avg[name]), ("adam_v", &adam.exp_avg_sq[name])] {
                 let raw = &copies[&format!("{prefix}/{name}")];
-                let values: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                let values: Vec<f32> =
+                    raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
                 t.shallow_clone().copy_(&Tensor::from_slice(&values).view(t.size().as_slice()));
             }
         }

@@ -144,12 +144,7 @@ pub fn grpo_iteration(
         for update in 0..2 {
             // Constructed rewards on a random model: nothing to validate, so the
             // benchmark's updates are unguarded, on its own scratch log.
-            let batch = UpdateBatch::unguarded(
-                rollouts.clone(),
-                &mut scratch,
-                "bench",
-                &serde_json::json!({"iteration": it, "update": update}),
-            )?;
+            let batch = UpdateBatch::unguarded(rollouts.clone(), &mut scratch, "bench", it, update)?;
             grpo_update(&policy, &reference, &params, &mut adam, &batch, advantages.clone(), group, &hyper, 1e-6)?;
         }
         let optimization = t.elapsed().as_secs_f64();

@@ -18,6 +18,10 @@ use orchestrate_core::train::state::StateError;
 pub enum Error {
     #[error("{0}")]
     Msg(String),
+    /// An input that reads but does not fit this node (a state of another
+    /// run or model).
+    #[error("{0}")]
+    Input(String),
     /// What was being done, and why it failed (printed together, so the
     /// cause is not a separate `source` that would print twice).
     #[error("{context}: {cause}")]
@@ -56,6 +60,34 @@ pub enum Error {
     Row(#[from] RowError),
     #[error(transparent)]
     Chat(#[from] ChatError),
+}
+
+impl Error {
+    /// What kind of failure this is, for the worker's typed result
+    /// (the cause's kind, through any context added on the way).
+    pub fn kind(&self) -> orchestrate_core::ops::worker::FailureKind {
+        use orchestrate_core::ops::worker::FailureKind;
+        match self {
+            Error::Context { cause, .. } => cause.kind(),
+            Error::Params(_) => FailureKind::Params,
+            Error::Guard(_) | Error::Event(_) => FailureKind::Guard,
+            Error::Tch(_) => FailureKind::Torch,
+            Error::Io(_) | Error::Store(_) => FailureKind::Io,
+            Error::Op(OpError::Io { .. }) => FailureKind::Io,
+            Error::Input(_)
+            | Error::Json(_)
+            | Error::SafeTensors(_)
+            | Error::Tokenizer(_)
+            | Error::Artifact(_)
+            | Error::Config(_)
+            | Error::Folder(_)
+            | Error::State(_)
+            | Error::Problem(_)
+            | Error::Row(_)
+            | Error::Chat(_) => FailureKind::Input,
+            Error::Msg(_) | Error::Op(_) => FailureKind::Op,
+        }
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,14 +7,12 @@ use crate::error::Result;
 use orchestrate_core::data::rows::read_pages;
 use orchestrate_core::data::verifier::FinishReason;
 use orchestrate_core::ops::eval::{EvalGenerateParams, EvalResponse};
-use orchestrate_core::ops::parse_params;
 use orchestrate_core::ops::worker::WorkerJob;
 
 use super::generate::{generate, pick_device, Sampling};
 use super::train::common::{input_path, load_model, peak_rss_bytes, Prompter};
 
-pub fn run(job: &WorkerJob) -> Result<()> {
-    let p: EvalGenerateParams = parse_params(&job.params)?;
+pub fn run(job: &WorkerJob, p: EvalGenerateParams) -> Result<orchestrate_core::costs::NodeCosts> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (model, tokenizer) = load_model(model_dir, device)?;
@@ -83,6 +81,5 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         },
         iterations: Default::default(),
     };
-    costs.write(&job.staging)?;
-    Ok(())
+    Ok(costs)
 }

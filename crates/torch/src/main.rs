@@ -147,10 +147,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs the job read on stdin, and leaves its [`WorkerResult`] in the job's
+/// staging folder (what it cost, or why it failed, typed), whichever way it ends.
 fn run_op() -> anyhow::Result<ExitCode> {
+    use orchestrate_core::ops::worker::{WorkerFailure, WorkerJob, WorkerResult};
     let mut body = String::new();
     std::io::stdin().read_to_string(&mut body)?;
-    let job: orchestrate_core::ops::worker::WorkerJob = serde_json::from_str(&body)?;
-    torch::ops::run(&job)?;
-    Ok(ExitCode::SUCCESS)
+    let job: WorkerJob = serde_json::from_str(&body)?;
+    let (result, code) = match torch::ops::run(&job) {
+        Ok(costs) => (WorkerResult { costs, failure: None }, ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("error: {e}");
+            let failure = WorkerFailure { kind: e.kind(), message: e.to_string() };
+            (WorkerResult { costs: None, failure: Some(failure) }, ExitCode::from(2))
+        }
+    };
+    result.write(&job.staging)?;
+    Ok(code)
 }

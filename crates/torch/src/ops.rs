@@ -1,26 +1,27 @@
 //! The worker's implementations of numerical ops.
 
 use crate::error::{Context, Result};
+use orchestrate_core::costs::NodeCosts;
 use orchestrate_core::model::TextTokenizer;
-use orchestrate_core::ops::worker::{WorkerJob, WorkerOp};
-use orchestrate_core::ops::{parse_params, ModelInitParams};
+use orchestrate_core::ops::worker::{WorkerJob, WorkerTask};
+use orchestrate_core::ops::ModelInitParams;
 use tch::Device;
 
 use super::decoder::CausalLm;
 
-/// Runs one job from `orchestrate run`.
-pub fn run(job: &WorkerJob) -> Result<()> {
-    match job.op {
-        WorkerOp::ModelInit => model_init(job),
-        WorkerOp::TrainSft => super::train::sft::run(job),
-        WorkerOp::TrainGrpo => super::train::grpo::run(job),
-        WorkerOp::EvalGenerate => super::eval::run(job),
-        WorkerOp::Replay => super::train::replay::run(job),
+/// Runs one job from `orchestrate run`: what its process cost, for an op
+/// that measures it.
+pub fn run(job: &WorkerJob) -> Result<Option<NodeCosts>> {
+    match job.task.clone() {
+        WorkerTask::ModelInit(p) => model_init(job, p).map(|()| None),
+        WorkerTask::TrainSft(p) => super::train::sft::run(job, p).map(Some),
+        WorkerTask::TrainGrpo(p) => super::train::grpo::run(job, p).map(Some),
+        WorkerTask::EvalGenerate(p) => super::eval::run(job, p).map(Some),
+        WorkerTask::Replay(p) => super::train::replay::run(job, p).map(|()| None),
     }
 }
 
-fn model_init(job: &WorkerJob) -> Result<()> {
-    let p: ModelInitParams = parse_params(&job.params)?;
+fn model_init(job: &WorkerJob, p: ModelInitParams) -> Result<()> {
     let tokenizer_path = job.inputs.get("tokenizer").and_then(|v| v.first()).context("input 'tokenizer' is missing")?;
     let tokenizer = TextTokenizer::from_file(tokenizer_path)?;
     let eos = tokenizer.eos_id()?;

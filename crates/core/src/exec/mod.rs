@@ -10,6 +10,7 @@ pub mod events;
 pub mod node;
 pub mod plan;
 pub mod report;
+pub mod run_events;
 pub mod signal;
 pub mod slurm;
 

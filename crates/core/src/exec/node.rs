@@ -591,8 +591,8 @@ impl NodeJob<'_> {
 /// Runs the node's op into a staging folder, publishes its outputs, and commits its cache row.
 fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<Vec<OutputRecord>, String> {
     let started = Instant::now();
-    let staging = run_op(job, record, key, &job.ws.log_path(key))?;
-    publish_and_commit(job, key, record, &staging, started).map_err(|why| {
+    let ran = run_op(job, record, key, &job.ws.log_path(key))?;
+    publish_and_commit(job, key, record, ran, started).map_err(|why| {
         // The node failed after its command wrote its outs into the tree: left
         // there, they would pass for a finished node's (Snakemake removes them too).
         let mut removed = Vec::new();
@@ -611,8 +611,15 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
 
 /// Runs the node's op (its inputs checked first) into a new staging folder,
 /// its log in `log_path`.
-fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) -> Result<crate::store::Staging, String> {
+/// What an op's run left: its staging folder and what its process cost.
+struct Ran {
+    staging: crate::store::Staging,
+    costs: Option<crate::costs::NodeCosts>,
+}
+
+fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) -> Result<Ran, String> {
     let staging = job.ws.staging().map_err(|e| e.to_string())?;
+    let costs = std::sync::OnceLock::new();
     let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
     for (name, refs) in &job.node.inputs {
         // No op reads an input object whose bytes no longer hash to its name.
@@ -647,9 +654,10 @@ fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) ->
         key,
         threads: job.env.as_ref().and_then(|e| e.threads),
         params_values: &record.params_files,
+        costs: &costs,
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
-    Ok(staging)
+    Ok(Ran { staging, costs: costs.into_inner() })
 }
 
 /// Stores a finished node's outputs and commits its record and cache row.
@@ -657,12 +665,12 @@ fn publish_and_commit(
     job: &NodeJob<'_>,
     key: &Key,
     record: &HashInputs,
-    staging: &crate::store::Staging,
+    ran: Ran,
     started: Instant,
 ) -> Result<Vec<OutputRecord>, String> {
+    let Ran { staging, costs } = ran;
     // What the op's process cost goes into the record, beside the outputs.
-    let costs = crate::costs::NodeCosts::take(staging.path())?;
-    let outputs = publish_outputs(job, staging)?;
+    let outputs = publish_outputs(job, &staging)?;
     // The node's record and cache row commit last: a crash before this line
     // leaves no trace of the node but unreferenced objects.
     job.ws
@@ -692,8 +700,8 @@ fn publish_and_commit(
 pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, String> {
     let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
     // Its own log beside the run's, which stays as it was.
-    let staging = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
-    let outputs = staging.and_then(|staging| publish_outputs(job, &staging));
+    let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
+    let outputs = ran.and_then(|ran| publish_outputs(job, &ran.staging));
     // The tree gets the cached outputs back whatever the re-execution wrote.
     job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
     outputs

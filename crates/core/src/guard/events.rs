@@ -2,8 +2,10 @@
 //! event sealed with blake3 over its content and the previous event's seal,
 //! and each kind writable only by its producer.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::codes::Decision;
 use super::ledger::Ledger;
 use crate::canonical::canonical_json;
 use crate::store::StoreError;
@@ -25,6 +27,10 @@ pub enum EventError {
     NotOwner { producer: String, kind: String, owner: String },
     #[error("unknown event kind '{0}'")]
     UnknownKind(String),
+    #[error("unknown event producer '{0}'")]
+    UnknownProducer(String),
+    #[error("a '{kind}' event's payload does not read: {message}")]
+    Payload { kind: String, message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -38,8 +44,224 @@ fn seal(prev: &str, seq: i64, producer: &str, kind: &str, payload: &str) -> Stri
     h.finalize().to_hex().to_string()
 }
 
+/// What the rollout engine writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "payload", rename_all = "snake_case")]
+pub enum RolloutEngineEvent {
+    /// An iteration's rollouts were generated.
+    Generation(Generation),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Generation {
+    pub iteration: usize,
+    /// The rollout ids `[first, end)`.
+    pub rollouts: [u64; 2],
+    pub policy_version: u64,
+    pub policy_digest: String,
+    /// Each rollout's token-artifact hash.
+    pub artifacts: Vec<String>,
+}
+
+/// What the verifier writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "payload", rename_all = "snake_case")]
+pub enum VerifierEvent {
+    /// An iteration's responses were scored.
+    Reward(Reward),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reward {
+    pub iteration: usize,
+    pub verifier: String,
+    pub protocol_hash: String,
+    pub rewards: Vec<f64>,
+}
+
+/// What the materializer writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "payload", rename_all = "snake_case")]
+pub enum MaterializerEvent {
+    /// The envelopes an iteration's batch was built from.
+    Envelope(EnvelopeDigests),
+    /// The guard's decision on an iteration's batch.
+    Decision(BatchDecision),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvelopeDigests {
+    pub iteration: usize,
+    /// Each envelope's blake3.
+    pub envelopes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchDecision {
+    pub iteration: usize,
+    pub decision: Decision,
+    /// An allowed batch: its hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
+    /// A refused batch: the reason codes' ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub codes: Option<Vec<String>>,
+}
+
+/// What the trainer's control loop writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "payload", rename_all = "snake_case")]
+pub enum ControlEvent {
+    /// The rollout engine took the trainer's weights.
+    Sync(PolicySync),
+    /// A validated batch's single-use handle was issued for this update.
+    UpdatePrepared(Prepared),
+    /// An update on a batch the guard did not validate (`guard: off`).
+    UpdateUnguarded(Unguarded),
+    UpdateApplied(UpdateRef),
+    /// An update, or a checkpoint after an iteration, was committed.
+    UpdateCommitted(Committed),
+    UpdateAborted(UpdateRef),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySync {
+    pub iteration: usize,
+    pub trainer_version: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prepared {
+    pub iteration: usize,
+    pub update: usize,
+    pub nonce: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unguarded {
+    pub iteration: usize,
+    pub update: usize,
+    pub guard: GuardOff,
+}
+
+/// The guard's setting an unguarded update was made under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GuardOff {
+    Off,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateRef {
+    pub iteration: usize,
+    pub update: usize,
+}
+
+/// An update committed (`update`), or the checkpoint after an iteration (`checkpoint`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Committed {
+    pub iteration: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<usize>,
+}
+
+/// A guard event, typed: one enum per producer, so a producer can write only
+/// its own kinds. The sealed payload is the canonical JSON of the kind's
+/// fields (the bytes the untyped events had, so chains logged before verify
+/// and read).
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuardEvent {
+    RolloutEngine(RolloutEngineEvent),
+    Verifier(VerifierEvent),
+    Materializer(MaterializerEvent),
+    Control(ControlEvent),
+}
+
+impl GuardEvent {
+    pub fn producer(&self) -> &'static str {
+        match self {
+            GuardEvent::RolloutEngine(_) => "rollout_engine",
+            GuardEvent::Verifier(_) => "verifier",
+            GuardEvent::Materializer(_) => "materializer",
+            GuardEvent::Control(_) => "control",
+        }
+    }
+
+    /// The event's kind and payload, as the log stores them.
+    pub fn kind_and_payload(&self) -> (String, Value) {
+        let tagged = match self {
+            GuardEvent::RolloutEngine(e) => serde_json::to_value(e),
+            GuardEvent::Verifier(e) => serde_json::to_value(e),
+            GuardEvent::Materializer(e) => serde_json::to_value(e),
+            GuardEvent::Control(e) => serde_json::to_value(e),
+        }
+        .expect("a guard event serializes");
+        let Value::Object(mut fields) = tagged else { unreachable!("an adjacently tagged enum is an object") };
+        let kind = fields.remove("kind").and_then(|k| k.as_str().map(str::to_string)).expect("a kind");
+        (kind, fields.remove("payload").unwrap_or(Value::Null))
+    }
+
+    /// Reads a stored event: its producer, kind and payload must be one of
+    /// the typed events, field for field.
+    pub fn parse(producer: &str, kind: &str, payload: &str) -> Result<GuardEvent, EventError> {
+        let payload: Value = serde_json::from_str(payload)
+            .map_err(|e| EventError::Payload { kind: kind.into(), message: e.to_string() })?;
+        let tagged = serde_json::json!({"kind": kind, "payload": payload});
+        let fail = |e: serde_json::Error| EventError::Payload { kind: kind.into(), message: e.to_string() };
+        Ok(match producer {
+            "rollout_engine" => GuardEvent::RolloutEngine(serde_json::from_value(tagged).map_err(fail)?),
+            "verifier" => GuardEvent::Verifier(serde_json::from_value(tagged).map_err(fail)?),
+            "materializer" => GuardEvent::Materializer(serde_json::from_value(tagged).map_err(fail)?),
+            "control" => GuardEvent::Control(serde_json::from_value(tagged).map_err(fail)?),
+            other => return Err(EventError::UnknownProducer(other.into())),
+        })
+    }
+
+    /// The iteration the event belongs to.
+    pub fn iteration(&self) -> usize {
+        match self {
+            GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(e)) => e.iteration,
+            GuardEvent::Verifier(VerifierEvent::Reward(e)) => e.iteration,
+            GuardEvent::Materializer(MaterializerEvent::Envelope(e)) => e.iteration,
+            GuardEvent::Materializer(MaterializerEvent::Decision(e)) => e.iteration,
+            GuardEvent::Control(e) => match e {
+                ControlEvent::Sync(e) => e.iteration,
+                ControlEvent::UpdatePrepared(e) => e.iteration,
+                ControlEvent::UpdateUnguarded(e) => e.iteration,
+                ControlEvent::UpdateApplied(e) | ControlEvent::UpdateAborted(e) => e.iteration,
+                ControlEvent::UpdateCommitted(e) => e.iteration,
+            },
+        }
+    }
+
+    /// The guard's decision, for a decision event.
+    pub fn decision(&self) -> Option<&BatchDecision> {
+        match self {
+            GuardEvent::Materializer(MaterializerEvent::Decision(d)) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// Appends a typed event to a lineage's chain. Returns the seal.
+pub fn log(ledger: &mut Ledger, lineage: &str, event: &GuardEvent) -> Result<String, EventError> {
+    let (kind, payload) = event.kind_and_payload();
+    append(ledger, lineage, event.producer(), &kind, &payload)
+}
+
 /// Appends an event, refusing a kind its producer does not own. Returns the seal.
-pub fn append(
+pub(crate) fn append(
     ledger: &mut Ledger,
     lineage: &str,
     producer: &str,
@@ -128,6 +350,131 @@ mod tests {
             problem.contains("out of order") || problem.contains("does not follow") || problem.contains("was edited"),
             "{problem}"
         );
+    }
+
+    /// (Issue #35.) Each typed event stores the payload the untyped `json!`
+    /// events stored, byte for byte in canonical JSON (so the seals of chains
+    /// logged before still verify), reads back as itself, and a payload with a
+    /// field its kind does not have, or under another producer, does not read.
+    #[test]
+    fn typed_events_store_the_payloads_logged_before_and_read_back_strictly() {
+        let allowed = BatchDecision { iteration: 2, decision: Decision::Allow, batch: Some("b".into()), codes: None };
+        let refused = BatchDecision {
+            iteration: 2,
+            decision: Decision::Reject,
+            batch: None,
+            codes: Some(vec!["T001_ARTIFACT_HASH_MISMATCH".into()]),
+        };
+        let cases: Vec<(GuardEvent, &str, Value)> = vec![
+            (
+                GuardEvent::Control(ControlEvent::Sync(PolicySync { iteration: 1, trainer_version: 3 })),
+                "sync",
+                json!({"iteration": 1, "trainer_version": 3}),
+            ),
+            (
+                GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(Generation {
+                    iteration: 1,
+                    rollouts: [8, 16],
+                    policy_version: 3,
+                    policy_digest: "d".into(),
+                    artifacts: vec!["a1".into(), "a2".into()],
+                })),
+                "generation",
+                json!({"iteration": 1, "rollouts": [8, 16], "policy_version": 3, "policy_digest": "d", "artifacts": ["a1", "a2"]}),
+            ),
+            (
+                GuardEvent::Verifier(VerifierEvent::Reward(Reward {
+                    iteration: 1,
+                    verifier: "v".into(),
+                    protocol_hash: "h".into(),
+                    rewards: vec![1.0, 0.0, 0.5],
+                })),
+                "reward",
+                json!({"iteration": 1, "verifier": "v", "protocol_hash": "h", "rewards": [1.0, 0.0, 0.5]}),
+            ),
+            (
+                GuardEvent::Materializer(MaterializerEvent::Envelope(EnvelopeDigests {
+                    iteration: 1,
+                    envelopes: vec!["e".into()],
+                })),
+                "envelope",
+                json!({"iteration": 1, "envelopes": ["e"]}),
+            ),
+            (
+                GuardEvent::Materializer(MaterializerEvent::Decision(allowed)),
+                "decision",
+                json!({"iteration": 2, "decision": "allow", "batch": "b"}),
+            ),
+            (
+                GuardEvent::Materializer(MaterializerEvent::Decision(refused)),
+                "decision",
+                json!({"iteration": 2, "decision": Decision::Reject, "codes": ["T001_ARTIFACT_HASH_MISMATCH"]}),
+            ),
+            (
+                GuardEvent::Control(ControlEvent::UpdatePrepared(Prepared {
+                    iteration: 2,
+                    update: 4,
+                    nonce: "n".into(),
+                })),
+                "update_prepared",
+                json!({"iteration": 2, "update": 4, "nonce": "n"}),
+            ),
+            (
+                GuardEvent::Control(ControlEvent::UpdateUnguarded(Unguarded {
+                    iteration: 2,
+                    update: 4,
+                    guard: GuardOff::Off,
+                })),
+                "update_unguarded",
+                json!({"iteration": 2, "update": 4, "guard": "off"}),
+            ),
+            (
+                GuardEvent::Control(ControlEvent::UpdateApplied(UpdateRef { iteration: 2, update: 4 })),
+                "update_applied",
+                json!({"iteration": 2, "update": 4}),
+            ),
+            (
+                GuardEvent::Control(ControlEvent::UpdateCommitted(Committed {
+                    iteration: 2,
+                    update: Some(4),
+                    checkpoint: None,
+                })),
+                "update_committed",
+                json!({"iteration": 2, "update": 4}),
+            ),
+            (
+                GuardEvent::Control(ControlEvent::UpdateCommitted(Committed {
+                    iteration: 2,
+                    update: None,
+                    checkpoint: Some(3),
+                })),
+                "update_committed",
+                json!({"iteration": 2, "checkpoint": 3}),
+            ),
+            (
+                GuardEvent::Control(ControlEvent::UpdateAborted(UpdateRef { iteration: 2, update: 4 })),
+                "update_aborted",
+                json!({"iteration": 2, "update": 4}),
+            ),
+        ];
+        let (_d, mut ledger) = log();
+        for (event, kind, before) in &cases {
+            let (k, payload) = event.kind_and_payload();
+            assert_eq!(&k, kind);
+            assert_eq!(canonical_json(&payload), canonical_json(before), "{kind}");
+            log_event(&mut ledger, event);
+            let stored = ledger.events("L").unwrap().pop().unwrap();
+            assert_eq!((stored.producer.as_str(), stored.kind.as_str()), (event.producer(), *kind));
+            assert_eq!(&GuardEvent::parse(&stored.producer, &stored.kind, &stored.payload).unwrap(), event);
+        }
+        assert_eq!(verify(&ledger, "L").unwrap(), None);
+        let extra = GuardEvent::parse("control", "update_applied", r#"{"iteration": 2, "update": 4, "x": 1}"#);
+        assert!(extra.unwrap_err().to_string().contains("unknown field `x`"));
+        assert!(GuardEvent::parse("verifier", "update_applied", r#"{"iteration": 2, "update": 4}"#).is_err());
+    }
+
+    fn log_event(ledger: &mut Ledger, event: &GuardEvent) {
+        super::log(ledger, "L", event).unwrap();
     }
 
     #[test]

@@ -283,16 +283,23 @@ pub struct UpdateBatch {
 
 impl UpdateBatch {
     /// The explicit way around the guard (`guard: off`): records an
-    /// `update_unguarded` event (lineage, producer `control`, with `payload`) in
-    /// the sealed log before handing out the batch, so every unvalidated step is
-    /// on record. Fails, and hands out nothing, if the event cannot be recorded.
+    /// `update_unguarded` event (lineage, producer `control`) for this
+    /// iteration and update in the sealed log before handing out the batch, so
+    /// every unvalidated step is on record. Fails, and hands out nothing, if the
+    /// event cannot be recorded.
     pub fn unguarded(
         rollouts: Vec<TokenArtifacts>,
         ledger: &mut Ledger,
         lineage: &str,
-        payload: &serde_json::Value,
+        iteration: usize,
+        update: usize,
     ) -> Result<Self, events::EventError> {
-        events::append(ledger, lineage, "control", UNGUARDED_EVENT, payload)?;
+        let event = events::ControlEvent::UpdateUnguarded(events::Unguarded {
+            iteration,
+            update,
+            guard: events::GuardOff::Off,
+        });
+        events::log(ledger, lineage, &events::GuardEvent::Control(event))?;
         Ok(UpdateBatch { rollouts, authority: Authority::Unguarded })
     }
 

@@ -282,11 +282,15 @@ fn an_unguarded_update_batch_is_on_the_guard_log_before_it_exists() {
     let mut index = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
     let w = world();
     let rollouts: Vec<TokenArtifacts> = w.artifacts.values().cloned().collect();
-    let batch = UpdateBatch::unguarded(rollouts, &mut index, "lineage-a", &serde_json::json!({"update": 0})).unwrap();
+    let batch = UpdateBatch::unguarded(rollouts, &mut index, "lineage-a", 3, 0).unwrap();
     assert_eq!(batch.authority(), &Authority::Unguarded);
     let logged = index.events("lineage-a").unwrap();
     assert_eq!(logged.len(), 1);
-    assert!(format!("{logged:?}").contains(UNGUARDED_EVENT), "{logged:?}");
+    assert_eq!(logged[0].kind, UNGUARDED_EVENT);
+    // Typed: it reads back as the unguarded update it recorded.
+    let event = events::GuardEvent::parse(&logged[0].producer, &logged[0].kind, &logged[0].payload).unwrap();
+    let expected = events::Unguarded { iteration: 3, update: 0, guard: events::GuardOff::Off };
+    assert_eq!(event, events::GuardEvent::Control(events::ControlEvent::UpdateUnguarded(expected)));
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::worker::WorkerOp;
+use super::worker::{WorkerOp, WorkerTask};
 use super::{read_jsonl, required, InputDecl, Op, OpError, OutputDecl, Role, RunContext};
 use crate::data::rows::{labels_by_id, read_labels, LabelRow};
 use crate::data::verifier::{FinishReason, VerifierRegistry, PROTOCOL_VERIFIER};
@@ -284,8 +284,8 @@ impl Op for EvalGenerate {
     fn role(&self, _params: &Self::Params) -> Role {
         Role::Inference
     }
-    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        super::worker::run_in_worker(WorkerOp::EvalGenerate, ctx)
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerTask::EvalGenerate(params.clone()), ctx)
     }
 }
 

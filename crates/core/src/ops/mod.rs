@@ -162,6 +162,9 @@ pub struct RunContext<'a> {
     pub params_values: &'a BTreeMap<String, BTreeMap<String, Value>>,
     /// The libtorch CPU threads its key was computed with (numerical nodes).
     pub threads: Option<usize>,
+    /// What the op's process cost, set by an op that measured it (the
+    /// worker's ops); the executor keeps it in the node's record.
+    pub costs: &'a std::sync::OnceLock<crate::costs::NodeCosts>,
 }
 
 impl RunContext<'_> {
@@ -219,6 +222,9 @@ pub enum OpError {
     Failed(String),
     #[error("cancelled")]
     Cancelled,
+    /// A worker's op failed and said why ([`worker::WorkerResult`]).
+    #[error("{} failed ({}) with {status}: {}", crate::runtime::WORKER, failure.kind, failure.message)]
+    Worker { status: String, failure: worker::WorkerFailure },
     #[error("{context}: {source}")]
     Io {
         context: String,

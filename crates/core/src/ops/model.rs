@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::worker::WorkerOp;
+use super::worker::{WorkerOp, WorkerTask};
 use super::{InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 use crate::data::rows::{read_labels, read_pages, reference_response};
 use crate::model::{build_bpe, chat_prompt, HfFolder, DEFAULT_SYSTEM, IM_END};
@@ -214,8 +214,8 @@ impl Op for ModelInit {
     fn numerical(&self) -> bool {
         true
     }
-    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        super::worker::run_in_worker(WorkerOp::ModelInit, ctx)
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerTask::ModelInit(params.clone()), ctx)
     }
 }
 

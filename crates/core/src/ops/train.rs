@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::worker::WorkerOp;
+use super::worker::{WorkerOp, WorkerTask};
 use super::{check_ranges, InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Range, Role, RunContext};
 
 pub use crate::train::params::*;
@@ -101,8 +101,8 @@ impl Op for TrainSft {
     fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        super::worker::run_in_worker(WorkerOp::TrainSft, ctx)
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerTask::TrainSft(params.clone()), ctx)
     }
 }
 
@@ -205,8 +205,8 @@ impl Op for TrainGrpo {
     fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        super::worker::run_in_worker(WorkerOp::TrainGrpo, ctx)
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerTask::TrainGrpo(params.clone()), ctx)
     }
 }
 
@@ -387,8 +387,8 @@ impl Op for Replay {
     fn role(&self, _params: &Self::Params) -> Role {
         Role::Training
     }
-    fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        super::worker::run_in_worker(WorkerOp::Replay, ctx)
+    fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        super::worker::run_in_worker(WorkerTask::Replay(params.clone()), ctx)
     }
 }
 

@@ -2,14 +2,14 @@
 //! declares them (params, inputs, outputs), the worker implements them. The
 //! job travels as JSON on the worker's stdin; outputs land in the staging folder.
 
+use crate::costs::NodeCosts;
 use crate::store::Key;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::{process, OpError, RunContext};
 use crate::runtime::{require_worker, WORKER};
@@ -48,28 +48,157 @@ impl WorkerOp {
     }
 }
 
-/// What the worker needs to run one node.
+/// A worker op with its params, typed: what the engine parsed and checked is
+/// what the worker runs (it never parses params again), and the worker
+/// matches on it exhaustively.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", content = "params", deny_unknown_fields)]
+pub enum WorkerTask {
+    #[serde(rename = "model.init")]
+    ModelInit(super::ModelInitParams),
+    #[serde(rename = "train.sft")]
+    TrainSft(crate::train::params::SftParams),
+    #[serde(rename = "train.grpo")]
+    TrainGrpo(crate::train::params::GrpoParams),
+    #[serde(rename = "eval.generate")]
+    EvalGenerate(super::eval::EvalGenerateParams),
+    #[serde(rename = "replay")]
+    Replay(super::train::ReplayParams),
+}
+
+impl WorkerTask {
+    pub fn op(&self) -> WorkerOp {
+        match self {
+            WorkerTask::ModelInit(_) => WorkerOp::ModelInit,
+            WorkerTask::TrainSft(_) => WorkerOp::TrainSft,
+            WorkerTask::TrainGrpo(_) => WorkerOp::TrainGrpo,
+            WorkerTask::EvalGenerate(_) => WorkerOp::EvalGenerate,
+            WorkerTask::Replay(_) => WorkerOp::Replay,
+        }
+    }
+}
+
+/// What the worker needs to run one node: the job it reads on its stdin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WorkerJob {
-    pub op: WorkerOp,
+    pub task: WorkerTask,
     pub node_id: String,
-    pub params: Value,
     pub spec_dir: PathBuf,
     pub inputs: BTreeMap<String, Vec<PathBuf>>,
-    /// Outputs are written here under their names.
+    /// Outputs are written here under their names, and the [`WorkerResult`]
+    /// beside them ([`RESULT_FILE`]).
     pub staging: PathBuf,
     pub workspace: PathBuf,
     /// The node's key (the owner of the rollouts it consumes).
     pub key: Key,
 }
 
-/// Runs `op` for this node in the worker; its stdout and stderr go to the node's log.
-pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> {
+/// The file a worker leaves its [`WorkerResult`] in, in its staging folder
+/// (taken out before the outputs are stored; never an output).
+pub const RESULT_FILE: &str = ".result.json";
+
+/// A result file larger than this is refused (a GRPO run of 10,000
+/// iterations writes about 2 MB of costs).
+pub const MAX_RESULT_BYTES: u64 = 16 << 20;
+
+/// What a worker reports when it ends: the other half of [`WorkerJob`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerResult {
+    /// What the op's process cost (kept in the node's record, never in an
+    /// output); `None` for an op that measures nothing or failed first.
+    pub costs: Option<NodeCosts>,
+    /// `None`: the op wrote its outputs.
+    pub failure: Option<WorkerFailure>,
+}
+
+/// Why a worker's op failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
+#[serde(deny_unknown_fields)]
+#[error("{kind}: {message}")]
+pub struct WorkerFailure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// What kind of failure ended a worker's op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The job's params do not fit the op.
+    Params,
+    /// An input does not read or does not fit (a state of another run, a
+    /// model folder, rows, a tokenizer).
+    Input,
+    /// The guard refused (its ledger, an event log, a lineage).
+    Guard,
+    /// libtorch failed.
+    Torch,
+    /// Reading or writing a file failed.
+    Io,
+    /// The op itself refused to go on (a non-finite loss, a run that cannot resume).
+    Op,
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FailureKind::Params => "params",
+            FailureKind::Input => "input",
+            FailureKind::Guard => "guard",
+            FailureKind::Torch => "libtorch",
+            FailureKind::Io => "io",
+            FailureKind::Op => "op",
+        })
+    }
+}
+
+impl WorkerResult {
+    /// Writes the result into `staging` (as [`RESULT_FILE`]).
+    pub fn write(&self, staging: &Path) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(staging.join(RESULT_FILE), bytes)
+    }
+
+    /// The result a worker left in `staging`, taken out of it; `None` when it
+    /// left none (it was killed, or crashed). A result that is a link, too
+    /// large or does not read is an error naming it: the worker is ours, so
+    /// that is a defect to report, not a result to guess.
+    pub fn take(staging: &Path) -> Result<Option<WorkerResult>, String> {
+        let path = staging.join(RESULT_FILE);
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        if !meta.is_file() {
+            return Err(format!("{}: the worker's result is not a plain file", path.display()));
+        }
+        if meta.len() > MAX_RESULT_BYTES {
+            return Err(format!(
+                "{}: the worker's result is {} bytes, over the {MAX_RESULT_BYTES} allowed",
+                path.display(),
+                meta.len()
+            ));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut de = serde_json::Deserializer::from_str(&text);
+        let result = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| format!("{}: the worker's result: field {}: {}", path.display(), e.path(), e.inner()))?;
+        std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Some(result))
+    }
+}
+
+/// Runs `task` for this node in the worker; its stdout and stderr go to the
+/// node's log, what it cost into `ctx.costs`.
+pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpError> {
+    let op = task.op();
     let worker = require_worker().map_err(|e| OpError::Failed(format!("op '{}': {e}", op.name())))?;
     let job = WorkerJob {
-        op,
+        task,
         node_id: ctx.node_id.to_string(),
-        params: ctx.params.clone(),
         spec_dir: ctx.spec_dir.to_path_buf(),
         inputs: ctx.inputs.iter().map(|(k, v)| (k.clone(), v.iter().map(|a| a.path.clone()).collect())).collect(),
         staging: ctx.staging.to_path_buf(),
@@ -92,20 +221,97 @@ pub fn run_in_worker(op: WorkerOp, ctx: &RunContext<'_>) -> Result<(), OpError> 
         stdin.write_all(&body).map_err(|e| OpError::io("sending the job to the worker", e))?;
     }
     let finished = child.wait(ctx.cancel)?;
+    let result = WorkerResult::take(ctx.staging).map_err(OpError::Failed)?;
     if !finished.status.success() {
         finished.output.complete_log();
-        return Err(OpError::Failed(format!(
-            "{WORKER} failed with {}{}",
-            process::describe(finished.status),
-            finished.output.last_lines(10)
-        )));
+        let status = process::describe(finished.status);
+        return Err(match result.and_then(|r| r.failure) {
+            Some(failure) => OpError::Worker { status, failure },
+            None => OpError::Failed(format!("{WORKER} failed with {status}{}", finished.output.last_lines(10))),
+        });
     }
-    Ok(())
+    match result {
+        Some(WorkerResult { failure: Some(failure), .. }) => {
+            Err(OpError::Failed(format!("{WORKER} exited 0 but reports a failure ({failure})")))
+        }
+        Some(WorkerResult { costs, failure: None }) => {
+            if let Some(costs) = costs {
+                // Set once: a node runs its op once per context.
+                let _ = ctx.costs.set(costs);
+            }
+            Ok(())
+        }
+        None => Err(OpError::Failed(format!("{WORKER} exited 0 without its result ({RESULT_FILE})"))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::WorkerOp;
+    use super::*;
+    use crate::costs::RunCosts;
+
+    /// A result round-trips through the staging folder and is taken out of
+    /// it (so it never lands among the outputs); a result that does not read,
+    /// or is a link, is an error naming the file, never a guess.
+    #[test]
+    fn a_worker_result_round_trips_through_staging_and_a_bad_one_is_named_not_guessed() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(WorkerResult::take(dir.path()).unwrap(), None);
+        let process = RunCosts { seconds: 3.0, optimization_seconds: None, peak_rss_bytes: Some(7) };
+        let done = WorkerResult { costs: Some(NodeCosts { process, iterations: BTreeMap::new() }), failure: None };
+        done.write(dir.path()).unwrap();
+        assert_eq!(WorkerResult::take(dir.path()).unwrap(), Some(done));
+        assert!(!dir.path().join(RESULT_FILE).exists(), "taken, so it never lands among the outputs");
+        let failed = WorkerResult {
+            costs: None,
+            failure: Some(WorkerFailure { kind: FailureKind::Input, message: "the resume state is not".into() }),
+        };
+        failed.write(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(RESULT_FILE)).unwrap();
+        assert!(text.contains(r#""kind": "input""#), "{text}");
+        assert_eq!(WorkerResult::take(dir.path()).unwrap(), Some(failed));
+        let bad = r#"{"costs": {"process": {"seconds": "soon", "peak_rss_bytes": null}}, "failure": null}"#;
+        std::fs::write(dir.path().join(RESULT_FILE), bad).unwrap();
+        let e = WorkerResult::take(dir.path()).unwrap_err();
+        assert!(e.contains(RESULT_FILE) && e.contains("costs.process.seconds"), "{e}");
+        std::fs::remove_file(dir.path().join(RESULT_FILE)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join(RESULT_FILE)).unwrap();
+        assert!(WorkerResult::take(dir.path()).unwrap_err().contains("not a plain file"));
+        assert!(
+            std::fs::symlink_metadata(dir.path().join(RESULT_FILE)).is_ok(),
+            "a link is never followed nor removed"
+        );
+    }
+
+    /// The job carries each op's params typed: what the engine parsed (its
+    /// defaults filled in) is what the worker reads back, field for field;
+    /// params an op does not have, or a task naming no op, do not read.
+    #[test]
+    fn a_job_carries_its_ops_typed_params_and_refuses_what_does_not_fit() {
+        let sft: crate::train::params::SftParams =
+            super::super::parse_params(&serde_json::json!({"branch": "sft", "epochs": 2, "lr": 1e-4})).unwrap();
+        let job = WorkerJob {
+            task: WorkerTask::TrainSft(sft.clone()),
+            node_id: "sft".into(),
+            spec_dir: "/spec".into(),
+            inputs: BTreeMap::new(),
+            staging: "/staging".into(),
+            workspace: "/ws".into(),
+            key: Key::parse(&"a".repeat(64)).unwrap(),
+        };
+        let wire = serde_json::to_value(&job).unwrap();
+        assert_eq!(wire["task"]["op"], "train.sft");
+        assert_eq!(wire["task"]["params"]["batch_size"], 8, "defaults travel filled in");
+        let back: WorkerJob = serde_json::from_value(wire.clone()).unwrap();
+        let WorkerTask::TrainSft(read) = back.task else { panic!("another op came back") };
+        assert_eq!(read, sft);
+        let mut extra = wire.clone();
+        extra["task"]["params"]["learning_rate"] = 1.into();
+        assert!(serde_json::from_value::<WorkerJob>(extra).unwrap_err().to_string().contains("learning_rate"));
+        let mut other = wire;
+        other["task"]["op"] = "train.dpo".into();
+        assert!(serde_json::from_value::<WorkerJob>(other).is_err());
+    }
 
     #[test]
     fn the_worker_ops_are_exactly_the_registrys_numerical_ops() {

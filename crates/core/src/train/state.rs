@@ -269,10 +269,8 @@ pub fn read_state(path: &Path) -> Result<StateFile, StateError> {
     reader.read_tensors(|head, bytes| {
         let mut all = vec![0u8; head.bytes];
         bytes.read_exact(&mut all)?;
-        tensors.insert(
-            head.name.clone(),
-            RawTensor { dtype: head.dtype.clone(), shape: head.shape.clone(), bytes: all },
-        );
+        tensors
+            .insert(head.name.clone(), RawTensor { dtype: head.dtype.clone(), shape: head.shape.clone(), bytes: all });
         Ok(())
     })?;
     Ok(StateFile { meta, tensors })

@@ -3,13 +3,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::error::{bail, err, Result};
+use crate::error::{bail, err, Error, Result};
 use orchestrate_core::data::rng::Stream;
 use orchestrate_core::data::rows::{read_examples, LabelRow};
 use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, TEMPLATE_FILES};
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::train::metrics::{NodeCosts, TrainingMetrics};
+use orchestrate_core::train::metrics::TrainingMetrics;
 use orchestrate_core::train::state::{write_f32_le, write_state_streamed, StateReader};
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
@@ -194,21 +194,25 @@ pub fn restore_state<T>(
     let heads = reader.heads();
     for head in heads {
         let Some(target) = targets.get(&head.name) else {
-            bail!("{}: the state holds {}, which this model does not have", path.display(), head.name)
+            return Err(Error::Input(format!(
+                "{}: the state holds {}, which this model does not have",
+                path.display(),
+                head.name
+            )));
         };
         let shape: Vec<usize> = target.size().iter().map(|d| *d as usize).collect();
         if head.dtype != "F32" || head.shape != shape {
-            bail!(
+            return Err(Error::Input(format!(
                 "{}: tensor {} is {} {:?} in the state, F32 {shape:?} in the model",
                 path.display(),
                 head.name,
                 head.dtype,
                 head.shape
-            );
+            )));
         }
     }
     if let Some(missing) = targets.keys().find(|name| !heads.iter().any(|h| &h.name == *name)) {
-        bail!("{}: the state has no tensor {missing}", path.display());
+        return Err(Error::Input(format!("{}: the state has no tensor {missing}", path.display())));
     }
     tch::no_grad(|| reader.read_tensors(|head, bytes| read_tensor(&targets[&head.name], bytes)))?;
     adam.step = adam_step;
@@ -244,7 +248,6 @@ pub fn write_outputs(
     params: &BTreeMap<String, Tensor>,
     adam: &AdamW,
     metrics: TrainingMetrics,
-    costs: NodeCosts,
 ) -> Result<()> {
     let out = job.staging.join("model");
     model.save(&out)?;
@@ -259,7 +262,6 @@ pub fn write_outputs(
     let meta = serde_json::to_value(&metrics)?;
     save_state(&job.staging.join("state"), params, adam, &meta)?;
     std::fs::write(job.staging.join("metrics"), serde_json::to_string_pretty(&meta)? + "\n")?;
-    costs.write(&job.staging)?;
     Ok(())
 }
 

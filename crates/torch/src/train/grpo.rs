@@ -16,26 +16,30 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use orchestrate_core::data::verifier::{FinishReason, VerifierRegistry};
+use orchestrate_core::guard::events::{
+    BatchDecision, Committed, ControlEvent, EnvelopeDigests, Generation, GuardEvent, MaterializerEvent, PolicySync,
+    Prepared, Reward, RolloutEngineEvent, UpdateRef, VerifierEvent,
+};
 use orchestrate_core::guard::{
     materialize, Canary, Decision, Envelope, EventKind, EventRef, GuardContext, GuardError, Ledger, ProtocolMode,
     RewardRef, TokenArtifacts, UpdateBatch,
 };
 use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::ops::{parse_params, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode};
+use orchestrate_core::ops::{FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode};
 use orchestrate_core::reward::{term_stats, RewardFunction, TermStats};
 use orchestrate_core::store::Workspace;
 use orchestrate_core::train::metrics::{
     Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
     IterationCosts, IterationGuard, NodeCosts, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 use tch::Tensor;
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
 use super::common::{
-    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, restore_state,
-    rl_pool, write_outputs, Example, Prompter,
+    examples, input_path, load_model, load_reference, params, peak_rss_bytes, permutation, restore_state, rl_pool,
+    write_outputs, Example, Prompter,
 };
 use super::guarded::{
     active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_request, Recorded,
@@ -45,7 +49,7 @@ use super::objective::group_advantages;
 use super::update::{behavior_gap, grpo_update, GrpoHyper};
 use super::wal::{failpoint, Wal};
 use crate::decoder::CausalLm;
-use crate::error::{bail, err, Result};
+use crate::error::{bail, err, Error, Result};
 use crate::generate::{generate, pick_device, Generated, Sampling};
 
 /// Where a run stands, restored from a state file (a resume input or a WAL
@@ -60,8 +64,10 @@ fn restore_position(
 ) -> Result<GrpoMetrics> {
     restore_state(path, what, params, adam, |m| match m {
         TrainingMetrics::Grpo(m) if &m.identity == identity => Ok(m),
-        TrainingMetrics::Grpo(_) => bail!("{what} belongs to another GRPO run (identity differs): refusing it"),
-        other => bail!("{what} is the state of a {} run, not of a GRPO run", other.kind()),
+        TrainingMetrics::Grpo(_) => {
+            Err(Error::Input(format!("{what} belongs to another GRPO run (identity differs): refusing it")))
+        }
+        other => Err(Error::Input(format!("{what} is the state of a {} run, not of a GRPO run", other.kind()))),
     })
 }
 
@@ -158,8 +164,8 @@ pub struct RolloutRecord {
 
 impl Setup {
     /// Appends a sealed event to the run's lineage.
-    fn log(&self, ledger: &mut Ledger, producer: &str, kind: &str, payload: Value) -> Result<()> {
-        orchestrate_core::guard::events::append(ledger, &self.lineage, producer, kind, &payload)?;
+    fn log(&self, ledger: &mut Ledger, event: GuardEvent) -> Result<()> {
+        orchestrate_core::guard::events::log(ledger, &self.lineage, &event)?;
         Ok(())
     }
 
@@ -260,7 +266,7 @@ pub fn sample(
     } else {
         engine.sync(params, pos.updates as u64);
     }
-    s.log(ledger, "control", "sync", json!({"iteration": iteration, "trainer_version": pos.updates}))?;
+    s.log(ledger, GuardEvent::Control(ControlEvent::Sync(PolicySync { iteration, trainer_version: pos.updates })))?;
     let canary = Canary { drift: canary_drift(&engine.model, policy, &s.canary_prompts), baseline: s.canary_baseline };
     let generated = generate(
         &engine.model,
@@ -389,31 +395,31 @@ pub fn envelope(
         };
         recorded.push(Recorded { envelope, artifacts });
     }
-    s.log(
-        ledger,
-        "rollout_engine",
-        "generation",
-        json!({"iteration": iteration, "rollouts": [first, first + s.per_iteration],
-        "policy_version": engine.version, "policy_digest": engine.digest,
-        "artifacts": recorded.iter().map(|r| r.envelope.artifacts_hash.clone()).collect::<Vec<_>>()}),
-    )?;
-    s.log(
-        ledger,
-        "verifier",
-        "reward",
-        json!({"iteration": iteration, "verifier": s.reward_ref.verifier, "protocol_hash": s.reward_ref.protocol_hash, "rewards": scored.rewards}),
-    )?;
+    let generation = Generation {
+        iteration,
+        rollouts: [first, first + s.per_iteration],
+        policy_version: engine.version,
+        policy_digest: engine.digest.clone(),
+        artifacts: recorded.iter().map(|r| r.envelope.artifacts_hash.clone()).collect(),
+    };
+    s.log(ledger, GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(generation)))?;
+    let reward = Reward {
+        iteration,
+        verifier: s.reward_ref.verifier.clone(),
+        protocol_hash: s.reward_ref.protocol_hash.clone(),
+        rewards: scored.rewards.clone(),
+    };
+    s.log(ledger, GuardEvent::Verifier(VerifierEvent::Reward(reward)))?;
     let reference_now = digest(reference_params);
     let faults: Vec<&FaultSpec> = sampled.faults.iter().collect();
     inject(&faults, &mut recorded, &mut store, &s.tokenizer, &reference_now)?;
     let envelopes: Vec<Envelope> = recorded.iter().map(|r| r.envelope.clone()).collect();
-    s.log(
-        ledger,
-        "materializer",
-        "envelope",
-        json!({"iteration": iteration,
-        "envelopes": envelopes.iter().map(|e| blake3::hash(serde_json::to_string(e).unwrap_or_default().as_bytes()).to_hex().to_string()).collect::<Vec<_>>()}),
-    )?;
+    let digests = envelopes
+        .iter()
+        .map(|e| Ok(blake3::hash(serde_json::to_string(e)?.as_bytes()).to_hex().to_string()))
+        .collect::<Result<Vec<String>>>()?;
+    let logged = EnvelopeDigests { iteration, envelopes: digests };
+    s.log(ledger, GuardEvent::Materializer(MaterializerEvent::Envelope(logged)))?;
     Ok(RolloutRecord { artifacts: store, envelopes, reference_now })
 }
 
@@ -457,18 +463,15 @@ pub fn validate(
             let binding = json!({"rewards": scored.rewards, "advantages": scored.advantages, "group_size": p.group_size, "reference": batch.reference_now});
             match materialize(&batch.envelopes, &ctx, &digest(params), &binding, ledger) {
                 Ok((materialized, handle)) => {
-                    s.log(
-                        ledger,
-                        "materializer",
-                        "decision",
-                        json!({"iteration": iteration, "decision": "allow", "batch": handle.batch_hash()}),
-                    )?;
-                    s.log(
-                        ledger,
-                        "control",
-                        "update_prepared",
-                        json!({"iteration": iteration, "update": pos.updates, "nonce": handle.nonce()}),
-                    )?;
+                    let allowed = BatchDecision {
+                        iteration,
+                        decision: Decision::Allow,
+                        batch: Some(handle.batch_hash().to_string()),
+                        codes: None,
+                    };
+                    s.log(ledger, GuardEvent::Materializer(MaterializerEvent::Decision(allowed)))?;
+                    let prepared = Prepared { iteration, update: pos.updates, nonce: handle.nonce().to_string() };
+                    s.log(ledger, GuardEvent::Control(ControlEvent::UpdatePrepared(prepared)))?;
                     // What the optimizer step takes exists only once the handle is spent.
                     Ok(Some(handle.spend(materialized, ledger)?))
                 }
@@ -478,13 +481,10 @@ pub fn validate(
                         IterationGuard { decision, codes: codes_of(&refused), rollouts: Some(refused.len()) };
                     pos.detections.push(Detection { iteration, decision, codes: codes_of(&refused) });
                     eprintln!("guard: iteration {iteration} batch {:?}: {:?}", decision, codes_of(&refused));
-                    s.log(
-                        ledger,
-                        "materializer",
-                        "decision",
-                        json!({"iteration": iteration, "decision": decision, "codes": codes_of(&refused)}),
-                    )?;
-                    s.log(ledger, "control", "update_aborted", json!({"iteration": iteration, "update": pos.updates}))?;
+                    let refusal = BatchDecision { iteration, decision, batch: None, codes: Some(codes_of(&refused)) };
+                    s.log(ledger, GuardEvent::Materializer(MaterializerEvent::Decision(refusal)))?;
+                    let aborted = UpdateRef { iteration, update: pos.updates };
+                    s.log(ledger, GuardEvent::Control(ControlEvent::UpdateAborted(aborted)))?;
                     Ok(None)
                 }
                 Err(e) => Err(e.into()),
@@ -511,12 +511,7 @@ pub fn validate(
                 })
                 .collect::<Result<_>>()?;
             // The named way around the guard: the guard log records it first.
-            Ok(Some(UpdateBatch::unguarded(
-                rollouts,
-                ledger,
-                &s.lineage,
-                &json!({"iteration": iteration, "update": pos.updates, "guard": "off"}),
-            )?))
+            Ok(Some(UpdateBatch::unguarded(rollouts, ledger, &s.lineage, iteration, pos.updates)?))
         }
     }
 }
@@ -540,9 +535,11 @@ pub fn apply(
     let lr = learning_rate(pos.updates, s.total_updates, p.lr, p.warmup_ratio, p.min_lr_ratio);
     let stats =
         grpo_update(policy, reference, params, adam, update, scored.advantages.clone(), p.group_size, &s.hyper, lr)?;
-    s.log(ledger, "control", "update_applied", json!({"iteration": iteration, "update": pos.updates}))?;
+    let applied = UpdateRef { iteration, update: pos.updates };
+    s.log(ledger, GuardEvent::Control(ControlEvent::UpdateApplied(applied)))?;
     pos.updates += 1;
-    s.log(ledger, "control", "update_committed", json!({"iteration": iteration, "update": pos.updates - 1}))?;
+    let committed = Committed { iteration, update: Some(pos.updates - 1), checkpoint: None };
+    s.log(ledger, GuardEvent::Control(ControlEvent::UpdateCommitted(committed)))?;
     Ok(stats)
 }
 
@@ -618,7 +615,8 @@ pub fn record(
         // The digests this iteration already took (weights after its updates, reference).
         let meta = s.metrics(ledger, pos, iteration + 1, adam.step, after, &reference_now)?;
         wal.checkpoint(params, adam, &serde_json::to_value(TrainingMetrics::Grpo(meta))?, iteration)?;
-        s.log(ledger, "control", "update_committed", json!({"iteration": iteration, "checkpoint": iteration + 1}))?;
+        let committed = Committed { iteration, update: None, checkpoint: Some(iteration + 1) };
+        s.log(ledger, GuardEvent::Control(ControlEvent::UpdateCommitted(committed)))?;
     }
     // No update ran (the guard refused the batch): there is no KL to report.
     eprintln!(
@@ -635,9 +633,8 @@ pub fn record(
     Ok(())
 }
 
-pub fn run(job: &WorkerJob) -> Result<()> {
+pub fn run(job: &WorkerJob, p: GrpoParams) -> Result<NodeCosts> {
     let started = Instant::now();
-    let p: GrpoParams = parse_params(&job.params)?;
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (policy, tokenizer) = load_model(model_dir, device)?;
@@ -694,7 +691,8 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         Mode::Continuous => lineage_of("continuous"),
         Mode::Interrupt => lineage_of("interrupted"),
         Mode::Resume => {
-            let m = restore_position(input_path(job, "resume_from")?, "the resume state", &identity, &params, &mut adam)?;
+            let m =
+                restore_position(input_path(job, "resume_from")?, "the resume state", &identity, &params, &mut adam)?;
             let lineage = m.lineage.clone();
             continues_after = Some(m.guard.event_log.events);
             next_iteration = restored(m, &mut pos);
@@ -801,10 +799,10 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     let meta = s.metrics(&ledger, &pos, stop, adam.step, digest(&params), &reference_now)?;
     let costs = s.costs(&pos);
     s.reward.into_inner().unwrap_or_else(|e| e.into_inner()).finish().map_err(|e| err!("{e}"))?;
-    write_outputs(job, &policy, model_dir, &params, &adam, TrainingMetrics::Grpo(meta), costs)?;
+    write_outputs(job, &policy, model_dir, &params, &adam, TrainingMetrics::Grpo(meta))?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
-    Ok(())
+    Ok(costs)
 }
 
 #[cfg(test)]
@@ -828,7 +826,7 @@ mod tests {
             m.init_weights(seed);
             m
         };
-        let p: GrpoParams = parse_params(&json!({
+        let p: GrpoParams = orchestrate_core::ops::parse_params(&json!({
             "group_size": 2, "prompts_per_iteration": 2, "iterations": 2, "updates_per_iteration": 1,
             "max_new_tokens": 6, "lr": 1e-3, "checkpoint_every": 0
         }))

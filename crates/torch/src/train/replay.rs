@@ -11,7 +11,7 @@ use orchestrate_core::guard::{
     validate, Envelope, EventKind, EventRef, GuardContext, ProtocolMode, RewardRef, TokenArtifacts,
 };
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::ops::{parse_params, FaultFamily, FaultSpec, ReplayParams};
+use orchestrate_core::ops::{FaultFamily, FaultSpec, ReplayParams};
 use serde_json::{json, Value};
 use tch::{Kind, Tensor};
 
@@ -53,8 +53,7 @@ fn flat_grads(params: &BTreeMap<String, Tensor>) -> Result<Vec<f64>> {
     Ok(out)
 }
 
-pub fn run(job: &WorkerJob) -> Result<()> {
-    let p: ReplayParams = parse_params(&job.params)?;
+pub fn run(job: &WorkerJob, p: ReplayParams) -> Result<()> {
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (policy, tokenizer) = load_model(model_dir, device)?;

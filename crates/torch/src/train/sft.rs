@@ -8,10 +8,10 @@ use orchestrate_core::train::metrics::{
 };
 use std::time::Instant;
 
-use crate::error::{bail, Result};
+use crate::error::{bail, Error, Result};
 use orchestrate_core::data::rows::reference_response;
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::ops::{parse_params, Mode, SftBranch, SftParams};
+use orchestrate_core::ops::{Mode, SftBranch, SftParams};
 use tch::Kind;
 
 use super::adamw::{clip_grad_norm, digest, learning_rate, zero_grad, AdamW, AdamWConfig};
@@ -36,9 +36,8 @@ fn summed_logprob(model: &CausalLm, rows: &[&Encoded]) -> (tch::Tensor, f64) {
     ((logp * mask).sum(Kind::Float), tokens)
 }
 
-pub fn run(job: &WorkerJob) -> Result<()> {
+pub fn run(job: &WorkerJob, p: SftParams) -> Result<NodeCosts> {
     let started = Instant::now();
-    let p: SftParams = parse_params(&job.params)?;
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
     let (model, tokenizer) = load_model(model_dir, device)?;
@@ -101,10 +100,12 @@ pub fn run(job: &WorkerJob) -> Result<()> {
     if p.mode == Mode::Resume {
         let m = restore_state(input_path(job, "resume_from")?, "the resume state", &params, &mut adam, |m| match m {
             TrainingMetrics::Sft(m) if m.identity == identity => Ok(m),
-            TrainingMetrics::Sft(_) => {
-                bail!("the resume state belongs to another SFT run (identity differs): refusing to resume")
+            TrainingMetrics::Sft(_) => Err(Error::Input(
+                "the resume state belongs to another SFT run (identity differs): refusing to resume".into(),
+            )),
+            other => {
+                Err(Error::Input(format!("the resume state is the state of a {} run, not of an SFT run", other.kind())))
             }
-            other => bail!("the resume state is the state of a {} run, not of an SFT run", other.kind()),
         })?;
         (start_epoch, updates, history, validation_history) =
             (m.next_epoch, m.updates, m.history, m.validation_history);
@@ -173,5 +174,6 @@ pub fn run(job: &WorkerJob) -> Result<()> {
         },
         iterations: Default::default(),
     };
-    write_outputs(job, &model, model_dir, &params, &adam, meta, costs)
+    write_outputs(job, &model, model_dir, &params, &adam, meta)?;
+    Ok(costs)
 }

@@ -1,0 +1,186 @@
+//! A run's events as one typed stream: the engine's events in order, then each
+//! GRPO node's sealed guard events. What `orchestrate events`, `alert-scan`
+//! and their JSON output read, one shared type instead of JSON looked up by
+//! field name.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::events::Event;
+use crate::dag::key::HashInputs;
+use crate::guard::codes::Decision;
+use crate::guard::events::GuardEvent;
+use crate::ops::worker::WorkerOp;
+use crate::store::Workspace;
+use crate::train::metrics::TrainingMetrics;
+
+/// One event of a run, from the engine or from a GRPO node's guard log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunEvent {
+    pub source: Source,
+    pub run: String,
+    /// Its position: in the run's engine events, or in its guard lineage.
+    pub seq: i64,
+    /// The event's name (`node_finished`, `decision`, `update_applied`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The node it is about, if any.
+    pub node: Option<String>,
+    /// Reason codes (a refused batch's).
+    pub codes: Vec<String>,
+    #[serde(flatten)]
+    pub detail: Detail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Engine,
+    Guard,
+}
+
+/// What only one source has.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Detail {
+    Engine {
+        event: Event,
+    },
+    Guard {
+        producer: String,
+        lineage: String,
+        seal: String,
+        /// A decision event's decision; `null` for other kinds.
+        decision: Option<Decision>,
+        iteration: usize,
+        /// The event's fields as sealed.
+        payload: Value,
+        #[serde(skip)]
+        event: GuardEvent,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunEventsError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("event {seq} of run {run} is not an engine event: {message}")]
+    Engine { run: String, seq: usize, message: String },
+    #[error("node {node}: {message}")]
+    Node { node: String, message: String },
+    #[error("node {node}: guard event {seq} of lineage {lineage}: {source}")]
+    Guard {
+        node: String,
+        seq: i64,
+        lineage: String,
+        #[source]
+        source: Box<crate::guard::events::EventError>,
+    },
+}
+
+/// Every event of a run, engine events first (in order), then, for each node
+/// of the run that has GRPO metrics, its guard event chain.
+pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsError> {
+    let index = ws.index()?;
+    let mut out = Vec::new();
+    for (seq, text) in index.run_events(run)?.iter().enumerate() {
+        let e: Event = serde_json::from_str(text).map_err(|e| RunEventsError::Engine {
+            run: run.to_string(),
+            seq,
+            message: e.to_string(),
+        })?;
+        out.push(RunEvent {
+            source: Source::Engine,
+            run: run.to_string(),
+            seq: seq as i64,
+            kind: e.kind().to_string(),
+            node: e.node().map(str::to_string),
+            codes: Vec::new(),
+            detail: Detail::Engine { event: e },
+        });
+    }
+    let Some(ledger) = crate::guard::Ledger::open_read_only(ws)? else { return Ok(out) };
+    for n in index.run_nodes(run)? {
+        let Some(key) = &n.key else { continue };
+        let Some(cached) = index.lookup(key)? else { continue };
+        let node_error = |message: String| RunEventsError::Node { node: n.node_id.clone(), message };
+        // GRPO nodes have a guard lineage; their metrics say which.
+        if HashInputs::from_stored(&cached.record).map_err(|e| node_error(e.to_string()))?.op
+            != WorkerOp::TrainGrpo.name()
+        {
+            continue;
+        }
+        let metrics = cached
+            .outputs
+            .iter()
+            .find(|o| o.name == "metrics")
+            .ok_or_else(|| node_error("a GRPO node without its metrics output".into()))?;
+        let read =
+            TrainingMetrics::read(&ws.object_path(&metrics.object.hash)).map_err(|e| node_error(e.to_string()))?;
+        let TrainingMetrics::Grpo(m) = read else {
+            return Err(node_error("its metrics are not GRPO metrics".into()));
+        };
+        for stored in ledger.events(&m.lineage)? {
+            let event = GuardEvent::parse(&stored.producer, &stored.kind, &stored.payload).map_err(|source| {
+                RunEventsError::Guard {
+                    node: n.node_id.clone(),
+                    seq: stored.seq,
+                    lineage: m.lineage.clone(),
+                    source: Box::new(source),
+                }
+            })?;
+            let decision = event.decision();
+            let (_, payload) = event.kind_and_payload();
+            out.push(RunEvent {
+                source: Source::Guard,
+                run: run.to_string(),
+                seq: stored.seq,
+                kind: stored.kind,
+                node: Some(n.node_id.clone()),
+                codes: decision.and_then(|d| d.codes.clone()).unwrap_or_default(),
+                detail: Detail::Guard {
+                    producer: stored.producer,
+                    lineage: m.lineage.clone(),
+                    seal: stored.seal,
+                    decision: decision.map(|d| d.decision),
+                    iteration: event.iteration(),
+                    payload,
+                    event,
+                },
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl RunEvent {
+    /// A guard decision that was not ALLOW: what `alert-scan` posts.
+    pub fn alert(&self) -> Option<Alert> {
+        let Detail::Guard { lineage, seal, decision: Some(decision), iteration, .. } = &self.detail else {
+            return None;
+        };
+        (*decision != Decision::Allow).then(|| Alert {
+            run: self.run.clone(),
+            node: self.node.clone().unwrap_or_default(),
+            iteration: *iteration,
+            decision: *decision,
+            codes: self.codes.clone(),
+            lineage: lineage.clone(),
+            seq: self.seq,
+            seal: seal.clone(),
+        })
+    }
+}
+
+/// A non-ALLOW guard decision, as posted to a webhook.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Alert {
+    pub run: String,
+    pub node: String,
+    pub iteration: usize,
+    pub decision: Decision,
+    pub codes: Vec<String>,
+    pub lineage: String,
+    pub seq: i64,
+    pub seal: String,
+}
