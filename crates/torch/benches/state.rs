@@ -11,7 +11,8 @@
 //! `cargo bench --bench state` (100 M parameters, so 300 M f32 with the two
 //! AdamW moments, 1.2 GB), or `cargo bench --bench state -- 494` for
 //! Qwen2.5-0.5B's parameter count (5.9 GB; the old writer needs about 18 GB
-//! more than that).
+//! more than that). `-- --restore STATE --model DIR` restores a real state into
+//! its model instead (the 0.5B warm-start's, for docs/training.md).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -112,7 +113,33 @@ fn sft_meta() -> serde_json::Value {
     v
 }
 
+/// `-- --restore STATE --model DIR`: restores a real state (a node's `state`
+/// output) into the model it was trained from, and prints the seconds and the
+/// peak memory above the model and its AdamW moments.
+fn restore_real(state: &str, model: &str) {
+    use orchestrate_torch::train::common::{load_model, params};
+    let (model, _) = load_model(std::path::Path::new(model), Device::Cpu).expect("the model folder");
+    let params = params(&model);
+    let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
+    let count: i64 = params.values().map(|t| t.numel() as i64).sum();
+    let held = status("VmRSS:") as f64 / 1e9;
+    let (s, m) = measured(|| {
+        restore_state(std::path::Path::new(state), "the state", &params, &mut adam, |_| Ok(())).expect("restore_state")
+    });
+    let file = std::fs::metadata(state).expect("the state").len() as f64 / 1e9;
+    println!(
+        "restore {state} ({file:.2} GB gzip) into a model of {count} parameters and its AdamW moments (RSS {held:.2} GB before): {s:.2} s, {:.3} GB above them",
+        m as f64 / 1e9
+    );
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--restore") {
+        let model = args.iter().position(|a| a == "--model").and_then(|j| args.get(j + 1)).expect("--model DIR");
+        restore_real(args.get(i + 1).expect("--restore STATE"), model);
+        return;
+    }
     let millions: i64 =
         std::env::args().skip(1).find(|a| !a.starts_with('-')).and_then(|a| a.parse().ok()).unwrap_or(100);
     // A model's shape of tensors: one embedding-sized tensor, then 1 M blocks.
