@@ -15,6 +15,7 @@
 //! mean ± sample standard deviation and n at each remaining matrix point, and
 //! a paired bootstrap interval between evaluations of the same problems.
 
+use crate::ops::artifacts::{ArtifactKind, NodeKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
@@ -153,7 +154,7 @@ fn grpo_metrics(m: &GrpoMetrics) -> Vec<Metric> {
 fn cost_metrics(node: &Node, m: Option<&TrainingMetrics>) -> Vec<Metric> {
     let Some(c) = node.costs(m) else { return Vec::new() };
     let mb = c.process.peak_rss_bytes.map(|b| b as f64 / 1048576.0);
-    let seconds = if node.op == "eval.generate" { "generation seconds" } else { "seconds" };
+    let seconds = if node.kind() == NodeKind::Generation { "generation seconds" } else { "seconds" };
     let mut out = vec![metric(seconds, Unit::Seconds, Some(c.process.seconds))];
     match m {
         Some(TrainingMetrics::Grpo(g)) => {
@@ -234,9 +235,9 @@ fn table_metrics(t: &ResultsTableFile) -> Vec<Metric> {
 /// file and the field that did not read.
 pub fn node_metrics(node: &Node) -> Result<Vec<Metric>, String> {
     let read_err = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
-    match node.op.as_str() {
-        "train.grpo" | "train.sft" => {
-            let Some(p) = node.outputs.get("metrics") else { return Ok(cost_metrics(node, None)) };
+    match node.kind() {
+        NodeKind::Training => {
+            let Some(p) = node.artifact(ArtifactKind::TrainingMetrics) else { return Ok(cost_metrics(node, None)) };
             let m = TrainingMetrics::read(p).map_err(|e| read_err("metrics", &e))?;
             let mut out = match &m {
                 TrainingMetrics::Grpo(m) => grpo_metrics(m),
@@ -245,24 +246,24 @@ pub fn node_metrics(node: &Node) -> Result<Vec<Metric>, String> {
             out.extend(cost_metrics(node, Some(&m)));
             Ok(out)
         }
-        "eval.score" => {
-            let Some(p) = node.outputs.get("results") else { return Ok(Vec::new()) };
+        NodeKind::Scoring => {
+            let Some(p) = node.artifact(ArtifactKind::EvalResults) else { return Ok(Vec::new()) };
             Ok(eval_metrics(&EvalResults::read(p).map_err(|e| read_err("results", &e))?))
         }
-        "eval.generate" => {
+        NodeKind::Generation => {
             // A summary that does not read is said, never taken for "no costs".
-            if let Some(p) = node.outputs.get("summary") {
+            if let Some(p) = node.artifact(ArtifactKind::EvalSummary) {
                 let _: EvalSummary = crate::canonical::read_typed(p).map_err(|e| read_err("summary", &e))?;
             }
             Ok(cost_metrics(node, None))
         }
-        "results.table" => {
-            let Some(p) = node.outputs.get("table.json") else { return Ok(Vec::new()) };
+        NodeKind::ResultsTable => {
+            let Some(p) = node.artifact(ArtifactKind::ResultsTable) else { return Ok(Vec::new()) };
             let t: ResultsTableFile = crate::canonical::read_typed(p).map_err(|e| read_err("table.json", &e))?;
             Ok(table_metrics(&t))
         }
-        "shell" => shell_metrics(node),
-        _ => Ok(Vec::new()),
+        NodeKind::Command => shell_metrics(node),
+        NodeKind::Gate | NodeKind::Other => Ok(Vec::new()),
     }
 }
 
@@ -412,7 +413,7 @@ fn producers(src: &Source) -> BTreeMap<String, Vec<String>> {
 }
 
 fn gate_verdicts(node: &Node) -> Result<BTreeMap<String, bool>, String> {
-    let Some(p) = node.outputs.get("gates.json") else { return Ok(BTreeMap::new()) };
+    let Some(p) = node.artifact(ArtifactKind::GateReport) else { return Ok(BTreeMap::new()) };
     let r = GateReport::read(p)?;
     Ok(r.results.into_iter().map(|g| (g.name, g.passed)).collect())
 }
@@ -500,7 +501,7 @@ pub fn compare(sides: &[Side], all: bool) -> Comparison {
         }
         // Gates.
         for (i, x) in nodes.iter().enumerate() {
-            let Some(node) = x.filter(|x| x.op == "gate") else { continue };
+            let Some(node) = x.filter(|x| x.kind() == NodeKind::Gate) else { continue };
             match gate_verdicts(node) {
                 Ok(v) => {
                     for (gate, passed) in v {
@@ -850,7 +851,7 @@ pub fn group(side: &Side, axis: &str) -> Result<Grouped, String> {
                 values,
             });
         }
-        if members.iter().all(|(_, n)| n.op == "eval.score") {
+        if members.iter().all(|(_, n)| n.kind() == NodeKind::Scoring) {
             problems.insert(id.clone(), per_problem(members));
         }
     }
@@ -884,7 +885,7 @@ type Outcomes = BTreeMap<String, (String, Vec<f64>)>;
 fn per_problem(members: &[(String, &Node)]) -> Result<Outcomes, String> {
     let mut out: BTreeMap<String, (String, Vec<f64>)> = BTreeMap::new();
     for (i, (_, node)) in members.iter().enumerate() {
-        let path = node.outputs.get("results").ok_or_else(|| format!("{}: no results file", node.id))?;
+        let path = node.artifact(ArtifactKind::EvalResults).ok_or_else(|| format!("{}: no results file", node.id))?;
         let r = EvalResults::read(path).map_err(|e| e.to_string())?;
         if i > 0 && (r.greedy_problems.len() != out.len() || r.greedy_problems.keys().any(|k| !out.contains_key(k))) {
             return Err(format!("{} did not answer the same problems as the group's other members", node.id));
@@ -1018,6 +1019,31 @@ impl Grouped {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (Issue #35.) A user's command with an output of its own named
+    /// `metrics` gives its declared metrics, never a training-metrics reading.
+    #[test]
+    fn a_commands_own_output_named_metrics_is_not_read_as_training_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("metrics");
+        std::fs::write(&theirs, "{\"accuracy\": 0.9}").unwrap();
+        let shell = Node {
+            id: "train".into(),
+            op: "shell".into(),
+            key: None,
+            outcome: "ran".into(),
+            seconds: Some(1.0),
+            deps: vec![],
+            outputs: BTreeMap::from([("metrics".to_string(), theirs.clone())]),
+            hashes: BTreeMap::new(),
+            record: None,
+            costs: None,
+        };
+        assert_eq!(node_metrics(&shell).unwrap(), Vec::new(), "no declared metrics, and no training reading");
+        // The same file under a training op is read as training metrics, and refused.
+        let training = Node { op: "train.sft".into(), ..shell };
+        assert!(node_metrics(&training).unwrap_err().contains("metrics"));
+    }
 
     #[test]
     fn a_matrix_id_splits_into_its_written_id_and_values_even_with_json_labels() {

@@ -6,6 +6,7 @@
 //! sample standard deviation, and `n` in the legend. An undefined point breaks
 //! a line; a metrics file that does not read is named in red, never drawn.
 
+use crate::ops::artifacts::{ArtifactKind, NodeKind};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -86,7 +87,7 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
     for (s, side) in sides.iter().enumerate() {
         for node in &side.source.nodes {
             let named = |curves: Vec<(String, Curve)>| -> Vec<(String, Curve)> { curves };
-            let (section, curves) = if node.op == "shell" {
+            let (section, curves) = if node.kind() == NodeKind::Command {
                 match crate::report::user_series(node) {
                     Ok(c) if c.is_empty() => continue,
                     Ok(c) => ("series", c),
@@ -96,10 +97,7 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
                     }
                 }
             } else {
-                let Some(path) = node.outputs.get("metrics") else { continue };
-                if !matches!(node.op.as_str(), "train.grpo" | "train.sft") {
-                    continue;
-                }
+                let Some(path) = node.artifact(ArtifactKind::TrainingMetrics) else { continue };
                 match TrainingMetrics::read(path) {
                     Ok(TrainingMetrics::Grpo(m)) => ("grpo", named(grpo_curves(&m))),
                     Ok(TrainingMetrics::Sft(m)) => ("sft", named(sft_curves(&m))),

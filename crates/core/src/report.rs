@@ -3,6 +3,7 @@
 //! outcome, GRPO and SFT curves, the evaluation table, costs, gates and the fault
 //! matrix. An undefined value is written `undefined`, never 0.
 
+use crate::ops::artifacts::{ArtifactKind, NodeKind};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -47,6 +48,17 @@ pub struct Node {
 }
 
 impl Node {
+    /// What kind of node this is, for its readers.
+    pub fn kind(&self) -> NodeKind {
+        NodeKind::of(&self.op)
+    }
+
+    /// The readable file of one of its typed artifacts: `None` when its op
+    /// writes no such artifact, or the file is not here.
+    pub fn artifact(&self, kind: ArtifactKind) -> Option<&PathBuf> {
+        kind.output_of(&self.op).and_then(|name| self.outputs.get(name))
+    }
+
     /// What the node's process cost: its record's, or for outputs written
     /// before costs moved to the record (the committed packs), what its
     /// training `metrics` (given, as read) or its evaluation `summary` hold.
@@ -57,10 +69,8 @@ impl Node {
         if let Some(m) = metrics {
             return m.legacy_costs();
         }
-        if self.op != "eval.generate" {
-            return None;
-        }
-        let summary: crate::ops::eval::EvalSummary = crate::canonical::read_typed(self.outputs.get("summary")?).ok()?;
+        let summary: crate::ops::eval::EvalSummary =
+            crate::canonical::read_typed(self.artifact(ArtifactKind::EvalSummary)?).ok()?;
         summary.legacy_costs()
     }
 }
@@ -68,7 +78,7 @@ impl Node {
 /// A shell node's declared params, as its record keeps them (`None` for
 /// other ops and for a node that never completed).
 fn shell_params(node: &Node) -> std::result::Result<Option<crate::ops::ShellParams>, String> {
-    if node.op != "shell" {
+    if node.kind() != NodeKind::Command {
         return Ok(None);
     }
     let Some(record) = &node.record else { return Ok(None) };
@@ -596,7 +606,7 @@ pub fn render(src: &Source) -> String {
     let mut metrics: Vec<(&Node, TrainingMetrics)> = Vec::new();
     let mut unreadable: Vec<(&Node, String)> = Vec::new();
     for n in &src.nodes {
-        if let Some(p) = n.outputs.get("metrics") {
+        if let Some(p) = n.artifact(ArtifactKind::TrainingMetrics) {
             match TrainingMetrics::read(p) {
                 Ok(m) => metrics.push((n, m)),
                 Err(e) => unreadable.push((n, e.to_string())),
@@ -693,12 +703,8 @@ pub fn render(src: &Source) -> String {
     }
 
     html.push_str("<section id=\"evaluation\"><h2>Evaluation</h2>\n");
-    let tables: Vec<(&Node, &PathBuf)> = src
-        .nodes
-        .iter()
-        .filter(|n| n.op == "results.table")
-        .filter_map(|n| Some((n, n.outputs.get("table.json")?)))
-        .collect();
+    let tables: Vec<(&Node, &PathBuf)> =
+        src.nodes.iter().filter_map(|n| Some((n, n.artifact(ArtifactKind::ResultsTable)?))).collect();
     if tables.is_empty() {
         html.push_str("<p>No results table in this run.</p>");
     }
@@ -741,8 +747,8 @@ pub fn render(src: &Source) -> String {
                 _ => "-".into(),
             }
         };
-        let generation = match (&costs, n.op.as_str()) {
-            (Some(c), "eval.generate") => num(Some(c.process.seconds), 2),
+        let generation = match (&costs, n.kind()) {
+            (Some(c), NodeKind::Generation) => num(Some(c.process.seconds), 2),
             _ => sum(|c| c.generation_seconds),
         };
         let optimization = match (&costs, m) {
@@ -767,8 +773,8 @@ pub fn render(src: &Source) -> String {
     html.push_str("<section id=\"gates\"><h2>Gates</h2>\n");
     let mut gate_results: Vec<GateResult> = Vec::new();
     let mut any_gate = false;
-    for n in src.nodes.iter().filter(|n| n.op == "gate") {
-        let Some(p) = n.outputs.get("gates.json") else { continue };
+    for n in src.nodes.iter().filter(|n| n.kind() == NodeKind::Gate) {
+        let Some(p) = n.artifact(ArtifactKind::GateReport) else { continue };
         any_gate = true;
         match GateReport::read(p) {
             Ok(r) => gate_results.extend(r.results),
@@ -936,6 +942,20 @@ mod tests {
         assert!(!grpo.contains("<figure>"), "nothing drawn from defaults: {grpo}");
         let g = section("gates");
         assert!(g.contains("cannot be read") && g.contains("gates.json") && !g.contains("No gates"), "{g}");
+    }
+
+    /// (Issue #35.) A user's command with an output of its own named
+    /// `metrics` is not a training node: its file is never read as training
+    /// metrics (the report said it "cannot be read", and compare, overlays
+    /// and the TensorBoard export picked nodes by those names too).
+    #[test]
+    fn a_commands_own_output_named_metrics_is_not_read_as_training_metrics() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("metrics");
+        std::fs::write(&theirs, "{\"accuracy\": 0.9}").unwrap();
+        let src = Source { title: "t".into(), nodes: vec![node("train", "shell", &[("metrics", &theirs)])] };
+        let html = render(&src);
+        assert!(!html.contains("cannot be read"), "{html}");
     }
 
     fn dag(edges: &[(&str, &[&str])]) -> Vec<Node> {

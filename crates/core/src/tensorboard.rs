@@ -15,6 +15,7 @@
 //! `orchestrate/`. An undefined value (no update ran, a group of one) is not
 //! written, never written as 0.
 
+use crate::ops::artifacts::{ArtifactKind, NodeKind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -208,11 +209,8 @@ pub struct Exported {
     pub unreadable: Vec<(String, String)>,
 }
 
-fn training_nodes(src: &Source) -> Vec<&Node> {
-    src.nodes
-        .iter()
-        .filter(|n| matches!(n.op.as_str(), "train.grpo" | "train.sft") && n.outputs.contains_key("metrics"))
-        .collect()
+fn training_nodes(src: &Source) -> Vec<(&Node, &PathBuf)> {
+    src.nodes.iter().filter_map(|n| Some((n, n.artifact(ArtifactKind::TrainingMetrics)?))).collect()
 }
 
 /// A shell node's scalars: each series metric at its steps under its own
@@ -253,8 +251,8 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
     let mut folders = BTreeMap::new();
     // Each node with curves: its scalars, or why they cannot be read.
     let mut found: Vec<(&Node, Result<Vec<Scalar>, String>)> = Vec::new();
-    for n in training_nodes(src) {
-        let scalars = match TrainingMetrics::read(&n.outputs["metrics"]) {
+    for (n, metrics) in training_nodes(src) {
+        let scalars = match TrainingMetrics::read(metrics) {
             Ok(m) => {
                 // Wall time from what the record keeps (older metrics: their own costs).
                 let costs = n.costs(Some(&m));
@@ -267,7 +265,7 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
         };
         found.push((n, scalars));
     }
-    for n in src.nodes.iter().filter(|n| n.op == "shell") {
+    for n in src.nodes.iter().filter(|n| n.kind() == NodeKind::Command) {
         match shell_scalars(n) {
             Ok(None) => {}
             Ok(Some(s)) => found.push((n, Ok(s))),

@@ -5,6 +5,7 @@
 //! the object-safe face of every typed [`Op`].
 
 pub mod analysis;
+pub mod artifacts;
 mod dataset;
 pub mod eval;
 pub mod gate;

@@ -5,6 +5,8 @@
 //! appended to: freezing refuses an existing path (shared/seeds/000 documents
 //! the mistake of appending to a released pack).
 
+use crate::ops::artifacts::NodeKind;
+use crate::ops::gate::GateOp;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -267,7 +269,7 @@ pub fn freeze(
                 gate_nodes.push(PackedGate {
                     node: node.id().to_string(),
                     definition: pack_gate,
-                    results: packed.get(&(node.id().to_string(), "gates.json".to_string())).cloned(),
+                    results: packed.get(&(node.id().to_string(), GateOp::REPORT.to_string())).cloned(),
                     evidence,
                 });
             }
@@ -603,7 +605,8 @@ fn agree(manifest: &Manifest, listed: &BTreeMap<String, String>, problems: &mut 
             problems.push(format!("MANIFEST.json names {path}, which SHA256SUMS does not list"));
         }
     }
-    let gate_nodes: BTreeSet<&str> = manifest.nodes.iter().filter(|n| n.op == "gate").map(|n| n.id.as_str()).collect();
+    let gate_nodes: BTreeSet<&str> =
+        manifest.nodes.iter().filter(|n| NodeKind::of(&n.op) == NodeKind::Gate).map(|n| n.id.as_str()).collect();
     let entries: BTreeSet<&str> = manifest.gates.iter().map(|g| g.node.as_str()).collect();
     for missing in gate_nodes.difference(&entries) {
         problems.push(format!(
@@ -615,7 +618,7 @@ fn agree(manifest: &Manifest, listed: &BTreeMap<String, String>, problems: &mut 
             problems.push(format!("the manifest's gate list names '{}', which is not a gate node of the pack", g.node));
             continue;
         }
-        let packed_results = output_paths.get(&(g.node.as_str(), "gates.json")).copied();
+        let packed_results = output_paths.get(&(g.node.as_str(), GateOp::REPORT)).copied();
         if g.results.as_deref() != packed_results {
             problems.push(format!(
                 "gate '{}': its results are {}, but the node's packed gates.json is {}",
