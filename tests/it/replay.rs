@@ -12,7 +12,13 @@ fn replay_reports_gradient_differences_and_the_guards_verdict_per_fault() {
     let out = p.run(&["run", "experiments/replay.yaml", "--quiet"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let path = stdout(&p.run(&["path", "experiments/replay.yaml", "replay:replay.json"])).trim().to_string();
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
+    // The report is the shared type, field for field, and its bytes are those
+    // of the untyped writer's (keys in name order at every level).
+    let typed: orchestrate_core::ops::ReplayReport = serde_json::from_str(&text).unwrap();
+    let sorted = serde_json::to_value(&typed).unwrap();
+    assert_eq!(serde_json::to_string_pretty(&sorted).unwrap() + "\n", text);
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(r["rewards"].as_str().unwrap().starts_with("constructed"), "constructed rewards are labelled");
     let faults = r["faults"].as_array().unwrap();
     let expected = [

@@ -31,8 +31,9 @@ pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
 pub use shell::{ShellOp, ShellParams};
 pub use train::{
-    CheckResume, FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode, ReplayParams, SftBranch,
-    SftParams, TrainGrpo, TrainSft,
+    CheckResume, FaultFamily, FaultSpec, GradientComparison, GrpoParams, GuardProtocol, GuardSwitch, LossStats, Mode,
+    NearZero, ReplayFault, ReplayParams, ReplayReport, ReplayRewards, SftBranch, SftParams, TrainGrpo, TrainSft,
+    Undefined,
 };
 
 use crate::data::Split;

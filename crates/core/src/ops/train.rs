@@ -296,6 +296,84 @@ pub struct ResumeReport {
 #[serde(deny_unknown_fields)]
 pub struct EmptyParams {}
 
+/// `replay.json`: what a paired gradient replay measured (written by the
+/// worker, read by whoever audits a fault's effect). Its fields in name order,
+/// so the file is the one the untyped writer wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayReport {
+    pub clean: LossStats,
+    pub faults: Vec<ReplayFault>,
+    pub note: String,
+    pub rewards: ReplayRewards,
+    /// Rollouts generated (prompts × group size).
+    pub rollouts: usize,
+}
+
+impl ReplayReport {
+    pub const NOTE: &'static str = "gradients of the GRPO loss (clipped surrogate + beta x exact prefix KL) at the same weights, before clipping; no parameter changes";
+}
+
+/// Where a replay's rewards came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplayRewards {
+    #[serde(rename = "constructed (1, 0, 1, 0, ... per group), not the verifier's")]
+    Constructed,
+    #[serde(rename = "verifier")]
+    Verifier,
+}
+
+/// One fault's batch beside the clean one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayFault {
+    pub family: FaultFamily,
+    pub faulty: LossStats,
+    pub gradient: GradientComparison,
+    /// The guard's reason codes for the faulty batch.
+    pub guard_codes: std::collections::BTreeSet<String>,
+    /// The faulty batch's loss minus the clean one's.
+    pub loss_change: f64,
+}
+
+/// What one backward pass of the GRPO loss measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossStats {
+    pub clip_fraction: f64,
+    pub kl: f64,
+    pub loss: f64,
+    /// Mean and largest ρ = exp(logp − logp_old) over response tokens.
+    pub ratio_max: f64,
+    pub ratio_mean: f64,
+    pub surrogate: f64,
+}
+
+/// Two flat gradients compared: cosine similarity and relative L2 difference,
+/// each undefined (never 0 or 1) where a norm is about zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GradientComparison {
+    pub clean_norm: f64,
+    pub cosine: NearZero,
+    pub faulty_norm: f64,
+    pub relative_l2: NearZero,
+}
+
+/// A ratio over a norm: its value, or `undefined_near_zero` when the norm is ≈ 0.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum NearZero {
+    Value(f64),
+    Undefined(Undefined),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Undefined {
+    UndefinedNearZero,
+}
+
 /// Params of `replay`.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

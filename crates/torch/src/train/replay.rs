@@ -11,8 +11,10 @@ use orchestrate_core::guard::{
     validate, Envelope, EventKind, EventRef, GuardContext, ProtocolMode, RewardRef, TokenArtifacts,
 };
 use orchestrate_core::ops::worker::WorkerJob;
-use orchestrate_core::ops::{FaultFamily, FaultSpec, ReplayParams};
-use serde_json::{json, Value};
+use orchestrate_core::ops::{
+    FaultFamily, FaultSpec, GradientComparison, LossStats, NearZero, ReplayFault, ReplayParams, ReplayReport,
+    ReplayRewards, Undefined,
+};
 use tch::{Kind, Tensor};
 
 use super::adamw::digest;
@@ -27,16 +29,15 @@ pub const NEAR_ZERO: f64 = 1e-12;
 
 /// Compares two flat gradients: cosine similarity and relative L2 difference,
 /// or `undefined_near_zero` (with the norms) when either norm is ≈ 0; never 0 or 1.
-pub fn compare(clean: &[f64], faulty: &[f64]) -> Value {
+pub fn compare(clean: &[f64], faulty: &[f64]) -> GradientComparison {
     let dot: f64 = clean.iter().zip(faulty).map(|(a, b)| a * b).sum();
     let nc = clean.iter().map(|a| a * a).sum::<f64>().sqrt();
     let nf = faulty.iter().map(|a| a * a).sum::<f64>().sqrt();
     let diff = clean.iter().zip(faulty).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-    if nc < NEAR_ZERO || nf < NEAR_ZERO {
-        return json!({"cosine": "undefined_near_zero", "relative_l2": if nc < NEAR_ZERO { json!("undefined_near_zero") } else { json!(diff / nc) },
-            "clean_norm": nc, "faulty_norm": nf});
-    }
-    json!({"cosine": dot / (nc * nf), "relative_l2": diff / nc, "clean_norm": nc, "faulty_norm": nf})
+    let undefined = NearZero::Undefined(Undefined::UndefinedNearZero);
+    let over = |x: f64, norm: f64| if norm < NEAR_ZERO { undefined } else { NearZero::Value(x / norm) };
+    let cosine = if nc < NEAR_ZERO || nf < NEAR_ZERO { undefined } else { NearZero::Value(dot / (nc * nf)) };
+    GradientComparison { clean_norm: nc, cosine, faulty_norm: nf, relative_l2: over(diff, nc) }
 }
 
 /// Every parameter's gradient, flattened in name order (zeros where none).
@@ -141,10 +142,10 @@ pub fn run(job: &WorkerJob, p: ReplayParams) -> Result<()> {
         max_grad_norm: f64::INFINITY,
         micro_groups: 0,
     };
-    let gradient_of = |rollouts: &[TokenArtifacts]| -> Result<(Vec<f64>, Value)> {
+    let gradient_of = |rollouts: &[TokenArtifacts]| -> Result<(Vec<f64>, LossStats)> {
         let batch = batch_from_artifacts(rollouts, advantages.clone(), p.group_size);
         let stats = grpo_gradients(&policy, &reference, &params, &batch, &hyper)?;
-        Ok((flat_grads(&params)?, serde_json::to_value(stats)?))
+        Ok((flat_grads(&params)?, stats))
     };
     let (clean_recorded, clean_store) = record();
     let clean_rollouts: Vec<TokenArtifacts> =
@@ -176,21 +177,21 @@ pub fn run(job: &WorkerJob, p: ReplayParams) -> Result<()> {
         };
         let codes: BTreeSet<String> =
             recorded.iter().flat_map(|r| validate(&r.envelope, &ctx).codes.into_iter().map(|c| c.id())).collect();
-        results.push(json!({
-            "family": family,
-            "gradient": compare(&clean_grad, &faulty_grad),
-            "loss_change": faulty_stats["loss"].as_f64().unwrap_or(f64::NAN) - clean_stats["loss"].as_f64().unwrap_or(f64::NAN),
-            "faulty": faulty_stats,
-            "guard_codes": codes,
-        }));
+        results.push(ReplayFault {
+            family: *family,
+            gradient: compare(&clean_grad, &faulty_grad),
+            loss_change: faulty_stats.loss - clean_stats.loss,
+            faulty: faulty_stats,
+            guard_codes: codes,
+        });
     }
-    let report = json!({
-        "rewards": if p.constructed_rewards { "constructed (1, 0, 1, 0, ... per group), not the verifier's" } else { "verifier" },
-        "rollouts": generated.len(),
-        "clean": clean_stats,
-        "faults": results,
-        "note": "gradients of the GRPO loss (clipped surrogate + beta x exact prefix KL) at the same weights, before clipping; no parameter changes",
-    });
+    let report = ReplayReport {
+        rewards: if p.constructed_rewards { ReplayRewards::Constructed } else { ReplayRewards::Verifier },
+        rollouts: generated.len(),
+        clean: clean_stats,
+        faults: results,
+        note: ReplayReport::NOTE.to_string(),
+    };
     std::fs::write(job.staging.join("replay.json"), serde_json::to_string_pretty(&report)? + "\n")?;
     Ok(())
 }
@@ -199,29 +200,38 @@ pub fn run(job: &WorkerJob, p: ReplayParams) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The value of a comparison, or a panic naming it undefined.
+    fn value(x: NearZero) -> f64 {
+        match x {
+            NearZero::Value(v) => v,
+            NearZero::Undefined(_) => panic!("undefined"),
+        }
+    }
+
     #[test]
     fn identical_gradients_have_cosine_one_and_no_difference() {
         let g = vec![0.5, -1.0, 2.0];
         let c = compare(&g, &g);
-        assert!((c["cosine"].as_f64().unwrap() - 1.0).abs() < 1e-12);
-        assert_eq!(c["relative_l2"].as_f64().unwrap(), 0.0);
+        assert!((value(c.cosine) - 1.0).abs() < 1e-12);
+        assert_eq!(value(c.relative_l2), 0.0);
     }
 
     #[test]
     fn a_zero_gradient_is_undefined_near_zero_never_zero_or_one() {
+        let undefined = NearZero::Undefined(Undefined::UndefinedNearZero);
         let c = compare(&[0.0, 0.0], &[1.0, 2.0]);
-        assert_eq!(c["cosine"], "undefined_near_zero");
-        assert_eq!(c["relative_l2"], "undefined_near_zero");
-        assert_eq!(c["clean_norm"], 0.0);
+        assert_eq!((c.cosine, c.relative_l2, c.clean_norm), (undefined, undefined, 0.0));
+        let written = serde_json::to_value(&c).unwrap();
+        assert_eq!(written["cosine"], "undefined_near_zero", "as the report writes it");
         let c = compare(&[1.0, 0.0], &[0.0, 0.0]);
-        assert_eq!(c["cosine"], "undefined_near_zero");
-        assert_eq!(c["relative_l2"].as_f64().unwrap(), 1.0);
+        assert_eq!(c.cosine, undefined);
+        assert_eq!(value(c.relative_l2), 1.0);
     }
 
     #[test]
     fn opposite_gradients_are_minus_one() {
         let c = compare(&[1.0, 2.0], &[-1.0, -2.0]);
-        assert!((c["cosine"].as_f64().unwrap() + 1.0).abs() < 1e-12);
-        assert!((c["relative_l2"].as_f64().unwrap() - 2.0).abs() < 1e-12);
+        assert!((value(c.cosine) + 1.0).abs() < 1e-12);
+        assert!((value(c.relative_l2) - 2.0).abs() < 1e-12);
     }
 }

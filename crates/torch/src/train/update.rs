@@ -77,17 +77,8 @@ pub fn behavior_gap(
     Ok(gap)
 }
 
-/// What one backward pass of the GRPO loss measured.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct LossStats {
-    pub loss: f64,
-    pub surrogate: f64,
-    pub kl: f64,
-    pub clip_fraction: f64,
-    /// Mean and largest ρ = exp(logp − logp_old) over response tokens.
-    pub ratio_mean: f64,
-    pub ratio_max: f64,
-}
+/// What one backward pass of the GRPO loss measured (shared with the replay's report).
+pub use orchestrate_core::ops::LossStats;
 
 /// The GRPO loss of `batch` for `policy`, backpropagated: after this, each
 /// parameter's `.grad()` holds its gradient (nothing is clipped or stepped).
