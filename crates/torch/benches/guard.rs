@@ -11,6 +11,7 @@ use orchestrate_core::data::verifier::{StockArithmetic, Verifier, VerifierRegist
 use orchestrate_core::data::Split;
 use orchestrate_core::guard::{
     content_hash, materialize, Envelope, EventKind, EventRef, GuardContext, ProtocolMode, RewardRef, TokenArtifacts,
+    UpdateBinding,
 };
 
 fn batch(n: usize) -> (Vec<Envelope>, BTreeMap<String, TokenArtifacts>, BTreeMap<String, String>) {
@@ -81,12 +82,16 @@ fn main() {
             verifier_aliases: &aliases,
             canary: None,
         };
+        let binding = UpdateBinding {
+            rewards: vec![0.0; n],
+            advantages: vec![0.0; n],
+            group_size: 1,
+            reference: "reference".into(),
+        };
         let reps = 50;
         let start = Instant::now();
         for _ in 0..reps {
-            let (batch, handle) =
-                materialize(&envs, &ctx, "policy", &serde_json::json!({"rewards": vec![0.0; n]}), &mut index)
-                    .expect("allowed");
+            let (batch, handle) = materialize(&envs, &ctx, "policy", &binding, &mut index).expect("allowed");
             handle.spend(batch, &mut index).expect("spent once");
         }
         let ms = start.elapsed().as_secs_f64() * 1000.0 / reps as f64;

@@ -405,6 +405,26 @@ pub enum GuardError {
     Store(StoreError),
 }
 
+/// What an update uses besides its rollouts, bound into its handle: an update
+/// with other rewards, advantages, group layout or reference model than the
+/// validated ones would not match its handle.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UpdateBinding {
+    pub rewards: Vec<f64>,
+    pub advantages: Vec<f64>,
+    pub group_size: usize,
+    /// The reference model's digest.
+    pub reference: String,
+}
+
+/// What a batch hash covers.
+#[derive(Serialize)]
+struct Bound<'a> {
+    rollouts: &'a [TokenArtifacts],
+    binding: &'a UpdateBinding,
+    policy: &'a str,
+}
+
 /// Validates every envelope and, only if all are allowed, rebuilds the batch
 /// from stored artifacts and mints its single-use handle.
 ///
@@ -416,7 +436,7 @@ pub fn materialize(
     envelopes: &[Envelope],
     ctx: &GuardContext<'_>,
     policy_digest: &str,
-    binding: &serde_json::Value,
+    binding: &UpdateBinding,
     ledger: &mut Ledger,
 ) -> Result<(MaterializedBatch, ValidatedBatchHandle), GuardError> {
     let verdicts: Vec<(u64, Verdict)> = envelopes.iter().map(|e| (e.rollout_id, validate(e, ctx))).collect();
@@ -425,7 +445,8 @@ pub fn materialize(
         return Err(GuardError::Rejected(refused));
     }
     let rollouts: Vec<TokenArtifacts> = envelopes.iter().map(|e| ctx.artifacts[&e.artifacts_hash].clone()).collect();
-    let bound = serde_json::json!({"rollouts": rollouts, "binding": binding, "policy": policy_digest});
+    let bound = Bound { rollouts: &rollouts, binding, policy: policy_digest };
+    let bound = serde_json::to_value(&bound).expect("a batch's binding serializes");
     let batch_hash = blake3::hash(canonical_json(&bound).as_bytes()).to_hex().to_string();
     let nonce = format!("{}-{}", &batch_hash[..32], crate::store::objects::unique_suffix());
     ledger.register_nonce(&nonce, &batch_hash, policy_digest).map_err(GuardError::Store)?;

@@ -16,6 +16,10 @@ struct World {
     canary: Option<Canary>,
 }
 
+fn binding(rewards: Vec<f64>, group_size: usize) -> UpdateBinding {
+    UpdateBinding { advantages: vec![0.0; rewards.len()], rewards, group_size, reference: "ref".into() }
+}
+
 fn world() -> World {
     let a = TokenArtifacts {
         prompt_ids: vec![1, 2, 3, 4],
@@ -221,19 +225,13 @@ fn a_non_allowed_batch_mints_no_handle_and_an_allowed_one_mints_one_use() {
     let mut bad = w.env.clone();
     bad.tokenizer_hash = "other".into();
     let err =
-        materialize(&[w.env.clone(), bad], &ctx, "pol5", &serde_json::json!({}), &mut index).unwrap_err().to_string();
+        materialize(&[w.env.clone(), bad], &ctx, "pol5", &binding(vec![1.0], 1), &mut index).unwrap_err().to_string();
     assert!(err.contains("rejected before backward") && err.contains("T002_TOKENIZER_MISMATCH"), "{err}");
-    let binding = serde_json::json!({"rewards": [1.0], "group_size": 1});
-    let (batch, handle) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding, &mut index).unwrap();
+    let bound = binding(vec![1.0], 1);
+    let (batch, handle) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &bound, &mut index).unwrap();
     // The handle is bound to the rewards and group layout too.
-    let (other, _) = materialize(
-        std::slice::from_ref(&w.env),
-        &ctx,
-        "pol5",
-        &serde_json::json!({"rewards": [0.0], "group_size": 1}),
-        &mut index,
-    )
-    .unwrap();
+    let (other, _) =
+        materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(vec![0.0], 1), &mut index).unwrap();
     assert_ne!(other.batch_hash(), batch.batch_hash());
     assert_eq!(batch.rollouts()[0].response_ids, vec![7, 8, 2]);
     assert_eq!(handle.batch_hash(), batch.batch_hash());
@@ -266,9 +264,10 @@ fn a_handle_spent_on_another_batch_than_its_own_authorizes_nothing() {
     let mut index = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
     let w = world();
     let ctx = materialize_ctx(&w);
-    let binding = |g: usize| serde_json::json!({"rewards": [1.0], "group_size": g});
-    let (mine, handle) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(1), &mut index).unwrap();
-    let (other, _) = materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(2), &mut index).unwrap();
+    let (mine, handle) =
+        materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(vec![1.0], 1), &mut index).unwrap();
+    let (other, _) =
+        materialize(std::slice::from_ref(&w.env), &ctx, "pol5", &binding(vec![1.0], 2), &mut index).unwrap();
     let nonce = handle.nonce().to_string();
     assert!(matches!(handle.spend(other, &mut index), Err(GuardError::OtherBatch { .. })));
     drop(mine);
@@ -315,4 +314,21 @@ fn restarting_a_chain_sets_the_superseded_attempt_aside_whole_and_keeps_both_ver
     assert_eq!(ledger.restart_chain("L", 0).unwrap().as_deref(), Some("L~2"));
     assert!(ledger.events("L").unwrap().is_empty());
     assert_eq!(ledger.events("L~2").unwrap().len(), 4);
+}
+
+/// (Issue #35.) The typed binding covers what the `json!` binding covered, in
+/// the same canonical bytes: batch hashes (and the decision events holding
+/// them) are unchanged.
+#[test]
+fn the_typed_binding_hashes_as_the_untyped_one_did() {
+    let w = world();
+    let rollouts = vec![w.artifacts.values().next().unwrap().clone()];
+    let typed = binding(vec![1.0, 0.0], 2);
+    let bound = serde_json::to_value(Bound { rollouts: &rollouts, binding: &typed, policy: "pol5" }).unwrap();
+    let before = serde_json::json!({
+        "rollouts": rollouts,
+        "binding": {"rewards": [1.0, 0.0], "advantages": [0.0, 0.0], "group_size": 2, "reference": "ref"},
+        "policy": "pol5",
+    });
+    assert_eq!(canonical_json(&bound), canonical_json(&before));
 }

@@ -22,7 +22,7 @@ use orchestrate_core::guard::events::{
 };
 use orchestrate_core::guard::{
     materialize, Canary, Decision, Envelope, EventKind, EventRef, GuardContext, GuardError, Ledger, ProtocolMode,
-    RewardRef, TokenArtifacts, UpdateBatch,
+    RewardRef, TokenArtifacts, UpdateBatch, UpdateBinding,
 };
 use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::WorkerJob;
@@ -33,7 +33,6 @@ use orchestrate_core::train::metrics::{
     Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
     IterationCosts, IterationGuard, NodeCosts, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
 };
-use serde_json::json;
 use tch::Tensor;
 
 use super::adamw::{digest, learning_rate, AdamW, AdamWConfig};
@@ -460,7 +459,12 @@ pub fn validate(
                 verifier_aliases: &s.aliases,
                 canary: Some(sampled.canary),
             };
-            let binding = json!({"rewards": scored.rewards, "advantages": scored.advantages, "group_size": p.group_size, "reference": batch.reference_now});
+            let binding = UpdateBinding {
+                rewards: scored.rewards.clone(),
+                advantages: scored.advantages.clone(),
+                group_size: p.group_size,
+                reference: batch.reference_now.clone(),
+            };
             match materialize(&batch.envelopes, &ctx, &digest(params), &binding, ledger) {
                 Ok((materialized, handle)) => {
                     let allowed = BatchDecision {
@@ -814,6 +818,7 @@ mod tests {
     use super::*;
     use crate::tests::{serial, tiny_config};
     use orchestrate_core::ops::FaultFamily;
+    use serde_json::json;
 
     fn setup(dir: &std::path::Path) -> (Setup, CausalLm, CausalLm, RolloutEngine) {
         let texts: Vec<String> = (0..60).map(|i| format!("stock {i} boxes, then {} more", i * 7 % 13)).collect();
