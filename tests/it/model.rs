@@ -36,7 +36,9 @@ fn generate_json(p: &Project, args: &[&str]) -> serde_json::Value {
     full.extend_from_slice(args);
     let out = p.run(&full);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    serde_json::from_str(stdout(&out).trim()).unwrap()
+    // The shared type, field for field (unknown fields refused).
+    let typed: orchestrate_core::model::GenerateResponse = serde_json::from_str(stdout(&out).trim()).unwrap();
+    serde_json::to_value(typed).unwrap()
 }
 
 #[test]

@@ -60,17 +60,21 @@ pub fn generate_command(args: &GenerateRequest) -> Result<ExitCode> {
     };
     let decoded = tokenizer.decode(body)?;
     if args.json {
-        let v = serde_json::json!({
-            "prompt_ids": prompt_ids,
-            "ids": out.ids,
-            "text": decoded.text,
-            "behavior_logprobs": out.behavior_logprobs,
-            "finish_reason": out.finish,
-            "undecodable_ids": decoded.undecodable,
-            "sampling": match sampling { Sampling::Greedy => serde_json::json!("greedy"), Sampling::Sample { seed, .. } => serde_json::json!({"seed": seed, "rollout_id": args.rollout_id}) },
-            "device": format!("{device:?}"),
-            "seconds": seconds,
-        });
+        use orchestrate_core::model::{GenerateResponse, GenerateSampling, Greedy};
+        let v = GenerateResponse {
+            prompt_ids,
+            ids: out.ids,
+            text: decoded.text,
+            behavior_logprobs: out.behavior_logprobs,
+            finish_reason: out.finish,
+            undecodable_ids: decoded.undecodable,
+            sampling: match sampling {
+                Sampling::Greedy => GenerateSampling::Greedy(Greedy::Greedy),
+                Sampling::Sample { seed, .. } => GenerateSampling::Sample { seed, rollout_id: args.rollout_id },
+            },
+            device: format!("{device:?}"),
+            seconds,
+        };
         println!("{}", serde_json::to_string(&v)?);
     } else {
         println!("{}", decoded.text);

@@ -160,6 +160,42 @@ pub struct GenerateRequest {
     pub json: bool,
 }
 
+/// What `orchestrate generate --json` prints: the worker's answer to a
+/// [`GenerateRequest`], one generation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateResponse {
+    /// The prompt as fed to the model (the chat template applied).
+    pub prompt_ids: Vec<i64>,
+    /// The response ids, the final EOS included when there is one.
+    pub ids: Vec<i64>,
+    /// The response decoded, without its final EOS.
+    pub text: String,
+    /// log p(token) under the logits it was sampled from, one per id.
+    pub behavior_logprobs: Vec<f32>,
+    pub finish_reason: crate::data::verifier::FinishReason,
+    /// Ids the tokenizer could not decode (the response would be invalid).
+    pub undecodable_ids: Vec<u32>,
+    pub sampling: GenerateSampling,
+    /// The device it ran on (`Cpu`, `Cuda(0)`).
+    pub device: String,
+    pub seconds: f64,
+}
+
+/// How a generation sampled: `"greedy"`, or from (seed, rollout id).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum GenerateSampling {
+    Greedy(Greedy),
+    Sample { seed: u64, rollout_id: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Greedy {
+    Greedy,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
