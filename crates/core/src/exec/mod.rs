@@ -199,7 +199,8 @@ pub fn run_with(
     let env_cache: Mutex<Option<Result<EnvPart, String>>> = Mutex::new(None);
     let cancel = AtomicBool::new(false);
     let cpu = node::CpuSlots::machine();
-    let (job_tx, job_rx) = mpsc::channel::<(usize, BTreeMap<String, Vec<OutputRecord>>)>();
+    type Ready = (usize, BTreeMap<String, Vec<OutputRecord>>, Option<crate::dag::key::HashInputs>);
+    let (job_tx, job_rx) = mpsc::channel::<Ready>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
     let mut stats = RunStats::default();
@@ -230,7 +231,7 @@ pub fn run_with(
                     Ok(i) => i,
                     Err(e) => {
                         // Report every job this worker takes as failed rather than hang.
-                        while let Ok((pos, _)) = {
+                        while let Ok((pos, _, _)) = {
                             let rx = job_rx.lock().expect("job queue");
                             rx.recv()
                         } {
@@ -244,7 +245,7 @@ pub fn run_with(
                 };
                 loop {
                     let next = { job_rx.lock().expect("job queue").recv() };
-                    let Ok((pos, upstream)) = next else { return };
+                    let Ok((pos, upstream, record)) = next else { return };
                     let node = &dag.nodes[pos];
                     if cancel.load(std::sync::atomic::Ordering::SeqCst) {
                         // Interrupted: no node starts any more.
@@ -281,29 +282,69 @@ pub fn run_with(
                         remote: opts.remote.as_ref(),
                     };
                     let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
-                    let outcome = node::resolve(&job, executor, &mut observer);
+                    let outcome = node::resolve(&job, executor, &mut observer, record);
                     let _ = msg_tx.send(Msg::Done(pos, outcome));
                 }
             });
         }
         drop(msg_tx);
 
-        let dispatch = |pos: usize, outputs: &BTreeMap<String, Vec<OutputRecord>>| {
+        // A ready node that is a plain cache hit is decided here, in this
+        // thread, and its outcome handled next (no hand-off to a job thread
+        // and back); any other goes to a job thread with what was computed.
+        let mut decided: std::collections::VecDeque<(usize, Outcome)> = std::collections::VecDeque::new();
+        let index_here = &index;
+        let dispatch = |pos: usize,
+                        outputs: &BTreeMap<String, Vec<OutputRecord>>,
+                        decided: &mut std::collections::VecDeque<(usize, Outcome)>| {
             let mut upstream = BTreeMap::new();
             for p in dag.parents(pos) {
                 let id = dag.nodes[p].id();
                 upstream.insert(id.to_string(), outputs[id].clone());
             }
-            let _ = job_tx.send((pos, upstream));
+            let node = &dag.nodes[pos];
+            let early = if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+                node::Early::Unknown
+            } else {
+                let job = node::NodeJob {
+                    ws,
+                    index: index_here,
+                    node,
+                    spec_name: &spec.name,
+                    spec_profile: spec.profile.as_deref(),
+                    spec_dir: &spec.base_dir,
+                    run_id: &run_id,
+                    upstream: &upstream,
+                    env: None,
+                    force: opts.force.contains(node.id()),
+                    cancel: &cancel,
+                    cpu: None,
+                    remote: opts.remote.as_ref(),
+                };
+                node::early(&job)
+            };
+            match early {
+                node::Early::Hit(outcome) => decided.push_back((pos, outcome)),
+                node::Early::Record(record) => {
+                    let _ = job_tx.send((pos, upstream, Some(record)));
+                }
+                node::Early::Unknown => {
+                    let _ = job_tx.send((pos, upstream, None));
+                }
+            }
         };
         let mut pending = n;
         for &pos in &dag.order {
             if waiting_on[pos] == 0 {
-                dispatch(pos, &outputs);
+                dispatch(pos, &outputs, &mut decided);
             }
         }
         while pending > 0 {
-            let msg = match msg_rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            let next = match decided.pop_front() {
+                Some((pos, outcome)) => Ok(Msg::Done(pos, outcome)),
+                None => msg_rx.recv_timeout(std::time::Duration::from_millis(50)),
+            };
+            let msg = match next {
                 Ok(msg) => msg,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     // Ctrl-C (or SIGTERM, SIGHUP): running nodes are stopped
@@ -427,7 +468,7 @@ pub fn run_with(
                             }
                         }
                     } else {
-                        dispatch(child, &outputs);
+                        dispatch(child, &outputs, &mut decided);
                     }
                 }
             }

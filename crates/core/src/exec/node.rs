@@ -454,11 +454,46 @@ pub trait NodeObserver {
 
 /// Resolves one node: the scheduler's decision (cache hit, or why it runs),
 /// then, if it runs, the executor's.
-pub fn resolve(job: &NodeJob<'_>, executor: &dyn Executor, observer: &mut dyn NodeObserver) -> Outcome {
+/// What the scheduler's thread learnt of a ready node before handing it to a
+/// job thread ([`early`]).
+pub enum Early {
+    /// Cached, and its outputs are valid: nothing to run, lock or wait for.
+    Hit(Outcome),
+    /// Not a plain hit; its hash-input record, so it is not computed twice.
+    Record(HashInputs),
+    /// Left whole to [`resolve`] (a numerical or forced node, or its record
+    /// did not compute: `resolve` reports why).
+    Unknown,
+}
+
+/// Decides a ready node in the scheduler's own thread when it is a plain
+/// cache hit, with no lock, thread hand-off or wait: a hit takes no node lock
+/// in [`resolve`] either, so the outcome is the same. Everything else goes to
+/// a job thread as before.
+pub fn early(job: &NodeJob<'_>) -> Early {
+    if job.force || job.env.is_some() || job.node.op.numerical() {
+        return Early::Unknown;
+    }
+    let Ok(record) = job.record() else { return Early::Unknown };
+    let key = record.key();
+    match cached_valid(job.ws, job.index, job.spec_dir, &key) {
+        Ok(Ok(outputs)) => Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None }),
+        _ => Early::Record(record),
+    }
+}
+
+/// Resolves a node (its `record` when [`early`] computed it): cached, checked
+/// out of the store, or run by `executor`.
+pub fn resolve(
+    job: &NodeJob<'_>,
+    executor: &dyn Executor,
+    observer: &mut dyn NodeObserver,
+    record: Option<HashInputs>,
+) -> Outcome {
     let started = Instant::now();
     let failed =
         |key: Option<Key>, error: String| Outcome::Failed { key, error, seconds: started.elapsed().as_secs_f64() };
-    let record = match job.record() {
+    let record = match record.map_or_else(|| job.record(), Ok) {
         Ok(r) => r,
         Err(e) => return failed(None, e),
     };

@@ -133,7 +133,7 @@ pub fn exec_node(
             }
             Err(e) => return fail(e),
         }
-        resolve(&nj, &Local, &mut JobObserver)
+        resolve(&nj, &Local, &mut JobObserver, None)
     })();
     record(ws.root(), ticket, &outcome, started.elapsed().as_secs_f64())?;
     Ok(outcome)
