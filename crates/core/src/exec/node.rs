@@ -454,6 +454,10 @@ pub trait NodeObserver {
 
 /// Resolves one node: the scheduler's decision (cache hit, or why it runs),
 /// then, if it runs, the executor's.
+/// The most file-dep bytes a node may have for the scheduler's thread to key
+/// it ([`early`]): hashing more, when they changed, would hold up the others.
+const EARLY_FILE_BYTES: u64 = 16 << 20;
+
 /// What the scheduler's thread learnt of a ready node before handing it to a
 /// job thread ([`early`]).
 pub enum Early {
@@ -471,7 +475,22 @@ pub enum Early {
 /// in [`resolve`] either, so the outcome is the same. Everything else goes to
 /// a job thread as before.
 pub fn early(job: &NodeJob<'_>) -> Early {
-    if job.force || job.env.is_some() || job.node.op.numerical() {
+    let node = job.node;
+    if job.force || job.env.is_some() || node.op.numerical() {
+        return Early::Unknown;
+    }
+    // Only what is quick to key: a folder or glob dep, a program's interpreter
+    // (a process to ask) or large files to hash would hold up the scheduler,
+    // so those nodes are keyed in a job thread, beside the others, as before.
+    if !node.trees.is_empty() || !node.op.interpreters(&node.params).is_empty() {
+        return Early::Unknown;
+    }
+    let bytes: u64 = node
+        .files
+        .iter()
+        .map(|f| std::fs::symlink_metadata(job.spec_dir.join(f)).map_or(u64::MAX, |m| m.len()))
+        .fold(0, u64::saturating_add);
+    if bytes > EARLY_FILE_BYTES {
         return Early::Unknown;
     }
     let Ok(record) = job.record() else { return Early::Unknown };

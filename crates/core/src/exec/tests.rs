@@ -273,3 +273,43 @@ fn a_node_with_more_threads_holds_more_cores() {
     // More threads than cores: it runs, alone.
     drop(slots.acquire(16, 4));
 }
+
+/// (Issue #36.) A plain cache hit is decided in the scheduler's own thread
+/// (`early`), with no hand-off to a job thread; a forced node, and one with
+/// much to hash, are left to a job thread as before; any other node is handed
+/// its record, computed once.
+#[test]
+fn a_plain_hit_is_decided_early_and_a_node_with_much_to_hash_is_left_to_a_job_thread() {
+    use super::node::{early, Early};
+    let w = World::new();
+    std::fs::write(w.dir.path().join("small.txt"), "x").unwrap();
+    std::fs::File::create(w.dir.path().join("big.bin")).unwrap().set_len(17 << 20).unwrap();
+    let yaml = "name: t\nnodes:\n  a:\n    op: test.echo\n    params: {text: 'A'}\n  small:\n    op: shell\n    params: {cmd: 'cat small.txt > s.out', deps: [small.txt], outs: [s.out]}\n  big:\n    op: shell\n    params: {cmd: 'true', deps: [big.bin], outs: [b.out]}\n";
+    w.run("name: t\nnodes:\n  a:\n    op: test.echo\n    params: {text: 'A'}\n", &[]);
+    let (spec, dag) = w.compile(yaml);
+    let index = w.ws.index().unwrap();
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    let upstream = BTreeMap::new();
+    let early_for = |id: &str, force: bool| {
+        let node = &dag.nodes[dag.position(id).unwrap()];
+        early(&NodeJob {
+            ws: &w.ws,
+            index: &index,
+            node,
+            spec_name: &spec.name,
+            spec_profile: None,
+            spec_dir: &spec.base_dir,
+            run_id: "r",
+            upstream: &upstream,
+            env: None,
+            force,
+            cancel: &cancel,
+            cpu: None,
+            remote: None,
+        })
+    };
+    assert!(matches!(early_for("a", false), Early::Hit(Outcome::Cached { .. })));
+    assert!(matches!(early_for("a", true), Early::Unknown));
+    assert!(matches!(early_for("small", false), Early::Record(r) if r.files.contains_key("small.txt")));
+    assert!(matches!(early_for("big", false), Early::Unknown), "17 MiB to hash is left to a job thread");
+}
