@@ -199,7 +199,8 @@ pub fn run_with(
     let env_cache: Mutex<Option<Result<EnvPart, String>>> = Mutex::new(None);
     let cancel = AtomicBool::new(false);
     let cpu = node::CpuSlots::machine();
-    type Ready = (usize, BTreeMap<String, Vec<OutputRecord>>, Option<crate::dag::key::HashInputs>);
+    type Ready =
+        (usize, BTreeMap<String, Vec<OutputRecord>>, Option<Box<(crate::dag::key::HashInputs, node::Decision)>>);
     let (job_tx, job_rx) = mpsc::channel::<Ready>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
@@ -325,8 +326,8 @@ pub fn run_with(
             };
             match early {
                 node::Early::Hit(outcome) => decided.push_back((pos, outcome)),
-                node::Early::Record(record) => {
-                    let _ = job_tx.send((pos, upstream, Some(record)));
+                node::Early::Decided(decided) => {
+                    let _ = job_tx.send((pos, upstream, Some(decided)));
                 }
                 node::Early::Unknown => {
                     let _ = job_tx.send((pos, upstream, None));

@@ -463,8 +463,10 @@ const EARLY_FILE_BYTES: u64 = 16 << 20;
 pub enum Early {
     /// Cached, and its outputs are valid: nothing to run, lock or wait for.
     Hit(Outcome),
-    /// Not a plain hit; its hash-input record, so it is not computed twice.
-    Record(HashInputs),
+    /// Not a plain hit: its hash-input record and what was decided, so
+    /// neither is computed twice (checking the cache has effects: an object
+    /// found corrupt is set aside, and a second check would give another reason).
+    Decided(Box<(HashInputs, Decision)>),
     /// Left whole to [`resolve`] (a numerical or forced node, or its record
     /// did not compute: `resolve` reports why).
     Unknown,
@@ -495,30 +497,40 @@ pub fn early(job: &NodeJob<'_>) -> Early {
     }
     let Ok(record) = job.record() else { return Early::Unknown };
     let key = record.key();
-    match cached_valid(job.ws, job.index, job.spec_dir, &key) {
-        Ok(Ok(outputs)) => Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None }),
-        _ => Early::Record(record),
+    let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
+    match decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force) {
+        Ok(Decision::Hit(outputs)) => Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None }),
+        Ok(decision) => Early::Decided(Box::new((record, decision))),
+        // An error is for `resolve` to report, as it would have.
+        Err(_) => Early::Unknown,
     }
 }
 
-/// Resolves a node (its `record` when [`early`] computed it): cached, checked
-/// out of the store, or run by `executor`.
+/// Resolves a node (with its record and decision when [`early`] made them):
+/// cached, checked out of the store, or run by `executor`.
 pub fn resolve(
     job: &NodeJob<'_>,
     executor: &dyn Executor,
     observer: &mut dyn NodeObserver,
-    record: Option<HashInputs>,
+    decided: Option<Box<(HashInputs, Decision)>>,
 ) -> Outcome {
     let started = Instant::now();
     let failed =
         |key: Option<Key>, error: String| Outcome::Failed { key, error, seconds: started.elapsed().as_secs_f64() };
-    let record = match record.map_or_else(|| job.record(), Ok) {
-        Ok(r) => r,
-        Err(e) => return failed(None, e),
+    let (record, decided) = match decided.map(|d| *d) {
+        Some((record, decision)) => (record, Some(decision)),
+        None => match job.record() {
+            Ok(r) => (r, None),
+            Err(e) => return failed(None, e),
+        },
     };
     let key = record.key();
     let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
-    match decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force) {
+    let decision = match decided {
+        Some(d) => Ok(d),
+        None => decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force),
+    };
+    match decision {
         Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None, restored: None },
         Ok(Decision::Restore(cached, why)) => match restore(job, &cached) {
             Ok(outcome) => outcome,
