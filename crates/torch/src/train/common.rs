@@ -238,9 +238,10 @@ fn read_tensor(target: &Tensor, bytes: &mut dyn std::io::Read) -> std::io::Resul
 }
 
 /// Writes the node's outputs: the model folder (with the tokenizer), the
-/// state, the metrics; and beside them what the process cost, which the
-/// executor keeps in the node's record (`orchestrate_core::costs`): no output
-/// holds a duration, so two runs of one key write the same bytes.
+/// state, the metrics. What the process cost is not among them: the op returns
+/// it in its `WorkerResult` and the executor keeps it in the node's record
+/// (`orchestrate_core::costs`), so no output holds a duration and two runs of
+/// one key write the same bytes.
 pub fn write_outputs(
     job: &WorkerJob,
     model: &CausalLm,
