@@ -138,6 +138,37 @@ fn events_are_searchable_and_every_non_allow_decision_reaches_the_webhook() {
     assert_eq!(b.len(), 2);
     assert!(b.iter().all(|m| m["text"].as_str().unwrap().contains("REJECT")));
 
+    // A guard log edited to turn a refused batch into an allowed one is an
+    // error naming the edit, for `events` and `alert-scan` alike: neither
+    // reports the edited chain as if it were the one the run sealed (alert-scan
+    // posted no alert at all for it).
+    let ledger = rusqlite::Connection::open(p.path().join(".orchestrate/guard.sqlite")).unwrap();
+    let edited = ledger
+        .execute(
+            "UPDATE guard_events SET payload = replace(payload, '\"decision\":\"reject\"', '\"decision\":\"allow\"') \
+             WHERE kind = 'decision' AND payload LIKE '%reject%'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(edited, 2, "the two refused batches");
+    drop(ledger);
+    for args in [vec!["events"], vec!["alert-scan", "--webhook", "http://127.0.0.1:9/hook", "--dry-run"]] {
+        let out = p.run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}{}", stdout(&out), stderr(&out));
+        assert!(stderr(&out).contains("was edited"), "{args:?}: {}", stderr(&out));
+        assert!(!stdout(&out).contains("REJECT") && !stdout(&out).contains("reject"), "{}", stdout(&out));
+    }
+    let ledger = rusqlite::Connection::open(p.path().join(".orchestrate/guard.sqlite")).unwrap();
+    ledger
+        .execute(
+            "UPDATE guard_events SET payload = replace(payload, '\"decision\":\"allow\",\"iteration\"', '\"decision\":\"reject\",\"iteration\"') \
+             WHERE kind = 'decision' AND payload LIKE '%codes%'",
+            [],
+        )
+        .unwrap();
+    drop(ledger);
+    assert_eq!(p.run(&["events"]).status.code(), Some(0), "the chain verifies again once restored");
+
     // An endpoint that keeps failing is a clear error.
     let (url, _) = server(vec![500; 10]);
     let out = p.run(&["alert-scan", "--webhook", &url, "--retries", "1"]);

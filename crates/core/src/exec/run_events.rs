@@ -1,5 +1,5 @@
 //! A run's events as one typed stream: the engine's events in order, then each
-//! GRPO node's sealed guard events. What `orchestrate events`, `alert-scan`
+//! GRPO node's sealed guard events, each chain verified first. What `orchestrate events`, `alert-scan`
 //! and their JSON output read, one shared type instead of JSON looked up by
 //! field name.
 
@@ -68,6 +68,10 @@ pub enum RunEventsError {
     Engine { run: String, seq: usize, message: String },
     #[error("node {node}: {message}")]
     Node { node: String, message: String },
+    #[error(
+        "node {node}: the guard log of lineage {lineage} does not verify: {problem}; none of its events is shown as sealed"
+    )]
+    Chain { node: String, lineage: String, problem: String },
     #[error("node {node}: guard event {seq} of lineage {lineage}: {source}")]
     Guard {
         node: String,
@@ -120,6 +124,11 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         let TrainingMetrics::Grpo(m) = read else {
             return Err(node_error("its metrics are not GRPO metrics".into()));
         };
+        // Only a chain that verifies is read: an edited, removed or reordered
+        // event would otherwise be reported as what the run sealed.
+        if let Some(problem) = crate::guard::events::verify(&ledger, &m.lineage)? {
+            return Err(RunEventsError::Chain { node: n.node_id.clone(), lineage: m.lineage.clone(), problem });
+        }
         for stored in ledger.events(&m.lineage)? {
             let event = GuardEvent::parse(&stored.producer, &stored.kind, &stored.payload).map_err(|source| {
                 RunEventsError::Guard {
