@@ -154,6 +154,46 @@ pub fn run(
 /// Runs every node of the DAG, handing each node that is not a cache hit to
 /// `executor`. The scheduler alone decides hit or run (and why), keeps the
 /// dependency order, the `jobs` limit and the run record.
+/// What every node's job in one run shares: one place builds a job, for the
+/// scheduler deciding a hit early and for the job threads alike.
+struct RunShared<'a> {
+    ws: &'a Workspace,
+    spec: &'a Spec,
+    opts: &'a RunOptions,
+    run_id: &'a str,
+    cancel: &'a AtomicBool,
+    cpu: &'a node::CpuSlots,
+}
+
+impl<'a> RunShared<'a> {
+    fn job<'b>(
+        &'b self,
+        index: &'b crate::store::Index,
+        node: &'b crate::dag::DagNode,
+        upstream: &'b BTreeMap<String, Vec<OutputRecord>>,
+        env: Option<EnvPart>,
+    ) -> node::NodeJob<'b>
+    where
+        'a: 'b,
+    {
+        node::NodeJob {
+            ws: self.ws,
+            index,
+            node,
+            spec_name: &self.spec.name,
+            spec_profile: self.spec.profile.as_deref(),
+            spec_dir: &self.spec.base_dir,
+            run_id: self.run_id,
+            upstream,
+            env,
+            force: self.opts.force.contains(node.id()),
+            cancel: self.cancel,
+            cpu: Some(self.cpu),
+            remote: self.opts.remote.as_ref(),
+        }
+    }
+}
+
 pub fn run_with(
     ws: &Workspace,
     spec: &Spec,
@@ -199,8 +239,7 @@ pub fn run_with(
     let env_cache: Mutex<Option<Result<EnvPart, String>>> = Mutex::new(None);
     let cancel = AtomicBool::new(false);
     let cpu = node::CpuSlots::machine();
-    type Ready =
-        (usize, BTreeMap<String, Vec<OutputRecord>>, Option<Box<(crate::dag::key::HashInputs, node::Decision)>>);
+    type Ready = (usize, BTreeMap<String, Vec<OutputRecord>>, Option<Box<node::Decided>>);
     let (job_tx, job_rx) = mpsc::channel::<Ready>();
     let job_rx = Arc::new(Mutex::new(job_rx));
     let (msg_tx, msg_rx) = mpsc::channel::<Msg>();
@@ -222,11 +261,12 @@ pub fn run_with(
         BTreeMap::new()
     };
 
+    let shared = RunShared { ws, spec, opts, run_id: &run_id, cancel: &cancel, cpu: &cpu };
     std::thread::scope(|scope| -> Result<(), StoreError> {
         for _ in 0..jobs.min(n.max(1)) {
             let job_rx = Arc::clone(&job_rx);
             let msg_tx = msg_tx.clone();
-            let (env_cache, cancel, run_id, cpu) = (&env_cache, &cancel, run_id.as_str(), &cpu);
+            let (env_cache, cancel, shared) = (&env_cache, &cancel, &shared);
             scope.spawn(move || {
                 let index = match ws.index() {
                     Ok(i) => i,
@@ -267,21 +307,7 @@ pub fn run_with(
                     } else {
                         None
                     };
-                    let job = node::NodeJob {
-                        ws,
-                        index: &index,
-                        node,
-                        spec_name: &spec.name,
-                        spec_profile: spec.profile.as_deref(),
-                        spec_dir: &spec.base_dir,
-                        run_id,
-                        upstream: &upstream,
-                        env,
-                        force: opts.force.contains(node.id()),
-                        cancel,
-                        cpu: Some(cpu),
-                        remote: opts.remote.as_ref(),
-                    };
+                    let job = shared.job(&index, node, &upstream, env);
                     let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
                     let outcome = node::resolve(&job, executor, &mut observer, record);
                     let _ = msg_tx.send(Msg::Done(pos, outcome));
@@ -307,22 +333,7 @@ pub fn run_with(
             let early = if cancel.load(std::sync::atomic::Ordering::SeqCst) {
                 node::Early::Unknown
             } else {
-                let job = node::NodeJob {
-                    ws,
-                    index: index_here,
-                    node,
-                    spec_name: &spec.name,
-                    spec_profile: spec.profile.as_deref(),
-                    spec_dir: &spec.base_dir,
-                    run_id: &run_id,
-                    upstream: &upstream,
-                    env: None,
-                    force: opts.force.contains(node.id()),
-                    cancel: &cancel,
-                    cpu: None,
-                    remote: opts.remote.as_ref(),
-                };
-                node::early(&job)
+                node::early(&shared.job(index_here, node, &upstream, None))
             };
             match early {
                 node::Early::Hit(outcome) => decided.push_back((pos, outcome)),

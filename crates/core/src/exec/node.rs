@@ -452,8 +452,6 @@ pub trait NodeObserver {
     fn waiting(&mut self, key: &Key, reason: &str);
 }
 
-/// Resolves one node: the scheduler's decision (cache hit, or why it runs),
-/// then, if it runs, the executor's.
 /// The most file-dep bytes a node may have for the scheduler's thread to key
 /// it ([`early`]): hashing more, when they changed, would hold up the others.
 const EARLY_FILE_BYTES: u64 = 16 << 20;
@@ -463,13 +461,20 @@ const EARLY_FILE_BYTES: u64 = 16 << 20;
 pub enum Early {
     /// Cached, and its outputs are valid: nothing to run, lock or wait for.
     Hit(Outcome),
-    /// Not a plain hit: its hash-input record and what was decided, so
-    /// neither is computed twice (checking the cache has effects: an object
-    /// found corrupt is set aside, and a second check would give another reason).
-    Decided(Box<(HashInputs, Decision)>),
+    /// Not a plain hit: what was decided, so nothing is computed twice
+    /// (checking the cache has effects: an object found corrupt is set aside,
+    /// and a second check would give another reason).
+    Decided(Box<Decided>),
     /// Left whole to [`resolve`] (a numerical or forced node, or its record
     /// did not compute: `resolve` reports why).
     Unknown,
+}
+
+/// A node's record, its key and the cache's decision on it, made once.
+pub struct Decided {
+    pub record: HashInputs,
+    pub key: Key,
+    pub decision: Decision,
 }
 
 /// Decides a ready node in the scheduler's own thread when it is a plain
@@ -500,35 +505,35 @@ pub fn early(job: &NodeJob<'_>) -> Early {
     let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
     match decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force) {
         Ok(Decision::Hit(outputs)) => Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None }),
-        Ok(decision) => Early::Decided(Box::new((record, decision))),
+        Ok(decision) => Early::Decided(Box::new(Decided { record, key, decision })),
         // An error is for `resolve` to report, as it would have.
         Err(_) => Early::Unknown,
     }
 }
 
-/// Resolves a node (with its record and decision when [`early`] made them):
-/// cached, checked out of the store, or run by `executor`.
+/// Resolves one node: the scheduler's decision (cache hit, or why it runs;
+/// given when [`early`] made it), then, if it runs, the executor's.
 pub fn resolve(
     job: &NodeJob<'_>,
     executor: &dyn Executor,
     observer: &mut dyn NodeObserver,
-    decided: Option<Box<(HashInputs, Decision)>>,
+    decided: Option<Box<Decided>>,
 ) -> Outcome {
     let started = Instant::now();
     let failed =
         |key: Option<Key>, error: String| Outcome::Failed { key, error, seconds: started.elapsed().as_secs_f64() };
-    let (record, decided) = match decided.map(|d| *d) {
-        Some((record, decision)) => (record, Some(decision)),
-        None => match job.record() {
-            Ok(r) => (r, None),
-            Err(e) => return failed(None, e),
-        },
-    };
-    let key = record.key();
-    let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
-    let decision = match decided {
-        Some(d) => Ok(d),
-        None => decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force),
+    let (record, key, decision) = match decided.map(|d| *d) {
+        Some(Decided { record, key, decision }) => (record, key, Ok(decision)),
+        None => {
+            let record = match job.record() {
+                Ok(r) => r,
+                Err(e) => return failed(None, e),
+            };
+            let key = record.key();
+            let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
+            let decision = decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force);
+            (record, key, decision)
+        }
     };
     match decision {
         Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None, restored: None },

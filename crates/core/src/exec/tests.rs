@@ -310,6 +310,6 @@ fn a_plain_hit_is_decided_early_and_a_node_with_much_to_hash_is_left_to_a_job_th
     };
     assert!(matches!(early_for("a", false), Early::Hit(Outcome::Cached { .. })));
     assert!(matches!(early_for("a", true), Early::Unknown));
-    assert!(matches!(early_for("small", false), Early::Decided(d) if d.0.files.contains_key("small.txt")));
+    assert!(matches!(early_for("small", false), Early::Decided(d) if d.record.files.contains_key("small.txt")));
     assert!(matches!(early_for("big", false), Early::Unknown), "17 MiB to hash is left to a job thread");
 }
