@@ -14,7 +14,6 @@ use std::io::Write as _;
 
 use orchestrate_core::exec::run_events::{self, Alert, Detail, RunEvent};
 use orchestrate_core::exec::Event;
-use orchestrate_core::guard::Decision;
 use orchestrate_core::store::Workspace;
 
 /// Every event of a run (`exec::run_events::collect`).
@@ -65,7 +64,7 @@ pub fn render(e: &RunEvent) -> String {
         Detail::Guard { producer, decision, iteration, .. } => {
             let mut line = format!("guard  {node}  #{} {producer}/{kind}  iteration {iteration}", e.seq);
             if let Some(d) = decision {
-                line.push_str(&format!("  {}", decision_name(*d).to_uppercase()));
+                line.push_str(&format!("  {}", d.as_str().to_uppercase()));
             }
             if !e.codes.is_empty() {
                 line.push_str(&format!("  {}", e.codes.join(", ")));
@@ -93,11 +92,6 @@ pub fn render(e: &RunEvent) -> String {
     }
 }
 
-/// A decision as the guard log writes it (`allow`, `reject`, ...).
-fn decision_name(d: Decision) -> String {
-    serde_json::to_value(d).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| format!("{d:?}"))
-}
-
 /// The guard decisions of a run that were not ALLOW.
 pub fn alerts(events: &[RunEvent]) -> Vec<Alert> {
     events.iter().filter_map(RunEvent::alert).collect()
@@ -117,7 +111,7 @@ pub fn payload(alert: &Alert, slack: bool) -> Value {
         serde_json::to_value(SlackMessage {
             text: format!(
                 ":rotating_light: orchestrate guard {} in run {}, node {}, iteration {}: {}",
-                decision_name(alert.decision).to_uppercase(),
+                alert.decision.as_str().to_uppercase(),
                 alert.run,
                 alert.node,
                 alert.iteration,

@@ -10,6 +10,7 @@ use super::events::Event;
 use crate::dag::key::HashInputs;
 use crate::guard::codes::Decision;
 use crate::guard::events::GuardEvent;
+use crate::ops::artifacts::ArtifactKind;
 use crate::ops::worker::WorkerOp;
 use crate::store::Workspace;
 use crate::train::metrics::TrainingMetrics;
@@ -55,8 +56,6 @@ pub enum Detail {
         iteration: usize,
         /// The event's fields as sealed.
         payload: Value,
-        #[serde(skip)]
-        event: GuardEvent,
     },
 }
 
@@ -108,17 +107,17 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         let Some(key) = &n.key else { continue };
         let Some(cached) = index.lookup(key)? else { continue };
         let node_error = |message: String| RunEventsError::Node { node: n.node_id.clone(), message };
-        // GRPO nodes have a guard lineage; their metrics say which.
-        if HashInputs::from_stored(&cached.record).map_err(|e| node_error(e.to_string()))?.op
-            != WorkerOp::TrainGrpo.name()
-        {
+        // GRPO nodes have a guard lineage; their training metrics say which.
+        let op = HashInputs::from_stored(&cached.record).map_err(|e| node_error(e.to_string()))?.op;
+        if op != WorkerOp::TrainGrpo.name() {
             continue;
         }
+        let name = ArtifactKind::TrainingMetrics.output_of(&op).expect("a training op writes training metrics");
         let metrics = cached
             .outputs
             .iter()
-            .find(|o| o.name == "metrics")
-            .ok_or_else(|| node_error("a GRPO node without its metrics output".into()))?;
+            .find(|o| o.name == name)
+            .ok_or_else(|| node_error(format!("a GRPO node without its {name} output")))?;
         let read =
             TrainingMetrics::read(&ws.object_path(&metrics.object.hash)).map_err(|e| node_error(e.to_string()))?;
         let TrainingMetrics::Grpo(m) = read else {
@@ -126,10 +125,11 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         };
         // Only a chain that verifies is read: an edited, removed or reordered
         // event would otherwise be reported as what the run sealed.
-        if let Some(problem) = crate::guard::events::verify(&ledger, &m.lineage)? {
+        let chain = ledger.events(&m.lineage)?;
+        if let Some(problem) = crate::guard::events::verify_events(&chain) {
             return Err(RunEventsError::Chain { node: n.node_id.clone(), lineage: m.lineage.clone(), problem });
         }
-        for stored in ledger.events(&m.lineage)? {
+        for stored in chain {
             let event = GuardEvent::parse(&stored.producer, &stored.kind, &stored.payload).map_err(|source| {
                 RunEventsError::Guard {
                     node: n.node_id.clone(),
@@ -154,7 +154,6 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
                     decision: decision.map(|d| d.decision),
                     iteration: event.iteration(),
                     payload,
-                    event,
                 },
             });
         }

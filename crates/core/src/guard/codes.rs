@@ -14,6 +14,17 @@ pub enum Decision {
     Reject,
 }
 
+impl Decision {
+    /// Its name as the guard log and the alerts write it (`allow`, `quarantine`, `reject`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allow => "allow",
+            Decision::Quarantine => "quarantine",
+            Decision::Reject => "reject",
+        }
+    }
+}
+
 /// A machine-readable reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Code {
@@ -128,6 +139,13 @@ pub fn table() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decisions_name_is_the_one_it_is_written_with() {
+        for d in [Decision::Allow, Decision::Quarantine, Decision::Reject] {
+            assert_eq!(serde_json::to_value(d).unwrap(), d.as_str());
+        }
+    }
 
     #[test]
     fn the_codes_doc_is_current() {

@@ -282,25 +282,28 @@ pub(crate) fn append(
 /// Checks a lineage's chain: contiguous order, links and seals. The first
 /// problem found, precisely, or `None` when intact.
 pub fn verify(ledger: &Ledger, lineage: &str) -> Result<Option<String>, StoreError> {
-    let mut prev = "genesis".to_string();
-    for (i, event) in ledger.events(lineage)?.into_iter().enumerate() {
+    Ok(verify_events(&ledger.events(lineage)?))
+}
+
+/// [`verify`] over a chain's events already read (in order), for a reader
+/// that goes on to use them.
+pub fn verify_events(events: &[super::ledger::StoredEvent]) -> Option<String> {
+    let mut prev = "genesis";
+    for (i, event) in events.iter().enumerate() {
         let super::ledger::StoredEvent { seq, producer, kind, payload, prev: stored_prev, seal: stored_seal } = event;
-        let expected_seq = i as i64 + 1;
+        let (seq, expected_seq) = (*seq, i as i64 + 1);
         if seq != expected_seq {
-            return Ok(Some(format!("event {expected_seq} is missing or out of order (found {seq})")));
+            return Some(format!("event {expected_seq} is missing or out of order (found {seq})"));
         }
         if stored_prev != prev {
-            return Ok(Some(format!(
-                "event {seq} does not follow event {}: events were removed or reordered",
-                seq - 1
-            )));
+            return Some(format!("event {seq} does not follow event {}: events were removed or reordered", seq - 1));
         }
-        if seal(&prev, seq, &producer, &kind, &payload) != stored_seal {
-            return Ok(Some(format!("event {seq} ({kind}) was edited: its seal does not match its content")));
+        if seal(prev, seq, producer, kind, payload) != *stored_seal {
+            return Some(format!("event {seq} ({kind}) was edited: its seal does not match its content"));
         }
         prev = stored_seal;
     }
-    Ok(None)
+    None
 }
 
 #[cfg(test)]

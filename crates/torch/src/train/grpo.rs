@@ -178,10 +178,10 @@ impl Setup {
         final_model_digest: String,
         reference_digest_now: &str,
     ) -> Result<GrpoMetrics> {
-        if let Some(problem) = orchestrate_core::guard::events::verify(ledger, &self.lineage)? {
+        let events = ledger.events(&self.lineage)?;
+        if let Some(problem) = orchestrate_core::guard::events::verify_events(&events) {
             bail!("the guard's event log is broken: {problem}");
         }
-        let events = ledger.events(&self.lineage)?;
         // Counted from the sealed log itself, so an interrupted + resumed lineage
         // counts the updates of both processes.
         let unguarded_updates = events.iter().filter(|e| e.kind == orchestrate_core::guard::UNGUARDED_EVENT).count();
