@@ -129,17 +129,27 @@ pub fn params(model: &CausalLm) -> BTreeMap<String, Tensor> {
 /// state is 5.9 GB of f32; copying it all twice before gzip ran a 24 GB
 /// machine out of memory).
 pub fn save_state(path: &Path, params: &BTreeMap<String, Tensor>, adam: &AdamW, meta: &Value) -> Result<()> {
-    let mut shapes = Vec::with_capacity(params.len() * 3);
-    let mut by_name: BTreeMap<String, &Tensor> = BTreeMap::new();
-    for (name, p) in params {
-        for (prefix, t) in [("model", p), ("adam_m", &adam.exp_avg[name]), ("adam_v", &adam.exp_avg_sq[name])] {
-            let full = format!("{prefix}/{name}");
-            shapes.push((full.clone(), t.size().iter().map(|d| *d as usize).collect()));
-            by_name.insert(full, t);
-        }
-    }
+    let by_name = state_tensors(params, adam)?;
+    let shapes: Vec<(String, Vec<usize>)> =
+        by_name.iter().map(|(name, t)| (name.clone(), t.size().iter().map(|d| *d as usize).collect())).collect();
     write_state_streamed(path, meta, &shapes, |name, out| write_tensor(by_name[name], out))?;
     Ok(())
+}
+
+/// Every tensor a state holds, by its name there: the model's parameters and
+/// AdamW's two moments (`model/NAME`, `adam_m/NAME`, `adam_v/NAME`), the one
+/// naming both writing and restoring a state use.
+fn state_tensors<'t>(params: &'t BTreeMap<String, Tensor>, adam: &'t AdamW) -> Result<BTreeMap<String, &'t Tensor>> {
+    let mut out = BTreeMap::new();
+    for (name, p) in params {
+        let (Some(m), Some(v)) = (adam.exp_avg.get(name), adam.exp_avg_sq.get(name)) else {
+            bail!("AdamW holds no moments for parameter {name}")
+        };
+        for (prefix, t) in [("model", p), ("adam_m", m), ("adam_v", v)] {
+            out.insert(format!("{prefix}/{name}"), t);
+        }
+    }
+    Ok(out)
 }
 
 /// How many values of a tensor are copied out at a time (4 MiB of f32).
@@ -181,14 +191,7 @@ pub fn restore_state<T>(
         TrainingMetrics::Grpo(m) => m.adam_step,
     };
     let accepted = accept(metrics)?;
-    let mut targets: BTreeMap<String, Tensor> = BTreeMap::new();
-    for (name, p) in params {
-        let moments = (adam.exp_avg.get(name), adam.exp_avg_sq.get(name));
-        let (Some(m), Some(v)) = moments else { bail!("AdamW holds no moments for parameter {name}") };
-        for (prefix, t) in [("model", p), ("adam_m", m), ("adam_v", v)] {
-            targets.insert(format!("{prefix}/{name}"), t.shallow_clone());
-        }
-    }
+    let targets = state_tensors(params, adam)?;
     // Every tensor is matched against the model from the header, before any
     // is read: a state that does not fit leaves the model as it was.
     let heads = reader.heads();
@@ -214,7 +217,7 @@ pub fn restore_state<T>(
     if let Some(missing) = targets.keys().find(|name| !heads.iter().any(|h| &h.name == *name)) {
         return Err(Error::Input(format!("{}: the state has no tensor {missing}", path.display())));
     }
-    tch::no_grad(|| reader.read_tensors(|head, bytes| read_tensor(&targets[&head.name], bytes)))?;
+    tch::no_grad(|| reader.read_tensors(|head, bytes| read_tensor(targets[&head.name], bytes)))?;
     adam.step = adam_step;
     Ok(accepted)
 }
