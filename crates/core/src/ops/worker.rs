@@ -182,10 +182,7 @@ impl WorkerResult {
                 meta.len()
             ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut de = serde_json::Deserializer::from_str(&text);
-        let result = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| format!("{}: the worker's result: field {}: {}", path.display(), e.path(), e.inner()))?;
+        let result = crate::canonical::read_typed(&path).map_err(|e| format!("the worker's result: {e}"))?;
         std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Some(result))
     }
