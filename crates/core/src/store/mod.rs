@@ -1302,15 +1302,22 @@ mod staging_tests {
         assert!(live.path().exists() && root.with_extension("lock").exists(), "live staging is kept");
     }
 
-    /// A node's staging folder replaced by a link to the user's folder:
-    /// dropping it removes the link, never what the link points to.
-    #[test]
-    fn a_link_planted_at_a_staging_folder_is_removed_not_followed() {
+    /// A workspace, and beside it a folder of the user's holding `notes.txt`
+    /// ("keep"), which a link planted in the workspace may point to.
+    fn beside_a_users_folder() -> (tempfile::TempDir, Workspace, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let ws = Workspace::open(&dir.path().join("ws")).unwrap();
         let outside = dir.path().join("users");
         std::fs::create_dir(&outside).unwrap();
         std::fs::write(outside.join("notes.txt"), "keep").unwrap();
+        (dir, ws, outside)
+    }
+
+    /// A node's staging folder replaced by a link to the user's folder:
+    /// dropping it removes the link, never what the link points to.
+    #[test]
+    fn a_link_planted_at_a_staging_folder_is_removed_not_followed() {
+        let (_dir, ws, outside) = beside_a_users_folder();
         let staging = ws.staging().unwrap();
         let at = staging.path().to_path_buf();
         std::fs::remove_dir(&at).unwrap();
@@ -1338,11 +1345,7 @@ mod staging_tests {
     /// the link alone is removed with the workspace.
     #[test]
     fn a_link_planted_at_the_staging_root_is_refused_and_never_written_through() {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = Workspace::open(&dir.path().join("ws")).unwrap();
-        let outside = dir.path().join("users");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("notes.txt"), "keep").unwrap();
+        let (_dir, ws, outside) = beside_a_users_folder();
         let root = ws.staging().unwrap().path().parent().unwrap().to_path_buf();
         super::objects::remove_any(&root).unwrap();
         std::os::unix::fs::symlink(&outside, &root).unwrap();
