@@ -155,10 +155,11 @@ impl std::fmt::Display for FailureKind {
 }
 
 impl WorkerResult {
-    /// Writes the result into `staging` (as [`RESULT_FILE`]).
+    /// Writes the result into `staging` (as [`RESULT_FILE`]); a link there is
+    /// an error, never written through.
     pub fn write(&self, staging: &Path) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        std::fs::write(staging.join(RESULT_FILE), bytes)
+        crate::store::fsx::open_truncate(&staging.join(RESULT_FILE))?.write_all(&bytes)
     }
 
     /// The result a worker left in `staging`, taken out of it; `None` when it
@@ -278,6 +279,18 @@ mod tests {
             std::fs::symlink_metadata(dir.path().join(RESULT_FILE)).is_ok(),
             "a link is never followed nor removed"
         );
+        // Writing one where a link stands is refused; what the link points to is untouched.
+        let theirs = dir.path().join("theirs.txt");
+        std::fs::write(&theirs, "keep").unwrap();
+        std::fs::remove_file(dir.path().join(RESULT_FILE)).unwrap();
+        std::os::unix::fs::symlink(&theirs, dir.path().join(RESULT_FILE)).unwrap();
+        assert!(failed_write(dir.path()).is_err(), "written through a link");
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep");
+    }
+
+    fn failed_write(staging: &Path) -> std::io::Result<()> {
+        let failure = WorkerFailure { kind: FailureKind::Io, message: "x".into() };
+        WorkerResult { costs: None, failure: Some(failure) }.write(staging)
     }
 
     /// The job carries each op's params typed: what the engine parsed (its
