@@ -122,7 +122,8 @@ pub fn write_state_streamed(
     let (head, order) = header(meta, shapes).map_err(invalid)?;
     let tmp = path.with_extension("partial");
     let written = (|| -> Result<(), StateError> {
-        let file = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        // A link there is an error, never written through.
+        let file = crate::store::fsx::open_truncate(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
         let mut gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(file), flate2::Compression::new(1));
         gz.write_all(&(head.len() as u64).to_le_bytes()).map_err(io(format!("writing {}", tmp.display())))?;
         gz.write_all(&head).map_err(io(format!("writing {}", tmp.display())))?;

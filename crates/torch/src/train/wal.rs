@@ -78,8 +78,10 @@ impl Wal {
         save_state(&self.dir.join(&name), params, adam, meta)?;
         failpoint("checkpointed", iteration);
         let tmp = self.dir.join("committed.json.partial");
-        std::fs::write(&tmp, serde_json::to_string(&Committed { checkpoint: name })?)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
+        // A link there is an error, never written through.
+        let mut pointer = orchestrate_core::store::fsx::open_truncate(&tmp)?;
+        std::io::Write::write_all(&mut pointer, serde_json::to_string(&Committed { checkpoint: name })?.as_bytes())?;
+        pointer.sync_all()?;
         std::fs::rename(&tmp, self.dir.join(POINTER))?;
         failpoint("committed", iteration);
         Ok(())
@@ -109,6 +111,27 @@ mod tests {
             std::fs::write(&pointer, bad).unwrap();
             let e = wal.last_committed().unwrap_err().to_string();
             assert!(e.contains("committed.json"), "{bad}: {e}");
+        }
+    }
+
+    /// A link planted where a checkpoint writes its state or its pointer is
+    /// refused: the checkpoint fails, and what the link points to is untouched.
+    #[test]
+    fn a_checkpoint_never_writes_through_a_link() {
+        use crate::train::adamw::AdamWConfig;
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs.txt");
+        std::fs::write(&theirs, "keep").unwrap();
+        let params: BTreeMap<String, Tensor> = [("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))].into();
+        let adam = AdamW::new(AdamWConfig::new(0.0), &params);
+        let meta = serde_json::json!({"kind": "test"});
+        for planted in ["iter-1.partial", "committed.json.partial"] {
+            let wal = Wal::new(&dir.path().join(planted), "k");
+            std::fs::create_dir_all(&wal.dir).unwrap();
+            std::os::unix::fs::symlink(&theirs, wal.dir.join(planted)).unwrap();
+            assert!(wal.checkpoint(&params, &adam, &meta, 0).is_err(), "{planted}: written through a link");
+            assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep", "{planted}");
+            assert!(wal.last_committed().unwrap().is_none(), "{planted}: nothing committed");
         }
     }
 }
