@@ -9,14 +9,16 @@
 // GRPO and SFT updates then fail with "modified by an inplace operation").
 #![allow(clippy::assign_op_pattern)]
 
+// Layers, bottom first: a module uses only those declared before it
+// (crates/core/tests/layers.rs).
+pub mod error;
+pub mod decoder;
+pub mod generate;
+pub mod train;
+pub mod eval;
+pub mod ops;
 pub mod bench;
 pub mod cli;
-pub mod decoder;
-pub mod error;
-pub mod eval;
-pub mod generate;
-pub mod ops;
-pub mod train;
 
 use orchestrate_core::dag::key::EnvPart;
 

@@ -11,7 +11,6 @@ use orchestrate_core::ops::{FaultFamily, FaultSpec};
 use tch::Tensor;
 
 use super::adamw::digest;
-use super::update::RolloutBatch;
 use crate::decoder::CausalLm;
 
 /// The generation side: its own copy of the weights, changed only by `sync`,
@@ -155,25 +154,6 @@ pub fn inject(
         }
     }
     Ok(())
-}
-
-/// The update batch rebuilt from stored artifacts (the ids the store holds,
-/// with the span the mask selects), never from text.
-pub fn batch_from_artifacts(rollouts: &[TokenArtifacts], advantages: Vec<f64>, group_size: usize) -> RolloutBatch {
-    let mut prompts = Vec::new();
-    let mut responses = Vec::new();
-    let mut old = Vec::new();
-    for a in rollouts {
-        let full: Vec<i64> = a.prompt_ids.iter().chain(&a.response_ids).copied().collect();
-        let start = a.mask_start.min(full.len().saturating_sub(1)).max(1);
-        let end = (start + a.mask_len).min(full.len());
-        prompts.push(full[..start].to_vec());
-        responses.push(full[start..end].to_vec());
-        let mut o = a.old_logprobs.clone();
-        o.resize(end - start, 0.0);
-        old.push(o);
-    }
-    RolloutBatch { prompts, responses, old_logprobs: old, advantages, group_size }
 }
 
 /// Frozen content hashes of the prompts a run may use, by id.

@@ -19,9 +19,9 @@ use tch::{Kind, Tensor};
 
 use super::adamw::digest;
 use super::common::{examples, input_path, load_model, load_reference, params as params_of, rl_pool, Prompter};
-use super::guarded::{batch_from_artifacts, inject, prompt_registry, reward_of, Recorded, VERIFIER_ALIAS};
+use super::guarded::{inject, prompt_registry, reward_of, Recorded, VERIFIER_ALIAS};
 use super::objective::group_advantages;
-use super::update::{grpo_gradients, GrpoHyper};
+use super::update::{grpo_gradients, GrpoHyper, RolloutBatch};
 use crate::generate::{generate, pick_device, Sampling};
 
 /// Below this norm a gradient is treated as zero.
@@ -143,7 +143,7 @@ pub fn run(job: &WorkerJob, p: ReplayParams) -> Result<()> {
         micro_groups: 0,
     };
     let gradient_of = |rollouts: &[TokenArtifacts]| -> Result<(Vec<f64>, LossStats)> {
-        let batch = batch_from_artifacts(rollouts, advantages.clone(), p.group_size);
+        let batch = RolloutBatch::from_artifacts(rollouts, advantages.clone(), p.group_size);
         let stats = grpo_gradients(&policy, &reference, &params, &batch, &hyper)?;
         Ok((flat_grads(&params)?, stats))
     };

@@ -8,10 +8,9 @@ use std::collections::BTreeMap;
 use crate::error::{bail, Result};
 use tch::{Kind, Tensor};
 
-use orchestrate_core::guard::UpdateBatch;
+use orchestrate_core::guard::{TokenArtifacts, UpdateBatch};
 
 use super::adamw::{clip_grad_norm, zero_grad, AdamW};
-use super::guarded::batch_from_artifacts;
 use super::objective::{clipped_surrogate, exact_kl, reduce_tokens_responses_prompts};
 use crate::decoder::CausalLm;
 use crate::generate::response_logits;
@@ -25,6 +24,27 @@ pub struct RolloutBatch {
     pub old_logprobs: Vec<Vec<f32>>,
     pub advantages: Vec<f64>,
     pub group_size: usize,
+}
+
+impl RolloutBatch {
+    /// The update batch rebuilt from stored artifacts (the ids the store holds,
+    /// with the span the mask selects), never from text.
+    pub fn from_artifacts(rollouts: &[TokenArtifacts], advantages: Vec<f64>, group_size: usize) -> RolloutBatch {
+        let mut prompts = Vec::new();
+        let mut responses = Vec::new();
+        let mut old = Vec::new();
+        for a in rollouts {
+            let full: Vec<i64> = a.prompt_ids.iter().chain(&a.response_ids).copied().collect();
+            let start = a.mask_start.min(full.len().saturating_sub(1)).max(1);
+            let end = (start + a.mask_len).min(full.len());
+            prompts.push(full[..start].to_vec());
+            responses.push(full[start..end].to_vec());
+            let mut o = a.old_logprobs.clone();
+            o.resize(end - start, 0.0);
+            old.push(o);
+        }
+        RolloutBatch { prompts, responses, old_logprobs: old, advantages, group_size }
+    }
 }
 
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -229,7 +249,7 @@ pub fn grpo_update(
     if advantages.len() != batch.rollouts().len() {
         bail!("{} advantages for {} authorized rollouts", advantages.len(), batch.rollouts().len());
     }
-    let rollouts = batch_from_artifacts(batch.rollouts(), advantages, group_size);
+    let rollouts = RolloutBatch::from_artifacts(batch.rollouts(), advantages, group_size);
     step(policy, reference, params, adam, &rollouts, hyper, lr)
 }
 
