@@ -17,7 +17,12 @@ pub fn pack(ctx: &Ctx, cmd: PackCommand) -> Result<Status> {
             ctx,
             &spec,
             &out,
-            orchestrate_core::pack::FreezeOptions { with_models, with_states, max_output_bytes },
+            orchestrate_core::pack::FreezeOptions {
+                with_models,
+                with_states,
+                max_output_bytes,
+                report: Some(|dir, title| Ok(orchestrate_core::view::html::pack_report(dir, title)?)),
+            },
         ),
         PackCommand::Sign { dir, key } => super::keys::sign_pack(&dir, &key),
         PackCommand::Verify { dir, expect, key } => verify(&dir, expect.as_deref(), key.as_deref()),

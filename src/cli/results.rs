@@ -6,9 +6,9 @@ use super::commands::Ctx;
 use super::exit::Status;
 use super::shared::*;
 use super::*;
-use orchestrate_core::compare;
 use orchestrate_core::ops::Registry;
 use orchestrate_core::store::{write_atomic, Workspace};
+use orchestrate_core::view::{self, compare, group, RunView, Side};
 
 /// `orchestrate report`: one self-contained HTML file.
 pub fn report(ctx: &Ctx, args: ReportArgs) -> Result<Status> {
@@ -30,12 +30,12 @@ pub fn report(ctx: &Ctx, args: ReportArgs) -> Result<Status> {
         |html: String| write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()));
     match (sides.as_slice(), &group_by) {
         ([one], None) => {
-            write(orchestrate_core::report::render(&one.source))?;
-            outln!("wrote {} ({} nodes)", out.display(), one.source.nodes.len());
+            write(view::html::render(&one.view))?;
+            outln!("wrote {} ({} nodes)", out.display(), one.view.nodes.len());
         }
         _ => {
-            let axis = group_by.as_deref().map(|a| compare::resolve_axis(&sides, a));
-            write(orchestrate_core::overlay::render(&sides, axis.as_deref()))?;
+            let axis = group_by.as_deref().map(|a| group::resolve_axis(&sides, a));
+            write(view::overlay::render(&sides, axis.as_deref()))?;
             outln!("wrote {} ({} runs overlaid)", out.display(), sides.len());
         }
     }
@@ -53,12 +53,12 @@ pub fn compare(ctx: &Ctx, args: CompareArgs) -> Result<Status> {
         let [side] = sides.as_slice() else {
             bail!("--group-by groups the matrix of one run, spec or pack; {} were named", sides.len());
         };
-        let axis = compare::resolve_axis(&sides, axis);
-        let g = compare::group(side, &axis).map_err(anyhow::Error::msg)?;
-        (g.text(), g.markdown(), serde_json::to_value(&g)?)
+        let axis = group::resolve_axis(&sides, axis);
+        let g = group::group(side, &axis)?;
+        (view::text::grouped(&g), view::markdown::grouped(&g), serde_json::to_value(&g)?)
     } else {
         let c = compare::compare(&sides, all);
-        (c.text(), c.markdown(), serde_json::to_value(&c)?)
+        (view::text::comparison(&c), view::markdown::comparison(&c), serde_json::to_value(&c)?)
     };
     if json {
         outln!("{}", serde_json::to_string_pretty(&value)?);
@@ -75,7 +75,7 @@ pub fn export(ctx: &Ctx, cmd: ExportCommand) -> Result<Status> {
     let ExportCommand::Tensorboard { target, dir, profile } = cmd;
     let side = compare_side(&ctx.workspace, &target, profile.as_deref(), &ctx.registry)?;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    let done = orchestrate_core::tensorboard::export(&side.source, &dir, now).map_err(anyhow::Error::msg)?;
+    let done = view::tensorboard::export(&side.view, &dir, now)?;
     for (node, path, n) in &done.written {
         outln!("{node}: {n} scalars → {}", path.display());
     }
@@ -96,11 +96,11 @@ pub(super) fn compare_side(
     target: &str,
     profile: Option<&str>,
     registry: &Registry,
-) -> Result<compare::Side> {
+) -> Result<Side> {
     let path = std::path::Path::new(target);
     if path.join("MANIFEST.json").exists() {
-        let source = orchestrate_core::pack::report_source(path)?;
-        return Ok(compare::Side { name: format!("pack {target}"), source });
+        let view = RunView::from_pack(path)?;
+        return Ok(Side { name: format!("pack {target}"), view });
     }
     let open = || -> Result<Workspace> {
         Workspace::open_read_only(workspace)?.with_context(|| {
@@ -128,12 +128,12 @@ pub(super) fn compare_side(
                 let p = spec.profile.as_deref().map(|p| format!(" --profile {p}")).unwrap_or_default();
                 format!("no run of spec '{}'{p} ({target}) in {}", spec.name, ws.root().display())
             })?;
-        let source = orchestrate_core::report::from_run(&ws, Some(run.run_id.clone()))?;
-        return Ok(compare::Side { name: format!("{target}: {}", source.title), source });
+        let view = RunView::from_run(&ws, Some(run.run_id.clone()))?;
+        return Ok(Side { name: format!("{target}: {}", view.title), view });
     }
     let ws = open()?;
-    let source = orchestrate_core::report::from_run(&ws, Some(target.to_string())).with_context(|| {
+    let view = RunView::from_run(&ws, Some(target.to_string())).with_context(|| {
         format!("'{target}' is neither a pack folder (with a MANIFEST.json), a spec file, nor a run of the workspace")
     })?;
-    Ok(compare::Side { name: source.title.clone(), source })
+    Ok(Side { name: view.title.clone(), view })
 }

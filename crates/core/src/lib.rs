@@ -9,36 +9,43 @@
 //! No clap and no libtorch here: the command line is the `orchestrate` binary
 //! (the workspace's root package), and code that calls libtorch is the
 //! `orchestrate-torch` crate and worker (crates/torch), a separate process (see
-//! [`runtime`] for why). The modules form layers without a cycle
-//! (`tests/layers.rs` fails on a new one).
+//! [`runtime`] for why). The modules are layers, declared below bottom first;
+//! a module uses only those declared before it (`tests/layers.rs`).
 
+// The layers, bottom first: a module uses only modules declared before it
+// (tests/layers.rs checks it, naming any line that reaches up).
+
+// Foundations: encodings, names, statistics, the network client.
 pub mod canonical;
-pub mod compare;
+pub mod ids;
+pub mod suggest;
+pub mod net;
+pub mod stats;
 pub mod costs;
-pub mod dag;
-pub mod data;
+// The content-addressed store and index, and what reads the machine.
+pub mod store;
+pub mod runtime;
+// Inputs: the user's files, data sets, rewards, models; trust and the Hub.
 pub mod docfile;
-pub mod exec;
+pub mod data;
+pub mod reward;
+pub mod model;
+pub mod trust;
+pub mod hub;
+// The guarded trainer's contracts: gates, the guard, training records.
 pub mod gate;
 pub mod guard;
-pub mod hub;
-pub mod ids;
-pub mod model;
-pub mod net;
-pub mod ops;
-pub mod overlay;
-pub mod pack;
-pub mod remote;
-pub mod report;
-pub mod reward;
-pub mod runtime;
-pub mod spec;
-pub mod stats;
-pub mod store;
-pub mod suggest;
-pub mod tensorboard;
 pub mod train;
-pub mod trust;
+// What a node does, what a spec says, and the DAG it compiles to.
+pub mod ops;
+pub mod spec;
+pub mod dag;
+// Running: remote caches, the scheduler.
+pub mod remote;
+pub mod exec;
+// Release packs, then the read side over runs and packs.
+pub mod pack;
+pub mod view;
 
 /// The committed example packs (`artifacts/grpo-main-tiny`), which every later
 /// orchestrate must still read: the tests that read their files go through here.

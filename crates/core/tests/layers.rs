@@ -1,8 +1,10 @@
-//! The library's top-level modules form a layered graph: no module reaches,
-//! directly or through others, back into itself. A new cycle fails here with
-//! the modules and the lines that close it.
+//! The libraries' modules are layers, declared bottom first: `lib.rs` lists
+//! core's modules in the order they may use one another (a module names only
+//! modules declared before it), the torch crate's `lib.rs` and its
+//! `train/mod.rs` likewise. A reference up the order fails here naming the
+//! line, so a cycle (which needs one) cannot form, and the order written in
+//! `lib.rs` and docs/engine.md stays the order the code has.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -16,41 +18,72 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level modules each file of `module` names through `crate::`,
-/// including those inside `crate::{a, b::c}` groups, with one line that does.
-fn references(src: &Path, module: &str) -> BTreeMap<String, String> {
+/// The modules `decl` declares, in order, leaving out test-only ones
+/// (`#[cfg(test)]` on the line before), which may use anything.
+fn declared(decl: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(decl).unwrap();
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some(name) = line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod ")) else { continue };
+        let Some(name) = name.strip_suffix(';') else { continue };
+        if n > 0 && lines[n - 1] == "#[cfg(test)]" {
+            continue;
+        }
+        out.push(name.trim().to_string());
+    }
+    out
+}
+
+/// The names a path expression starting right after a prefix names: `a` in
+/// `a::b`, and each of `a`, `c` in `{a::b, c}`.
+fn names_after(after: &str) -> Vec<String> {
+    if let Some(group) = after.strip_prefix('{') {
+        let inner = group.split('}').next().unwrap_or("");
+        inner.split(',').map(|p| p.trim().split("::").next().unwrap_or("").trim().to_string()).collect()
+    } else {
+        vec![after.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("").to_string()]
+    }
+}
+
+/// Every module of `root` (declared in `decl`) that each file of `module`
+/// names, through `prefix` (`crate::` for a crate root) or through as many
+/// `super::` as lead from the file back to `root`, with the line that does.
+fn references(root: &Path, prefix: &str, module: &str) -> Vec<(String, String)> {
     let mut files = Vec::new();
-    let dir = src.join(module);
-    if dir.is_dir() {
-        rust_files(&dir, &mut files);
+    if root.join(module).is_dir() {
+        rust_files(&root.join(module), &mut files);
     }
-    let file = src.join(format!("{module}.rs"));
-    if file.is_file() {
-        files.push(file);
+    if root.join(format!("{module}.rs")).is_file() {
+        files.push(root.join(format!("{module}.rs")));
     }
-    let mut found = BTreeMap::new();
+    let mut found = Vec::new();
     for file in files {
+        let rel = file.strip_prefix(root).unwrap();
+        // How many `super::` lead from this file's module back to `root`.
+        let depth = rel.components().count() - usize::from(rel.ends_with("mod.rs"));
+        let up = "super::".repeat(depth);
         let text = std::fs::read_to_string(&file).unwrap();
         for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
-            let mut rest = code;
-            while let Some(at) = rest.find("crate::") {
-                // Skip paths of other crates (`orchestrate_core::`, `$crate::`).
-                let before = rest[..at].chars().last();
-                let after = &rest[at + "crate::".len()..];
-                rest = after;
-                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
-                    continue;
-                }
-                let names: Vec<&str> = if let Some(group) = after.strip_prefix('{') {
-                    let inner = group.split('}').next().unwrap_or("");
-                    inner.split(',').map(|p| p.trim().split("::").next().unwrap_or("").trim()).collect()
-                } else {
-                    vec![after.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")]
-                };
-                for name in names.into_iter().filter(|n| !n.is_empty() && *n != module) {
-                    let place = format!("{}:{}: {}", file.strip_prefix(src).unwrap().display(), n + 1, line.trim());
-                    found.entry(name.to_string()).or_insert(place);
+            for lead in [prefix, up.as_str()] {
+                let mut rest = code;
+                while let Some(at) = rest.find(lead) {
+                    // Skip other crates' paths (`orchestrate_core::`, `$crate::`) and longer `super::` chains.
+                    let before = rest[..at].chars().last();
+                    let after = &rest[at + lead.len()..];
+                    rest = after;
+                    if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':')
+                        || after.starts_with("super::")
+                    {
+                        continue;
+                    }
+                    for name in names_after(after) {
+                        if !name.is_empty() && name != module {
+                            let place = format!("{}:{}: {}", file.display(), n + 1, line.trim());
+                            found.push((name, place));
+                        }
+                    }
                 }
             }
         }
@@ -58,64 +91,68 @@ fn references(src: &Path, module: &str) -> BTreeMap<String, String> {
     found
 }
 
-#[test]
-fn the_library_modules_have_no_cycle() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
-    let modules: BTreeSet<String> = lib
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod ").or_else(|| l.trim().strip_prefix("mod ")))
-        .map(|l| l.trim_end_matches(';').trim().to_string())
-        .collect();
-    assert!(modules.len() >= 5, "lib.rs declares {modules:?}");
-    let edges: BTreeMap<String, BTreeMap<String, String>> = modules
-        .iter()
-        .map(|m| {
-            let refs = references(&src, m).into_iter().filter(|(to, _)| modules.contains(to)).collect();
-            (m.clone(), refs)
-        })
-        .collect();
-
-    // Depth-first search; a back edge is a cycle, reported with the lines that make it.
-    fn visit(
-        m: &str,
-        edges: &BTreeMap<String, BTreeMap<String, String>>,
-        state: &mut BTreeMap<String, u8>,
-        path: &mut Vec<String>,
-        cycles: &mut Vec<String>,
-    ) {
-        state.insert(m.to_string(), 1);
-        path.push(m.to_string());
-        for (to, line) in &edges[m] {
-            match state.get(to.as_str()).copied().unwrap_or(0) {
-                0 => visit(to, edges, state, path, cycles),
-                1 => {
-                    let start = path.iter().position(|p| p == to).unwrap();
-                    let mut ring: Vec<String> = path[start..].to_vec();
-                    ring.push(to.clone());
-                    let lines: Vec<String> = ring.windows(2).map(|w| format!("    {}", edges[&w[0]][&w[1]])).collect();
-                    cycles.push(format!("{}\n{}", ring.join(" -> "), lines.join("\n")));
-                    let _ = line;
+/// Each reference from a module to one declared after it in `decl`.
+fn upward(root: &Path, decl: &Path, prefix: &str) -> Vec<String> {
+    let order = declared(decl);
+    assert!(order.len() >= 2, "{} declares {order:?}", decl.display());
+    let mut out = Vec::new();
+    for (i, module) in order.iter().enumerate() {
+        for (to, place) in references(root, prefix, module) {
+            if let Some(j) = order.iter().position(|m| *m == to) {
+                if j > i {
+                    out.push(format!("{module} (layer {i}) uses {to} (layer {j}), declared above it:\n    {place}"));
                 }
-                _ => {}
             }
         }
-        path.pop();
-        state.insert(m.to_string(), 2);
     }
-    let mut state = BTreeMap::new();
-    let mut cycles = Vec::new();
-    for m in edges.keys() {
-        if state.get(m.as_str()).copied().unwrap_or(0) == 0 {
-            visit(m, &edges, &mut state, &mut Vec::new(), &mut cycles);
-        }
-    }
-    assert!(cycles.is_empty(), "module cycles in {}:\n{}", src.display(), cycles.join("\n"));
+    out
+}
+
+fn crates() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn the_core_modules_use_only_those_declared_before_them() {
+    let src = crates().join("core/src");
+    let found = upward(&src, &src.join("lib.rs"), "crate::");
+    assert!(found.is_empty(), "references up the order of core/src/lib.rs:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_torch_modules_use_only_those_declared_before_them() {
+    let src = crates().join("torch/src");
+    let found = upward(&src, &src.join("lib.rs"), "crate::");
+    assert!(found.is_empty(), "references up the order of torch/src/lib.rs:\n{}", found.join("\n"));
+    let train = src.join("train");
+    let found = upward(&train, &train.join("mod.rs"), "crate::train::");
+    assert!(found.is_empty(), "references up the order of torch/src/train/mod.rs:\n{}", found.join("\n"));
+}
+
+/// The check can fail: a module that names one declared after it is found,
+/// through `crate::`, a `{...}` group, or `super::`.
+#[test]
+fn a_reference_up_the_order_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("lib.rs"), "pub mod low;\npub mod high;\n#[cfg(test)]\nmod tests;\n").unwrap();
+    std::fs::create_dir(root.join("low")).unwrap();
+    std::fs::write(root.join("low/mod.rs"), "pub mod inner;\n").unwrap();
+    std::fs::write(root.join("low/inner.rs"), "use super::super::high::X; // up\n").unwrap();
+    std::fs::write(root.join("high.rs"), "use crate::{low::Y, tests::Z};\n").unwrap();
+    std::fs::write(root.join("tests.rs"), "use crate::high::X;\n").unwrap();
+    let found = upward(root, &root.join("lib.rs"), "crate::");
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].starts_with("low (layer 0) uses high (layer 1)") && found[0].contains("inner.rs:1"), "{found:?}");
+    std::fs::write(root.join("low/inner.rs"), "use crate::{high::X};\n").unwrap();
+    assert_eq!(upward(root, &root.join("lib.rs"), "crate::").len(), 1);
+    std::fs::write(root.join("low/inner.rs"), "use orchestrate_core::high::X;\n").unwrap();
+    assert!(upward(root, &root.join("lib.rs"), "crate::").is_empty());
 }
 
 /// Lines of the libraries' sources (the torch worker's `main.rs` aside) that name `word`.
 fn library_lines_naming(word: &str) -> Vec<String> {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let crates = crates();
     let mut files = Vec::new();
     for lib in ["core/src", "torch/src"] {
         rust_files(&crates.join(lib), &mut files);

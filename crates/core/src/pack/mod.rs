@@ -19,14 +19,13 @@ pub mod sign;
 use manifest::{Environment, EventsInfo, FreezeRecord, PackedGate, PackedNode, PackedOutput, SpecInfo};
 pub use manifest::{Manifest, SealedEvent, FORMAT};
 
-use crate::dag::key::{canonical_json, HashInputs};
+use crate::dag::key::canonical_json;
 use crate::dag::Dag;
 use crate::exec::plan::{plan, PlanState};
 use crate::exec::EnvProvider;
 use crate::exec::Event;
 use crate::gate::{evaluate, read_gate_file, table, GateResult};
 use crate::ops::OutputKind;
-use crate::report::{Node, ReportError, Source};
 use crate::spec::Spec;
 use crate::store::NodeOutcome;
 use crate::store::Workspace;
@@ -59,7 +58,15 @@ pub struct FreezeOptions {
     pub with_states: bool,
     /// Outputs larger than this are listed with their hash but not copied.
     pub max_output_bytes: u64,
+    /// What writes the pack's own `report.html` from the pack's files (the
+    /// folder being frozen) and a title: the read side's renderer, which
+    /// reads packs, so it is given here rather than called (`None`: a pack
+    /// without a report, as packs frozen before reports were).
+    pub report: Option<ReportRenderer>,
 }
+
+/// Renders a pack's report from its folder and a title.
+pub type ReportRenderer = fn(&Path, &str) -> Result<String, Box<dyn std::error::Error + Send + Sync>>;
 
 /// SHA-256 of a file, read in 1 MiB pieces (a pack may hold model weights).
 fn sha256_file(path: &Path) -> Result<String, PackError> {
@@ -350,9 +357,11 @@ pub fn freeze(
         )
         .map_err(io("writing MANIFEST.json"))?;
         // The pack's own HTML report, made from the pack's files alone and sealed with them.
-        let mut report = report_source(&tmp).map_err(|e| PackError::Refused(format!("the report: {e}")))?;
-        report.title = format!("pack {} (frozen {})", manifest.spec.name, manifest.frozen_at);
-        fs::write(tmp.join("report.html"), crate::report::render(&report)).map_err(io("writing report.html"))?;
+        if let Some(render) = opts.report {
+            let title = format!("pack {} (frozen {})", manifest.spec.name, manifest.frozen_at);
+            let html = render(&tmp, &title).map_err(|e| PackError::Refused(format!("the report: {e}")))?;
+            fs::write(tmp.join("report.html"), html).map_err(io("writing report.html"))?;
+        }
         let mut sums = String::new();
         for f in list_files(&tmp)? {
             sums.push_str(&format!("{}  {f}\n", sha256_file(&tmp.join(&f))?));
@@ -716,59 +725,28 @@ pub fn gate_table(results: &[GateResult]) -> String {
     table(results)
 }
 
-/// What `orchestrate report` shows of a frozen pack: its manifest's nodes,
-/// their outcomes from the sealed events, and their packed outputs.
-pub fn report_source(dir: &Path) -> Result<Source, ReportError> {
-    let manifest = Manifest::read(dir).map_err(ReportError::Invalid)?;
-    let mut outcome: BTreeMap<String, (String, Option<f64>)> = BTreeMap::new();
-    let events_path = inside(dir, &manifest.events.file).map_err(ReportError::Invalid)?;
-    // Bounded like every file a pack holds; a missing log is an error, not "frozen" nodes.
-    let events =
-        read_bounded(&events_path).map_err(|e| ReportError::Invalid(format!("{}: {e}", events_path.display())))?;
+/// Each node's outcome in a pack's sealed event log, with its seconds where
+/// it ran or failed (a node the log does not name is absent). The log is
+/// read bounded, like every file a pack holds, and a missing one is an error,
+/// not "frozen" nodes.
+pub fn node_outcomes(
+    dir: &Path,
+    manifest: &Manifest,
+) -> Result<BTreeMap<String, (NodeOutcome, Option<f64>)>, PackError> {
+    let events_path = inside(dir, &manifest.events.file).map_err(PackError::Refused)?;
+    let refused = |e: String| PackError::Refused(format!("{}: {e}", events_path.display()));
+    let events = read_bounded(&events_path).map_err(refused)?;
+    let mut outcome = BTreeMap::new();
     for (i, line) in events.lines().enumerate() {
-        let sealed: SealedEvent = serde_json::from_str(line)
-            .map_err(|e| ReportError::Invalid(format!("{} line {}: {e}", events_path.display(), i + 1)))?;
-        let event =
-            sealed.engine_event().map_err(|e| ReportError::Invalid(format!("{}: {e}", events_path.display())))?;
-        let (node, o, seconds) = match event {
+        let sealed: SealedEvent = serde_json::from_str(line).map_err(|e| refused(format!("line {}: {e}", i + 1)))?;
+        let (node, o, seconds) = match sealed.engine_event().map_err(refused)? {
             Event::CacheHit { node, .. } => (node, NodeOutcome::Cached, None),
             Event::NodeFinished { node, seconds, .. } => (node, NodeOutcome::Ran, Some(seconds)),
             Event::NodeFailed { node, seconds, .. } => (node, NodeOutcome::Failed, Some(seconds)),
             Event::NodeSkipped { node, .. } => (node, NodeOutcome::Skipped, None),
             _ => continue,
         };
-        outcome.insert(node, (o.to_string(), seconds));
+        outcome.insert(node, (o, seconds));
     }
-    let mut nodes = Vec::new();
-    for n in &manifest.nodes {
-        let mut deps: Vec<String> = n.inputs.values().flatten().map(|r| r.node.clone()).collect();
-        deps.sort();
-        deps.dedup();
-        let outputs =
-            n.outputs.iter().filter_map(|o| Some((o.name.clone(), inside(dir, o.path.as_ref()?).ok()?))).collect();
-        let (o, seconds) = outcome.get(&n.id).cloned().unwrap_or_else(|| ("frozen".into(), None));
-        let record = HashInputs::from_stored(&n.hash_inputs).map_err(|e| {
-            ReportError::Invalid(format!(
-                "{}: node '{}': field hash_inputs: {e}",
-                dir.join("MANIFEST.json").display(),
-                n.id
-            ))
-        })?;
-        nodes.push(Node {
-            id: n.id.clone(),
-            op: n.op.clone(),
-            key: Some(n.key.clone()),
-            outcome: o,
-            seconds,
-            deps,
-            outputs,
-            hashes: n.outputs.iter().map(|o| (o.name.clone(), o.blake3.clone())).collect(),
-            record: Some(record),
-            costs: n.costs.clone(),
-        });
-    }
-    if nodes.is_empty() {
-        return Err(ReportError::Invalid(format!("{}: the manifest lists no nodes", dir.display())));
-    }
-    Ok(Source { title: format!("pack {} — {}", manifest.spec.name, dir.display()), nodes })
+    Ok(outcome)
 }

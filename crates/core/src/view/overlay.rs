@@ -10,8 +10,10 @@ use crate::ops::artifacts::{ArtifactKind, NodeKind};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::compare::{group_of, label, Side};
-use crate::report::{esc, grpo_curves, sft_curves, Curve, Plot};
+use super::group::group_of;
+use super::metrics::{grpo_curves, sft_curves, user_series, Curve};
+use super::svg::{esc, Plot};
+use super::{label, Side};
 use crate::train::metrics::TrainingMetrics;
 
 const PALETTE: [&str; 8] = ["#1565c0", "#c62828", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#ad1457", "#4e342e"];
@@ -85,14 +87,14 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
     // (section, curve id, metric) → side → member curves
     let mut members: Vec<(ChartKey, BTreeMap<usize, Vec<Curve>>)> = Vec::new();
     for (s, side) in sides.iter().enumerate() {
-        for node in &side.source.nodes {
+        for node in &side.view.nodes {
             let named = |curves: Vec<(String, Curve)>| -> Vec<(String, Curve)> { curves };
             let (section, curves) = if node.kind() == NodeKind::Command {
-                match crate::report::user_series(node) {
+                match user_series(node) {
                     Ok(c) if c.is_empty() => continue,
                     Ok(c) => ("series", c),
                     Err(e) => {
-                        out.unreadable.push((s, node.id.clone(), e));
+                        out.unreadable.push((s, node.id.clone(), e.to_string()));
                         continue;
                     }
                 }

@@ -21,8 +21,9 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 
+use super::metrics::{user_metrics, user_series};
+use super::{NodeView, Result, RunView, ViewError};
 use crate::costs::NodeCosts;
-use crate::report::{Node, Source};
 use crate::stats::{mean_of as mean, sample_std};
 use crate::train::metrics::{GrpoMetrics, SftMetrics, TrainingMetrics};
 
@@ -209,7 +210,7 @@ pub struct Exported {
     pub unreadable: Vec<(String, String)>,
 }
 
-fn training_nodes(src: &Source) -> Vec<(&Node, &PathBuf)> {
+fn training_nodes(src: &RunView) -> Vec<(&NodeView, &PathBuf)> {
     src.nodes.iter().filter_map(|n| Some((n, n.artifact(ArtifactKind::TrainingMetrics)?))).collect()
 }
 
@@ -217,9 +218,9 @@ fn training_nodes(src: &Source) -> Vec<(&Node, &PathBuf)> {
 /// name (as the user's trainer logged it), and each of its metrics once, at
 /// the last step of its series (0 without one), under `metrics/`. Undefined
 /// values are not written. `None`: the node declares neither.
-pub fn shell_scalars(n: &Node) -> Result<Option<Vec<Scalar>>, String> {
-    let series = crate::report::user_series(n)?;
-    let metrics = crate::report::user_metrics(n)?;
+pub fn shell_scalars(n: &NodeView) -> Result<Option<Vec<Scalar>>> {
+    let series = user_series(n)?;
+    let metrics = user_metrics(n)?;
     if series.is_empty() && metrics.is_empty() {
         return Ok(None);
     }
@@ -245,12 +246,12 @@ pub fn shell_scalars(n: &Node) -> Result<Option<Vec<Scalar>>, String> {
 /// before writing anything, a run folder that already exists (TensorBoard
 /// would merge its old events with the new ones). Each file is written under
 /// a temporary name and renamed, so a folder holds a whole file or none.
-pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, String> {
+pub fn export(src: &RunView, dir: &Path, base_time: f64) -> Result<Exported> {
     let mut out = Exported::default();
     let mut files: Vec<(String, PathBuf, Vec<Scalar>)> = Vec::new();
     let mut folders = BTreeMap::new();
     // Each node with curves: its scalars, or why they cannot be read.
-    let mut found: Vec<(&Node, Result<Vec<Scalar>, String>)> = Vec::new();
+    let mut found: Vec<(&NodeView, std::result::Result<Vec<Scalar>, String>)> = Vec::new();
     for (n, metrics) in training_nodes(src) {
         let scalars = match TrainingMetrics::read(metrics) {
             Ok(m) => {
@@ -269,17 +270,23 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
         match shell_scalars(n) {
             Ok(None) => {}
             Ok(Some(s)) => found.push((n, Ok(s))),
-            Err(e) => found.push((n, Err(e))),
+            Err(e) => found.push((n, Err(e.to_string()))),
         }
     }
     for (n, scalars) in found {
         let folder = run_folder(&n.id);
         if let Some(other) = folders.insert(folder.clone(), n.id.clone()) {
-            return Err(format!("nodes '{other}' and '{}' would share the run folder '{folder}'", n.id));
+            return Err(ViewError::Invalid(format!(
+                "nodes '{other}' and '{}' would share the run folder '{folder}'",
+                n.id
+            )));
         }
         let path = dir.join(&folder);
         if std::fs::symlink_metadata(&path).is_ok() {
-            return Err(format!("{} already exists: remove it, or export into another folder", path.display()));
+            return Err(ViewError::Invalid(format!(
+                "{} already exists: remove it, or export into another folder",
+                path.display()
+            )));
         }
         match scalars {
             Ok(scalars) => files.push((n.id.clone(), path, scalars)),
@@ -288,14 +295,15 @@ pub fn export(src: &Source, dir: &Path, base_time: f64) -> Result<Exported, Stri
     }
     let host = "orchestrate";
     for (id, folder, scalars) in files {
-        std::fs::create_dir_all(&folder).map_err(|e| format!("creating {}: {e}", folder.display()))?;
+        std::fs::create_dir_all(&folder).map_err(ViewError::io(format!("creating {}", folder.display())))?;
         let name = format!("events.out.tfevents.{}.{host}", base_time as u64);
         let path = folder.join(&name);
         let tmp = folder.join(format!(".{name}.tmp"));
         // The node ended at the export's time, as far as the file can say.
         let start = base_time - scalars.iter().map(|s| s.at).fold(0.0, f64::max);
-        std::fs::write(&tmp, event_file(&scalars, start)).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("renaming {}: {e}", tmp.display()))?;
+        std::fs::write(&tmp, event_file(&scalars, start))
+            .map_err(ViewError::io(format!("writing {}", tmp.display())))?;
+        std::fs::rename(&tmp, &path).map_err(ViewError::io(format!("renaming {}", tmp.display())))?;
         out.written.push((id, path, scalars.len()));
     }
     Ok(out)
