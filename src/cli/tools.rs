@@ -68,9 +68,7 @@ pub fn guard(ctx: &Ctx, cmd: GuardCommand) -> Result<Status> {
 /// `orchestrate generate`: text from a model, through the worker.
 pub fn generate(args: GenerateArgs) -> Result<Status> {
     let request = serde_json::to_string(&args.request())?;
-    runtime::exec_worker(&["generate".to_string(), "--request".to_string(), request])
-        .map(Status::Exited)
-        .map_err(anyhow::Error::msg)
+    Ok(runtime::exec_worker(&["generate".to_string(), "--request".to_string(), request]).map(Status::Exited)?)
 }
 
 /// `orchestrate env`: what this machine's numerical environment is, as keys see it.

@@ -275,7 +275,8 @@ pub fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) ->
         });
     let outcome = match loaded {
         Ok((spec, dag)) => {
-            exec::slurm::exec_node(&ws, &ticket, &spec, &dag, runtime::probe_env).map_err(anyhow::Error::msg)?
+            exec::slurm::exec_node(&ws, &ticket, &spec, &dag, || runtime::probe_env().map_err(|e| e.to_string()))
+                .map_err(anyhow::Error::msg)?
         }
         Err(e) => {
             let outcome = exec::Outcome::Failed {

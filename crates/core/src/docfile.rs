@@ -23,6 +23,54 @@ pub const PARAMS_KEY_SEP: &str = ":";
 /// The largest params or metrics file read (16 MiB).
 pub const MAX_BYTES: u64 = 16 << 20;
 
+/// Why a user's params, metrics or series file did not read; each names the
+/// file (as the user wrote it), the line or the key, and what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum DocError {
+    #[error("'{file}': expected a .yaml, .yml, .json or .toml file (the extension says how it is read)")]
+    Extension { file: String },
+    #[error(transparent)]
+    Open(#[from] crate::store::fsx::UserFileError),
+    #[error("'{file}': {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("'{file}' is not a regular file of at most {MAX_BYTES} bytes")]
+    TooLarge { file: String },
+    #[error("'{file}' is not UTF-8 text: {source}")]
+    NotText {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Text that is not valid in its format (the parser's message).
+    #[error("{0}")]
+    Syntax(String),
+    #[error("'{file}' is not valid {format}: {reason}")]
+    Invalid { file: String, format: &'static str, reason: String },
+    #[error("no key '{part}' under {at}{hint}")]
+    NoKey { part: String, at: String, hint: String },
+    #[error("line {line}: {reason}")]
+    Line { line: usize, reason: String },
+    #[error("expected a 'step' column in the header row")]
+    NoStepColumn,
+    #[error("more than {MAX_STEPS} steps")]
+    TooManySteps,
+    /// A series file's error, with the file it is in.
+    #[error("'{file}': {source}")]
+    InFile {
+        file: String,
+        #[source]
+        source: Box<DocError>,
+    },
+}
+
+fn line_error(n: usize, reason: impl Into<String>) -> DocError {
+    DocError::Line { line: n + 1, reason: reason.into() }
+}
+
 /// The formats, by file extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -50,17 +98,19 @@ impl Format {
 
 /// Reads `root/rel` (a relative path, no link on the way) and parses it by
 /// its extension. The error names the file and what was expected.
-pub fn read(root: &Path, rel: &str) -> Result<Value, String> {
-    let format = Format::of(rel).ok_or_else(|| {
-        format!("'{rel}': expected a .yaml, .yml, .json or .toml file (the extension says how it is read)")
-    })?;
+pub fn read(root: &Path, rel: &str) -> Result<Value, DocError> {
+    let format = Format::of(rel).ok_or_else(|| DocError::Extension { file: rel.to_string() })?;
     read_as(root, rel, format)
 }
 
 /// [`read`] in a format given (a store object's name has no extension).
-pub fn read_as(root: &Path, rel: &str, format: Format) -> Result<Value, String> {
+pub fn read_as(root: &Path, rel: &str, format: Format) -> Result<Value, DocError> {
     let text = read_text(root, rel)?;
-    parse(format, &text).map_err(|e| format!("'{rel}' is not valid {}: {e}", name(format)))
+    parse(format, &text).map_err(|e| DocError::Invalid {
+        file: rel.to_string(),
+        format: name(format),
+        reason: e.to_string(),
+    })
 }
 
 fn name(f: Format) -> &'static str {
@@ -72,20 +122,21 @@ fn name(f: Format) -> &'static str {
 }
 
 /// Parses text of a format into a JSON value.
-pub fn parse(format: Format, text: &str) -> Result<Value, String> {
+pub fn parse(format: Format, text: &str) -> Result<Value, DocError> {
+    let syntax = |e: &dyn std::fmt::Display| DocError::Syntax(e.to_string());
     match format {
-        Format::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
-        Format::Yaml => serde_yaml_ng::from_str(text).map_err(|e| e.to_string()),
+        Format::Json => serde_json::from_str(text).map_err(|e| syntax(&e)),
+        Format::Yaml => serde_yaml_ng::from_str(text).map_err(|e| syntax(&e)),
         Format::Toml => {
-            let v: toml::Value = toml::from_str(text).map_err(|e| e.to_string())?;
-            serde_json::to_value(v).map_err(|e| e.to_string())
+            let v: toml::Value = toml::from_str(text).map_err(|e| syntax(&e))?;
+            serde_json::to_value(v).map_err(|e| syntax(&e))
         }
     }
 }
 
 /// The value at a dotted key (`train.lr`) of a document; a list element is
 /// its index (`layers.0.size`). `Err` says how far the key got.
-pub fn lookup<'a>(doc: &'a Value, key: &str) -> Result<&'a Value, String> {
+pub fn lookup<'a>(doc: &'a Value, key: &str) -> Result<&'a Value, DocError> {
     let mut at = doc;
     let mut walked: Vec<&str> = Vec::new();
     for part in key.split('.') {
@@ -107,7 +158,7 @@ pub fn lookup<'a>(doc: &'a Value, key: &str) -> Result<&'a Value, String> {
                     _ => Vec::new(),
                 };
                 let hint = crate::suggest::did_you_mean(part, near.iter().map(String::as_str));
-                return Err(format!("no key '{part}' under {here}{hint}"));
+                return Err(DocError::NoKey { part: part.to_string(), at: here, hint });
             }
         }
     }
@@ -216,29 +267,32 @@ pub type Series = BTreeMap<String, Vec<(f64, Option<f64>)>>;
 
 /// Reads a step series (`root/rel`, no link, at most [`MAX_BYTES`]). Every
 /// row must have a numeric `step`; the error names the file and the line.
-pub fn read_series(root: &Path, rel: &str, format: SeriesFormat) -> Result<Series, String> {
+pub fn read_series(root: &Path, rel: &str, format: SeriesFormat) -> Result<Series, DocError> {
     let text = read_text(root, rel)?;
-    match format {
-        SeriesFormat::JsonLines => parse_json_lines(&text).map_err(|e| format!("'{rel}': {e}")),
-        SeriesFormat::Csv => parse_csv(&text).map_err(|e| format!("'{rel}': {e}")),
-    }
+    let parsed = match format {
+        SeriesFormat::JsonLines => parse_json_lines(&text),
+        SeriesFormat::Csv => parse_csv(&text),
+    };
+    parsed.map_err(|e| DocError::InFile { file: rel.to_string(), source: Box::new(e) })
 }
 
-fn read_text(root: &Path, rel: &str) -> Result<String, String> {
+fn read_text(root: &Path, rel: &str) -> Result<String, DocError> {
     let file = crate::store::fsx::open_user_file(root, rel)?;
-    let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
+    let meta = file.metadata().map_err(|source| DocError::Io { file: rel.to_string(), source })?;
     if meta.len() > MAX_BYTES {
-        return Err(format!("'{rel}' is not a regular file of at most {MAX_BYTES} bytes"));
+        return Err(DocError::TooLarge { file: rel.to_string() });
     }
     let mut text = String::new();
-    file.take(MAX_BYTES + 1).read_to_string(&mut text).map_err(|e| format!("'{rel}' is not UTF-8 text: {e}"))?;
+    file.take(MAX_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|source| DocError::NotText { file: rel.to_string(), source })?;
     Ok(text)
 }
 
 /// Adds one step's values; metrics seen before but absent here get a gap.
-fn push_step(out: &mut Series, rows: usize, step: f64, values: BTreeMap<String, Option<f64>>) -> Result<(), String> {
+fn push_step(out: &mut Series, rows: usize, step: f64, values: BTreeMap<String, Option<f64>>) -> Result<(), DocError> {
     if rows >= MAX_STEPS {
-        return Err(format!("more than {MAX_STEPS} steps"));
+        return Err(DocError::TooManySteps);
     }
     for (name, v) in values {
         let column = out.entry(name).or_default();
@@ -247,20 +301,20 @@ fn push_step(out: &mut Series, rows: usize, step: f64, values: BTreeMap<String, 
     Ok(())
 }
 
-pub fn parse_json_lines(text: &str) -> Result<Series, String> {
+pub fn parse_json_lines(text: &str) -> Result<Series, DocError> {
     let mut out = Series::new();
     let mut rows = 0;
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(line).map_err(|e| format!("line {}: not JSON: {e}", n + 1))?;
-        let Some(obj) = v.as_object() else { return Err(format!("line {}: expected a JSON object per step", n + 1)) };
+        let v: Value = serde_json::from_str(line).map_err(|e| line_error(n, format!("not JSON: {e}")))?;
+        let Some(obj) = v.as_object() else { return Err(line_error(n, "expected a JSON object per step")) };
         let step = match obj.get("step") {
             Some(Value::Number(x)) => x.as_f64().filter(|x| x.is_finite()),
             _ => None,
         }
-        .ok_or_else(|| format!("line {}: expected a numeric \"step\" field", n + 1))?;
+        .ok_or_else(|| line_error(n, "expected a numeric \"step\" field"))?;
         let mut values = BTreeMap::new();
         let mut rest = obj.clone();
         rest.remove("step");
@@ -299,27 +353,27 @@ fn csv_fields(line: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-pub fn parse_csv(text: &str) -> Result<Series, String> {
+pub fn parse_csv(text: &str) -> Result<Series, DocError> {
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let Some((_, header)) = lines.next() else { return Ok(Series::new()) };
     let header: Vec<String> = csv_fields(header.trim_end_matches('\r'))
-        .map_err(|e| format!("line 1: {e}"))?
+        .map_err(|e| line_error(0, e))?
         .into_iter()
         .map(|h| h.trim().to_string())
         .collect();
-    let step_at = header.iter().position(|h| h == "step").ok_or("expected a 'step' column in the header row")?;
+    let step_at = header.iter().position(|h| h == "step").ok_or(DocError::NoStepColumn)?;
     let mut out = Series::new();
     for (rows, (n, line)) in lines.enumerate() {
-        let fields = csv_fields(line.trim_end_matches('\r')).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let fields = csv_fields(line.trim_end_matches('\r')).map_err(|e| line_error(n, e))?;
         if fields.len() != header.len() {
-            return Err(format!("line {}: {} fields, the header has {}", n + 1, fields.len(), header.len()));
+            return Err(line_error(n, format!("{} fields, the header has {}", fields.len(), header.len())));
         }
         let step: f64 = fields[step_at]
             .trim()
             .parse()
             .ok()
             .filter(|x: &f64| x.is_finite())
-            .ok_or_else(|| format!("line {}: step {:?} is not a number", n + 1, fields[step_at]))?;
+            .ok_or_else(|| line_error(n, format!("step {:?} is not a number", fields[step_at])))?;
         let values = header
             .iter()
             .zip(&fields)
@@ -347,9 +401,9 @@ mod tests {
         let c = parse_csv("step,loss,\"note, quoted\"\n1,0.5,a\n2,,\"b \"\"c\"\"\"\n").unwrap();
         assert_eq!(c["loss"], vec![(1.0, Some(0.5)), (2.0, None)]);
         assert_eq!(c["note, quoted"], vec![(1.0, None), (2.0, None)]);
-        assert!(parse_json_lines("{\"loss\": 1}\n").unwrap_err().contains("line 1: expected a numeric \"step\""));
-        assert!(parse_csv("epoch,loss\n1,2\n").unwrap_err().contains("'step' column"));
-        assert!(parse_csv("step,loss\n1\n").unwrap_err().contains("line 2: 1 fields, the header has 2"));
+        assert!(parse_json_lines("{\"loss\": 1}\n").unwrap_err().to_string().contains("line 1: expected a numeric \"step\""));
+        assert!(parse_csv("epoch,loss\n1,2\n").unwrap_err().to_string().contains("'step' column"));
+        assert!(parse_csv("step,loss\n1\n").unwrap_err().to_string().contains("line 2: 1 fields, the header has 2"));
     }
 
     #[test]
@@ -366,9 +420,9 @@ mod tests {
     #[test]
     fn a_missing_key_says_how_far_it_got_and_suggests() {
         let doc = parse(Format::Yaml, "train:\n  lr: 0.01\n").unwrap();
-        let e = lookup(&doc, "train.learning_rat").unwrap_err();
+        let e = lookup(&doc, "train.learning_rat").unwrap_err().to_string();
         assert!(e.contains("no key 'learning_rat' under 'train'"), "{e}");
-        let e = lookup(&doc, "trian.lr").unwrap_err();
+        let e = lookup(&doc, "trian.lr").unwrap_err().to_string();
         assert!(e.contains("under the top level") && e.contains("did you mean 'train'"), "{e}");
     }
 
@@ -395,10 +449,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("real.yaml"), "a: 1\n").unwrap();
         std::os::unix::fs::symlink(dir.path().join("real.yaml"), dir.path().join("link.yaml")).unwrap();
-        assert!(read(dir.path(), "link.yaml").unwrap_err().contains("symbolic link"));
+        assert!(read(dir.path(), "link.yaml").unwrap_err().to_string().contains("symbolic link"));
         std::fs::write(dir.path().join("big.json"), vec![b' '; (MAX_BYTES + 1) as usize]).unwrap();
-        assert!(read(dir.path(), "big.json").unwrap_err().contains("at most"));
-        assert!(read(dir.path(), "real.txt").unwrap_err().contains("expected a .yaml"));
+        assert!(read(dir.path(), "big.json").unwrap_err().to_string().contains("at most"));
+        assert!(read(dir.path(), "real.txt").unwrap_err().to_string().contains("expected a .yaml"));
         assert_eq!(read(dir.path(), "real.yaml").unwrap()["a"], 1);
     }
 }

@@ -101,8 +101,8 @@ impl HubConfig {
             token,
             offline: env("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v)),
             timeout: crate::net::seconds_from_env("HF_HUB_DOWNLOAD_TIMEOUT", Duration::from_secs(10))
-                .map_err(HubError::Invalid)?,
-            connect_timeout: crate::net::connect_timeout().map_err(HubError::Invalid)?,
+                .map_err(|e| HubError::Invalid(e.to_string()))?,
+            connect_timeout: crate::net::connect_timeout().map_err(|e| HubError::Invalid(e.to_string()))?,
         })
     }
 }

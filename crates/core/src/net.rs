@@ -23,19 +23,33 @@ use std::time::{Duration, Instant};
 /// A body delivering fewer bytes than this in a whole window is stalled.
 pub const LOW_SPEED_BYTES: u64 = 1024;
 
+/// An environment variable whose value is not what it must be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value}: expected {expected}")]
+pub struct EnvVarError {
+    pub name: String,
+    /// As set (quoted where that shows what was there).
+    pub value: String,
+    pub expected: String,
+}
+
 /// Seconds from an environment variable (a positive number), else `default`.
-pub fn seconds_from_env(name: &str, default: Duration) -> Result<Duration, String> {
+pub fn seconds_from_env(name: &str, default: Duration) -> Result<Duration, EnvVarError> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
             Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
-            _ => Err(format!("{name}={v}: expected a number of seconds above 0 (at most 86400)")),
+            _ => Err(EnvVarError {
+                name: name.to_string(),
+                value: v,
+                expected: "a number of seconds above 0 (at most 86400)".into(),
+            }),
         },
         _ => Ok(default),
     }
 }
 
 /// The connect limit every client uses.
-pub fn connect_timeout() -> Result<Duration, String> {
+pub fn connect_timeout() -> Result<Duration, EnvVarError> {
     seconds_from_env("ORCHESTRATE_CONNECT_TIMEOUT", Duration::from_secs(10))
 }
 

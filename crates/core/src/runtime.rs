@@ -46,7 +46,7 @@ pub const MAX_THREADS: usize = 1024;
 /// that each start a thread per core on a shared machine wait on each other
 /// (two SFT nodes side by side on 2 cores took 40 s with 2 threads each, 8 s
 /// with one). The count is keyed, so it must not depend on `--jobs`.
-pub fn worker_threads() -> Result<usize, String> {
+pub fn worker_threads() -> Result<usize, crate::net::EnvVarError> {
     parse_threads(std::env::var(THREADS_VAR).ok().as_deref())
 }
 
@@ -57,19 +57,23 @@ mod threads_tests {
         assert_eq!(super::parse_threads(None), Ok(1));
         assert_eq!(super::parse_threads(Some("4")), Ok(4));
         for bad in ["0", "-1", "two", "", "5000"] {
-            let e = super::parse_threads(Some(bad)).unwrap_err();
+            let e = super::parse_threads(Some(bad)).unwrap_err().to_string();
             assert!(e.contains("ORCHESTRATE_THREADS") && e.contains(bad), "{e}");
         }
         assert!(super::cpu_slots(1) >= 1 && super::cpu_slots(100_000) == 1);
     }
 }
 
-fn parse_threads(value: Option<&str>) -> Result<usize, String> {
+fn parse_threads(value: Option<&str>) -> Result<usize, crate::net::EnvVarError> {
     match value {
         None => Ok(1),
         Some(v) => match v.trim().parse::<usize>() {
             Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
-            _ => Err(format!("{THREADS_VAR}={v:?}: expected a whole number of threads from 1 to {MAX_THREADS}")),
+            _ => Err(crate::net::EnvVarError {
+                name: THREADS_VAR.to_string(),
+                value: format!("{v:?}"),
+                expected: format!("a whole number of threads from 1 to {MAX_THREADS}"),
+            }),
         },
     }
 }
@@ -103,11 +107,25 @@ pub fn worker_binary() -> Option<PathBuf> {
     [dir.join(WORKER), dir.parent()?.join(WORKER)].into_iter().find(|p| p.is_file())
 }
 
+/// Why the worker could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("{WORKER} was not found next to orchestrate: build the workspace's crates/torch (scripts/setup.sh, then cargo build)")]
+    Missing,
+    #[error("starting {}: {source}", .worker.display())]
+    Start {
+        worker: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// What it answered when asked for its environment, or why it did not.
+    #[error("{0}")]
+    Env(String),
+}
+
 /// The worker binary, or what to do when it was not built.
-pub fn require_worker() -> Result<PathBuf, String> {
-    worker_binary().ok_or_else(|| {
-        format!("{WORKER} was not found next to orchestrate: build the workspace's crates/torch (scripts/setup.sh, then cargo build)")
-    })
+pub fn require_worker() -> Result<PathBuf, WorkerError> {
+    worker_binary().ok_or(WorkerError::Missing)
 }
 
 /// Asks the worker for the numerical environment (once per run).
@@ -117,8 +135,8 @@ pub fn env_provider() -> EnvProvider {
 
 /// The environment libtorch really sees here: the device (`cuda` or `cpu`),
 /// whatever `ORCHESTRATE_DEVICE` asks for, and the CPU capability.
-pub fn probe_env() -> Result<EnvPart, String> {
-    worker_env(true)
+pub fn probe_env() -> Result<EnvPart, WorkerError> {
+    worker_env(true).map_err(WorkerError::Env)
 }
 
 /// `orchestrate-torch env --json`, with or without this process's `ORCHESTRATE_DEVICE`,
@@ -130,7 +148,7 @@ pub fn probe_env() -> Result<EnvPart, String> {
 /// variables; the cache file is named after a blake3 of all of them (see
 /// [`env_fingerprint`]), so any change asks the worker again.
 fn worker_env(ignore_device_choice: bool) -> Result<EnvPart, String> {
-    let worker = require_worker()?;
+    let worker = require_worker().map_err(|e| e.to_string())?;
     let cached =
         env_cache_dir().map(|dir| dir.join(format!("{}.json", env_fingerprint(&worker, ignore_device_choice))));
     let entry: Option<CachedEnv> =
@@ -353,10 +371,12 @@ fn detected_cpu_capability() -> &'static str {
 }
 
 /// Runs a worker command with this process's stdio and returns its exit code.
-pub fn exec_worker(args: &[String]) -> Result<ExitCode, String> {
+pub fn exec_worker(args: &[String]) -> Result<ExitCode, WorkerError> {
     let worker = require_worker()?;
-    let status =
-        Command::new(&worker).args(args).status().map_err(|e| format!("starting {}: {e}", worker.display()))?;
+    let status = match Command::new(&worker).args(args).status() {
+        Ok(status) => status,
+        Err(source) => return Err(WorkerError::Start { worker, source }),
+    };
     Ok(ExitCode::from(status.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(2)))
 }
 

@@ -58,22 +58,34 @@ pub struct SourceRow {
     pub values: BTreeMap<String, Value>,
 }
 
+/// Why a data file's rows did not read.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// The file was not opened (a link, missing, not a regular file).
+    #[error(transparent)]
+    Open(#[from] crate::store::fsx::UserFileError),
+    /// Its content: the message names the file, the row and the column.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Reads the rows of `root/rel`, keeping the columns `columns`. A column
 /// asked for that a row lacks is an error naming the file, row and column
 /// (a `null` value is kept as null: the caller decides).
-pub fn read(root: &Path, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
+pub fn read(root: &Path, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, TableError> {
     read_file(crate::store::fsx::open_user_file(root, rel)?, rel, format, columns)
 }
 
 /// [`read`] of a file already opened (and checked) by the caller, such as a
 /// Hub download re-hashed against its announced hash; `rel` names it in errors.
-pub fn read_file(file: File, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
+pub fn read_file(file: File, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, TableError> {
     match format {
         TableFormat::Jsonl => jsonl(file, rel, columns),
         TableFormat::Json => json(file, rel, columns),
         TableFormat::Csv => csv_rows(file, rel, columns),
         TableFormat::Parquet => parquet_rows(file, rel, columns),
     }
+    .map_err(TableError::Invalid)
 }
 
 fn pick(rel: &str, n: usize, object: &serde_json::Map<String, Value>, columns: &[&str]) -> Result<SourceRow, String> {

@@ -280,7 +280,7 @@ impl Op for DatasetImport {
                 .ok_or_else(|| failed(format!("'{file}': not inside the spec's folder")))?;
             let rows =
                 crate::data::table::read(ctx.spec_dir, &rel, format_of(p.format, file).map_err(failed)?, &columns)
-                    .map_err(failed)?;
+                    .map_err(|e| failed(e.to_string()))?;
             match split {
                 Some(s) => {
                     by_split.insert(s, rows);
@@ -466,7 +466,7 @@ impl Op for DatasetHub {
                     .map_err(|e| OpError::io(format!("reading {}", got.path.display()), e))?;
                 rows.extend(
                     crate::data::table::read_file(opened, file, format_of(p.format, file).map_err(failed)?, &columns)
-                        .map_err(failed)?,
+                        .map_err(|e| failed(e.to_string()))?,
                 );
             }
             by_split.insert(*split, rows);

@@ -155,31 +155,57 @@ pub struct SealedEvent {
 }
 
 impl SealedEvent {
-    pub fn engine_event(&self) -> Result<crate::exec::Event, String> {
-        serde_json::from_value(self.event.clone()).map_err(|e| format!("event {}: {e}", self.seq))
+    pub fn engine_event(&self) -> Result<crate::exec::Event, ManifestError> {
+        serde_json::from_value(self.event.clone()).map_err(|source| ManifestError::Event { seq: self.seq, source })
     }
 }
 
 impl Manifest {
     /// Reads `MANIFEST.json` of a pack folder: a regular file (not a link),
     /// at most [`MAX_MANIFEST_BYTES`], of this format.
-    pub fn read(dir: &Path) -> Result<Manifest, String> {
+    pub fn read(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join("MANIFEST.json");
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(source) => return Err(ManifestError::Io { path, source }),
+        };
         if !meta.file_type().is_file() {
-            return Err(format!("{}: not a regular file", path.display()));
+            return Err(ManifestError::NotAFile { path });
         }
         if meta.len() > MAX_MANIFEST_BYTES {
-            return Err(format!("{}: {} bytes, over the limit of {MAX_MANIFEST_BYTES}", path.display(), meta.len()));
+            return Err(ManifestError::TooLarge { path, bytes: meta.len() });
         }
-        let manifest: Manifest = crate::canonical::read_typed(&path).map_err(|e| e.to_string())?;
+        let manifest: Manifest =
+            crate::canonical::read_typed(&path).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         if manifest.format != FORMAT {
-            return Err(format!(
-                "{}: field format: '{}', but this orchestrate reads '{FORMAT}'",
-                path.display(),
-                manifest.format
-            ));
+            return Err(ManifestError::Format { path, found: manifest.format });
         }
         Ok(manifest)
     }
+}
+
+/// Why a pack's manifest or one of its sealed events did not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a regular file", .path.display())]
+    NotAFile { path: PathBuf },
+    #[error("{}: {bytes} bytes, over the limit of {MAX_MANIFEST_BYTES}", .path.display())]
+    TooLarge { path: PathBuf, bytes: u64 },
+    /// What the strict reader said (the file and the field).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{}: field format: '{found}', but this orchestrate reads '{FORMAT}'", .path.display())]
+    Format { path: PathBuf, found: String },
+    #[error("event {seq}: {source}")]
+    Event {
+        seq: usize,
+        #[source]
+        source: serde_json::Error,
+    },
 }

@@ -42,6 +42,10 @@ pub enum PackError {
     },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Path(#[from] PackPathError),
+    #[error(transparent)]
+    Manifest(#[from] manifest::ManifestError),
 }
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> PackError {
@@ -138,24 +142,36 @@ fn list_entries(root: &Path) -> Result<(Vec<String>, BTreeMap<String, &'static s
 /// A path a pack names (in SHA256SUMS or its manifest) as a path inside the
 /// pack: relative, without `..`, and with no symlink on the way. Anything else
 /// is refused, and never opened.
-pub fn inside(dir: &Path, rel: &str) -> Result<PathBuf, String> {
+pub fn inside(dir: &Path, rel: &str) -> Result<PathBuf, PackPathError> {
     let path = Path::new(rel);
     let plain = !rel.is_empty() && path.components().all(|c| matches!(c, std::path::Component::Normal(_)));
     if !plain {
-        return Err(format!("{rel} is outside the pack (a pack names only relative paths inside it)"));
+        return Err(PackPathError::Outside { rel: rel.to_string() });
     }
     let mut at = dir.to_path_buf();
     for c in path.components() {
         at.push(c);
         match fs::symlink_metadata(&at) {
-            Ok(m) if m.file_type().is_symlink() => {
-                return Err(format!("{rel}: {} is a symlink (a pack holds only regular files)", at.display()))
-            }
+            Ok(m) if m.file_type().is_symlink() => return Err(PackPathError::Link { rel: rel.to_string(), at }),
             _ => {}
         }
     }
     Ok(at)
 }
+
+/// A path a pack names that is refused, and never opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackPathError {
+    #[error("{rel} is outside the pack (a pack names only relative paths inside it)")]
+    Outside { rel: String },
+    #[error("{rel}: {} is a symlink (a pack holds only regular files)", .at.display())]
+    Link { rel: String, at: PathBuf },
+}
+
+/// A root digest given by hand that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a root digest: expected sha256: and 64 hex digits (what `pack freeze` prints)")]
+pub struct DigestError(pub String);
 
 /// The seal of an event: blake3 over the previous seal, its position and its canonical JSON.
 fn seal(prev: &str, seq: usize, event: &Value) -> String {
@@ -423,12 +439,10 @@ pub fn root_digest(dir: &Path) -> Result<String, PackError> {
 }
 
 /// Parses a digest given by hand (`sha256:HEX` or bare `HEX`) into `sha256:hex`.
-pub fn parse_digest(text: &str) -> Result<String, String> {
+pub fn parse_digest(text: &str) -> Result<String, DigestError> {
     let hex = text.strip_prefix("sha256:").unwrap_or(text);
     if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(format!(
-            "'{text}' is not a root digest: expected sha256: and 64 hex digits (what `pack freeze` prints)"
-        ));
+        return Err(DigestError(text.to_string()));
     }
     Ok(format!("sha256:{}", hex.to_ascii_lowercase()))
 }
@@ -658,7 +672,7 @@ pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
 
 /// Re-evaluates every gate from the pack's own files and definitions.
 pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
-    let manifest = Manifest::read(dir).map_err(PackError::Refused)?;
+    let manifest = Manifest::read(dir)?;
     let mut results = Vec::new();
     for g in &manifest.gates {
         let definition = inside(dir, &g.definition).map_err(|e| PackError::Refused(format!("gate definition {e}")))?;
@@ -733,13 +747,13 @@ pub fn node_outcomes(
     dir: &Path,
     manifest: &Manifest,
 ) -> Result<BTreeMap<String, (NodeOutcome, Option<f64>)>, PackError> {
-    let events_path = inside(dir, &manifest.events.file).map_err(PackError::Refused)?;
+    let events_path = inside(dir, &manifest.events.file)?;
     let refused = |e: String| PackError::Refused(format!("{}: {e}", events_path.display()));
     let events = read_bounded(&events_path).map_err(refused)?;
     let mut outcome = BTreeMap::new();
     for (i, line) in events.lines().enumerate() {
         let sealed: SealedEvent = serde_json::from_str(line).map_err(|e| refused(format!("line {}: {e}", i + 1)))?;
-        let (node, o, seconds) = match sealed.engine_event().map_err(refused)? {
+        let (node, o, seconds) = match sealed.engine_event().map_err(|e| refused(e.to_string()))? {
             Event::CacheHit { node, .. } => (node, NodeOutcome::Cached, None),
             Event::NodeFinished { node, seconds, .. } => (node, NodeOutcome::Ran, Some(seconds)),
             Event::NodeFailed { node, seconds, .. } => (node, NodeOutcome::Failed, Some(seconds)),

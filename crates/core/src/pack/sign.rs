@@ -192,7 +192,7 @@ fn root_of(resources: &[Resource]) -> Result<String, String> {
 }
 
 fn provenance(dir: &Path) -> Result<Provenance, PackError> {
-    let m = Manifest::read(dir).map_err(PackError::Refused)?;
+    let m = Manifest::read(dir)?;
     Ok(Provenance {
         build_type: BUILD_TYPE.into(),
         spec: serde_json::json!({"name": m.spec.name, "path": m.spec.path, "profile": m.spec.profile, "resolved": m.spec.resolved}),

@@ -303,11 +303,11 @@ impl S3Backend {
             None => DEFAULT_PART,
         };
         let timeout = crate::net::seconds_from_env("ORCHESTRATE_S3_TIMEOUT", Duration::from_secs(60))
-            .map_err(RemoteError::Config)?;
+            .map_err(|e| RemoteError::Config(e.to_string()))?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_connect(Some(crate::net::connect_timeout().map_err(RemoteError::Config)?))
+            .timeout_connect(Some(crate::net::connect_timeout().map_err(|e| RemoteError::Config(e.to_string()))?))
             .timeout_recv_response(Some(timeout))
             // An upload whose peer stops reading (a part is at most a few hundred MiB).
             .timeout_send_body(Some(Duration::from_secs(900)))

@@ -10,7 +10,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::StoreError;
 
@@ -135,26 +135,44 @@ pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
     }
 }
 
+/// Why a user's file was not opened; each names the file as the user wrote it.
+#[derive(Debug, thiserror::Error)]
+pub enum UserFileError {
+    #[error("'{rel}': {} is a symbolic link; the user's files are read from real files only", .link.display())]
+    Link { rel: String, link: PathBuf },
+    #[error("'{rel}' cannot be read ({}): {source}", .path.display())]
+    Open {
+        rel: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("'{rel}': {source}")]
+    Io {
+        rel: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("'{rel}' is not a regular file")]
+    NotAFile { rel: String },
+}
+
 /// Opens `root/rel`, a user's file, for reading: a relative path inside
 /// `root`, no link on the way (checked, and `O_NOFOLLOW` on the last part),
 /// a regular file. Errors name `rel` and say what was expected.
-pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, String> {
+pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, UserFileError> {
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(link) = link_on_path(root, rel) {
-        return Err(format!(
-            "'{rel}': {} is a symbolic link; the user's files are read from real files only",
-            link.display()
-        ));
+        return Err(UserFileError::Link { rel: rel.to_string(), link });
     }
     let path = root.join(rel);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| format!("'{rel}' cannot be read ({}): {e}", path.display()))?;
-    let meta = file.metadata().map_err(|e| format!("'{rel}': {e}"))?;
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) {
+        Ok(file) => file,
+        Err(source) => return Err(UserFileError::Open { rel: rel.to_string(), path, source }),
+    };
+    let meta = file.metadata().map_err(|source| UserFileError::Io { rel: rel.to_string(), source })?;
     if !meta.is_file() {
-        return Err(format!("'{rel}' is not a regular file"));
+        return Err(UserFileError::NotAFile { rel: rel.to_string() });
     }
     Ok(file)
 }

@@ -54,7 +54,8 @@ fn declared_file(
 pub fn user_metrics(node: &NodeView) -> Result<Vec<(String, crate::docfile::MetricValue)>> {
     declared(node, "metrics", crate::ops::ShellParams::metrics_files, |root, name, rel| {
         let format = crate::docfile::Format::of(rel).ok_or_else(|| format!("'{rel}': not a metrics file format"))?;
-        Ok(crate::docfile::flatten_metrics(&crate::docfile::read_as(root, name, format)?).into_iter().collect())
+        let doc = crate::docfile::read_as(root, name, format).map_err(|e| e.to_string())?;
+        Ok(crate::docfile::flatten_metrics(&doc).into_iter().collect())
     })
 }
 
@@ -64,7 +65,7 @@ pub fn user_series(node: &NodeView) -> Result<Vec<(String, Curve)>> {
     declared(node, "series", crate::ops::ShellParams::series_files, |root, name, rel| {
         let format =
             crate::docfile::SeriesFormat::of(rel).ok_or_else(|| format!("'{rel}': not a series file format"))?;
-        Ok(crate::docfile::read_series(root, name, format)?.into_iter().collect())
+        Ok(crate::docfile::read_series(root, name, format).map_err(|e| e.to_string())?.into_iter().collect())
     })
 }
 

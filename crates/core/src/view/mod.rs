@@ -240,7 +240,7 @@ impl RunView {
     /// A frozen pack, from its files alone: its manifest's nodes, their
     /// outcomes from the sealed events, and their packed outputs.
     pub fn from_pack(dir: &Path) -> Result<RunView> {
-        let manifest = crate::pack::Manifest::read(dir).map_err(ViewError::Invalid)?;
+        let manifest = crate::pack::Manifest::read(dir).map_err(crate::pack::PackError::from)?;
         let outcome = crate::pack::node_outcomes(dir, &manifest)?;
         let mut nodes = Vec::new();
         for n in &manifest.nodes {
