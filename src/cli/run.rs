@@ -55,8 +55,8 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
         return Ok(Status::Ok);
     }
     let slurm = if spec.executor == spec::ExecutorKind::Slurm {
-        exec::slurm::check_available().map_err(anyhow::Error::msg)?;
-        Some(exec::slurm::SlurmSettings::for_this_exe().map_err(anyhow::Error::msg)?)
+        exec::slurm::check_available()?;
+        Some(exec::slurm::SlurmSettings::for_this_exe()?)
     } else {
         None
     };
@@ -165,7 +165,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
         );
         return Ok(Status::Interrupted(sig));
     }
-    Ok(if result.stats.success() && gates == Ok(0) && !push_failed { Status::Ok } else { Status::Failed })
+    Ok(if result.stats.success() && matches!(gates, Ok(0)) && !push_failed { Status::Ok } else { Status::Failed })
 }
 
 /// Prints the outputs ops mark for printing (results tables) after a run,

@@ -254,7 +254,7 @@ pub fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) ->
     // Checked before anything else: a key names files in the workspace.
     let key = orchestrate_core::store::Key::parse(key)?;
     let ws = Workspace::open(workspace)?;
-    let ticket = exec::slurm::read_ticket(ws.root(), &key).map_err(anyhow::Error::msg)?;
+    let ticket = exec::slurm::read_ticket(ws.root(), &key)?;
     outln!(
         "orchestrate exec-node: node '{}' (key {}) of run {} from {}",
         ticket.node,
@@ -274,17 +274,14 @@ pub fn exec_node(workspace: &std::path::Path, key: &str, registry: &Registry) ->
             load(&args, registry)
         });
     let outcome = match loaded {
-        Ok((spec, dag)) => {
-            exec::slurm::exec_node(&ws, &ticket, &spec, &dag, || runtime::probe_env().map_err(|e| e.to_string()))
-                .map_err(anyhow::Error::msg)?
-        }
+        Ok((spec, dag)) => exec::slurm::exec_node(&ws, &ticket, &spec, &dag, runtime::probe_env)?,
         Err(e) => {
             let outcome = exec::Outcome::Failed {
                 key: Some(ticket.key.clone()),
                 error: format!("cannot rebuild the node from its spec: {e:#}"),
                 seconds: 0.0,
             };
-            exec::slurm::record(ws.root(), &ticket, &outcome, 0.0).map_err(anyhow::Error::msg)?;
+            exec::slurm::record(ws.root(), &ticket, &outcome, 0.0)?;
             outcome
         }
     };

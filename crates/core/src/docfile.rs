@@ -401,7 +401,10 @@ mod tests {
         let c = parse_csv("step,loss,\"note, quoted\"\n1,0.5,a\n2,,\"b \"\"c\"\"\"\n").unwrap();
         assert_eq!(c["loss"], vec![(1.0, Some(0.5)), (2.0, None)]);
         assert_eq!(c["note, quoted"], vec![(1.0, None), (2.0, None)]);
-        assert!(parse_json_lines("{\"loss\": 1}\n").unwrap_err().to_string().contains("line 1: expected a numeric \"step\""));
+        assert!(parse_json_lines("{\"loss\": 1}\n")
+            .unwrap_err()
+            .to_string()
+            .contains("line 1: expected a numeric \"step\""));
         assert!(parse_csv("epoch,loss\n1,2\n").unwrap_err().to_string().contains("'step' column"));
         assert!(parse_csv("step,loss\n1\n").unwrap_err().to_string().contains("line 2: 1 fields, the header has 2"));
     }

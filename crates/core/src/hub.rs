@@ -109,7 +109,7 @@ impl HubConfig {
 
 /// Checks a repo id: `owner/name`, each part of letters, digits, `-`, `_`, `.`
 /// (not starting or ending with `-` or `.`, no `..`), at most 96 characters.
-pub fn check_repo(repo: &str) -> std::result::Result<(), String> {
+pub fn check_repo(repo: &str) -> std::result::Result<(), HubError> {
     let part_ok = |p: &str| {
         !p.is_empty()
             && p.len() <= 96
@@ -120,23 +120,23 @@ pub fn check_repo(repo: &str) -> std::result::Result<(), String> {
     };
     match repo.split_once('/') {
         Some((owner, name)) if part_ok(owner) && part_ok(name) => Ok(()),
-        _ => Err(format!(
+        _ => Err(HubError::Invalid(format!(
             "'{repo}' is not a Hub repo id (expected owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct or openai/gsm8k)"
-        )),
+        ))),
     }
 }
 
 /// Checks that a revision is a full commit id: a branch or a tag moves, so it
 /// cannot key a cache.
-pub fn check_commit(repo: &str, revision: &str) -> std::result::Result<(), String> {
+pub fn check_commit(repo: &str, revision: &str) -> std::result::Result<(), HubError> {
     if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
         return Ok(());
     }
-    Err(format!(
+    Err(HubError::Invalid(format!(
         "revision '{revision}' is not a commit: a branch or tag can move, so it cannot pin a repo. Use the full 40-character \
          commit id, e.g. from `git ls-remote https://huggingface.co/{repo} {revision}`, the repo's \"Files and versions\" \
          history on the Hub, or `huggingface_hub.HfApi().model_info('{repo}', revision='{revision}').sha`"
-    ))
+    )))
 }
 
 /// A file name inside a repo: plain names and sub-folders, never a way out.
@@ -307,8 +307,8 @@ impl<'a> Snapshot<'a> {
 
     /// A repo of a kind at a commit; both are checked here.
     pub fn of_kind(config: &'a HubConfig, kind: RepoKind, repo: &str, commit: &str) -> Result<Snapshot<'a>> {
-        check_repo(repo).map_err(HubError::Invalid)?;
-        check_commit(repo, commit).map_err(HubError::Invalid)?;
+        check_repo(repo)?;
+        check_commit(repo, commit)?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
@@ -970,7 +970,7 @@ mod tests {
     #[test]
     fn a_branch_or_tag_is_refused_with_how_to_find_the_commit() {
         for rev in ["main", "v1.0", "7ae5576", "7AE557604ADF67BE50417F59C2C2F167DEF9A775"] {
-            let e = check_commit("Qwen/Qwen2.5-0.5B-Instruct", rev).unwrap_err();
+            let e = check_commit("Qwen/Qwen2.5-0.5B-Instruct", rev).unwrap_err().to_string();
             assert!(e.contains(&format!("'{rev}' is not a commit")) && e.contains("git ls-remote"), "{e}");
         }
         check_commit("Qwen/Qwen2.5-0.5B-Instruct", "7ae557604adf67be50417f59c2c2f167def9a775").unwrap();

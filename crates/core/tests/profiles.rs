@@ -17,7 +17,7 @@ fn the_shapes_profile_is_qwen2_5_0_5b_to_the_parameter() {
     assert_eq!(config.vocab_size, 151_936);
     assert_eq!(config.parameter_count(), 494_032_768);
     // A vocabulary below the tokenizer's is refused, naming the field.
-    let e = ModelInitParams { vocab_size: Some(100), ..p }.config(1024, 3).unwrap_err();
+    let e = ModelInitParams { vocab_size: Some(100), ..p }.config(1024, 3).unwrap_err().to_string();
     assert!(e.contains("params.vocab_size 100") && e.contains("1024"), "{e}");
 }
 

@@ -25,7 +25,7 @@ fn model_init(job: &WorkerJob, p: ModelInitParams) -> Result<()> {
     let tokenizer_path = job.inputs.get("tokenizer").and_then(|v| v.first()).context("input 'tokenizer' is missing")?;
     let tokenizer = TextTokenizer::from_file(tokenizer_path)?;
     let eos = tokenizer.eos_id()?;
-    let config = p.config(tokenizer.vocab_size() as usize, eos).map_err(crate::error::Error::Msg)?;
+    let config = p.config(tokenizer.vocab_size() as usize, eos)?;
     let vocab = config.vocab_size;
     // Initialised on the CPU generator so the weights do not depend on the device.
     let mut model = CausalLm::new(&config, Device::Cpu)?;

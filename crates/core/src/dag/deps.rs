@@ -32,12 +32,34 @@ pub enum TreeKind {
 
 /// Compiles a glob as Snakemake and DVC read one: `*` and `?` stay within a
 /// folder, `**` crosses folders.
-pub fn glob_matcher(pattern: &str) -> Result<globset::GlobMatcher, String> {
+pub fn glob_matcher(pattern: &str) -> Result<globset::GlobMatcher, DepsError> {
     globset::GlobBuilder::new(pattern)
         .literal_separator(true)
         .build()
         .map(|g| g.compile_matcher())
-        .map_err(|e| format!("'{pattern}' is not a glob: {e}"))
+        .map_err(|source| DepsError::Glob { pattern: pattern.to_string(), source })
+}
+
+/// Why a dep could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum DepsError {
+    #[error("'{pattern}' is not a glob: {source}")]
+    Glob {
+        pattern: String,
+        #[source]
+        source: globset::Error,
+    },
+    #[error("{doing} {}: {source}", .path.display())]
+    Io {
+        doing: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("'{path}' is a symbolic link; deps are read from real files and folders only (links are never followed)")]
+    Link { path: String },
+    #[error("more than {MAX_DEP_FILES} files; a dep this large belongs in one archive")]
+    TooManyFiles,
 }
 
 /// The folders a walk never enters: ours and version control's.
@@ -47,22 +69,22 @@ fn skipped_folder(name: &str) -> bool {
 
 /// Files under `root/rel` (relative to `root`, sorted), links refused by name.
 /// With `glob`, only files it matches (relative to `root`) are kept.
-pub fn walk(root: &Path, rel: &str, glob: Option<&globset::GlobMatcher>) -> Result<Vec<String>, String> {
+pub fn walk(root: &Path, rel: &str, glob: Option<&globset::GlobMatcher>) -> Result<Vec<String>, DepsError> {
     let mut out = Vec::new();
     let mut stack = vec![rel.to_string()];
     while let Some(dir_rel) = stack.pop() {
         let dir = if dir_rel.is_empty() { root.to_path_buf() } else { root.join(&dir_rel) };
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("listing {}: {e}", dir.display()))?;
+        let listing = |source| DepsError::Io { doing: "listing", path: dir.clone(), source };
+        let entries = std::fs::read_dir(&dir).map_err(listing)?;
         for entry in entries {
-            let entry = entry.map_err(|e| format!("listing {}: {e}", dir.display()))?;
+            let entry = entry.map_err(listing)?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let child = if dir_rel.is_empty() { name.clone() } else { format!("{dir_rel}/{name}") };
-            let ty = entry.file_type().map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+            let ty =
+                entry.file_type().map_err(|source| DepsError::Io { doing: "reading", path: entry.path(), source })?;
             if ty.is_symlink() {
                 if glob.is_none_or(|g| g.is_match(&child)) {
-                    return Err(format!(
-                        "'{child}' is a symbolic link; deps are read from real files and folders only (links are never followed)"
-                    ));
+                    return Err(DepsError::Link { path: child });
                 }
             } else if ty.is_dir() {
                 if !skipped_folder(&name) {
@@ -71,7 +93,7 @@ pub fn walk(root: &Path, rel: &str, glob: Option<&globset::GlobMatcher>) -> Resu
             } else if ty.is_file() && glob.is_none_or(|g| g.is_match(&child)) {
                 out.push(child);
                 if out.len() > MAX_DEP_FILES {
-                    return Err(format!("more than {MAX_DEP_FILES} files; a dep this large belongs in one archive"));
+                    return Err(DepsError::TooManyFiles);
                 }
             }
         }
@@ -141,6 +163,6 @@ mod tests {
             ["data/a.jsonl", "data/b.jsonl", "data/sub/c.jsonl"]
         );
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join("data/z.jsonl")).unwrap();
-        assert!(walk(dir.path(), "data", Some(&star)).unwrap_err().contains("symbolic link"));
+        assert!(walk(dir.path(), "data", Some(&star)).unwrap_err().to_string().contains("symbolic link"));
     }
 }

@@ -116,7 +116,7 @@ pub fn check(
                 Ok(e) => Some(super::slurm::node_env(spec.executor, &node.def, e)),
                 Err(e) => {
                     let error = format!("cannot determine the numerical environment: {e}");
-                    results.push(result(None, CheckOutcome::Failed { error }, false, None));
+                    results.push(result(None, CheckOutcome::Failed { error: error.to_string() }, false, None));
                     continue;
                 }
             }
@@ -151,7 +151,7 @@ pub fn check(
             Ok(r) => r,
             Err(error) => {
                 if wanted {
-                    results.push(result(None, CheckOutcome::Failed { error }, false, None));
+                    results.push(result(None, CheckOutcome::Failed { error: error.to_string() }, false, None));
                 }
                 continue;
             }
@@ -196,7 +196,7 @@ pub fn check(
         let rerun = with_interrupts(&cancel, || node::recheck(&job, &record, &cached));
         let outcome = match rerun {
             Ok(outputs) => compare(ws, &cached, &outputs),
-            Err(error) => CheckOutcome::Failed { error },
+            Err(error) => CheckOutcome::Failed { error: error.to_string() },
         };
         results.push(result(Some(key), outcome, from_remote, Some(cached)));
     }

@@ -74,7 +74,7 @@ impl RunResult {
     /// report that cannot be read is an error naming the node and the file:
     /// it must never count as passed. A gate node that failed or was skipped
     /// is already a failed run, and is not counted here.
-    pub fn failed_gates(&self, ws: &Workspace, dag: &Dag) -> Result<usize, String> {
+    pub fn failed_gates(&self, ws: &Workspace, dag: &Dag) -> Result<usize, crate::gate::GateError> {
         use crate::ops::gate::GateOp;
         let mut failed = 0;
         for node in dag.nodes.iter().filter(|n| n.op.name() == GateOp::NAME) {
@@ -82,12 +82,12 @@ impl RunResult {
                 Some(Outcome::Ran { outputs, .. }) | Some(Outcome::Cached { outputs, .. }) => outputs,
                 _ => continue,
             };
-            let out = outputs
-                .iter()
-                .find(|o| o.name == GateOp::REPORT)
-                .ok_or_else(|| format!("gate node '{}' has no {} output", node.id(), GateOp::REPORT))?;
+            let (node, output) = (node.id().to_string(), GateOp::REPORT.to_string());
+            let Some(out) = outputs.iter().find(|o| o.name == GateOp::REPORT) else {
+                return Err(crate::gate::GateError::NoReport { node, output });
+            };
             let report = crate::gate::GateReport::read(&ws.object_path(&out.object.hash))
-                .map_err(|e| format!("gate node '{}': {} {e}", node.id(), GateOp::REPORT))?;
+                .map_err(|e| crate::gate::GateError::InNode { node, output, source: Box::new(e) })?;
             failed += report.failed();
         }
         Ok(failed)

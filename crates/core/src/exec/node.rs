@@ -107,7 +107,7 @@ pub struct CpuSlot<'a> {
 /// Where the machine's CPU slot files are: `ORCHESTRATE_CPU_SLOTS_DIR`, else
 /// `orchestrate-cpu-UID` in the temp folder, made with mode 0700. One that is
 /// a link, not a folder or not this user's is not used (`Err` says why).
-pub fn cpu_slots_dir() -> Result<PathBuf, String> {
+pub fn cpu_slots_dir() -> Result<PathBuf, SlotsDirError> {
     // SAFETY: getuid cannot fail and touches no memory.
     let uid = unsafe { libc::getuid() };
     checked_slots_dir(match std::env::var_os("ORCHESTRATE_CPU_SLOTS_DIR") {
@@ -117,23 +117,41 @@ pub fn cpu_slots_dir() -> Result<PathBuf, String> {
 }
 
 /// `dir`, made if absent, if it is a folder of this user's (never a link).
-pub(crate) fn checked_slots_dir(dir: PathBuf) -> Result<PathBuf, String> {
+pub(crate) fn checked_slots_dir(dir: PathBuf) -> Result<PathBuf, SlotsDirError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     // SAFETY: getuid cannot fail and touches no memory.
     let uid = unsafe { libc::getuid() };
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+        Err(source) => return Err(SlotsDirError::Io { dir, source }),
     }
-    let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let meta = match std::fs::symlink_metadata(&dir) {
+        Ok(meta) => meta,
+        Err(source) => return Err(SlotsDirError::Io { dir, source }),
+    };
     if !meta.is_dir() {
-        return Err(format!("{} is not a folder (a link is never followed)", dir.display()));
+        return Err(SlotsDirError::NotAFolder { dir });
     }
     if meta.uid() != uid {
-        return Err(format!("{} belongs to another user", dir.display()));
+        return Err(SlotsDirError::NotOurs { dir });
     }
     Ok(dir)
+}
+
+/// Why the machine's CPU slot folder is not used.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotsDirError {
+    #[error("{}: {source}", .dir.display())]
+    Io {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a folder (a link is never followed)", .dir.display())]
+    NotAFolder { dir: PathBuf },
+    #[error("{} belongs to another user", .dir.display())]
+    NotOurs { dir: PathBuf },
 }
 
 impl CpuSlots {
@@ -218,7 +236,7 @@ impl Drop for CpuSlot<'_> {
 
 impl NodeJob<'_> {
     /// This node's hash-input record (its key is `record.key()`).
-    pub fn record(&self) -> Result<HashInputs, String> {
+    pub fn record(&self) -> Result<HashInputs, RecordError> {
         hash_inputs(self.ws, self.index, self.node, self.spec_dir, self.upstream, self.env.clone())
     }
 }
@@ -231,6 +249,40 @@ fn upstream_output<'a>(
     upstream.get(&r.node)?.iter().find(|o| o.name == r.output)
 }
 
+/// Why a node's hash-input record could not be computed (the node fails with
+/// it, naming the input, dep, params file or interpreter).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("input '{input}': output {output} is not available")]
+    InputUnavailable { input: String, output: String },
+    #[error("dep '{dep}' does not exist ({}) and no node writes it", .path.display())]
+    DepMissing { dep: String, path: PathBuf },
+    #[error("dep '{dep}' is no longer a folder ({})", .path.display())]
+    DepNotAFolder { dep: String, path: PathBuf },
+    #[error("dep '{dep}': '{file}' matched when the spec was read and is no longer a file")]
+    GlobGone { dep: String, file: String },
+    #[error("dep '{dep}': {source}")]
+    Dep {
+        dep: String,
+        #[source]
+        source: crate::dag::deps::DepsError,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("params file {0}")]
+    ParamsFile(#[source] Box<crate::docfile::DocError>),
+    #[error("params file '{file}' has no key '{key}' ({}): {source}", .path.display())]
+    ParamsKey {
+        file: String,
+        key: String,
+        path: PathBuf,
+        #[source]
+        source: Box<crate::docfile::DocError>,
+    },
+    #[error(transparent)]
+    Interpreter(#[from] crate::reward::RewardError),
+}
+
 /// Builds the hash-input record of a node from its upstream outputs and files.
 pub fn hash_inputs(
     ws: &Workspace,
@@ -239,13 +291,13 @@ pub fn hash_inputs(
     spec_dir: &Path,
     upstream: &BTreeMap<String, Vec<OutputRecord>>,
     env: Option<EnvPart>,
-) -> Result<HashInputs, String> {
+) -> Result<HashInputs, RecordError> {
     let mut inputs = BTreeMap::new();
     for (name, refs) in &node.inputs {
         let mut hashes = Vec::with_capacity(refs.len());
         for r in refs {
-            let out =
-                upstream_output(upstream, r).ok_or_else(|| format!("input '{name}': output {r} is not available"))?;
+            let out = upstream_output(upstream, r)
+                .ok_or_else(|| RecordError::InputUnavailable { input: name.clone(), output: r.to_string() })?;
             hashes.push(out.object.hash.clone());
         }
         inputs.insert(name.clone(), hashes);
@@ -254,9 +306,9 @@ pub fn hash_inputs(
     for f in &node.files {
         let path = spec_dir.join(f);
         if !path.is_file() {
-            return Err(format!("dep '{f}' does not exist ({}) and no node writes it", path.display()));
+            return Err(RecordError::DepMissing { dep: f.clone(), path });
         }
-        let h = ws.hash_user_file(index, &path).map_err(|e| e.to_string())?;
+        let h = ws.hash_user_file(index, &path)?;
         files.insert(f.clone(), h);
     }
     let mut trees = BTreeMap::new();
@@ -266,15 +318,15 @@ pub fn hash_inputs(
             crate::dag::deps::TreeKind::Dir { skip } => {
                 let dir = spec_dir.join(&t.name);
                 if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
-                    return Err(format!("dep '{}' is no longer a folder ({})", t.name, dir.display()));
+                    return Err(RecordError::DepNotAFolder { dep: t.name.clone(), path: dir });
                 }
-                let listed =
-                    crate::dag::deps::walk(spec_dir, &t.name, None).map_err(|e| format!("dep '{}': {e}", t.name))?;
+                let listed = crate::dag::deps::walk(spec_dir, &t.name, None)
+                    .map_err(|source| RecordError::Dep { dep: t.name.clone(), source })?;
                 for rel in listed {
                     if skip.iter().any(|s| rel == *s || rel.starts_with(&format!("{s}/"))) {
                         continue;
                     }
-                    let h = ws.hash_user_file(index, &spec_dir.join(&rel)).map_err(|e| e.to_string())?;
+                    let h = ws.hash_user_file(index, &spec_dir.join(&rel))?;
                     let inside = rel.strip_prefix(&format!("{}/", t.name)).unwrap_or(&rel).to_string();
                     hashes.insert(inside, h);
                 }
@@ -283,12 +335,9 @@ pub fn hash_inputs(
                 for rel in matches {
                     let path = spec_dir.join(rel);
                     if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
-                        return Err(format!(
-                            "dep '{}': '{rel}' matched when the spec was read and is no longer a file",
-                            t.name
-                        ));
+                        return Err(RecordError::GlobGone { dep: t.name.clone(), file: rel.clone() });
                     }
-                    hashes.insert(rel.clone(), ws.hash_user_file(index, &path).map_err(|e| e.to_string())?);
+                    hashes.insert(rel.clone(), ws.hash_user_file(index, &path)?);
                 }
             }
         }
@@ -296,11 +345,14 @@ pub fn hash_inputs(
     }
     let mut params_files = BTreeMap::new();
     for (file, keys) in &node.params_files {
-        let doc = crate::docfile::read(spec_dir, file).map_err(|e| format!("params file {e}"))?;
+        let doc = crate::docfile::read(spec_dir, file).map_err(|e| RecordError::ParamsFile(Box::new(e)))?;
         let mut values = BTreeMap::new();
         for k in keys {
-            let v = crate::docfile::lookup(&doc, k).map_err(|e| {
-                format!("params file '{file}' has no key '{k}' ({}): {e}", spec_dir.join(file).display())
+            let v = crate::docfile::lookup(&doc, k).map_err(|source| RecordError::ParamsKey {
+                file: file.clone(),
+                key: k.clone(),
+                path: spec_dir.join(file),
+                source: Box::new(source),
             })?;
             values.insert(k.clone(), v.clone());
         }
@@ -426,7 +478,7 @@ impl NodeJob<'_> {
     /// --remote`): `Ok(None)` when there is no remote, the node is forced, or
     /// the remote lacks it; `Err` says why a copy it has was not taken
     /// (refused, unreachable), and the node then runs here.
-    pub fn from_remote(&self, key: &Key) -> Result<Option<Outcome>, String> {
+    pub fn from_remote(&self, key: &Key) -> Result<Option<Outcome>, NotTaken> {
         let (false, Some(remote)) = (self.force, self.remote) else { return Ok(None) };
         let quiet = crate::remote::sync_progress_none();
         let local = (self.node.id(), self.spec_name);
@@ -441,9 +493,18 @@ impl NodeJob<'_> {
                 restored: None,
             })),
             Ok(None) => Ok(None),
-            Err(e) => Err(format!("not taken from {}: {e}", remote.url)),
+            Err(source) => Err(NotTaken { url: remote.url.to_string(), source }),
         }
     }
+}
+
+/// Why a copy the remote cache has was not taken (the node then runs here).
+#[derive(Debug, thiserror::Error)]
+#[error("not taken from {url}: {source}")]
+pub struct NotTaken {
+    pub url: String,
+    #[source]
+    pub source: crate::remote::RemoteError,
 }
 
 /// What the caller hears about while a node resolves.
@@ -527,7 +588,7 @@ pub fn resolve(
         None => {
             let record = match job.record() {
                 Ok(r) => r,
-                Err(e) => return failed(None, e),
+                Err(e) => return failed(None, e.to_string()),
             };
             let key = record.key();
             let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
@@ -768,14 +829,26 @@ fn publish_and_commit(
 /// by content (the cache's record is not touched) and compared with the
 /// cached one, and outputs in the user's tree are put back as the cache has
 /// them. `Ok(outputs)` are the re-executed ones.
-pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, String> {
-    let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
+pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, RecheckError> {
+    let _lock = job.ws.lock_node(&cached.key, || {})?;
     // Its own log beside the run's, which stays as it was.
     let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
     let outputs = ran.and_then(|ran| publish_outputs(job, &ran.staging));
     // The tree gets the cached outputs back whatever the re-execution wrote.
-    job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
-    outputs
+    job.ws.restore_outputs(job.index, cached, job.spec_dir)?;
+    outputs.map_err(RecheckError::Node)
+}
+
+/// Why a re-execution did not give outputs to compare.
+#[derive(Debug, thiserror::Error)]
+pub enum RecheckError {
+    /// The store (the node's lock, or putting the tree's outputs back).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The node itself: its op failed, or its outputs could not be stored
+    /// (the message is the one a run would give).
+    #[error("{0}")]
+    Node(String),
 }
 
 /// Stores the outputs a node's op left (in staging, or in the user's tree) by content.

@@ -199,7 +199,7 @@ fn state_of(
     }
     let record = match hash_inputs(ws, index, node, &spec.base_dir, known, env) {
         Ok(r) => r,
-        Err(e) => return Ok(PlanState::Error { error: e }),
+        Err(e) => return Ok(PlanState::Error { error: e.to_string() }),
     };
     let key = record.key();
     Ok(match decide(ws, index, &spec.base_dir, spec.spec_ref(), node.id(), &record, &key, forced)? {
@@ -216,7 +216,7 @@ fn own_fields(
     node: &crate::dag::DagNode,
     spec: &Spec,
     env: Option<crate::dag::key::EnvPart>,
-) -> Result<HashInputs, String> {
+) -> Result<HashInputs, crate::exec::node::RecordError> {
     let mut bare = node.clone();
     bare.inputs.clear();
     hash_inputs(ws, index, &bare, &spec.base_dir, &BTreeMap::new(), env)
@@ -300,7 +300,7 @@ pub fn explain(
             }
             out.record = Some(record);
         }
-        Err(e) => out.notes.push(e),
+        Err(e) => out.notes.push(e.to_string()),
     }
     Ok(out)
 }
@@ -421,7 +421,7 @@ pub fn checkout(
             Ok(r) => r,
             Err(reason) => {
                 missing_root.insert(pos, id.clone());
-                out.push(CheckedOut::Missing { node: id, reason });
+                out.push(CheckedOut::Missing { node: id, reason: reason.to_string() });
                 continue;
             }
         };

@@ -18,7 +18,7 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -103,13 +103,65 @@ impl GateReport {
 
     /// Reads a `gates.json`; a missing, unreadable or ill-typed one is an error
     /// naming the file and what is wrong, never an empty report.
-    pub fn read(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text).map_err(|e| format!("{}: not a gate report: {e}", path.display()))
+    pub fn read(path: &Path) -> Result<Self, GateError> {
+        let text = std::fs::read_to_string(path).map_err(GateError::io(path))?;
+        serde_json::from_str(&text)
+            .map_err(|e| GateError::NotAReport { path: path.to_path_buf(), reason: e.to_string() })
     }
 
     pub fn failed(&self) -> usize {
         self.results.iter().filter(|r| !r.passed).count()
+    }
+}
+
+/// Why a gate file, a gate file's path or a gate report was refused; each
+/// names the file (or the param) and what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a regular file", .path.display())]
+    NotAFile { path: PathBuf },
+    #[error("{}: {bytes} bytes, over the limit of {MAX_GATE_FILE_BYTES}", .path.display())]
+    TooLarge { path: PathBuf, bytes: u64 },
+    #[error("{}: not a gate report: {reason}", .path.display())]
+    NotAReport { path: PathBuf, reason: String },
+    #[error("{}: not a gate file: {reason}", .path.display())]
+    NotAGateFile { path: PathBuf, reason: String },
+    #[error("{}: {count} gates, over the limit of {MAX_GATES}", .path.display())]
+    TooMany { path: PathBuf, count: usize },
+    /// One gate of the file is malformed.
+    #[error("{}: gate '{gate}': {problem}", .path.display())]
+    Gate { path: PathBuf, gate: String, problem: String },
+    #[error("evidence {reference} does not read: {source}")]
+    Evidence {
+        reference: String,
+        #[source]
+        source: crate::docfile::DocError,
+    },
+    /// A gate node's report, in a run.
+    #[error("gate node '{node}' has no {output} output")]
+    NoReport { node: String, output: String },
+    #[error("gate node '{node}': {output} {source}")]
+    InNode {
+        node: String,
+        output: String,
+        #[source]
+        source: Box<GateError>,
+    },
+    #[error("gate file '{shown}': give a path relative to the spec's folder, inside its project (no absolute path)")]
+    Absolute { shown: String },
+    #[error("gate file '{shown}' is outside the spec's project {} (gate files, like deps, stay inside it)", .root.display())]
+    Outside { shown: String, root: PathBuf },
+}
+
+impl GateError {
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> GateError + '_ {
+        move |source| GateError::Io { path: path.to_path_buf(), source }
     }
 }
 
@@ -122,14 +174,12 @@ pub const MAX_GATES: usize = 1000;
 /// Where a spec's gate file is, checked: a relative path that stays inside the
 /// spec's project ([`project_root`]), also once links are resolved. `/etc/passwd`, or
 /// `../../x` past the project, is refused naming the param.
-pub fn gate_file_path(spec_dir: &Path, file: &str) -> Result<std::path::PathBuf, String> {
+pub fn gate_file_path(spec_dir: &Path, file: &str) -> Result<PathBuf, GateError> {
     let shown = crate::ids::escaped(file);
     if file.is_empty() || Path::new(file).is_absolute() {
-        return Err(format!(
-            "gate file '{shown}': give a path relative to the spec's folder, inside its project (no absolute path)"
-        ));
+        return Err(GateError::Absolute { shown: shown.into_owned() });
     }
-    let spec_dir = std::path::absolute(spec_dir).map_err(|e| format!("{}: {e}", spec_dir.display()))?;
+    let spec_dir = std::path::absolute(spec_dir).map_err(GateError::io(spec_dir))?;
     let root = project_root(&spec_dir);
     let mut joined = spec_dir.clone();
     for part in Path::new(file).components() {
@@ -141,12 +191,7 @@ pub fn gate_file_path(spec_dir: &Path, file: &str) -> Result<std::path::PathBuf,
             _ => {}
         }
     }
-    let outside = || {
-        format!(
-            "gate file '{shown}' is outside the spec's project {} (gate files, like deps, stay inside it)",
-            root.display()
-        )
-    };
+    let outside = || GateError::Outside { shown: shown.to_string(), root: root.clone() };
     if !joined.starts_with(&root) {
         return Err(outside());
     }
@@ -202,40 +247,33 @@ pub fn bounded_error(message: &str) -> String {
     crate::ids::excerpt(&out, ALL)
 }
 
-pub fn read_gate_file(path: &Path) -> Result<GateFile, String> {
+pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     // A gate file may come from a pack (hostile input): a regular file, bounded.
-    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = std::fs::symlink_metadata(path).map_err(GateError::io(path))?;
     if !meta.is_file() {
-        return Err(format!("{}: not a regular file", path.display()));
+        return Err(GateError::NotAFile { path: path.to_path_buf() });
     }
     if meta.len() > MAX_GATE_FILE_BYTES {
-        return Err(format!("{}: {} bytes, over the limit of {MAX_GATE_FILE_BYTES}", path.display(), meta.len()));
+        return Err(GateError::TooLarge { path: path.to_path_buf(), bytes: meta.len() });
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(GateError::io(path))?;
     let file: GateFile = serde_yaml_ng::from_str(&text)
-        .map_err(|e| format!("{}: not a gate file: {}", path.display(), bounded_error(&e.to_string())))?;
+        .map_err(|e| GateError::NotAGateFile { path: path.to_path_buf(), reason: bounded_error(&e.to_string()) })?;
     if file.gates.len() > MAX_GATES {
-        return Err(format!("{}: {} gates, over the limit of {MAX_GATES}", path.display(), file.gates.len()));
+        return Err(GateError::TooMany { path: path.to_path_buf(), count: file.gates.len() });
     }
     for g in &file.gates {
+        let bad = |problem: String| GateError::Gate { path: path.to_path_buf(), gate: g.name.clone(), problem };
         let c = &g.check;
         if c.field.is_some() == c.margin.is_some() {
-            return Err(format!(
-                "{}: gate '{}': give exactly one of check.field and check.margin",
-                path.display(),
-                g.name
-            ));
+            return Err(bad("give exactly one of check.field and check.margin".into()));
         }
         if c.equals.is_none() && c.equals_field.is_none() && c.at_least.is_none() && c.at_most.is_none() {
-            return Err(format!(
-                "{}: gate '{}': the check has no criterion (equals, equals_field, at_least, at_most)",
-                path.display(),
-                g.name
-            ));
+            return Err(bad("the check has no criterion (equals, equals_field, at_least, at_most)".into()));
         }
         for r in g.evidence.values() {
             if !r.contains(':') {
-                return Err(format!("{}: gate '{}': evidence '{r}' is not NODE:OUTPUT", path.display(), g.name));
+                return Err(bad(format!("evidence '{r}' is not NODE:OUTPUT")));
             }
         }
     }

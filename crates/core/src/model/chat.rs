@@ -208,9 +208,11 @@ pub fn user_message(prompt_template: Option<&str>, statement: &str) -> String {
 pub const PROMPT_PLACEHOLDER: &str = "{prompt}";
 
 /// Checks a `prompt_template` param: it must place the statement.
-pub fn check_prompt_template(t: &str) -> Result<(), String> {
+pub fn check_prompt_template(t: &str) -> Result<(), ChatError> {
     if !t.contains(PROMPT_PLACEHOLDER) {
-        return Err(format!("'{t}' does not contain {PROMPT_PLACEHOLDER}, where each problem's statement goes"));
+        return Err(ChatError(format!(
+            "'{t}' does not contain {PROMPT_PLACEHOLDER}, where each problem's statement goes"
+        )));
     }
     Ok(())
 }

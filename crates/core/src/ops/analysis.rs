@@ -238,15 +238,28 @@ fn mean_of(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// Why a run's record could not be made from its metrics and evaluation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunRecordError {
+    #[error("not the metrics of a GRPO run (kind {kind})")]
+    NotGrpo { kind: &'static str },
+    #[error("bad updates were applied but no fault is listed")]
+    UnlistedFault,
+    #[error("no population '{population}' in the evaluation (it has {has})")]
+    NoPopulation { population: String, has: String },
+    #[error("the evaluation has no greedy success rate for population '{population}' (it is empty)")]
+    EmptyPopulation { population: String },
+}
+
 /// One run's record, from its training metrics and (optionally) its evaluation.
 pub fn run_record(
     arm: &str,
     metrics: &TrainingMetrics,
     eval: Option<&super::eval::EvalResults>,
     population: &str,
-) -> Result<RunRecord, String> {
+) -> Result<RunRecord, RunRecordError> {
     let TrainingMetrics::Grpo(metrics) = metrics else {
-        return Err(format!("not the metrics of a GRPO run (kind {})", metrics.kind()));
+        return Err(RunRecordError::NotGrpo { kind: metrics.kind() });
     };
     let history = &metrics.history;
     let iterations = metrics.identity.params.iterations as u64;
@@ -277,27 +290,21 @@ pub fn run_record(
     let wasted = match (bad, first_fault) {
         (0, _) => detected_at.iter().collect::<BTreeSet<_>>().len() as u64,
         (_, Some(first)) => iterations.saturating_sub(first),
-        (_, None) => return Err("bad updates were applied but no fault is listed".to_string()),
+        (_, None) => return Err(RunRecordError::UnlistedFault),
     };
     let faulted_updates = faults.len() as u64 * per_iteration;
     let reward: Vec<f64> = history.iter().map(|h| h.mean_reward).collect();
-    let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, String> {
+    let scores = |mode: &'static str| -> Result<Option<&super::eval::PopulationScore>, RunRecordError> {
         let Some(r) = eval else { return Ok(None) };
         let m = if mode == "greedy" { &r.greedy } else { &r.sample };
-        m.population(population).map(Some).ok_or_else(|| {
-            format!(
-                "no population '{population}' in the evaluation (it has {})",
-                m.names().collect::<Vec<_>>().join(", ")
-            )
+        m.population(population).map(Some).ok_or_else(|| RunRecordError::NoPopulation {
+            population: population.to_string(),
+            has: m.names().collect::<Vec<_>>().join(", "),
         })
     };
     let (greedy, sample) = (scores("greedy")?, scores("sample")?);
     let success = match greedy.map(|g| g.success_rate) {
-        Some(None) => {
-            return Err(format!(
-                "the evaluation has no greedy success rate for population '{population}' (it is empty)"
-            ))
-        }
+        Some(None) => return Err(RunRecordError::EmptyPopulation { population: population.to_string() }),
         other => other.flatten(),
     };
     let undetected = (faults.len() - latencies.len()) as u64;
@@ -610,7 +617,7 @@ mod tests {
             final_model_digest: "f".into(),
             costs: None,
         });
-        assert!(run_record("on", &sft, None, "ALL").unwrap_err().contains("not the metrics of a GRPO run"));
+        assert!(run_record("on", &sft, None, "ALL").unwrap_err().to_string().contains("not the metrics of a GRPO run"));
     }
 
     /// Before the shared type, a metrics file without `bad_updates_applied` read

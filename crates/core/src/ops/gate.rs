@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Op, OpError, OutputDecl, Role, RunContext};
+use super::{Op, OpError, OutputDecl, ParamError, Role, RunContext};
 use crate::gate::{evaluate, read_gate_file, table};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -27,9 +27,10 @@ pub struct GateOp;
 
 /// Reads evidence with the one reader of structured files: by the output's
 /// extension (a shell node's `metrics.yaml` or `metrics.toml`), JSON otherwise.
-pub fn parse_evidence(reference: &str, text: &str) -> Result<Value, String> {
+pub fn parse_evidence(reference: &str, text: &str) -> Result<Value, crate::gate::GateError> {
     let format = crate::docfile::Format::of(reference).unwrap_or(crate::docfile::Format::Json);
-    crate::docfile::parse(format, text).map_err(|e| format!("evidence {reference} does not read: {e}"))
+    crate::docfile::parse(format, text)
+        .map_err(|source| crate::gate::GateError::Evidence { reference: reference.to_string(), source })
 }
 
 /// The input name an evidence reference becomes.
@@ -58,8 +59,14 @@ impl Op for GateOp {
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<super::InputDecl>> {
         Some(Vec::new())
     }
-    fn implied_inputs(&self, params: &Self::Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
-        let file = read_gate_file(&crate::gate::gate_file_path(spec_dir, &params.file)?)?;
+    fn implied_inputs(&self, params: &Self::Params, spec_dir: &Path) -> Result<Vec<(String, String)>, ParamError> {
+        let at_file = |e: crate::gate::GateError| ParamError {
+            path: vec!["file".into()],
+            message: e.to_string(),
+            unknown_key: false,
+        };
+        let path = crate::gate::gate_file_path(spec_dir, &params.file).map_err(at_file)?;
+        let file = read_gate_file(&path).map_err(at_file)?;
         let mut refs: Vec<String> = file.gates.iter().flat_map(|g| g.evidence.values().cloned()).collect();
         refs.sort();
         refs.dedup();
@@ -78,15 +85,16 @@ impl Op for GateOp {
         Some("gates.md")
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let path = crate::gate::gate_file_path(ctx.spec_dir, &p.file).map_err(OpError::Failed)?;
-        let file = read_gate_file(&path).map_err(OpError::Failed)?;
+        let failed = |e: crate::gate::GateError| OpError::Failed(e.to_string());
+        let path = crate::gate::gate_file_path(ctx.spec_dir, &p.file).map_err(failed)?;
+        let file = read_gate_file(&path).map_err(failed)?;
         let mut loaded: BTreeMap<String, (Value, String)> = BTreeMap::new();
         for (name, artifacts) in ctx.inputs {
             let Some(reference) = name.strip_prefix("evidence:") else { continue };
             let a = &artifacts[0];
             let text = std::fs::read_to_string(&a.path)
                 .map_err(|e| OpError::io(format!("reading evidence {reference}"), e))?;
-            let v = parse_evidence(reference, &text).map_err(OpError::Failed)?;
+            let v = parse_evidence(reference, &text).map_err(|e| OpError::Failed(e.to_string()))?;
             loaded.insert(reference.to_string(), (v, a.hash.clone()));
         }
         let results: Vec<_> = file

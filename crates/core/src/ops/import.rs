@@ -288,7 +288,7 @@ impl Op for DatasetImport {
                 None => by_split = split_by_ratios(rows, &p.ratios, p.seed),
             }
         }
-        let imported = convert(&by_split, &p.fields, p.warmstart).map_err(failed)?;
+        let imported = convert(&by_split, &p.fields, p.warmstart).map_err(|e| failed(e.to_string()))?;
         write_splits(ctx, &imported)?;
         let sources =
             p.sources().iter().map(|(s, f)| (s.map_or("all", |s| s.as_str()).to_string(), f.to_string())).collect();
@@ -373,8 +373,8 @@ impl Op for DatasetHub {
     }
     type Params = DatasetHubParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
-        crate::hub::check_repo(&p.repo).map_err(|m| param_error(&["repo"], m))?;
-        crate::hub::check_commit(&p.repo, &p.revision).map_err(|m| param_error(&["revision"], m))?;
+        crate::hub::check_repo(&p.repo).map_err(|m| param_error(&["repo"], m.to_string()))?;
+        crate::hub::check_commit(&p.repo, &p.revision).map_err(|m| param_error(&["revision"], m.to_string()))?;
         match (p.splits.is_empty(), p.files.is_empty()) {
             (true, true) => {
                 return Err(param_error(
@@ -484,7 +484,7 @@ impl Op for DatasetHub {
             by_split.insert(Split::Validation, validation);
             sources.insert("validation".into(), format!("the last {n} rows of train"));
         }
-        let imported = convert(&by_split, &p.fields, p.warmstart).map_err(failed)?;
+        let imported = convert(&by_split, &p.fields, p.warmstart).map_err(|e| failed(e.to_string()))?;
         write_splits(ctx, &imported)?;
         write_summary(ctx, "hub", sources, &imported)
     }
@@ -597,6 +597,15 @@ fn kind(v: &Value) -> &'static str {
 /// Converts checked rows into pages and labels, per split. Refused, naming
 /// both rows: two rows with the same id, or the same prompt (normalized).
 pub fn convert(
+    by_split: &BTreeMap<Split, Vec<SourceRow>>,
+    fields: &FieldMap,
+    warmstart: usize,
+) -> Result<BTreeMap<Split, Vec<(PageRow, LabelRow)>>, crate::data::rows::RowError> {
+    convert_rows(by_split, fields, warmstart).map_err(crate::data::rows::RowError)
+}
+
+/// [`convert`], each refusal said as a message naming the rows.
+fn convert_rows(
     by_split: &BTreeMap<Split, Vec<SourceRow>>,
     fields: &FieldMap,
     warmstart: usize,
@@ -786,28 +795,35 @@ mod tests {
             ..row(7, serde_json::json!({"question": "what  is 3+3?", "answer": "6"}))
         }];
         let by_split = BTreeMap::from([(Split::Train, train.clone()), (Split::Test, leak)]);
-        let e = convert(&by_split, &fields(), 0).unwrap_err();
-        assert!(e.contains("d.jsonl row 2 and t.jsonl row 7") && e.contains("across splits"), "{e}");
+        let e = convert(&by_split, &fields(), 0).unwrap_err().to_string();
+        assert!(
+            e.to_string().contains("d.jsonl row 2 and t.jsonl row 7") && e.to_string().contains("across splits"),
+            "{e}"
+        );
         // Duplicate ids from an id field.
         let dup = vec![
             row(1, serde_json::json!({"question": "a", "answer": "1", "k": 5})),
             row(2, serde_json::json!({"question": "b", "answer": "2", "k": 5})),
         ];
         let f = FieldMap { id: Some("k".into()), ..fields() };
-        let e = convert(&BTreeMap::from([(Split::Train, dup)]), &f, 0).unwrap_err();
+        let e = convert(&BTreeMap::from([(Split::Train, dup)]), &f, 0).unwrap_err().to_string();
         assert!(e.contains("row 1 and d.jsonl row 2 have the same id '5'"), "{e}");
         // A population of ALL, a prompt that is not text, an answer that is null.
         let f = FieldMap { population: Some("p".into()), ..fields() };
         let bad = vec![row(3, serde_json::json!({"question": "a", "answer": "1", "p": "ALL"}))];
-        assert!(convert(&BTreeMap::from([(Split::Test, bad)]), &f, 0).unwrap_err().contains("other than ALL"));
+        assert!(convert(&BTreeMap::from([(Split::Test, bad)]), &f, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("other than ALL"));
         let bad = vec![row(4, serde_json::json!({"question": 12, "answer": "1"}))];
-        let e = convert(&BTreeMap::from([(Split::Test, bad)]), &fields(), 0).unwrap_err();
+        let e = convert(&BTreeMap::from([(Split::Test, bad)]), &fields(), 0).unwrap_err().to_string();
         assert!(e.contains("d.jsonl row 4: field 'question' (prompt) is a number, expected text"), "{e}");
         let bad = vec![row(5, serde_json::json!({"question": "q", "answer": null}))];
         assert!(convert(&BTreeMap::from([(Split::Test, bad)]), &fields(), 0)
             .unwrap_err()
+            .to_string()
             .contains("row 5: field 'answer'"));
-        let e = convert(&BTreeMap::from([(Split::Train, train)]), &fields(), 3).unwrap_err();
+        let e = convert(&BTreeMap::from([(Split::Train, train)]), &fields(), 3).unwrap_err().to_string();
         assert!(e.contains("warmstart is 3, but the train split has 2 rows"), "{e}");
     }
 

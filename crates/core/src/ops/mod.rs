@@ -275,7 +275,7 @@ pub trait Op: Send + Sync + 'static {
     }
     /// Inputs implied by the params (a gate file's evidence): (input name,
     /// `NODE:OUTPUT`). Read when the spec compiles; an error is a spec error.
-    fn implied_inputs(&self, _params: &Self::Params, _spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+    fn implied_inputs(&self, _params: &Self::Params, _spec_dir: &Path) -> Result<Vec<(String, String)>, ParamError> {
         Ok(Vec::new())
     }
     /// The outputs this node will write.
@@ -356,7 +356,7 @@ pub trait AnyOp: Send + Sync {
     /// that relied on it.
     fn parse(&self, params: &Value) -> Result<Params, ParamError>;
     fn inputs(&self, params: &Params) -> Option<Vec<InputDecl>>;
-    fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String>;
+    fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, ParamError>;
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
@@ -393,7 +393,7 @@ impl<T: Op> AnyOp for T {
     fn inputs(&self, params: &Params) -> Option<Vec<InputDecl>> {
         Op::inputs(self, params.typed())
     }
-    fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, String> {
+    fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, ParamError> {
         Op::implied_inputs(self, params.typed(), spec_dir)
     }
     fn outputs(&self, params: &Params) -> Vec<OutputDecl> {
@@ -427,7 +427,7 @@ pub(crate) fn check_prompt_template(t: &Option<String>) -> Result<(), ParamError
     match t {
         Some(t) => crate::model::chat::check_prompt_template(t).map_err(|message| ParamError {
             path: vec!["prompt_template".into()],
-            message,
+            message: message.to_string(),
             unknown_key: false,
         }),
         None => Ok(()),

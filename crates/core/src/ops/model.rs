@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::worker::{WorkerOp, WorkerTask};
 use super::{InputDecl, Op, OpError, OutputDecl, OutputKind, ParamError, Role, RunContext};
 use crate::data::rows::{read_labels, read_pages, reference_response};
+use crate::model::config::ConfigError;
 use crate::model::{build_bpe, chat_prompt, HfFolder, DEFAULT_SYSTEM, IM_END};
 
 fn failed(e: impl std::fmt::Display) -> OpError {
@@ -125,10 +126,12 @@ pub struct ModelInitParams {
 
 impl ModelInitParams {
     /// The config `model.init` writes, for a tokenizer of `tokenizer_vocab` tokens.
-    pub fn config(&self, tokenizer_vocab: usize, eos: i64) -> Result<crate::model::ModelConfig, String> {
+    pub fn config(&self, tokenizer_vocab: usize, eos: i64) -> Result<crate::model::ModelConfig, ConfigError> {
         let vocab = match self.vocab_size {
             Some(v) if v < tokenizer_vocab => {
-                return Err(format!("params.vocab_size {v} is below the tokenizer's vocabulary of {tokenizer_vocab}"))
+                return Err(ConfigError(format!(
+                    "params.vocab_size {v} is below the tokenizer's vocabulary of {tokenizer_vocab}"
+                )))
             }
             Some(v) => v,
             None => tokenizer_vocab.div_ceil(self.vocab_multiple) * self.vocab_multiple,
@@ -152,7 +155,7 @@ impl ModelInitParams {
             "attention_dropout": 0.0,
             "use_sliding_window": false,
         }))
-        .map_err(|e| format!("model.init config: {e}"))
+        .map_err(|e| ConfigError(format!("model.init config: {e}")))
     }
 }
 
@@ -356,8 +359,8 @@ impl Op for ModelHub {
     type Params = ModelHubParams;
     fn check(&self, p: &Self::Params) -> Result<(), ParamError> {
         let err = |field: &str, message: String| ParamError { path: vec![field.into()], message, unknown_key: false };
-        crate::hub::check_repo(&p.repo).map_err(|m| err("repo", m))?;
-        crate::hub::check_commit(&p.repo, &p.revision).map_err(|m| err("revision", m))
+        crate::hub::check_repo(&p.repo).map_err(|m| err("repo", m.to_string()))?;
+        crate::hub::check_commit(&p.repo, &p.revision).map_err(|m| err("revision", m.to_string()))
     }
     fn inputs(&self, _params: &Self::Params) -> Option<Vec<InputDecl>> {
         Some(Vec::new())

@@ -166,27 +166,42 @@ impl WorkerResult {
     /// left none (it was killed, or crashed). A result that is a link, too
     /// large or does not read is an error naming it: the worker is ours, so
     /// that is a defect to report, not a result to guess.
-    pub fn take(staging: &Path) -> Result<Option<WorkerResult>, String> {
+    pub fn take(staging: &Path) -> Result<Option<WorkerResult>, ResultFileError> {
         let path = staging.join(RESULT_FILE);
         let meta = match std::fs::symlink_metadata(&path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+            Err(source) => return Err(ResultFileError::Io { path, source }),
         };
         if !meta.is_file() {
-            return Err(format!("{}: the worker's result is not a plain file", path.display()));
+            return Err(ResultFileError::NotAFile { path });
         }
         if meta.len() > MAX_RESULT_BYTES {
-            return Err(format!(
-                "{}: the worker's result is {} bytes, over the {MAX_RESULT_BYTES} allowed",
-                path.display(),
-                meta.len()
-            ));
+            return Err(ResultFileError::TooLarge { path, bytes: meta.len() });
         }
-        let result = crate::canonical::read_typed(&path).map_err(|e| format!("the worker's result: {e}"))?;
-        std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let result = crate::canonical::read_typed(&path).map_err(ResultFileError::Invalid)?;
+        if let Err(source) = std::fs::remove_file(&path) {
+            return Err(ResultFileError::Io { path, source });
+        }
         Ok(Some(result))
     }
+}
+
+/// A worker's result file that is not one: a defect of ours to report.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultFileError {
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: the worker's result is not a plain file", .path.display())]
+    NotAFile { path: std::path::PathBuf },
+    #[error("{}: the worker's result is {bytes} bytes, over the {MAX_RESULT_BYTES} allowed", .path.display())]
+    TooLarge { path: std::path::PathBuf, bytes: u64 },
+    #[error("the worker's result: {0}")]
+    Invalid(#[source] crate::canonical::ArtifactError),
 }
 
 /// Runs `task` for this node in the worker; its stdout and stderr go to the
@@ -219,7 +234,7 @@ pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpErr
         stdin.write_all(&body).map_err(|e| OpError::io("sending the job to the worker", e))?;
     }
     let finished = child.wait(ctx.cancel)?;
-    let result = WorkerResult::take(ctx.staging).map_err(OpError::Failed)?;
+    let result = WorkerResult::take(ctx.staging).map_err(|e| OpError::Failed(e.to_string()))?;
     if !finished.status.success() {
         finished.output.complete_log();
         let status = process::describe(finished.status);
@@ -270,11 +285,11 @@ mod tests {
         assert_eq!(WorkerResult::take(dir.path()).unwrap(), Some(failed));
         let bad = r#"{"costs": {"process": {"seconds": "soon", "peak_rss_bytes": null}}, "failure": null}"#;
         std::fs::write(dir.path().join(RESULT_FILE), bad).unwrap();
-        let e = WorkerResult::take(dir.path()).unwrap_err();
+        let e = WorkerResult::take(dir.path()).unwrap_err().to_string();
         assert!(e.contains(RESULT_FILE) && e.contains("costs.process.seconds"), "{e}");
         std::fs::remove_file(dir.path().join(RESULT_FILE)).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", dir.path().join(RESULT_FILE)).unwrap();
-        assert!(WorkerResult::take(dir.path()).unwrap_err().contains("not a plain file"));
+        assert!(WorkerResult::take(dir.path()).unwrap_err().to_string().contains("not a plain file"));
         assert!(
             std::fs::symlink_metadata(dir.path().join(RESULT_FILE)).is_ok(),
             "a link is never followed nor removed"

@@ -46,6 +46,8 @@ pub enum PackError {
     Path(#[from] PackPathError),
     #[error(transparent)]
     Manifest(#[from] manifest::ManifestError),
+    #[error(transparent)]
+    Gate(#[from] crate::gate::GateError),
 }
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> PackError {
@@ -266,7 +268,7 @@ pub fn freeze(
             }
             if let Some(gate) = node.params.as_typed::<crate::ops::gate::GateParams>() {
                 let file = gate.file.as_str();
-                let gate_path = crate::gate::gate_file_path(&spec.base_dir, file).map_err(PackError::Refused)?;
+                let gate_path = crate::gate::gate_file_path(&spec.base_dir, file)?;
                 let file_name =
                     Path::new(file).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
                 // Under the node's id: two gate nodes whose files share a name
@@ -676,7 +678,7 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
     let mut results = Vec::new();
     for g in &manifest.gates {
         let definition = inside(dir, &g.definition).map_err(|e| PackError::Refused(format!("gate definition {e}")))?;
-        let file = read_gate_file(&definition).map_err(PackError::Refused)?;
+        let file = read_gate_file(&definition)?;
         let evidence_paths = &g.evidence;
         for gate in &file.gates {
             let mut loaded = BTreeMap::new();

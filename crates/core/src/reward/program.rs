@@ -136,7 +136,7 @@ impl ProgramSpec {
             h.update(blake3::hash(&bytes).as_bytes());
         }
         if let Some(i) = self.interpreter() {
-            h.update(interpreter_version(i).map_err(RewardError)?.as_bytes());
+            h.update(interpreter_version(i)?.as_bytes());
         }
         Ok(h.finalize().to_hex().to_string())
     }
@@ -145,7 +145,7 @@ impl ProgramSpec {
 /// `INTERPRETER --version`, its first line of output (stdout, else stderr;
 /// Python 2 printed it on stderr), with a time limit: what the key holds of
 /// an interpreter, so upgrading Python re-runs the nodes whose rewards it computes.
-pub fn interpreter_version(interpreter: &str) -> Result<String, String> {
+pub fn interpreter_version(interpreter: &str) -> Result<String, RewardError> {
     let mut child = Command::new(interpreter)
         .arg("--version")
         .stdin(Stdio::null())
@@ -154,7 +154,9 @@ pub fn interpreter_version(interpreter: &str) -> Result<String, String> {
         .process_group(0)
         .spawn()
         .map_err(|e| {
-            format!("reward program interpreter '{interpreter}': cannot run `{interpreter} --version`: {e}")
+            RewardError(format!(
+                "reward program interpreter '{interpreter}': cannot run `{interpreter} --version`: {e}"
+            ))
         })?;
     let started = Instant::now();
     loop {
@@ -164,10 +166,10 @@ pub fn interpreter_version(interpreter: &str) -> Result<String, String> {
             _ => {
                 kill_group(&child);
                 let _ = child.wait();
-                return Err(format!(
+                return Err(RewardError(format!(
                     "reward program interpreter '{interpreter}': `{interpreter} --version` did not finish in {} s",
                     VERSION_TIMEOUT.as_secs()
-                ));
+                )));
             }
         }
     }
@@ -188,7 +190,9 @@ pub fn interpreter_version(interpreter: &str) -> Result<String, String> {
         }
     }
     if text.is_empty() {
-        return Err(format!("reward program interpreter '{interpreter}': `{interpreter} --version` printed nothing"));
+        return Err(RewardError(format!(
+            "reward program interpreter '{interpreter}': `{interpreter} --version` printed nothing"
+        )));
     }
     Ok(text)
 }
@@ -416,7 +420,7 @@ impl RewardProgram {
                 ))
             }
         };
-        parse_reply(&text).map_err(|what| self.fail(request, what))
+        parse_reply(&text).map_err(|what| self.fail(request, what.to_string()))
     }
 
     /// Closes the program's stdin, lets it exit (it is killed after a grace
@@ -464,22 +468,33 @@ fn quote(text: &str) -> String {
     format!("{short:?}{more}")
 }
 
+/// The shape a reply must have.
+const REPLY_SHAPE: &str = "{\"reward\": <finite number>, \"valid\": <bool>, \"reason\": <string or null>}";
+
+/// What is wrong with a program's reply line; `reply` is its first 200
+/// characters, quoted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReplyError {
+    #[error("its reward {reward} is not a finite number; the reply: {reply}")]
+    NotFinite { reward: f64, reply: String },
+    #[error("its reward is not a finite number (JSON has no NaN or Infinity; Python's json.dumps writes them unless allow_nan=False); the reply: {reply}")]
+    NonFiniteLiteral { reply: String },
+    #[error("its reply is not {REPLY_SHAPE}: {reason}; the reply: {reply}")]
+    Shape { reason: String, reply: String },
+}
+
 /// A reply line as a [`RewardReply`], or what is wrong with it.
-pub fn parse_reply(text: &str) -> Result<RewardReply, String> {
-    const SHAPE: &str = "{\"reward\": <finite number>, \"valid\": <bool>, \"reason\": <string or null>}";
+pub fn parse_reply(text: &str) -> Result<RewardReply, ReplyError> {
     let non_finite = ["NaN", "Infinity", "-Infinity", "inf", "nan"];
     match serde_json::from_str::<RewardReply>(text) {
         Ok(r) if r.reward.is_finite() => Ok(r),
-        Ok(r) => Err(format!("its reward {} is not a finite number; the reply: {}", r.reward, quote(text))),
+        Ok(r) => Err(ReplyError::NotFinite { reward: r.reward, reply: quote(text) }),
         Err(e) => {
             let value = serde_json::from_str::<serde_json::Value>(text).ok();
             if value.is_none() && non_finite.iter().any(|t| text.contains(t)) {
-                Err(format!(
-                    "its reward is not a finite number (JSON has no NaN or Infinity; Python's json.dumps writes them unless allow_nan=False); the reply: {}",
-                    quote(text)
-                ))
+                Err(ReplyError::NonFiniteLiteral { reply: quote(text) })
             } else {
-                Err(format!("its reply is not {SHAPE}: {e}; the reply: {}", quote(text)))
+                Err(ReplyError::Shape { reason: e.to_string(), reply: quote(text) })
             }
         }
     }

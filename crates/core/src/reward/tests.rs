@@ -184,7 +184,7 @@ fn the_programs_files_are_its_script_and_what_it_declares() {
     assert_eq!(program_files(&[term.clone()], dir.path()), ["r.py", "table.csv"]);
     assert_eq!(program_interpreters(&[term]), ["python3"]);
     assert!(interpreter_version("python3").unwrap().starts_with("Python 3"));
-    assert!(interpreter_version("no-such-interpreter-here").unwrap_err().contains("cannot run"));
+    assert!(interpreter_version("no-such-interpreter-here").unwrap_err().to_string().contains("cannot run"));
 }
 
 #[test]

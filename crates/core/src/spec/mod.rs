@@ -217,30 +217,42 @@ pub struct AxisValue {
     pub param: Option<Value>,
 }
 
+/// Why a matrix axis is ill-formed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AxisError {
+    #[error(
+        "'{node}' is a node to follow, which only the key `{MATRIX_FROM}` takes (`matrix: {{{MATRIX_FROM}: {node}}}`)"
+    )]
+    FollowOnly { node: String },
+    #[error("give either values (label → value) or labels, not both")]
+    ValuesAndLabels,
+    #[error("give values (label → value) or labels")]
+    Neither,
+    #[error("label '{label}': a label is letters, digits and _ - . + (it becomes part of node ids)")]
+    BadName { label: String },
+    /// A `labels` entry, as written (JSON).
+    #[error("label {label}: a label is a number or a string of letters, digits and _ - . +")]
+    BadLabel { label: String },
+    #[error("has no values")]
+    Empty,
+}
+
 impl MatrixAxis {
     /// The axis's expansion values, or why the axis is ill-formed.
-    pub fn values(&self) -> Result<Vec<AxisValue>, String> {
+    pub fn values(&self) -> Result<Vec<AxisValue>, AxisError> {
         let label_ok = |l: &str| {
             !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+'))
         };
         let out: Vec<AxisValue> = match self {
-            MatrixAxis::From(node) => {
-                return Err(format!(
-                    "'{node}' is a node to follow, which only the key `{MATRIX_FROM}` takes (`matrix: {{{MATRIX_FROM}: {node}}}`)"
-                ))
-            }
+            MatrixAxis::From(node) => return Err(AxisError::FollowOnly { node: node.clone() }),
             MatrixAxis::Values(v) => v.iter().map(|v| AxisValue { label: v.clone(), param: Some(v.clone()) }).collect(),
             MatrixAxis::Named(NamedAxis { values: Some(_), labels: Some(_) }) => {
-                return Err("give either values (label → value) or labels, not both".into())
+                return Err(AxisError::ValuesAndLabels)
             }
-            MatrixAxis::Named(NamedAxis { values: None, labels: None }) => {
-                return Err("give values (label → value) or labels".into())
-            }
+            MatrixAxis::Named(NamedAxis { values: None, labels: None }) => return Err(AxisError::Neither),
             MatrixAxis::Named(NamedAxis { values: Some(map), .. }) => {
                 if let Some(bad) = map.keys().find(|l| !label_ok(l)) {
-                    return Err(format!(
-                        "label '{bad}': a label is letters, digits and _ - . + (it becomes part of node ids)"
-                    ));
+                    return Err(AxisError::BadName { label: bad.clone() });
                 }
                 map.iter().map(|(l, v)| AxisValue { label: Value::String(l.clone()), param: Some(v.clone()) }).collect()
             }
@@ -248,16 +260,14 @@ impl MatrixAxis {
                 for l in labels {
                     let shown = matrix_value_label(l);
                     if !(l.is_string() || l.is_number()) || !label_ok(&shown) {
-                        return Err(format!(
-                            "label {l}: a label is a number or a string of letters, digits and _ - . +"
-                        ));
+                        return Err(AxisError::BadLabel { label: l.to_string() });
                     }
                 }
                 labels.iter().map(|l| AxisValue { label: l.clone(), param: None }).collect()
             }
         };
         if out.is_empty() {
-            return Err("has no values".into());
+            return Err(AxisError::Empty);
         }
         Ok(out)
     }

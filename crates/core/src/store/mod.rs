@@ -35,6 +35,19 @@ pub use objects::{hash_file, ObjectInfo};
 
 pub use objects::OutputKind;
 
+/// What is wrong with an object a reader was about to use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectProblem {
+    #[error("object {short} is missing from the store")]
+    Missing { short: String },
+    /// Its bytes no longer hash to its name; moved aside where the store is writable.
+    #[error(
+        "object {short} is damaged: its bytes no longer hash to its name{}",
+        .moved_to.as_ref().map(|t| format!(" (moved aside to {})", t.display())).unwrap_or_default()
+    )]
+    Damaged { short: String, moved_to: Option<PathBuf> },
+}
+
 /// The store's error type.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -817,18 +830,15 @@ impl Workspace {
     /// reads it. A damaged object is moved aside into [`Workspace::damaged_dir`]
     /// (so its producer's cache entry no longer checks out and it re-runs) and
     /// the error says where it went; a missing one is an error too.
-    pub fn check_object(&self, object: &ObjectInfo) -> Result<Result<(), String>, StoreError> {
+    pub fn check_object(&self, object: &ObjectInfo) -> Result<Result<(), ObjectProblem>, StoreError> {
         let path = self.object_path(&object.hash);
+        let short = object.hash[..object.hash.len().min(12)].to_string();
         Ok(match objects::intact(&path, &object.hash, object.kind)? {
             Some(true) => Ok(()),
-            None => Err(format!("object {} is missing from the store", &object.hash[..object.hash.len().min(12)])),
+            None => Err(ObjectProblem::Missing { short }),
             Some(false) => {
-                let to = if self.read_only { None } else { objects::move_aside(&path, &self.damaged_dir())? };
-                Err(format!(
-                    "object {} is damaged: its bytes no longer hash to its name{}",
-                    &object.hash[..object.hash.len().min(12)],
-                    to.map(|t| format!(" (moved aside to {})", t.display())).unwrap_or_default()
-                ))
+                let moved_to = if self.read_only { None } else { objects::move_aside(&path, &self.damaged_dir())? };
+                Err(ObjectProblem::Damaged { short, moved_to })
             }
         })
     }
@@ -1055,7 +1065,7 @@ impl Workspace {
         spec_dir: &Path,
         missing_only: bool,
     ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
-        let types = objects::CacheType::from_env().map_err(StoreError::Invalid)?;
+        let types = objects::CacheType::from_env().map_err(|e| StoreError::Invalid(e.to_string()))?;
         let mut outputs = node.outputs.clone();
         let (mut files, mut bytes) = (0u64, 0u64);
         for o in &mut outputs {

@@ -308,35 +308,55 @@ pub enum CacheType {
     Copy,
 }
 
+/// A cache type list that does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheTypeError {
+    #[error("'{given}' is not a cache type; expected {}", CacheTypeError::EXPECTED)]
+    Unknown { given: String },
+    #[error("no cache type given; expected {}", CacheTypeError::EXPECTED)]
+    Empty,
+}
+
+impl CacheTypeError {
+    const EXPECTED: &'static str = "reflink, hardlink or copy, comma-separated (e.g. reflink,copy)";
+
+    fn expected(&self) -> String {
+        match self {
+            CacheTypeError::Unknown { given } => format!("{} ('{given}' is not one)", Self::EXPECTED),
+            CacheTypeError::Empty => Self::EXPECTED.to_string(),
+        }
+    }
+}
+
 impl CacheType {
     /// Parses `reflink,hardlink,copy` (any order, at least one).
-    pub fn parse_list(text: &str) -> Result<Vec<CacheType>, String> {
+    pub fn parse_list(text: &str) -> Result<Vec<CacheType>, CacheTypeError> {
         let mut out = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let t = match part {
                 "reflink" => CacheType::Reflink,
                 "hardlink" => CacheType::Hardlink,
                 "copy" => CacheType::Copy,
-                other => {
-                    return Err(format!(
-                        "'{other}' is not a cache type; expected reflink, hardlink or copy, comma-separated (e.g. reflink,copy)"
-                    ))
-                }
+                other => return Err(CacheTypeError::Unknown { given: other.to_string() }),
             };
             if !out.contains(&t) {
                 out.push(t);
             }
         }
         if out.is_empty() {
-            return Err("no cache type given; expected reflink, hardlink or copy, comma-separated".into());
+            return Err(CacheTypeError::Empty);
         }
         Ok(out)
     }
 
     /// `ORCHESTRATE_CACHE_TYPE`, or the default `reflink,copy` (as DVC's).
-    pub fn from_env() -> Result<Vec<CacheType>, String> {
+    pub fn from_env() -> Result<Vec<CacheType>, crate::net::EnvVarError> {
         match std::env::var("ORCHESTRATE_CACHE_TYPE") {
-            Ok(v) => CacheType::parse_list(&v).map_err(|e| format!("ORCHESTRATE_CACHE_TYPE={v:?}: {e}")),
+            Ok(v) => CacheType::parse_list(&v).map_err(|e| crate::net::EnvVarError {
+                name: "ORCHESTRATE_CACHE_TYPE".into(),
+                value: format!("{v:?}"),
+                expected: e.expected(),
+            }),
             Err(_) => Ok(vec![CacheType::Reflink, CacheType::Copy]),
         }
     }
@@ -599,7 +619,10 @@ mod tests {
     #[test]
     fn cache_types_parse_in_order_and_a_wrong_one_is_named() {
         assert_eq!(CacheType::parse_list("hardlink, copy,hardlink").unwrap(), [CacheType::Hardlink, CacheType::Copy]);
-        assert!(CacheType::parse_list("symlink,copy").unwrap_err().contains("'symlink' is not a cache type"));
+        assert!(CacheType::parse_list("symlink,copy")
+            .unwrap_err()
+            .to_string()
+            .contains("'symlink' is not a cache type"));
         assert!(CacheType::parse_list(" , ").is_err());
         // Where the filesystem has no reflinks (ext4, tmpfs), a copy is made.
         let dir = tempfile::tempdir().unwrap();

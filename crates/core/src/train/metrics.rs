@@ -30,12 +30,12 @@ impl TrainingMetrics {
             .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })?;
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| ArtifactError::Invalid(format!("{}: not JSON: {e}", path.display())))?;
-        Self::from_meta(&value, &path.display().to_string()).map_err(ArtifactError::Invalid)
+        Self::from_meta(&value, &path.display().to_string())
     }
 
     /// Reads metrics (a `metrics` file's or a state file's metadata); `what`
     /// names them in errors, which give the full path of the field.
-    pub fn from_meta(meta: &serde_json::Value, what: &str) -> Result<Self, String> {
+    pub fn from_meta(meta: &serde_json::Value, what: &str) -> Result<Self, ArtifactError> {
         // The kind is dispatched by hand: serde's internally tagged enums buffer
         // their content and lose the path of an error inside it.
         let kind = meta.get("kind").and_then(serde_json::Value::as_str);
@@ -43,13 +43,16 @@ impl TrainingMetrics {
         if let Some(fields) = body.as_object_mut() {
             fields.remove("kind");
         }
-        let fail =
-            |e: serde_path_to_error::Error<serde_json::Error>| format!("{what}: field {}: {}", e.path(), e.inner());
+        let fail = |e: serde_path_to_error::Error<serde_json::Error>| {
+            ArtifactError::Invalid(format!("{what}: field {}: {}", e.path(), e.inner()))
+        };
         match kind {
             Some("sft") => serde_path_to_error::deserialize(body).map(TrainingMetrics::Sft).map_err(fail),
             Some("grpo") => serde_path_to_error::deserialize(body).map(TrainingMetrics::Grpo).map_err(fail),
-            Some(other) => Err(format!("{what}: field kind: '{other}' is not a training kind (sft, grpo)")),
-            None => Err(format!("{what}: field kind: missing (expected sft or grpo)")),
+            Some(other) => {
+                Err(ArtifactError::Invalid(format!("{what}: field kind: '{other}' is not a training kind (sft, grpo)")))
+            }
+            None => Err(ArtifactError::Invalid(format!("{what}: field kind: missing (expected sft or grpo)"))),
         }
     }
 

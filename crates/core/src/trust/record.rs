@@ -113,19 +113,14 @@ impl TrustPolicy {
     /// Whether `node`, carrying `signatures`, is accepted. A signature by a
     /// trusted key that does not verify is always refused: the record was
     /// altered after it was signed. `Err` says why a record is refused.
-    pub fn check(&self, node: &CachedNode, signatures: &[RecordSignature]) -> Result<Verified, String> {
+    pub fn check(&self, node: &CachedNode, signatures: &[RecordSignature]) -> Result<Verified, Refused> {
         let payload = signed_payload(node);
         let mut good = Vec::new();
         let mut unknown = Vec::new();
         for s in signatures {
             match self.trusted.iter().find(|k| k.name == s.key) {
                 Some(k) if k.verifies(&payload, &s.sig) => good.push(s.key.clone()),
-                Some(_) => {
-                    return Err(format!(
-                    "bad signature by trusted key '{}': the record is not what that key signed (altered after signing)",
-                    crate::ids::escaped(&s.key)
-                ))
-                }
+                Some(_) => return Err(Refused::BadSignature { key: crate::ids::escaped(&s.key).into_owned() }),
                 None => unknown.push(crate::ids::escaped(&s.key).into_owned()),
             }
         }
@@ -138,13 +133,24 @@ impl TrustPolicy {
             format!("signed only by keys this workspace does not trust ({})", unknown.join(", "))
         };
         if self.require && !self.accept_unverified {
-            return Err(format!(
-                "{why}; this workspace requires a signature by a trusted key (trusted_keys in its config.yaml; \
-                 --trust-unsigned takes it anyway)"
-            ));
+            return Err(Refused::Unverified { why });
         }
         Ok(Verified::Unverified(why))
     }
+}
+
+/// Why a record was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Altered after it was signed: never taken, whatever the policy.
+    #[error("bad signature by trusted key '{key}': the record is not what that key signed (altered after signing)")]
+    BadSignature { key: String },
+    /// Unsigned, or signed only by keys not trusted, where a trusted signature is required.
+    #[error(
+        "{why}; this workspace requires a signature by a trusted key (trusted_keys in its config.yaml; \
+         --trust-unsigned takes it anyway)"
+    )]
+    Unverified { why: String },
 }
 
 #[cfg(test)]
@@ -186,6 +192,7 @@ mod tests {
         assert!(policy
             .check(&lie, std::slice::from_ref(&sig))
             .unwrap_err()
+            .to_string()
             .contains("bad signature by trusted key 'alice'"));
         // Local things are not signed: another node name, time or run reads the same.
         let mut renamed = honest.clone();
@@ -196,8 +203,8 @@ mod tests {
             iterations: Default::default(),
         });
         assert!(policy.check(&renamed, std::slice::from_ref(&sig)).is_ok());
-        assert!(policy.check(&honest, &[]).unwrap_err().starts_with("unsigned;"));
-        let e = policy.check(&honest, &[sign(&honest, &bob)]).unwrap_err();
+        assert!(policy.check(&honest, &[]).unwrap_err().to_string().starts_with("unsigned;"));
+        let e = policy.check(&honest, &[sign(&honest, &bob)]).unwrap_err().to_string();
         assert!(e.contains("does not trust (bob)"), "{e}");
         // A counter-signature by an untrusted key does not spoil a trusted one.
         assert!(policy.check(&honest, &[sign(&honest, &bob), sig.clone()]).is_ok());

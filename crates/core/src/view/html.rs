@@ -275,7 +275,7 @@ fn gates_section(html: &mut String, nodes: &[NodeView]) -> Vec<GateResult> {
         match GateReport::read(p) {
             Ok(r) => gate_results.extend(r.results),
             // An unreadable gate report is a failure to show, never "no gates".
-            Err(e) => cannot_read(html, "gate report", n, &e),
+            Err(e) => cannot_read(html, "gate report", n, &e.to_string()),
         }
     }
     if !any_gate {

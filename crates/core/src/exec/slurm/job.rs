@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use super::ticket::{host, result_path, ticket_path, write_file, JobResult, Ticket, TICKET_VERSION};
+use super::SlurmError;
 use crate::dag::key::EnvPart;
 use crate::dag::Dag;
 use crate::exec::node::{resolve, Local, NodeJob, NodeObserver, Outcome};
@@ -26,25 +27,21 @@ impl NodeObserver for JobObserver {
 }
 
 /// Reads a ticket, with an error that says what to check.
-pub fn read_ticket(ws: &Path, key: &Key) -> Result<Ticket, String> {
+pub fn read_ticket(ws: &Path, key: &Key) -> Result<Ticket, SlurmError> {
     let path = ticket_path(ws, key);
-    let text = fs::read_to_string(&path).map_err(|e| {
-        format!(
-            "no ticket for key {key} at {} ({e}): exec-node runs nodes submitted by `orchestrate run` with executor slurm, \
-             and the workspace must be on a filesystem this host shares with the coordinator",
-            path.display()
-        )
-    })?;
-    let ticket: Ticket = serde_json::from_str(&text).map_err(|e| format!("{}: not a ticket: {e}", path.display()))?;
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(source) => return Err(SlurmError::NoTicket { key: key.clone(), path, source }),
+    };
+    let ticket: Ticket = match serde_json::from_str(&text) {
+        Ok(ticket) => ticket,
+        Err(source) => return Err(SlurmError::NotATicket { path, source }),
+    };
     if ticket.version != TICKET_VERSION {
-        return Err(format!(
-            "{}: ticket version {} but this orchestrate reads version {TICKET_VERSION}; the coordinator and the job run different orchestrate builds",
-            path.display(),
-            ticket.version
-        ));
+        return Err(SlurmError::TicketVersion { path, found: ticket.version });
     }
     if &ticket.key != key {
-        return Err(format!("{}: the ticket is for key {}, not {key}", path.display(), ticket.key));
+        return Err(SlurmError::WrongTicket { path, found: ticket.key, key: key.clone() });
     }
     Ok(ticket)
 }
@@ -54,13 +51,13 @@ pub fn read_ticket(ws: &Path, key: &Key) -> Result<Ticket, String> {
 /// numerical environment libtorch sees here (device and CPU capability), asked
 /// only for numerical nodes: a job on a node of another kind than its key says
 /// fails instead of publishing bytes under a key that does not describe them.
-pub fn exec_node(
+pub fn exec_node<E: std::fmt::Display>(
     ws: &Workspace,
     ticket: &Ticket,
     spec: &Spec,
     dag: &Dag,
-    actual_env: impl FnOnce() -> Result<EnvPart, String>,
-) -> Result<Outcome, String> {
+    actual_env: impl FnOnce() -> Result<EnvPart, E>,
+) -> Result<Outcome, SlurmError> {
     let started = Instant::now();
     let outcome = (|| -> Outcome {
         let fail = |error: String| Outcome::Failed { key: Some(ticket.key.clone()), error, seconds: 0.0 };
@@ -131,7 +128,7 @@ pub fn exec_node(
                     ticket.key.short()
                 ))
             }
-            Err(e) => return fail(e),
+            Err(e) => return fail(e.to_string()),
         }
         resolve(&nj, &Local, &mut JobObserver, None)
     })();
@@ -140,7 +137,7 @@ pub fn exec_node(
 }
 
 /// Writes the result file the coordinator reads (`seconds`: this process's time).
-pub fn record(ws: &Path, ticket: &Ticket, outcome: &Outcome, seconds: f64) -> Result<(), String> {
+pub fn record(ws: &Path, ticket: &Ticket, outcome: &Outcome, seconds: f64) -> Result<(), SlurmError> {
     let job_id = std::env::var("SLURM_JOB_ID").unwrap_or_else(|_| "manual".into());
     let (name, seconds, error) = match outcome {
         Outcome::Ran { seconds, .. } => (NodeOutcome::Ran, *seconds, None),
@@ -159,5 +156,5 @@ pub fn record(ws: &Path, ticket: &Ticket, outcome: &Outcome, seconds: f64) -> Re
         finished_at: now_rfc3339(),
     };
     let json = serde_json::to_vec_pretty(&result).expect("results serialize");
-    write_file(&result_path(ws, &ticket.key, &job_id), &json)
+    write_file(&result_path(ws, &ticket.key, &job_id), &json).map_err(SlurmError::Write)
 }

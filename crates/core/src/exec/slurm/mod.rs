@@ -60,6 +60,49 @@ pub struct SlurmSettings {
     pub poll: Duration,
 }
 
+/// Why the Slurm executor or a job of it cannot go on; each says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error(
+        "no ticket for key {key} at {} ({source}): exec-node runs nodes submitted by `orchestrate run` with executor slurm, \
+         and the workspace must be on a filesystem this host shares with the coordinator",
+        .path.display()
+    )]
+    NoTicket {
+        key: crate::store::Key,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a ticket: {source}", .path.display())]
+    NotATicket {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{}: ticket version {found} but this orchestrate reads version {}; the coordinator and the job run different orchestrate builds",
+        .path.display(),
+        ticket::TICKET_VERSION
+    )]
+    TicketVersion { path: PathBuf, found: u32 },
+    #[error("{}: the ticket is for key {found}, not {key}", .path.display())]
+    WrongTicket { path: PathBuf, found: crate::store::Key, key: crate::store::Key },
+    /// A ticket, a result or a script file not written (the message names it).
+    #[error("{0}")]
+    Write(String),
+    #[error("cannot find the orchestrate executable: {0}")]
+    Exe(#[source] std::io::Error),
+    #[error(transparent)]
+    Env(#[from] crate::net::EnvVarError),
+    #[error("executor slurm: `{tool} --version` failed ({status}): {stderr}")]
+    ToolFailed { tool: String, status: String, stderr: String },
+    #[error("executor slurm: {0}")]
+    CannotRun(String),
+    #[error("node '{node}': {problem}")]
+    Resources { node: String, problem: String },
+}
+
 impl Default for SlurmSettings {
     /// This executable (`orchestrate` on PATH if it cannot be found), polling every 2 s.
     fn default() -> SlurmSettings {
@@ -73,15 +116,16 @@ impl Default for SlurmSettings {
 impl SlurmSettings {
     /// The defaults, with `ORCHESTRATE_SLURM_POLL` seconds if set; errors
     /// where the executable cannot be found or the variable is no number.
-    pub fn for_this_exe() -> Result<SlurmSettings, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find the orchestrate executable: {e}"))?;
+    pub fn for_this_exe() -> Result<SlurmSettings, SlurmError> {
+        let exe = std::env::current_exe().map_err(SlurmError::Exe)?;
         let mut settings = SlurmSettings { exe, ..SlurmSettings::default() };
         if let Ok(s) = std::env::var("ORCHESTRATE_SLURM_POLL") {
-            let secs: f64 = s
-                .parse()
-                .ok()
-                .filter(|v: &f64| v.is_finite() && *v > 0.0)
-                .ok_or_else(|| format!("ORCHESTRATE_SLURM_POLL={s}: expected a positive number of seconds"))?;
+            let secs: f64 =
+                s.parse().ok().filter(|v: &f64| v.is_finite() && *v > 0.0).ok_or_else(|| crate::net::EnvVarError {
+                    name: "ORCHESTRATE_SLURM_POLL".into(),
+                    value: s.clone(),
+                    expected: "a positive number of seconds".into(),
+                })?;
             settings.poll = Duration::from_secs_f64(secs);
         }
         Ok(settings)
@@ -89,18 +133,18 @@ impl SlurmSettings {
 }
 
 /// Checks that `sbatch`, `squeue` and `scancel` can be run here, before anything is submitted.
-pub fn check_available() -> Result<(), String> {
+pub fn check_available() -> Result<(), SlurmError> {
     for tool in ["sbatch", "squeue", "scancel"] {
         match Command::new(tool).arg("--version").output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => {
-                return Err(format!(
-                    "executor slurm: `{tool} --version` failed ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
+                return Err(SlurmError::ToolFailed {
+                    tool: tool.into(),
+                    status: out.status.to_string(),
+                    stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                })
             }
-            Err(e) => return Err(format!("executor slurm: {}", cannot_run(tool, &e))),
+            Err(e) => return Err(SlurmError::CannotRun(cannot_run(tool, &e))),
         }
     }
     Ok(())

@@ -61,15 +61,13 @@ pub fn job_script(exe: &Path, ws: &Path, node: &str, key: &str, res: &SlurmResou
 }
 
 /// Checks resources before anything is submitted: sbatch lines must be options.
-pub fn check_resources(dag: &Dag) -> Result<(), String> {
+pub fn check_resources(dag: &Dag) -> Result<(), super::SlurmError> {
     for node in &dag.nodes {
+        let bad = |problem: String| super::SlurmError::Resources { node: node.id().to_string(), problem };
         for line in &node.def.resources.sbatch {
             let opt = line.trim().strip_prefix("#SBATCH").map(str::trim).unwrap_or(line.trim());
             if !opt.starts_with('-') || opt.contains('\n') {
-                return Err(format!(
-                    "node '{}': sbatch line '{line}' is not an sbatch option (expected e.g. --qos=high)",
-                    node.id()
-                ));
+                return Err(bad(format!("sbatch line '{line}' is not an sbatch option (expected e.g. --qos=high)")));
             }
         }
         for (field, v) in [
@@ -80,7 +78,7 @@ pub fn check_resources(dag: &Dag) -> Result<(), String> {
         ] {
             if let Some(v) = v {
                 if v.trim().is_empty() || v.contains(char::is_whitespace) {
-                    return Err(format!("node '{}': resources.{field} '{v}' must be one word", node.id()));
+                    return Err(bad(format!("resources.{field} '{v}' must be one word")));
                 }
             }
         }
