@@ -22,6 +22,8 @@ pub mod suggest;
 pub mod net;
 pub mod stats;
 pub mod costs;
+// A node's identity: its key and the record it is computed from.
+pub mod record;
 // The content-addressed store and index, and what reads the machine.
 pub mod store;
 pub mod runtime;

@@ -9,29 +9,7 @@ use std::process::{Command, ExitCode};
 
 use serde::{Deserialize, Serialize};
 
-/// The numerical environment a result depends on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnvPart {
-    /// `cpu` or `cuda`.
-    pub device: String,
-    pub libtorch: String,
-    /// libtorch's CPU capability (`AVX512`, `AVX2`, `DEFAULT`): the same libtorch
-    /// computes other bytes with other vectorized kernels. Absent only in records
-    /// written before orchestrate keyed it; every environment computed now has it
-    /// (see `runtime::cpu_capability`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<String>,
-    /// The processor's vendor (`GenuineIntel`, `AuthenticAMD`): MKL picks its
-    /// kernels by vendor too. Absent only in records from before it was keyed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_vendor: Option<String>,
-    /// libtorch's intra-op CPU threads (`ORCHESTRATE_THREADS`, 1 by default): a
-    /// sum split over other threads is added in another order, so the same
-    /// libtorch computes other bytes with another count. Absent only in records
-    /// from before it was keyed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub threads: Option<usize>,
-}
+pub use crate::record::EnvPart;
 
 /// The variable that sets how many CPU threads each numerical node's libtorch uses.
 pub const THREADS_VAR: &str = "ORCHESTRATE_THREADS";

@@ -155,11 +155,11 @@ fn run_op() -> anyhow::Result<ExitCode> {
     std::io::stdin().read_to_string(&mut body)?;
     let job: WorkerJob = serde_json::from_str(&body)?;
     let (result, code) = match torch::ops::run(&job) {
-        Ok(costs) => (WorkerResult { costs, failure: None }, ExitCode::SUCCESS),
+        Ok(costs) => (WorkerResult::done(&job.staging, costs)?, ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e}");
             let failure = WorkerFailure { kind: e.kind(), message: e.to_string() };
-            (WorkerResult { costs: None, failure: Some(failure) }, ExitCode::from(2))
+            (WorkerResult::failed(failure), ExitCode::from(2))
         }
     };
     result.write(&job.staging)?;

@@ -22,57 +22,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
-pub use crate::runtime::EnvPart;
-pub use crate::store::Key;
-
-/// Everything a node key is computed from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HashInputs {
-    pub op: String,
-    pub op_version: u32,
-    pub params: Value,
-    pub inputs: BTreeMap<String, Vec<String>>,
-    pub files: BTreeMap<String, String>,
-    /// Folder and glob deps: for each dep as written (`data/prepared`,
-    /// `data/*.jsonl`), the blake3 of each file it holds or matches, by path
-    /// relative to the folder (a glob's: to the spec's folder). Absent when
-    /// empty, so records without such deps keep their keys.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub trees: BTreeMap<String, BTreeMap<String, String>>,
-    /// Params files: for each file (`params.yaml`), the value of each key the
-    /// node names (`train.lr` → `0.01`); the rest of the file is not in the
-    /// key, as DVC's `params:`. Absent when empty.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub params_files: BTreeMap<String, BTreeMap<String, Value>>,
-    /// Interpreters of the node's programs (a reward program's `python3`):
-    /// the first line `INTERPRETER --version` prints. Absent when empty.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub interpreters: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env: Option<EnvPart>,
-}
-
-const DOMAIN: &str = "orchestrate.node-key.v1\n";
-
-impl HashInputs {
-    /// The record a cache row keeps, read back (the store keeps it opaque).
-    pub fn from_stored(record: &Value) -> Result<HashInputs, crate::store::StoreError> {
-        serde_json::from_value(record.clone())
-            .map_err(|e| crate::store::StoreError::Invalid(format!("corrupt hash-input record in the index: {e}")))
-    }
-
-    /// The node key: 64 hex digits.
-    pub fn key(&self) -> Key {
-        let record = serde_json::to_value(self).expect("HashInputs serializes to JSON");
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(DOMAIN.as_bytes());
-        hasher.update(canonical_json(&record).as_bytes());
-        Key::from_digest(hasher.finalize())
-    }
-}
+pub use crate::record::{EnvPart, HashInputs, Key};
 
 pub use crate::canonical::canonical_json;
 

@@ -429,7 +429,7 @@ fn why_absent(
     let Some(last) = index.latest_for_node(node_id, spec)? else {
         return Ok(DirtyReason::New);
     };
-    let changes = diff(&HashInputs::from_stored(&last.record)?, record);
+    let changes = diff(&last.record, record);
     Ok(if changes.is_empty() { DirtyReason::OutputsMissing } else { DirtyReason::Changed(changes) })
 }
 
@@ -787,6 +787,7 @@ fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) ->
         threads: job.env.as_ref().and_then(|e| e.threads),
         params_values: &record.params_files,
         costs: &costs,
+        outputs: &job.node.outputs,
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
     Ok(Ran { staging, costs: costs.into_inner() })
@@ -812,7 +813,7 @@ fn publish_and_commit(
                 key: key.clone(),
                 node_id: job.node.id().to_string(),
                 spec: job.spec_name.to_string(),
-                record: serde_json::to_value(record).expect("a key record serializes"),
+                record: record.clone(),
                 outputs: outputs.clone(),
                 seconds: started.elapsed().as_secs_f64(),
                 finished_at: now_rfc3339(),

@@ -176,7 +176,7 @@ fn state_of(
         for p in unknown_parents {
             upstream.insert(p.clone(), Vec::new());
         }
-        let last_record = HashInputs::from_stored(&last.record)?;
+        let last_record = last.record.clone();
         let mut partial = last_record.clone();
         if let Ok(own) = own_fields(ws, index, node, spec, env) {
             partial.op = own.op;
@@ -293,10 +293,7 @@ pub fn explain(
         Ok(record) => {
             out.key = Some(record.key());
             if let Some(l) = &last {
-                match HashInputs::from_stored(&l.record) {
-                    Ok(old) => out.changes = diff(&old, &record),
-                    Err(e) => out.notes.push(e.to_string()),
-                }
+                out.changes = diff(&l.record, &record);
             }
             out.record = Some(record);
         }

@@ -7,7 +7,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::events::Event;
-use crate::dag::key::HashInputs;
 use crate::guard::codes::Decision;
 use crate::guard::events::GuardEvent;
 use crate::ops::artifacts::ArtifactKind;
@@ -108,7 +107,7 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         let Some(cached) = index.lookup(key)? else { continue };
         let node_error = |message: String| RunEventsError::Node { node: n.node_id.clone(), message };
         // GRPO nodes have a guard lineage; their training metrics say which.
-        let op = HashInputs::from_stored(&cached.record).map_err(|e| node_error(e.to_string()))?.op;
+        let op = cached.record.op.clone();
         if op != WorkerOp::TrainGrpo.name() {
             continue;
         }

@@ -109,6 +109,11 @@ pub struct WorkerResult {
     /// What the op's process cost (kept in the node's record, never in an
     /// output); `None` for an op that measures nothing or failed first.
     pub costs: Option<NodeCosts>,
+    /// What the op left in its staging folder, each entry's name, sorted
+    /// (the result file aside); empty for a failure. The executor checks it
+    /// against the folder and against the node's declared outputs before
+    /// anything is published.
+    pub outputs: Vec<String>,
     /// `None`: the op wrote its outputs.
     pub failure: Option<WorkerFailure>,
 }
@@ -155,6 +160,16 @@ impl std::fmt::Display for FailureKind {
 }
 
 impl WorkerResult {
+    /// A finished op's result: what it cost, and what its staging folder holds.
+    pub fn done(staging: &Path, costs: Option<NodeCosts>) -> std::io::Result<WorkerResult> {
+        Ok(WorkerResult { costs, outputs: staging_entries(staging)?, failure: None })
+    }
+
+    /// A failed op's result.
+    pub fn failed(failure: WorkerFailure) -> WorkerResult {
+        WorkerResult { costs: None, outputs: Vec::new(), failure: Some(failure) }
+    }
+
     /// Writes the result into `staging` (as [`RESULT_FILE`]); a link there is
     /// an error, never written through.
     pub fn write(&self, staging: &Path) -> std::io::Result<()> {
@@ -185,6 +200,42 @@ impl WorkerResult {
         }
         Ok(Some(result))
     }
+}
+
+/// The names in a staging folder, sorted, the worker's result file aside.
+pub fn staging_entries(staging: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(staging)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name != RESULT_FILE {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Checks what a worker says it wrote against what its staging folder holds
+/// (`found`) and what the node declares it writes there (`declared`, sorted):
+/// a worker that wrote anything else, or left out a declared output, or whose
+/// report does not match its folder, fails the node before anything is published.
+pub fn check_outputs(reported: &[String], found: &[String], declared: &[String]) -> Result<(), OpError> {
+    if reported != found {
+        return Err(OpError::Failed(format!(
+            "{WORKER} reports it wrote {reported:?}, but its staging folder holds {found:?}"
+        )));
+    }
+    let extra: Vec<&String> = found.iter().filter(|n| !declared.contains(n)).collect();
+    if !extra.is_empty() {
+        return Err(OpError::Failed(format!(
+            "{WORKER} wrote {extra:?} into its staging folder, which the node does not declare (it declares {declared:?})"
+        )));
+    }
+    let missing: Vec<&String> = declared.iter().filter(|n| !found.contains(n)).collect();
+    if !missing.is_empty() {
+        return Err(OpError::Failed(format!("{WORKER} did not write the declared outputs {missing:?}")));
+    }
+    Ok(())
 }
 
 /// A worker's result file that is not one: a defect of ours to report.
@@ -247,7 +298,13 @@ pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpErr
         Some(WorkerResult { failure: Some(failure), .. }) => {
             Err(OpError::Failed(format!("{WORKER} exited 0 but reports a failure ({failure})")))
         }
-        Some(WorkerResult { costs, failure: None }) => {
+        Some(WorkerResult { costs, outputs, failure: None }) => {
+            let found = staging_entries(ctx.staging)
+                .map_err(|e| OpError::io(format!("listing {}", ctx.staging.display()), e))?;
+            let mut declared: Vec<String> =
+                ctx.outputs.iter().filter(|o| o.workspace_path.is_none()).map(|o| o.name.clone()).collect();
+            declared.sort();
+            check_outputs(&outputs, &found, &declared)?;
             if let Some(costs) = costs {
                 // Set once: a node runs its op once per context.
                 let _ = ctx.costs.set(costs);
@@ -271,14 +328,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(WorkerResult::take(dir.path()).unwrap(), None);
         let process = RunCosts { seconds: 3.0, optimization_seconds: None, peak_rss_bytes: Some(7) };
-        let done = WorkerResult { costs: Some(NodeCosts { process, iterations: BTreeMap::new() }), failure: None };
+        std::fs::write(dir.path().join("metrics"), "{}").unwrap();
+        let done = WorkerResult::done(dir.path(), Some(NodeCosts { process, iterations: BTreeMap::new() })).unwrap();
+        assert_eq!(done.outputs, ["metrics"], "what staging holds");
         done.write(dir.path()).unwrap();
         assert_eq!(WorkerResult::take(dir.path()).unwrap(), Some(done));
         assert!(!dir.path().join(RESULT_FILE).exists(), "taken, so it never lands among the outputs");
-        let failed = WorkerResult {
-            costs: None,
-            failure: Some(WorkerFailure { kind: FailureKind::Input, message: "the resume state is not".into() }),
-        };
+        let failed =
+            WorkerResult::failed(WorkerFailure { kind: FailureKind::Input, message: "the resume state is not".into() });
         failed.write(dir.path()).unwrap();
         let text = std::fs::read_to_string(dir.path().join(RESULT_FILE)).unwrap();
         assert!(text.contains(r#""kind": "input""#), "{text}");
@@ -305,7 +362,30 @@ mod tests {
 
     fn failed_write(staging: &Path) -> std::io::Result<()> {
         let failure = WorkerFailure { kind: FailureKind::Io, message: "x".into() };
-        WorkerResult { costs: None, failure: Some(failure) }.write(staging)
+        WorkerResult::failed(failure).write(staging)
+    }
+
+    /// What a worker wrote is checked before anything is published: its
+    /// report against its folder, and the folder against the node's declared
+    /// outputs, each mismatch named.
+    #[test]
+    fn a_worker_that_writes_anything_undeclared_or_misreports_its_outputs_fails_the_node() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let declared = names(&["metrics", "model"]);
+        assert!(check_outputs(&declared, &declared, &declared).is_ok());
+        let extra = names(&[".model.tmp", "metrics", "model"]);
+        let e = check_outputs(&extra, &extra, &declared).unwrap_err().to_string();
+        assert!(e.contains(r#"[".model.tmp"]"#) && e.contains("does not declare"), "{e}");
+        let e = check_outputs(&names(&["metrics"]), &names(&["metrics"]), &declared).unwrap_err().to_string();
+        assert!(e.contains(r#"declared outputs ["model"]"#), "{e}");
+        let e = check_outputs(&declared, &names(&["metrics"]), &declared).unwrap_err().to_string();
+        assert!(e.contains("reports it wrote") && e.contains("holds"), "{e}");
+        // The folder is listed as it is, the result file aside.
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["model", RESULT_FILE, "metrics"] {
+            std::fs::write(dir.path().join(f), "x").unwrap();
+        }
+        assert_eq!(staging_entries(dir.path()).unwrap(), declared);
     }
 
     /// The job carries each op's params typed: what the engine parsed (its

@@ -57,8 +57,8 @@ pub struct PackedNode {
     pub op_version: u32,
     pub key: Key,
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
-    /// The node's hash-input record (see `dag::key::HashInputs`).
-    pub hash_inputs: Value,
+    /// The node's hash-input record (its key is `hash_inputs.key()`).
+    pub hash_inputs: crate::record::HashInputs,
     pub outputs: Vec<PackedOutput>,
     pub finished_at: String,
     /// What its process cost, from its record (absent where the record has

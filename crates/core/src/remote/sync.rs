@@ -408,7 +408,7 @@ pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<(CachedNode, Ver
     if remote.backend.get(&record_key(key), MAX_RECORD_BYTES, &mut bytes)?.is_none() {
         return Ok(None);
     }
-    let RemoteRecord { mut node, signatures } =
+    let RemoteRecord { node, signatures } =
         serde_json::from_slice(&bytes).map_err(|e| RemoteError::Refused(format!("{what}: not a node record: {e}")))?;
     if node.key != *key {
         return Err(RemoteError::Refused(format!(
@@ -418,9 +418,7 @@ pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<(CachedNode, Ver
     }
     // The key is recomputed from the record's own hash inputs: a record whose
     // params (or inputs, files, environment) were edited no longer names it.
-    let inputs = crate::dag::key::HashInputs::from_stored(&node.record)
-        .map_err(|e| RemoteError::Refused(format!("{what}: {e}")))?;
-    let recomputed = inputs.key();
+    let recomputed = node.record.key();
     if recomputed != *key {
         return Err(RemoteError::Refused(format!(
             "{what} (node '{}'): its hash inputs give key {}, not {}: the record was altered",
@@ -429,8 +427,6 @@ pub fn read_record(remote: &Remote, key: &Key) -> Result<Option<(CachedNode, Ver
             key.short()
         )));
     }
-    // Kept as this build encodes them: nothing the key does not cover is stored.
-    node.record = serde_json::to_value(&inputs).expect("hash inputs serialize");
     let max = max_object_bytes();
     let mut names = BTreeSet::new();
     for o in &node.outputs {

@@ -73,9 +73,8 @@ pub struct CachedNode {
     pub key: Key,
     pub node_id: String,
     pub spec: String,
-    /// The record the key was computed from, as its writer encoded it: the
-    /// store keeps it whole and never looks inside (see `dag::key::HashInputs`).
-    pub record: serde_json::Value,
+    /// The record the key was computed from (its key is `record.key()`).
+    pub record: crate::record::HashInputs,
     pub outputs: Vec<OutputRecord>,
     pub seconds: f64,
     pub finished_at: String,
@@ -701,12 +700,14 @@ mod migration_tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("index.sqlite");
         let key = "ab".repeat(32);
+        // A record as version 5 wrote it.
+        const RECORD: &str = r#"{"files":{},"inputs":{},"op":"shell","op_version":1,"params":{"cmd":"true"}}"#;
         {
             let conn = Connection::open(&path).unwrap();
             conn.execute_batch(&format!(
                 "CREATE TABLE nodes (key TEXT PRIMARY KEY, node_id TEXT NOT NULL, spec TEXT NOT NULL, record TEXT NOT NULL,
                    outputs TEXT NOT NULL, seconds REAL NOT NULL, finished_at TEXT NOT NULL, run_id TEXT NOT NULL);
-                 INSERT INTO nodes VALUES ('{key}', 'a', 's', '{{}}', '[]', 1.5, 'then', 'r1');
+                 INSERT INTO nodes VALUES ('{key}', 'a', 's', '{RECORD}', '[]', 1.5, 'then', 'r1');
                  PRAGMA user_version = 5;"
             ))
             .unwrap();
@@ -725,6 +726,26 @@ mod migration_tests {
         drop(index);
         // Opening it again adds nothing twice.
         assert!(Index::open(&path).unwrap().lookup(&key).unwrap().unwrap().costs.is_some());
+    }
+
+    /// The record is typed where the row is read: one that does not read as
+    /// a hash-input record is an error naming it, never a row with a guessed record.
+    #[test]
+    fn a_row_whose_record_does_not_read_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let index = Index::open(&path).unwrap();
+        let key = "cd".repeat(32);
+        index
+            .conn
+            .execute(
+                "INSERT INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id) \
+                 VALUES (?1, 'a', 's', '{\"params\": 1}', '[]', 1.0, 'then', 'r1')",
+                [&key],
+            )
+            .unwrap();
+        let e = index.lookup(&key).unwrap_err().to_string();
+        assert!(e.contains("corrupt hash-input record in the index") && e.contains("missing field `op`"), "{e}");
     }
 
     #[test]

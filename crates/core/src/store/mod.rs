@@ -71,79 +71,11 @@ pub enum StoreError {
     Damaged { path: PathBuf, detail: String, advice: &'static str },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Key(#[from] KeyError),
 }
 
-/// A node key: 64 lowercase hex digits, the identity a cache row, a lock, a
-/// log and a Slurm ticket are filed under. How a key is computed is the DAG's
-/// business (`dag::key::HashInputs::key`); the store only knows its shape, and
-/// refuses anything else where a key comes from outside (a command line, a
-/// ticket, a row), so a key can never name a path outside the workspace.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct Key(String);
-
-impl Key {
-    /// Checks the shape of a key from outside.
-    pub fn parse(text: &str) -> Result<Key, StoreError> {
-        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            Ok(Key(text.to_string()))
-        } else {
-            Err(StoreError::Invalid(format!("'{text}' is not a node key (64 lowercase hex digits)")))
-        }
-    }
-
-    /// A key from a digest just computed (64 hex digits by construction).
-    pub fn from_digest(hash: blake3::Hash) -> Key {
-        Key(hash.to_hex().to_string())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The first 12 digits, as shown to people.
-    pub fn short(&self) -> &str {
-        &self.0[..12]
-    }
-}
-
-impl std::ops::Deref for Key {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(&self.0)
-    }
-}
-
-impl TryFrom<String> for Key {
-    type Error = StoreError;
-    fn try_from(text: String) -> Result<Key, StoreError> {
-        Key::parse(&text)
-    }
-}
-
-impl From<Key> for String {
-    fn from(key: Key) -> String {
-        key.0
-    }
-}
-
-impl rusqlite::types::ToSql for Key {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        Ok(self.0.as_str().into())
-    }
-}
-
-impl rusqlite::types::FromSql for Key {
-    fn column_result(value: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
-        Key::parse(value.as_str()?).map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
-    }
-}
+pub use crate::record::{Key, KeyError};
 
 fn not_a_workspace(root: &Path) -> StoreError {
     StoreError::Invalid(format!(

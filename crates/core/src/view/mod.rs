@@ -145,7 +145,7 @@ impl RunView {
                     hashes.insert(o.name.clone(), o.object.hash.clone());
                 }
             }
-            let record = cached.as_ref().map(|c| crate::dag::key::HashInputs::from_stored(&c.record)).transpose()?;
+            let record = cached.as_ref().map(|c| c.record.clone());
             records.push(record.as_ref().map(|r| r.inputs.clone()).unwrap_or_default());
             let op = record.as_ref().map(|r| r.op.clone()).unwrap_or_default();
             nodes.push(NodeView {
@@ -253,13 +253,7 @@ impl RunView {
                 .filter_map(|o| Some((o.name.clone(), crate::pack::inside(dir, o.path.as_ref()?).ok()?)))
                 .collect();
             let (o, seconds) = outcome.get(&n.id).map_or((Outcome::Frozen, None), |(o, s)| (Outcome::from(*o), *s));
-            let record = crate::dag::key::HashInputs::from_stored(&n.hash_inputs).map_err(|e| {
-                ViewError::Invalid(format!(
-                    "{}: node '{}': field hash_inputs: {e}",
-                    dir.join("MANIFEST.json").display(),
-                    n.id
-                ))
-            })?;
+            let record = n.hash_inputs.clone();
             nodes.push(NodeView {
                 id: n.id.clone(),
                 op: n.op.clone(),
