@@ -124,10 +124,9 @@ pub enum GateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}: not a regular file", .path.display())]
-    NotAFile { path: PathBuf },
-    #[error("{}: {bytes} bytes, over the limit of {MAX_GATE_FILE_BYTES}", .path.display())]
-    TooLarge { path: PathBuf, bytes: u64 },
+    /// A gate file that is a link, not a file, or over [`MAX_GATE_FILE_BYTES`].
+    #[error(transparent)]
+    File(#[from] crate::store::fsx::BoundedFileError),
     #[error("{}: not a gate report: {reason}", .path.display())]
     NotAReport { path: PathBuf, reason: String },
     #[error("{}: not a gate file: {reason}", .path.display())]
@@ -249,13 +248,7 @@ pub fn bounded_error(message: &str) -> String {
 
 pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     // A gate file may come from a pack (hostile input): a regular file, bounded.
-    let meta = std::fs::symlink_metadata(path).map_err(GateError::io(path))?;
-    if !meta.is_file() {
-        return Err(GateError::NotAFile { path: path.to_path_buf() });
-    }
-    if meta.len() > MAX_GATE_FILE_BYTES {
-        return Err(GateError::TooLarge { path: path.to_path_buf(), bytes: meta.len() });
-    }
+    crate::store::fsx::check_bounded_file(path, MAX_GATE_FILE_BYTES)?;
     let text = std::fs::read_to_string(path).map_err(GateError::io(path))?;
     let file: GateFile = serde_yaml_ng::from_str(&text)
         .map_err(|e| GateError::NotAGateFile { path: path.to_path_buf(), reason: bounded_error(&e.to_string()) })?;

@@ -165,16 +165,7 @@ impl Manifest {
     /// at most [`MAX_MANIFEST_BYTES`], of this format.
     pub fn read(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join("MANIFEST.json");
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(meta) => meta,
-            Err(source) => return Err(ManifestError::Io { path, source }),
-        };
-        if !meta.file_type().is_file() {
-            return Err(ManifestError::NotAFile { path });
-        }
-        if meta.len() > MAX_MANIFEST_BYTES {
-            return Err(ManifestError::TooLarge { path, bytes: meta.len() });
-        }
+        crate::store::fsx::check_bounded_file(&path, MAX_MANIFEST_BYTES)?;
         let manifest: Manifest =
             crate::canonical::read_typed(&path).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         if manifest.format != FORMAT {
@@ -187,16 +178,9 @@ impl Manifest {
 /// Why a pack's manifest or one of its sealed events did not read.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("{}: {source}", .path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{}: not a regular file", .path.display())]
-    NotAFile { path: PathBuf },
-    #[error("{}: {bytes} bytes, over the limit of {MAX_MANIFEST_BYTES}", .path.display())]
-    TooLarge { path: PathBuf, bytes: u64 },
+    /// A link, not a file, or over [`MAX_MANIFEST_BYTES`].
+    #[error(transparent)]
+    File(#[from] crate::store::fsx::BoundedFileError),
     /// What the strict reader said (the file and the field).
     #[error("{0}")]
     Invalid(String),

@@ -135,6 +135,36 @@ pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
     }
 }
 
+/// A file from outside (a pack's, a spec's) that is not a regular file of at
+/// most a given size: each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum BoundedFileError {
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not a regular file", .path.display())]
+    NotAFile { path: PathBuf },
+    #[error("{}: {bytes} bytes, over the limit of {max}", .path.display())]
+    TooLarge { path: PathBuf, bytes: u64, max: u64 },
+}
+
+/// Checks that `path` is a regular file (a link is never followed) of at
+/// most `max` bytes, before anyone reads it.
+pub fn check_bounded_file(path: &Path, max: u64) -> Result<(), BoundedFileError> {
+    let meta =
+        std::fs::symlink_metadata(path).map_err(|source| BoundedFileError::Io { path: path.to_path_buf(), source })?;
+    if !meta.file_type().is_file() {
+        return Err(BoundedFileError::NotAFile { path: path.to_path_buf() });
+    }
+    if meta.len() > max {
+        return Err(BoundedFileError::TooLarge { path: path.to_path_buf(), bytes: meta.len(), max });
+    }
+    Ok(())
+}
+
 /// Why a user's file was not opened; each names the file as the user wrote it.
 #[derive(Debug, thiserror::Error)]
 pub enum UserFileError {
@@ -203,6 +233,20 @@ pub fn normalize_rel(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_file_is_a_regular_file_within_its_size_and_a_link_to_one_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("MANIFEST.json");
+        fs::write(&file, "12345").unwrap();
+        assert!(check_bounded_file(&file, 5).is_ok());
+        let e = check_bounded_file(&file, 4).unwrap_err().to_string();
+        assert!(e.ends_with("MANIFEST.json: 5 bytes, over the limit of 4"), "{e}");
+        let link = t.path().join("linked.json");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(check_bounded_file(&link, 5).unwrap_err().to_string().ends_with("linked.json: not a regular file"));
+        assert!(matches!(check_bounded_file(&t.path().join("none"), 5), Err(BoundedFileError::Io { .. })));
+    }
 
     #[test]
     fn own_dir_makes_real_folders_and_refuses_links_to_anything() {
