@@ -25,6 +25,7 @@ mod pipeline;
 mod recovery;
 mod remote;
 mod replay;
+mod rollouts;
 mod report;
 mod schema;
 mod slurm;

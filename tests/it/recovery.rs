@@ -23,12 +23,22 @@ fn final_state(p: &Project) -> orchestrate_core::train::state::StateFile {
     orchestrate_core::train::state::read_state(std::path::Path::new(stdout(&out).trim())).unwrap()
 }
 
+/// The object a node's rollouts were stored as: the hash of every file's bytes.
+fn rollouts_object(p: &Project) -> String {
+    let out = p.run(&["path", "spec.yaml", "grpo:rollouts"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let path = std::path::PathBuf::from(stdout(&out).trim());
+    assert_eq!(std::fs::read_dir(&path).unwrap().count(), 4, "one file per iteration");
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
 #[test]
 fn a_crash_at_any_update_phase_recovers_to_the_uncrashed_result() {
     let reference = Project::new();
     reference.write("spec.yaml", &spec());
     reference.run_json(&["spec.yaml"], 0);
     let expected = final_state(&reference);
+    let expected_rollouts = rollouts_object(&reference);
     for phase in ["prepared", "applied", "checkpointed", "committed"] {
         let p = Project::new();
         p.write("spec.yaml", &spec());
@@ -56,6 +66,9 @@ fn a_crash_at_any_update_phase_recovers_to_the_uncrashed_result() {
         let difference =
             orchestrate_core::train::state::first_difference(&expected, &recovered, &["costs", "lineage", "event_log"]);
         assert_eq!(difference, None, "{phase}: recovery must end where the uncrashed run ends");
+        // The rollouts of the iterations before the crash were kept with the
+        // checkpoint: the output is the uncrashed run's, byte for byte.
+        assert_eq!(rollouts_object(&p), expected_rollouts, "{phase}: the rollouts differ from the uncrashed run's");
         assert!(
             !p.path().join(".orchestrate/checkpoints").read_dir().unwrap().any(|_| true),
             "{phase}: checkpoints are cleared once the node completes"

@@ -36,6 +36,7 @@ fn each_artifact_kind_is_an_output_its_ops_nodes_declare() {
         ArtifactKind::EvalResults,
         ArtifactKind::ResultsTable,
         ArtifactKind::GateReport,
+        ArtifactKind::Rollouts,
     ];
     let mut written = std::collections::BTreeSet::new();
     for node in &spec.nodes {

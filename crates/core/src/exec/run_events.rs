@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::events::Event;
 use crate::guard::codes::Decision;
-use crate::guard::events::GuardEvent;
+use crate::guard::events::{GuardEvent, RolloutEngineEvent};
 use crate::ops::artifacts::ArtifactKind;
 use crate::ops::worker::WorkerOp;
 use crate::store::Workspace;
@@ -70,6 +70,8 @@ pub enum RunEventsError {
         "node {node}: the guard log of lineage {lineage} does not verify: {problem}; none of its events is shown as sealed"
     )]
     Chain { node: String, lineage: String, problem: String },
+    #[error("node {node}: the guard log of lineage {lineage} names rollouts that are not held: {problem}")]
+    Rollouts { node: String, lineage: String, problem: String },
     #[error("node {node}: guard event {seq} of lineage {lineage}: {source}")]
     Guard {
         node: String,
@@ -102,6 +104,9 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         });
     }
     let Some(ledger) = crate::guard::Ledger::open_read_only(ws)? else { return Ok(out) };
+    // Each GRPO node of the run: its lineage (from its training metrics) and
+    // the folder of its rollouts output.
+    let mut grpo = Vec::new();
     for n in index.run_nodes(run)? {
         let Some(key) = &n.key else { continue };
         let Some(cached) = index.lookup(key)? else { continue };
@@ -111,32 +116,38 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         if op != WorkerOp::TrainGrpo.name() {
             continue;
         }
-        let name = ArtifactKind::TrainingMetrics.output_of(&op).expect("a training op writes training metrics");
-        let metrics = cached
-            .outputs
-            .iter()
-            .find(|o| o.name == name)
-            .ok_or_else(|| node_error(format!("a GRPO node without its {name} output")))?;
-        let read =
-            TrainingMetrics::read(&ws.object_path(&metrics.object.hash)).map_err(|e| node_error(e.to_string()))?;
+        let output = |kind: ArtifactKind| {
+            let name = kind.output_of(&op)?;
+            cached.outputs.iter().find(|o| o.name == name).map(|o| ws.object_path(&o.object.hash))
+        };
+        let metrics = output(ArtifactKind::TrainingMetrics)
+            .ok_or_else(|| node_error("a GRPO node without its metrics output".to_string()))?;
+        let read = TrainingMetrics::read(&metrics).map_err(|e| node_error(e.to_string()))?;
         let TrainingMetrics::Grpo(m) = read else {
             return Err(node_error("its metrics are not GRPO metrics".into()));
         };
+        grpo.push(GrpoNode { id: n.node_id.clone(), lineage: m.lineage, rollouts: output(ArtifactKind::Rollouts) });
+    }
+    for node in &grpo {
         // Only a chain that verifies is read: an edited, removed or reordered
         // event would otherwise be reported as what the run sealed.
-        let chain = ledger.events(&m.lineage)?;
+        let chain = ledger.events(&node.lineage)?;
         if let Some(problem) = crate::guard::events::verify_events(&chain) {
-            return Err(RunEventsError::Chain { node: n.node_id.clone(), lineage: m.lineage.clone(), problem });
+            return Err(RunEventsError::Chain { node: node.id.clone(), lineage: node.lineage.clone(), problem });
         }
+        let mut generated = Vec::new();
         for stored in chain {
             let event = GuardEvent::parse(&stored.producer, &stored.kind, &stored.payload).map_err(|source| {
                 RunEventsError::Guard {
-                    node: n.node_id.clone(),
+                    node: node.id.clone(),
                     seq: stored.seq,
-                    lineage: m.lineage.clone(),
+                    lineage: node.lineage.clone(),
                     source: Box::new(source),
                 }
             })?;
+            if let GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(g)) = &event {
+                generated.push((g.iteration, g.artifacts.clone()));
+            }
             let decision = event.decision();
             let (_, payload) = event.kind_and_payload();
             out.push(RunEvent {
@@ -144,11 +155,11 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
                 run: run.to_string(),
                 seq: stored.seq,
                 kind: stored.kind,
-                node: Some(n.node_id.clone()),
+                node: Some(node.id.clone()),
                 codes: decision.and_then(|d| d.codes.clone()).unwrap_or_default(),
                 detail: Detail::Guard {
                     producer: stored.producer,
-                    lineage: m.lineage.clone(),
+                    lineage: node.lineage.clone(),
                     seal: stored.seal,
                     decision: decision.map(|d| d.decision),
                     iteration: event.iteration(),
@@ -156,8 +167,58 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
                 },
             });
         }
+        check_rollouts(ws, node, &grpo, &generated)?;
     }
     Ok(out)
+}
+
+/// A GRPO node of a run, as its guard log is checked.
+struct GrpoNode {
+    id: String,
+    lineage: String,
+    /// Its rollouts folder; `None` for a node from before they were an output.
+    rollouts: Option<std::path::PathBuf>,
+}
+
+/// The tokens a guard log says were generated are held, byte for byte: each
+/// generation event's artifacts are the rollouts file of its iteration in the
+/// output of a node of that lineage (an interrupt and its resume share one).
+/// A node from before the rollouts were an output (`train.grpo` version 8
+/// and older) published each rollout as an object of its own: those objects
+/// must be in the store and hash to their names.
+fn check_rollouts(
+    ws: &Workspace,
+    node: &GrpoNode,
+    grpo: &[GrpoNode],
+    generated: &[(usize, Vec<String>)],
+) -> Result<(), RunEventsError> {
+    let missing =
+        |e: String| RunEventsError::Rollouts { node: node.id.clone(), lineage: node.lineage.clone(), problem: e };
+    let holders: Vec<&std::path::Path> =
+        grpo.iter().filter(|g| g.lineage == node.lineage).filter_map(|g| g.rollouts.as_deref()).collect();
+    if holders.is_empty() {
+        for (iteration, hashes) in generated {
+            for h in hashes {
+                let path = ws.object_path(h);
+                let problem = match std::fs::symlink_metadata(&path) {
+                    Ok(m) if m.file_type().is_file() => match crate::store::objects::hash_file(&path) {
+                        Ok((actual, _)) if &actual == h => continue,
+                        Ok(_) => "its bytes no longer hash to its name".to_string(),
+                        Err(e) => e.to_string(),
+                    },
+                    Ok(_) => "not a file".to_string(),
+                    Err(_) => "missing from the store".to_string(),
+                };
+                return Err(missing(format!("iteration {iteration}: rollout object {h}: {problem}")));
+            }
+        }
+        return Ok(());
+    }
+    let find = |iteration: usize| {
+        let name = crate::guard::rollouts::file_name(iteration);
+        holders.iter().find(|dir| dir.join(&name).is_file()).map(|dir| dir.to_path_buf())
+    };
+    crate::guard::rollouts::check_generated(generated, find).map_err(|e| missing(e.to_string()))
 }
 
 impl RunEvent {

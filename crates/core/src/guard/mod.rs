@@ -8,6 +8,7 @@
 pub mod codes;
 pub mod events;
 pub mod ledger;
+pub mod rollouts;
 
 use std::collections::{BTreeMap, BTreeSet};
 

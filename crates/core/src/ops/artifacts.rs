@@ -52,6 +52,9 @@ pub enum ArtifactKind {
     ResultsTable,
     /// A gate node's `gates.json` (`gate::GateReport`).
     GateReport,
+    /// A GRPO node's `rollouts` folder (`guard::rollouts`): the token
+    /// artifacts its guard log's generation events name.
+    Rollouts,
 }
 
 impl ArtifactKind {
@@ -63,6 +66,9 @@ impl ArtifactKind {
             (ArtifactKind::EvalResults, NodeKind::Scoring) => Some("results"),
             (ArtifactKind::ResultsTable, NodeKind::ResultsTable) => Some("table.json"),
             (ArtifactKind::GateReport, NodeKind::Gate) => Some(super::gate::GateOp::REPORT),
+            (ArtifactKind::Rollouts, NodeKind::Training) if op == WorkerOp::TrainGrpo.name() => {
+                Some(crate::guard::rollouts::OUTPUT)
+            }
             _ => None,
         }
     }

@@ -124,7 +124,9 @@ impl Op for TrainGrpo {
         //    (`reward_terms`: TRL's rewards/<name>/mean and /std).
         // 8: the metrics keep no seconds and no memory peak, the run's or an
         //    iteration's (they are in the node's record).
-        8
+        // 9: the rollouts are an output (`rollouts`), written into staging
+        //    and kept by the WAL, not objects no cache row names.
+        9
     }
     fn summary(&self) -> &'static str {
         "GRPO (clipped surrogate + β × exact prefix KL), resumable (runs in the worker)"
@@ -197,7 +199,14 @@ impl Op for TrainGrpo {
         ))
     }
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
-        train_outputs()
+        // The rollouts hold train prompts' token ids and no label, as the
+        // model does: no taint.
+        let rollouts = OutputDecl {
+            kind: OutputKind::Dir,
+            taint: Some(std::collections::BTreeSet::new()),
+            ..OutputDecl::file(crate::guard::rollouts::OUTPUT)
+        };
+        train_outputs().into_iter().chain([rollouts]).collect()
     }
     fn numerical(&self) -> bool {
         true

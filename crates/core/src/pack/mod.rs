@@ -241,8 +241,14 @@ pub fn freeze(
                         node.id()
                     )));
                 }
+                // A GRPO node's rollouts are a folder, but evidence (the tokens
+                // its guard log vouches for), not a model: packed by default.
+                let evidence =
+                    crate::ops::artifacts::ArtifactKind::Rollouts.output_of(node.op.name()) == Some(o.name.as_str());
                 let omitted = match (o.object.kind, o.name.as_str()) {
-                    (OutputKind::Dir, _) if !opts.with_models => Some("a folder (model): use --with-models"),
+                    (OutputKind::Dir, _) if !evidence && !opts.with_models => {
+                        Some("a folder (model): use --with-models")
+                    }
                     (_, "state") if !opts.with_states => Some("a training state: use --with-states"),
                     _ if o.object.size > opts.max_output_bytes => Some("larger than --max-output-bytes"),
                     _ => None,

@@ -20,6 +20,7 @@ use orchestrate_core::guard::events::{
     BatchDecision, Committed, ControlEvent, EnvelopeDigests, Generation, GuardEvent, MaterializerEvent, PolicySync,
     Prepared, Reward, RolloutEngineEvent, UpdateRef, VerifierEvent,
 };
+use orchestrate_core::guard::rollouts;
 use orchestrate_core::guard::{
     materialize, Canary, Decision, Envelope, EventKind, EventRef, GuardContext, GuardError, Ledger, ProtocolMode,
     RewardRef, TokenArtifacts, UpdateBatch, UpdateBinding,
@@ -28,7 +29,6 @@ use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::ops::{FaultFamily, FaultSpec, GrpoParams, GuardProtocol, GuardSwitch, Mode};
 use orchestrate_core::reward::{term_stats, RewardFunction, TermStats};
-use orchestrate_core::store::Workspace;
 use orchestrate_core::train::metrics::{
     Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
     IterationCosts, IterationGuard, NodeCosts, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
@@ -41,8 +41,7 @@ use super::common::{
     write_outputs, Example, Prompter,
 };
 use super::guarded::{
-    active, canary_drift, codes_of, inject, load_artifact, prompt_registry, publish_artifact, reward_request, Recorded,
-    RolloutEngine, VERIFIER_ALIAS,
+    active, canary_drift, codes_of, inject, prompt_registry, reward_request, Recorded, RolloutEngine, VERIFIER_ALIAS,
 };
 use super::objective::group_advantages;
 use super::update::{behavior_gap, grpo_update, GrpoHyper};
@@ -343,15 +342,16 @@ pub fn score(s: &Setup, engine: &RolloutEngine, sampled: &Sampled) -> Result<Sco
     })
 }
 
-/// Envelope: what the generation side records. Each rollout's token artifact
-/// is published into the content-addressed store (what the materializer reads
-/// is what the store holds) and gets an envelope; generation and rewards go
-/// on the sealed log; the iteration's faults corrupt what their bugs corrupt.
+/// Envelope: what the generation side records. The iteration's token
+/// artifacts are written into the node's `rollouts` output (create-new, synced)
+/// and read back from there (what the materializer reads is what the output
+/// holds); each gets an envelope; generation and rewards go on the sealed log;
+/// the iteration's faults corrupt what their bugs corrupt.
 #[allow(clippy::too_many_arguments)]
 pub fn envelope(
     s: &Setup,
     pos: &Position,
-    ws: &Workspace,
+    rollouts_dir: &std::path::Path,
     ledger: &mut Ledger,
     engine: &RolloutEngine,
     reference_params: &BTreeMap<String, Tensor>,
@@ -361,20 +361,29 @@ pub fn envelope(
     let p = &s.p;
     let (iteration, first) = (sampled.iteration, sampled.first);
     let trainer_version = pos.updates as u64;
-    let mut store: BTreeMap<String, TokenArtifacts> = BTreeMap::new();
-    let mut recorded: Vec<Recorded> = Vec::with_capacity(sampled.generated.len());
-    let staging = ws.staging()?;
-    for (row, g) in sampled.generated.iter().enumerate() {
-        let example = &s.pool[sampled.chosen[row / p.group_size]];
-        let artifacts = TokenArtifacts {
+    let written: Vec<TokenArtifacts> = sampled
+        .generated
+        .iter()
+        .enumerate()
+        .map(|(row, g)| TokenArtifacts {
             prompt_ids: sampled.prompts[row].clone(),
             response_ids: g.ids.clone(),
             old_logprobs: g.behavior_logprobs.clone(),
             mask_start: sampled.prompts[row].len(),
             mask_len: g.ids.len(),
-        };
-        let hash = publish_artifact(ws, &staging, &artifacts)?;
-        store.insert(hash.clone(), load_artifact(ws, &hash)?);
+        })
+        .collect();
+    let hashes = rollouts::write_iteration(rollouts_dir, iteration, &written).map_err(|e| err!("{e}"))?;
+    let read = rollouts::read_iteration(rollouts_dir, iteration).map_err(|e| err!("{e}"))?;
+    crate::error::ensure!(
+        read.iter().map(|(h, _)| h).eq(hashes.iter()),
+        "iteration {iteration}: the rollouts read back are not the ones written"
+    );
+    let mut store: BTreeMap<String, TokenArtifacts> = BTreeMap::new();
+    let mut recorded: Vec<Recorded> = Vec::with_capacity(read.len());
+    for (row, (hash, artifacts)) in read.into_iter().enumerate() {
+        let example = &s.pool[sampled.chosen[row / p.group_size]];
+        store.insert(hash.clone(), artifacts.clone());
         let envelope = Envelope {
             rollout_id: first + row as u64,
             prompt_id: example.id.clone(),
@@ -704,14 +713,19 @@ pub fn run(job: &WorkerJob, p: GrpoParams) -> Result<NodeCosts> {
         }
     };
     let mut ledger = Ledger::open_at(&job.workspace.join(orchestrate_core::guard::ledger::FILE))?;
-    let ws = Workspace::open(&job.workspace)?;
+    // The node's rollouts: an output, written as each iteration is generated.
+    let rollouts_dir = job.staging.join(rollouts::OUTPUT);
+    rollouts::ensure_dir(&rollouts_dir).map_err(|e| err!("{e}"))?;
     // The update WAL's checkpoints live beside the workspace, by node key: a
-    // re-run of a crashed node recovers from its last committed checkpoint.
-    let wal = Wal::new(&job.workspace, &job.key);
+    // re-run of a crashed node recovers from its last committed checkpoint,
+    // and the rollouts the checkpoint kept.
+    let wal = Wal::new(&job.workspace, &job.key, &rollouts_dir, next_iteration);
     if p.mode != Mode::Resume {
         if let Some(state) = wal.last_committed()? {
             let m = restore_position(&state, "the committed checkpoint", &identity, &params, &mut adam)?;
+            let started_at = next_iteration;
             next_iteration = restored(m, &mut pos);
+            wal.recover_rollouts(started_at, next_iteration)?;
             continues_after = None;
             eprintln!("recovered from the committed checkpoint after iteration {next_iteration}");
         }
@@ -765,7 +779,7 @@ pub fn run(job: &WorkerJob, p: GrpoParams) -> Result<NodeCosts> {
         let t_loop = Instant::now();
         let sampled = sample(&s, &mut pos, &mut engine, &policy, &params, &mut ledger, iteration)?;
         let scored = score(&s, &engine, &sampled)?;
-        let batch = envelope(&s, &pos, &ws, &mut ledger, &engine, &reference_params, &sampled, &scored)?;
+        let batch = envelope(&s, &pos, &rollouts_dir, &mut ledger, &engine, &reference_params, &sampled, &scored)?;
         let t = Instant::now();
         let weights_before = digest(&params);
         let hashing_before = t.elapsed().as_secs_f64();
@@ -911,7 +925,8 @@ mod tests {
         let params = super::params(&policy);
         let reference_params = super::params(&reference);
         let mut adam = AdamW::new(AdamWConfig::new(0.0), &params);
-        let ws = Workspace::open(&dir.path().join("ws")).unwrap();
+        let out = dir.path().join("rollouts");
+        rollouts::ensure_dir(&out).unwrap();
         let mut ledger = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
         let mut pos = Position {
             updates: 0,
@@ -930,7 +945,7 @@ mod tests {
         assert_eq!(sampled.generated.len(), 4);
         assert_eq!(pos.consumed, vec![[0, 4]]);
         sampled.faults = vec![FaultSpec { family: FaultFamily::F4, at_iteration: 0, shift: None }];
-        let batch = envelope(&s, &pos, &ws, &mut ledger, &engine, &reference_params, &sampled, &scored()).unwrap();
+        let batch = envelope(&s, &pos, &out, &mut ledger, &engine, &reference_params, &sampled, &scored()).unwrap();
         let mut guard = allow();
         let before = digest(&params);
         let refused = validate(&s, &mut pos, &mut ledger, &params, &sampled, &scored(), &batch, &mut guard).unwrap();
@@ -947,7 +962,7 @@ mod tests {
         // Iteration 1, clean: validated, handed out, applied once.
         let sampled = sample(&s, &mut pos, &mut engine, &policy, &params, &mut ledger, 1).unwrap();
         assert_eq!(pos.consumed, vec![[0, 4], [4, 8]]);
-        let batch = envelope(&s, &pos, &ws, &mut ledger, &engine, &reference_params, &sampled, &scored()).unwrap();
+        let batch = envelope(&s, &pos, &out, &mut ledger, &engine, &reference_params, &sampled, &scored()).unwrap();
         let mut guard = allow();
         let update = validate(&s, &mut pos, &mut ledger, &params, &sampled, &scored(), &batch, &mut guard)
             .unwrap()
@@ -957,8 +972,13 @@ mod tests {
         assert!(stats.grad_norm > 0.0, "{stats:?}");
         assert_eq!(pos.updates, 1);
         assert_ne!(digest(&params), before, "the step changed the weights");
-        // The sealed log holds every step, intact.
+        // The sealed log holds every step, intact, and the rollouts it names
+        // are the output's, both iterations (the refused one included).
         assert_eq!(orchestrate_core::guard::events::verify(&ledger, &s.lineage).unwrap(), None);
+        for i in 0..2 {
+            let held = rollouts::read_iteration(&out, i).unwrap();
+            assert_eq!(held.len(), 4, "iteration {i}");
+        }
         let kinds: Vec<String> = ledger.events(&s.lineage).unwrap().into_iter().map(|e| e.kind).collect();
         assert!(kinds.contains(&"update_aborted".to_string()) && kinds.contains(&"update_applied".to_string()));
     }

@@ -167,25 +167,6 @@ pub fn codes_of(refused: &[(u64, orchestrate_core::guard::Verdict)]) -> Vec<Stri
     set.into_iter().collect()
 }
 
-/// Publishes a rollout's token artifacts into the workspace's content-addressed
-/// store (write-once, read-only) and returns their hash.
-pub fn publish_artifact(
-    ws: &orchestrate_core::store::Workspace,
-    staging: &orchestrate_core::store::Staging,
-    a: &TokenArtifacts,
-) -> Result<String> {
-    let path = staging.path().join(format!("artifact-{}.json", a.hash()));
-    std::fs::write(&path, a.canonical_bytes())?;
-    let info = ws.publish_move(&path, orchestrate_core::ops::OutputKind::File)?;
-    crate::error::ensure!(info.hash == a.hash(), "the store's hash of an artifact differs from its canonical hash");
-    Ok(info.hash)
-}
-
-/// Reads token artifacts back from the store by hash.
-pub fn load_artifact(ws: &orchestrate_core::store::Workspace, hash: &str) -> Result<TokenArtifacts> {
-    Ok(serde_json::from_slice(&std::fs::read(ws.object_path(hash))?)?)
-}
-
 /// The verifier's reward for one generated response (decoded without its EOS
 /// token; undecodable ids make the tokenization invalid).
 pub fn reward_of(

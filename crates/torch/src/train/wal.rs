@@ -4,11 +4,20 @@
 //! (COMMITTED). After a crash at any phase, a re-run restores the last
 //! committed checkpoint. Failpoints (`ORCHESTRATE_FAILPOINT=phase@iteration`)
 //! abort the worker at a phase, for tests.
+//!
+//! A checkpoint also keeps the rollouts of the iterations it covers (the
+//! node's `rollouts` output is written in a staging folder that a crash
+//! loses): the attempt that recovers the checkpoint puts them back, so its
+//! output is the uncrashed run's, byte for byte.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use std::io::Write;
 
 use crate::error::{bail, err, Result};
+use orchestrate_core::guard::rollouts;
 use serde_json::Value;
 use tch::Tensor;
 
@@ -28,7 +37,14 @@ struct Committed {
 
 pub struct Wal {
     dir: PathBuf,
+    /// The node's `rollouts` output in its staging folder.
+    rollouts: PathBuf,
+    /// The first iteration whose rollouts the WAL does not keep yet.
+    kept_from: Cell<usize>,
 }
+
+/// The WAL's copy of the rollouts, in its folder.
+const ROLLOUTS: &str = "rollouts";
 
 /// Aborts the process when `ORCHESTRATE_FAILPOINT` names this phase and iteration.
 pub fn failpoint(phase: &str, iteration: usize) {
@@ -39,8 +55,51 @@ pub fn failpoint(phase: &str, iteration: usize) {
 }
 
 impl Wal {
-    pub fn new(workspace: &std::path::Path, key: &str) -> Self {
-        Wal { dir: workspace.join("checkpoints").join(key) }
+    /// The WAL of node `key` in `workspace`, keeping the rollouts written
+    /// in `rollouts` (the staging folder's output) from iteration `start` on.
+    pub fn new(workspace: &Path, key: &str, rollouts: &Path, start: usize) -> Self {
+        Wal {
+            dir: workspace.join("checkpoints").join(key),
+            rollouts: rollouts.to_path_buf(),
+            kept_from: Cell::new(start),
+        }
+    }
+
+    /// After the committed checkpoint that ends before iteration `next` was
+    /// restored: the rollouts of iterations `from..next`, kept with it, go
+    /// back into the output (each checked as it is read).
+    pub fn recover_rollouts(&self, from: usize, next: usize) -> Result<()> {
+        rollouts::copy_iterations(&self.dir.join(ROLLOUTS), &self.rollouts, from..next)
+            .map_err(|e| err!("the committed checkpoint's rollouts: {e}"))?;
+        self.kept_from.set(next);
+        Ok(())
+    }
+
+    /// Keeps the rollouts of the iterations up to `iteration` that the WAL
+    /// does not hold yet: each file read and checked, then written beside the
+    /// checkpoints under a temporary name, synced and renamed (a copy an
+    /// earlier attempt left there is replaced by this attempt's).
+    fn keep_rollouts(&self, iteration: usize) -> Result<()> {
+        let kept = self.dir.join(ROLLOUTS);
+        rollouts::ensure_dir(&kept).map_err(|e| err!("checkpoint folder: {e}"))?;
+        for i in self.kept_from.get()..=iteration {
+            let read: Vec<_> = rollouts::read_iteration(&self.rollouts, i)
+                .map_err(|e| err!("keeping iteration {i}'s rollouts: {e}"))?
+                .into_iter()
+                .map(|(_, a)| a)
+                .collect();
+            let name = rollouts::file_name(i);
+            let partial = kept.join(format!("{name}.partial"));
+            let mut out = orchestrate_core::store::fsx::open_truncate(&partial)?;
+            for a in &read {
+                out.write_all(&a.canonical_bytes())?;
+                out.write_all(b"\n")?;
+            }
+            out.sync_all()?;
+            std::fs::rename(&partial, kept.join(name))?;
+        }
+        self.kept_from.set(iteration + 1);
+        Ok(())
     }
 
     /// The state file of the last committed checkpoint, if any: a file
@@ -74,6 +133,7 @@ impl Wal {
             orchestrate_core::store::fsx::own_dir(dir)
                 .map_err(|e| crate::error::Error::Msg(format!("checkpoint folder: {e}")))?;
         }
+        self.keep_rollouts(iteration)?;
         let name = format!("iter-{}.state", iteration + 1);
         save_state(&self.dir.join(&name), params, adam, meta)?;
         failpoint("checkpointed", iteration);
@@ -101,7 +161,7 @@ mod tests {
     #[test]
     fn the_commit_pointer_names_a_checkpoint_of_its_own_folder_or_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::new(dir.path(), "k");
+        let wal = Wal::new(dir.path(), "k", dir.path(), 0);
         assert_eq!(wal.last_committed().unwrap(), None);
         std::fs::create_dir_all(&wal.dir).unwrap();
         let pointer = wal.dir.join(POINTER);
@@ -125,13 +185,62 @@ mod tests {
         let params: BTreeMap<String, Tensor> = [("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))].into();
         let adam = AdamW::new(AdamWConfig::new(0.0), &params);
         let meta = serde_json::json!({"kind": "test"});
-        for planted in ["iter-1.partial", "committed.json.partial"] {
-            let wal = Wal::new(&dir.path().join(planted), "k");
+        let staged = dir.path().join("staged");
+        rollouts::ensure_dir(&staged).unwrap();
+        rollouts::write_iteration(&staged, 0, &[]).unwrap();
+        for planted in ["iter-1.partial", "committed.json.partial", "rollouts"] {
+            let wal = Wal::new(&dir.path().join(planted), "k", &staged, 0);
             std::fs::create_dir_all(&wal.dir).unwrap();
             std::os::unix::fs::symlink(&theirs, wal.dir.join(planted)).unwrap();
             assert!(wal.checkpoint(&params, &adam, &meta, 0).is_err(), "{planted}: written through a link");
             assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep", "{planted}");
             assert!(wal.last_committed().unwrap().is_none(), "{planted}: nothing committed");
         }
+    }
+
+    /// A committed checkpoint keeps the rollouts of the iterations it covers,
+    /// and the attempt that recovers it (a fresh staging folder) gets them
+    /// back byte for byte; a kept file that was edited is refused.
+    #[test]
+    fn a_checkpoint_keeps_its_rollouts_and_a_recovery_puts_them_back() {
+        use crate::train::adamw::AdamWConfig;
+        use orchestrate_core::guard::TokenArtifacts;
+        let dir = tempfile::tempdir().unwrap();
+        let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+        rollouts::ensure_dir(&first).unwrap();
+        let rollout = |t: i64| TokenArtifacts {
+            prompt_ids: vec![1, t],
+            response_ids: vec![t],
+            old_logprobs: vec![-0.5],
+            mask_start: 2,
+            mask_len: 1,
+        };
+        let params: BTreeMap<String, Tensor> = [("w".to_string(), Tensor::from_slice(&[1.0f32]))].into();
+        let adam = AdamW::new(AdamWConfig::new(0.0), &params);
+        let meta = serde_json::json!({"kind": "test"});
+        let wal = Wal::new(dir.path(), "k", &first, 0);
+        for i in 0..2 {
+            rollouts::write_iteration(&first, i, &[rollout(i as i64), rollout(7)]).unwrap();
+        }
+        wal.checkpoint(&params, &adam, &meta, 1).unwrap();
+        // A crash: the next attempt's staging folder is new and empty.
+        rollouts::ensure_dir(&second).unwrap();
+        let again = Wal::new(dir.path(), "k", &second, 0);
+        again.recover_rollouts(0, 2).unwrap();
+        for i in 0..2 {
+            let name = rollouts::file_name(i);
+            assert_eq!(std::fs::read(first.join(&name)).unwrap(), std::fs::read(second.join(&name)).unwrap());
+        }
+        // This attempt's own iteration 2 is kept at its checkpoint, not 0 and 1 again.
+        rollouts::write_iteration(&second, 2, &[rollout(2)]).unwrap();
+        again.checkpoint(&params, &adam, &meta, 2).unwrap();
+        assert!(wal.dir.join(ROLLOUTS).join(rollouts::file_name(2)).is_file());
+        // An edited kept file is refused on recovery, naming it.
+        let kept = wal.dir.join(ROLLOUTS).join(rollouts::file_name(0));
+        std::fs::write(&kept, "{\"prompt_ids\": 1}\n").unwrap();
+        let third = dir.path().join("third");
+        rollouts::ensure_dir(&third).unwrap();
+        let e = Wal::new(dir.path(), "k", &third, 0).recover_rollouts(0, 3).unwrap_err().to_string();
+        assert!(e.contains(&rollouts::file_name(0)) && e.contains("line 1"), "{e}");
     }
 }
