@@ -189,3 +189,38 @@ fn the_libraries_do_not_use_anyhow() {
     let offenders = library_lines_naming("anyhow");
     assert!(offenders.is_empty(), "anyhow in library code:\n{}", offenders.join("\n"));
 }
+
+/// Lines of the worker's sources (its benches and test modules aside) that
+/// name `word`.
+fn worker_lines_naming(word: &str) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(&crates().join("torch/src"), &mut files);
+    files
+        .iter()
+        .filter(|f| !f.ends_with("bench.rs") && !f.ends_with("tests.rs"))
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            // A file's unit tests sit in its last `#[cfg(test)]` module.
+            let code = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or_default().to_string();
+            code.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains(word) && !l.trim_start().starts_with("//"))
+                .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The worker writes its staging folder and the WAL folder the executor
+/// names, and nothing else of the workspace: it opens no workspace, no
+/// database of it (the guard's ledger is served to it over its stdin) and
+/// publishes nothing into the store (its outputs, rollouts included, are
+/// published by the executor from staging). Before, `train.grpo` opened
+/// `guard.sqlite` and published every rollout into the object store itself.
+#[test]
+fn the_worker_opens_no_workspace_database_nor_store() {
+    for word in ["Workspace::open", "Ledger::open", "open_at(", "publish_move", "object_path", "job.workspace"] {
+        let offenders = worker_lines_naming(word);
+        assert!(offenders.is_empty(), "the worker names {word}:\n{}", offenders.join("\n"));
+    }
+}

@@ -1,7 +1,6 @@
 //! The libtorch-linked worker behind `orchestrate`: numerical nodes and
 //! commands run here, in their own process (see `orchestrate_core::runtime`).
 
-use std::io::Read;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -149,12 +148,21 @@ fn main() -> ExitCode {
 
 /// Runs the job read on stdin, and leaves its [`WorkerResult`] in the job's
 /// staging folder (what it cost, or why it failed, typed), whichever way it ends.
+///
+/// Stdin is a socket the executor holds the other end of: the job is its
+/// first line, and the guard's ledger is served over it after that (the
+/// worker opens no database of the workspace).
 fn run_op() -> anyhow::Result<ExitCode> {
+    use orchestrate_core::guard::{ledger, Ledger};
     use orchestrate_core::ops::worker::{WorkerFailure, WorkerJob, WorkerResult};
-    let mut body = String::new();
-    std::io::stdin().read_to_string(&mut body)?;
+    use std::os::fd::AsFd;
+    let stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let mut reader = std::io::BufReader::new(stdin.try_clone()?);
+    let body = ledger::read_line(&mut reader)?
+        .ok_or_else(|| anyhow::anyhow!("the job never came: stdin ended before its first line"))?;
     let job: WorkerJob = serde_json::from_str(&body)?;
-    let (result, code) = match torch::ops::run(&job) {
+    let served = Ledger::served(reader, stdin);
+    let (result, code) = match torch::ops::run(&job, served) {
         Ok(costs) => (WorkerResult::done(&job.staging, costs)?, ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e}");

@@ -2,6 +2,7 @@
 
 use crate::error::{Context, Result};
 use orchestrate_core::costs::NodeCosts;
+use orchestrate_core::guard::Ledger;
 use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::{WorkerJob, WorkerTask};
 use orchestrate_core::ops::ModelInitParams;
@@ -10,12 +11,13 @@ use tch::Device;
 use super::decoder::CausalLm;
 
 /// Runs one job from `orchestrate run`: what its process cost, for an op
-/// that measures it.
-pub fn run(job: &WorkerJob) -> Result<Option<NodeCosts>> {
+/// that measures it. `ledger` is the guard's ledger as the executor serves it
+/// (only GRPO asks it anything).
+pub fn run(job: &WorkerJob, ledger: Ledger) -> Result<Option<NodeCosts>> {
     match job.task.clone() {
         WorkerTask::ModelInit(p) => model_init(job, p).map(|()| None),
         WorkerTask::TrainSft(p) => super::train::sft::run(job, p).map(Some),
-        WorkerTask::TrainGrpo(p) => super::train::grpo::run(job, p).map(Some),
+        WorkerTask::TrainGrpo(p) => super::train::grpo::run(job, p, ledger).map(Some),
         WorkerTask::EvalGenerate(p) => super::eval::run(job, p).map(Some),
         WorkerTask::Replay(p) => super::train::replay::run(job, p).map(|()| None),
     }

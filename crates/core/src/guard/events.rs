@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::codes::Decision;
-use super::ledger::Ledger;
+use super::ledger::{seal, Ledger};
 use crate::canonical::canonical_json;
 use crate::store::StoreError;
 
@@ -33,15 +33,6 @@ pub enum EventError {
     Payload { kind: String, message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-fn seal(prev: &str, seq: i64, producer: &str, kind: &str, payload: &str) -> String {
-    let mut h = blake3::Hasher::new();
-    for part in [prev, &seq.to_string(), producer, kind, payload] {
-        h.update(part.as_bytes());
-        h.update(b"\0");
-    }
-    h.finalize().to_hex().to_string()
 }
 
 /// What the rollout engine writes.
@@ -276,7 +267,7 @@ pub(crate) fn append(
     if owner != producer {
         return Err(EventError::NotOwner { producer: producer.into(), kind: kind.into(), owner: owner.into() });
     }
-    Ok(ledger.append_event(lineage, producer, kind, &canonical_json(payload), seal)?)
+    Ok(ledger.append_event(lineage, producer, kind, &canonical_json(payload))?)
 }
 
 /// Checks a lineage's chain: contiguous order, links and seals. The first

@@ -9,6 +9,7 @@ pub mod codes;
 pub mod events;
 pub mod ledger;
 pub mod rollouts;
+pub mod served;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -290,17 +290,27 @@ pub struct Tied {
 /// this process's page tables, whose copy-on-write faults were a fifth of a
 /// 200-node run's time.
 pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
+    spawn_tied_gated(cmd, log, Stdio::piped())
+}
+
+/// [`spawn_tied`] with the child's stdin given: a socket whose other end the
+/// caller holds (the worker's gate and its ledger channel, see
+/// `worker::run_in_worker`) instead of a pipe. The gate's promise is the
+/// same: until the caller writes there, the child reads nothing, and an
+/// orchestrate gone leaves it end-of-file.
+pub fn spawn_tied_gated(cmd: &mut Command, log: &Path, gate: Stdio) -> std::io::Result<Tied> {
     // A link planted at the log's name is an error, never written through.
     let file = crate::store::fsx::open_truncate(log)?;
     let (output, output_w) = std::io::pipe()?;
-    cmd.stdin(Stdio::piped()).stdout(output_w.try_clone()?).stderr(output_w).process_group(0);
+    cmd.stdin(gate).stdout(output_w.try_clone()?).stderr(output_w).process_group(0);
     // The watchdog runs before the child does, so no moment exists where the
     // node runs unwatched; its lock is held until it holds the new group.
     let mut watchdog = Watchdog::running()?;
     let spawned = cmd.spawn();
-    // The command keeps its copies of the output pipe's write end until
-    // told otherwise; with one left here the pipe would never end.
-    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // The command keeps its copies of the output pipe's write end (and of a
+    // given gate) until told otherwise; with one left here the pipe would
+    // never end.
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     let child = spawned?;
     let pgid = child.id() as libc::pid_t;
     // For tests: orchestrate dying after the spawn, before the watchdog

@@ -89,7 +89,13 @@ pub struct WorkerJob {
     /// Outputs are written here under their names, and the [`WorkerResult`]
     /// beside them ([`RESULT_FILE`]).
     pub staging: PathBuf,
-    pub workspace: PathBuf,
+    /// The folder of the node's update WAL ([`Workspace::checkpoint_dir`]):
+    /// the one place outside `staging` the worker writes. Everything else a
+    /// worker changes goes through the executor: its outputs (published from
+    /// staging) and the guard's ledger (served over its stdin).
+    ///
+    /// [`Workspace::checkpoint_dir`]: crate::store::Workspace::checkpoint_dir
+    pub checkpoints: PathBuf,
     /// The node's key (the owner of the rollouts it consumes).
     pub key: Key,
 }
@@ -266,25 +272,23 @@ pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpErr
         spec_dir: ctx.spec_dir.to_path_buf(),
         inputs: ctx.inputs.iter().map(|(k, v)| (k.clone(), v.iter().map(|a| a.path.clone()).collect())).collect(),
         staging: ctx.staging.to_path_buf(),
-        workspace: ctx.workspace.to_path_buf(),
+        checkpoints: crate::store::Workspace::checkpoint_dir(ctx.workspace, ctx.key.as_str()),
         key: ctx.key.clone(),
     };
     let mut cmd = Command::new(&worker);
-    cmd.arg("run-op").stdin(Stdio::piped());
+    cmd.arg("run-op");
     // The count the node's key was computed with, whatever this process's default.
     if let Some(n) = ctx.threads {
         cmd.env(crate::runtime::THREADS_VAR, n.to_string());
     }
-    let mut child = process::spawn_tied(&mut cmd, ctx.log_path)
+    // The worker's stdin is a socket: its gate (the job, one line), then the
+    // channel its guard ledger is served over (see `guard::served`), so the
+    // worker never opens the workspace's database itself.
+    let (ours, theirs) =
+        std::os::unix::net::UnixStream::pair().map_err(|e| OpError::io("making the worker's channel", e))?;
+    let child = process::spawn_tied_gated(&mut cmd, ctx.log_path, Stdio::from(std::os::fd::OwnedFd::from(theirs)))
         .map_err(|e| OpError::io(format!("starting {} (log {})", worker.display(), ctx.log_path.display()), e))?;
-    // The job on its stdin is the worker's gate (see spawn_tied): it reads
-    // it whole before doing anything, and an orchestrate gone before writing
-    // it leaves it end-of-file, an error, and nothing done.
-    let body = serde_json::to_vec(&job).map_err(|e| OpError::Failed(e.to_string()))?;
-    if let Some(mut stdin) = child.stdin() {
-        stdin.write_all(&body).map_err(|e| OpError::io("sending the job to the worker", e))?;
-    }
-    let finished = child.wait(ctx.cancel)?;
+    let finished = serve_worker(child, &ours, &job, ctx)?;
     let result = WorkerResult::take(ctx.staging).map_err(|e| OpError::Failed(e.to_string()))?;
     if !finished.status.success() {
         finished.output.complete_log();
@@ -313,6 +317,41 @@ pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpErr
         }
         None => Err(OpError::Failed(format!("{WORKER} exited 0 without its result ({RESULT_FILE})"))),
     }
+}
+
+/// Hands the worker its job, the first line on its gate (an orchestrate
+/// gone before writing it leaves the worker end-of-file, an error, and nothing
+/// done), then serves its guard ledger on the same socket until it exits.
+fn serve_worker(
+    child: process::Tied,
+    ours: &std::os::unix::net::UnixStream,
+    job: &WorkerJob,
+    ctx: &RunContext<'_>,
+) -> Result<process::Finished, OpError> {
+    let ledger = ctx.workspace.join(crate::guard::ledger::FILE);
+    let owner = ctx.key.as_str();
+    let channel = |e: std::io::Error| OpError::io("the worker's channel", e);
+    let (mut reader, mut writer) =
+        (std::io::BufReader::new(ours.try_clone().map_err(channel)?), ours.try_clone().map_err(channel)?);
+    std::thread::scope(|scope| {
+        let server = scope.spawn(move || crate::guard::served::serve(&ledger, owner, &mut reader, &mut writer));
+        let mut line = serde_json::to_vec(job).map_err(|e| OpError::Failed(e.to_string()))?;
+        line.push(b'\n');
+        let sent = (&mut &*ours).write_all(&line).map_err(|e| OpError::io("sending the job to the worker", e));
+        let finished = child.wait(ctx.cancel);
+        // The worker is gone: whatever still holds its end (a program it
+        // started), serving ends here.
+        let _ = ours.shutdown(std::net::Shutdown::Both);
+        let served = server.join().map_err(|_| OpError::Failed("the guard ledger's server panicked".into()))?;
+        let finished = finished?;
+        sent?;
+        if let Err(e) = served {
+            if finished.status.success() {
+                return Err(OpError::io("serving the worker's guard ledger", e));
+            }
+        }
+        Ok(finished)
+    })
 }
 
 #[cfg(test)]
@@ -401,7 +440,7 @@ mod tests {
             spec_dir: "/spec".into(),
             inputs: BTreeMap::new(),
             staging: "/staging".into(),
-            workspace: "/ws".into(),
+            checkpoints: "/ws/checkpoints/k".into(),
             key: Key::parse(&"a".repeat(64)).unwrap(),
         };
         let wire = serde_json::to_value(&job).unwrap();

@@ -251,7 +251,7 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
         .iter()
         .flat_map(|k| {
             let [record, log, check_log] = node_files(ws, k);
-            [record, log, check_log, ws.root().join("checkpoints").join(k.as_str())]
+            [record, log, check_log, Workspace::checkpoint_dir(ws.root(), k.as_str())]
         })
         .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)));
     for path in doomed {
@@ -271,7 +271,7 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
                     .map_err(|source| StoreError::Io { context: format!("removing {}", path.display()), source })?;
             }
         }
-        let wal = ws.root().join("checkpoints").join(key.as_str());
+        let wal = Workspace::checkpoint_dir(ws.root(), key.as_str());
         if std::fs::symlink_metadata(&wal).is_ok_and(|m| m.is_dir()) {
             objects::remove_any(&wal)?;
         }

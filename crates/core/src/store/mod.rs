@@ -775,6 +775,13 @@ impl Workspace {
         })
     }
 
+    /// The folder of node `key`'s update WAL (a GRPO node's committed
+    /// checkpoints and the rollouts they cover, while it runs): the one place
+    /// outside its staging folder a worker writes, named by the executor.
+    pub fn checkpoint_dir(root: &Path, key: &str) -> PathBuf {
+        root.join("checkpoints").join(key)
+    }
+
     pub fn log_path(&self, key: &str) -> PathBuf {
         self.root.join("logs").join(format!("{key}.log"))
     }

@@ -646,7 +646,7 @@ pub fn record(
     Ok(())
 }
 
-pub fn run(job: &WorkerJob, p: GrpoParams) -> Result<NodeCosts> {
+pub fn run(job: &WorkerJob, p: GrpoParams, mut ledger: Ledger) -> Result<NodeCosts> {
     let started = Instant::now();
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
@@ -712,14 +712,13 @@ pub fn run(job: &WorkerJob, p: GrpoParams) -> Result<NodeCosts> {
             lineage
         }
     };
-    let mut ledger = Ledger::open_at(&job.workspace.join(orchestrate_core::guard::ledger::FILE))?;
     // The node's rollouts: an output, written as each iteration is generated.
     let rollouts_dir = job.staging.join(rollouts::OUTPUT);
     rollouts::ensure_dir(&rollouts_dir).map_err(|e| err!("{e}"))?;
-    // The update WAL's checkpoints live beside the workspace, by node key: a
-    // re-run of a crashed node recovers from its last committed checkpoint,
+    // The update WAL's checkpoints live where the executor says, by node key:
+    // a re-run of a crashed node recovers from its last committed checkpoint,
     // and the rollouts the checkpoint kept.
-    let wal = Wal::new(&job.workspace, &job.key, &rollouts_dir, next_iteration);
+    let wal = Wal::new(&job.checkpoints, &rollouts_dir, next_iteration);
     if p.mode != Mode::Resume {
         if let Some(state) = wal.last_committed()? {
             let m = restore_position(&state, "the committed checkpoint", &identity, &params, &mut adam)?;

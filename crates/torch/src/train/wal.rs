@@ -55,14 +55,13 @@ pub fn failpoint(phase: &str, iteration: usize) {
 }
 
 impl Wal {
-    /// The WAL of node `key` in `workspace`, keeping the rollouts written
-    /// in `rollouts` (the staging folder's output) from iteration `start` on.
-    pub fn new(workspace: &Path, key: &str, rollouts: &Path, start: usize) -> Self {
-        Wal {
-            dir: workspace.join("checkpoints").join(key),
-            rollouts: rollouts.to_path_buf(),
-            kept_from: Cell::new(start),
-        }
+    /// The WAL in `dir` (the executor's [`WorkerJob::checkpoints`]), keeping
+    /// the rollouts written in `rollouts` (the staging folder's output) from
+    /// iteration `start` on.
+    ///
+    /// [`WorkerJob::checkpoints`]: orchestrate_core::ops::worker::WorkerJob::checkpoints
+    pub fn new(dir: &Path, rollouts: &Path, start: usize) -> Self {
+        Wal { dir: dir.to_path_buf(), rollouts: rollouts.to_path_buf(), kept_from: Cell::new(start) }
     }
 
     /// After the committed checkpoint that ends before iteration `next` was
@@ -161,7 +160,7 @@ mod tests {
     #[test]
     fn the_commit_pointer_names_a_checkpoint_of_its_own_folder_or_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::new(dir.path(), "k", dir.path(), 0);
+        let wal = Wal::new(&dir.path().join("checkpoints/k"), dir.path(), 0);
         assert_eq!(wal.last_committed().unwrap(), None);
         std::fs::create_dir_all(&wal.dir).unwrap();
         let pointer = wal.dir.join(POINTER);
@@ -189,7 +188,7 @@ mod tests {
         rollouts::ensure_dir(&staged).unwrap();
         rollouts::write_iteration(&staged, 0, &[]).unwrap();
         for planted in ["iter-1.partial", "committed.json.partial", "rollouts"] {
-            let wal = Wal::new(&dir.path().join(planted), "k", &staged, 0);
+            let wal = Wal::new(&dir.path().join(planted).join("checkpoints/k"), &staged, 0);
             std::fs::create_dir_all(&wal.dir).unwrap();
             std::os::unix::fs::symlink(&theirs, wal.dir.join(planted)).unwrap();
             assert!(wal.checkpoint(&params, &adam, &meta, 0).is_err(), "{planted}: written through a link");
@@ -218,14 +217,14 @@ mod tests {
         let params: BTreeMap<String, Tensor> = [("w".to_string(), Tensor::from_slice(&[1.0f32]))].into();
         let adam = AdamW::new(AdamWConfig::new(0.0), &params);
         let meta = serde_json::json!({"kind": "test"});
-        let wal = Wal::new(dir.path(), "k", &first, 0);
+        let wal = Wal::new(&dir.path().join("checkpoints/k"), &first, 0);
         for i in 0..2 {
             rollouts::write_iteration(&first, i, &[rollout(i as i64), rollout(7)]).unwrap();
         }
         wal.checkpoint(&params, &adam, &meta, 1).unwrap();
         // A crash: the next attempt's staging folder is new and empty.
         rollouts::ensure_dir(&second).unwrap();
-        let again = Wal::new(dir.path(), "k", &second, 0);
+        let again = Wal::new(&dir.path().join("checkpoints/k"), &second, 0);
         again.recover_rollouts(0, 2).unwrap();
         for i in 0..2 {
             let name = rollouts::file_name(i);
@@ -240,7 +239,7 @@ mod tests {
         std::fs::write(&kept, "{\"prompt_ids\": 1}\n").unwrap();
         let third = dir.path().join("third");
         rollouts::ensure_dir(&third).unwrap();
-        let e = Wal::new(dir.path(), "k", &third, 0).recover_rollouts(0, 3).unwrap_err().to_string();
+        let e = Wal::new(&dir.path().join("checkpoints/k"), &third, 0).recover_rollouts(0, 3).unwrap_err().to_string();
         assert!(e.contains(&rollouts::file_name(0)) && e.contains("line 1"), "{e}");
     }
 }
