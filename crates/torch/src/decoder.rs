@@ -300,7 +300,7 @@ impl CausalLm {
         config.extra.insert("torch_dtype".into(), "float32".into());
         let family = config.family()?;
         config.extra.entry("model_type").or_insert_with(|| family.model_type().into());
-        config.extra.entry("architectures").or_insert_with(|| serde_json::json!([family.architecture()]));
+        config.extra.entry("architectures").or_insert_with(|| vec![family.architecture()].into());
         std::fs::write(dir.join("config.json"), config.to_json())?;
         Ok(())
     }

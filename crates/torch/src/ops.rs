@@ -35,8 +35,7 @@ fn model_init(job: &WorkerJob, p: ModelInitParams) -> Result<()> {
     let out = job.staging.join("model");
     model.save(&out)?;
     std::fs::copy(tokenizer_path, out.join("tokenizer.json")).context("copying tokenizer.json")?;
-    let generation =
-        serde_json::json!({"eos_token_id": eos, "do_sample": true, "temperature": 1.0, "top_k": 0, "top_p": 1.0});
+    let generation = orchestrate_core::model::GenerationConfig::sampling(eos);
     std::fs::write(out.join("generation_config.json"), serde_json::to_string_pretty(&generation)? + "\n")?;
     eprintln!(
         "model.init: {} parameters, vocab {vocab} (tokenizer {}), eos {eos}",

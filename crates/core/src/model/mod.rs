@@ -130,6 +130,27 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>, FolderError> {
     Ok(names.into_iter().collect())
 }
 
+/// The `generation_config.json` that `model.init` writes beside a new model:
+/// the sampling the protocol uses (temperature 1, no top-k or top-p) and the
+/// end-of-sequence id, in Hugging Face's field names. Fields in name order:
+/// the bytes are those the untyped object had, so the model's hash is too.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationConfig {
+    pub do_sample: bool,
+    pub eos_token_id: i64,
+    pub temperature: f64,
+    pub top_k: u32,
+    pub top_p: f64,
+}
+
+impl GenerationConfig {
+    /// What a new model samples with: the protocol's temperature-1 draws.
+    pub fn sampling(eos_token_id: i64) -> Self {
+        GenerationConfig { do_sample: true, eos_token_id, temperature: 1.0, top_k: 0, top_p: 1.0 }
+    }
+}
+
 /// One hand-made generation (`orchestrate generate`), as the CLI hands it to
 /// the worker: the CLI parses the command line, the worker runs the model.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -194,6 +215,23 @@ pub enum GenerateSampling {
 #[serde(rename_all = "lowercase")]
 pub enum Greedy {
     Greedy,
+}
+
+#[cfg(test)]
+mod generation_config_tests {
+    use super::GenerationConfig;
+
+    /// The typed file has the bytes the untyped object had (so a new model's
+    /// hash, and every key after it, is unchanged), and reads back as itself.
+    #[test]
+    fn a_generation_config_writes_the_bytes_the_untyped_one_did() {
+        let untyped =
+            serde_json::json!({"eos_token_id": 7, "do_sample": true, "temperature": 1.0, "top_k": 0, "top_p": 1.0});
+        let typed = GenerationConfig::sampling(7);
+        assert_eq!(serde_json::to_string_pretty(&typed).unwrap(), serde_json::to_string_pretty(&untyped).unwrap());
+        let back: GenerationConfig = serde_json::from_value(untyped).unwrap();
+        assert_eq!(back, typed);
+    }
 }
 
 #[cfg(test)]
