@@ -69,6 +69,9 @@ fn a_crash_at_any_update_phase_recovers_to_the_uncrashed_result() {
         // The rollouts of the iterations before the crash were kept with the
         // checkpoint: the output is the uncrashed run's, byte for byte.
         assert_eq!(rollouts_object(&p), expected_rollouts, "{phase}: the rollouts differ from the uncrashed run's");
+        // The guard log, the crashed attempt's generations included, names only rollouts the output holds.
+        let events = p.run(&["events"]);
+        assert_eq!(events.status.code(), Some(0), "{phase}: {}", stderr(&events));
         assert!(
             !p.path().join(".orchestrate/checkpoints").read_dir().unwrap().any(|_| true),
             "{phase}: checkpoints are cleared once the node completes"

@@ -252,3 +252,39 @@ pub struct Alert {
     pub seq: i64,
     pub seal: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::TokenArtifacts;
+
+    fn rollout(t: i64) -> TokenArtifacts {
+        TokenArtifacts {
+            prompt_ids: vec![1, t],
+            response_ids: vec![t],
+            old_logprobs: vec![-0.5],
+            mask_start: 2,
+            mask_len: 1,
+        }
+    }
+
+    /// A node from before the rollouts were an output published each rollout
+    /// as an object of its own: its guard log is checked against those, and
+    /// one the store no longer holds (what gc removed then) is an error.
+    #[test]
+    fn a_node_from_before_rollouts_were_an_output_is_checked_against_its_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(&dir.path().join("ws")).unwrap();
+        let staged = dir.path().join("artifact");
+        std::fs::write(&staged, rollout(3).canonical_bytes()).unwrap();
+        let held = ws.publish_move(&staged, crate::ops::OutputKind::File).unwrap();
+        assert_eq!(held.hash, rollout(3).hash());
+        let node = GrpoNode { id: "grpo".into(), lineage: "L".into(), rollouts: None };
+        let grpo = [GrpoNode { id: "grpo".into(), lineage: "L".into(), rollouts: None }];
+        check_rollouts(&ws, &node, &grpo, &[(0, vec![rollout(3).hash()])]).unwrap();
+        let e = check_rollouts(&ws, &node, &grpo, &[(0, vec![rollout(3).hash(), rollout(4).hash()])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node grpo") && e.contains("iteration 0") && e.contains("missing from the store"), "{e}");
+    }
+}
