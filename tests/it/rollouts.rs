@@ -95,6 +95,25 @@ fn the_rollouts_a_grpo_node_trained_on_are_its_output_and_survive_gc() {
     assert!(!p.path().join("pack/outputs/grpo/model").exists(), "a model folder needs --with-models");
     let verify = p.run(&["pack", "verify", "pack"]);
     assert_eq!(verify.status.code(), Some(0), "{}{}", stdout(&verify), stderr(&verify));
+
+    // A rollout edited in the pack, its line in SHA256SUMS rewritten to match:
+    // the folder no longer has the content hash the manifest recorded.
+    // (Before, a folder was checked only through SHA256SUMS, which the editor rewrote.)
+    let edited = packed.join(rollouts::file_name(0));
+    let text = std::fs::read_to_string(&edited).unwrap().replacen("\"mask_len\":", "\"mask_len\": ", 1);
+    std::fs::write(&edited, &text).unwrap();
+    let sums = p.read("pack/SHA256SUMS");
+    let rel = format!("outputs/grpo/rollouts/{}", rollouts::file_name(0));
+    let digest = format!("{:x}", <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()));
+    let sums: String = sums
+        .lines()
+        .map(|l| if l.ends_with(&format!("  {rel}")) { format!("{digest}  {rel}\n") } else { format!("{l}\n") })
+        .collect();
+    std::fs::write(p.path().join("pack/SHA256SUMS"), sums).unwrap();
+    let verify = p.run(&["pack", "verify", "pack"]);
+    assert_eq!(verify.status.code(), Some(1), "{}{}", stdout(&verify), stderr(&verify));
+    let said = format!("{}{}", stdout(&verify), stderr(&verify));
+    assert!(said.contains("outputs/grpo/rollouts") && said.contains("content hash"), "{said}");
 }
 
 /// The guard log is checked against the node's rollouts: a generation whose

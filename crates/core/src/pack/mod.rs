@@ -576,10 +576,17 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
             for o in manifest.nodes.iter().flat_map(|n| &n.outputs) {
                 let Some(path) = &o.path else { continue };
                 let Ok(p) = inside(dir, path) else { continue }; // reported above
-                if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_file()) {
-                    continue; // reported above (or a folder, checked by its files' sums)
+                                                                 // A folder is hashed as the store hashed it (its files' hashes
+                                                                 // in order), so an edit that rewrote SHA256SUMS to match is
+                                                                 // still caught; a link, or what is missing, was reported above.
+                let actual = match (fs::symlink_metadata(&p), o.kind) {
+                    (Ok(m), OutputKind::File) if m.is_file() => crate::store::hash_file(&p).map(|(h, _)| h),
+                    (Ok(m), OutputKind::Dir) if m.is_dir() && !others.keys().any(|k| k.starts_with(path.as_str())) => {
+                        crate::store::objects::hash_dir(&p).map(|i| i.hash)
+                    }
+                    _ => continue,
                 }
-                let actual = crate::store::hash_file(&p).map(|(h, _)| h).unwrap_or_default();
+                .unwrap_or_default();
                 if actual != o.blake3 {
                     problems.push(format!("{path} does not match the content hash recorded in the manifest"));
                 }
