@@ -93,6 +93,14 @@ fn the_rollouts_a_grpo_node_trained_on_are_its_output_and_survive_gc() {
         assert_eq!(&line_hashes(&packed, *iteration), artifacts, "the pack's iteration {iteration}");
     }
     assert!(!p.path().join("pack/outputs/grpo/model").exists(), "a model folder needs --with-models");
+    // And the lineage's sealed guard log, whose generations are those rollouts.
+    let manifest = orchestrate_core::pack::manifest::Manifest::read(&p.path().join("pack")).unwrap();
+    assert_eq!(manifest.guard.len(), 1, "{:?}", manifest.guard);
+    let chain = &manifest.guard[0];
+    assert_eq!(chain.nodes, vec!["grpo".to_string()]);
+    let logged = p.read(&format!("pack/{}", chain.file));
+    assert_eq!(logged.lines().count(), chain.events);
+    assert_eq!(logged.matches("\"kind\":\"generation\"").count(), 2, "{logged}");
     let verify = p.run(&["pack", "verify", "pack"]);
     assert_eq!(verify.status.code(), Some(0), "{}{}", stdout(&verify), stderr(&verify));
 
@@ -114,6 +122,39 @@ fn the_rollouts_a_grpo_node_trained_on_are_its_output_and_survive_gc() {
     assert_eq!(verify.status.code(), Some(1), "{}{}", stdout(&verify), stderr(&verify));
     let said = format!("{}{}", stdout(&verify), stderr(&verify));
     assert!(said.contains("outputs/grpo/rollouts") && said.contains("content hash"), "{said}");
+}
+
+/// The pack's guard log is audited from the pack alone: a decision edited in
+/// it breaks its seal, and the audit fails naming the log.
+#[test]
+fn a_packs_guard_log_is_verified_from_the_pack_alone() {
+    let p = Project::new();
+    p.write("spec.yaml", &spec());
+    p.run_json(&["spec.yaml"], 0);
+    let freeze = p.run(&["pack", "freeze", "spec.yaml", "--out", "pack"]);
+    assert_eq!(freeze.status.code(), Some(0), "{}", stderr(&freeze));
+    let manifest = orchestrate_core::pack::manifest::Manifest::read(&p.path().join("pack")).unwrap();
+    let file = p.path().join("pack").join(&manifest.guard[0].file);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("\\\"decision\\\":\\\"allow\\\""), "{text}");
+    std::fs::write(&file, text.replacen("\\\"decision\\\":\\\"allow\\\"", "\\\"decision\\\":\\\"reject\\\"", 1))
+        .unwrap();
+    let verify = p.run(&["pack", "verify", "pack"]);
+    assert_eq!(verify.status.code(), Some(1), "{}{}", stdout(&verify), stderr(&verify));
+    let said = format!("{}{}", stdout(&verify), stderr(&verify));
+    assert!(said.contains("guard log of lineage") && said.contains("was edited"), "{said}");
+
+    // A GRPO node whose guard log the workspace does not hold (as one taken
+    // from a remote cache) is refused at freeze: a pack never claims a guard
+    // it cannot show.
+    for f in ["guard.sqlite", "guard.sqlite-wal", "guard.sqlite-shm"] {
+        let _ = std::fs::remove_file(p.path().join(".orchestrate").join(f));
+    }
+    let refused = p.run(&["pack", "freeze", "spec.yaml", "--out", "pack2"]);
+    assert_ne!(refused.status.code(), Some(0));
+    let e = stderr(&refused);
+    assert!(e.contains("'grpo'") && e.contains("guard log") && e.contains("--force grpo"), "{e}");
+    assert!(!p.path().join("pack2").exists(), "nothing half-written");
 }
 
 /// The guard log is checked against the node's rollouts: a generation whose

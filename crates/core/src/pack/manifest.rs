@@ -30,9 +30,27 @@ pub struct Manifest {
     pub nodes: Vec<PackedNode>,
     pub gates: Vec<PackedGate>,
     pub events: EventsInfo,
+    /// Each GRPO lineage's sealed guard log (absent from packs frozen before
+    /// they were packed, and from packs without GRPO nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guard: Vec<PackedChain>,
     pub environment: Environment,
     pub frozen_at: String,
     pub options: FreezeRecord,
+}
+
+/// A GRPO lineage's guard log as frozen from the workspace's ledger: every
+/// stored event of the chain, one a line (`guard::ledger::StoredEvent`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackedChain {
+    pub lineage: String,
+    /// The packed nodes that logged it (an interrupt and its resume share one).
+    pub nodes: Vec<String>,
+    /// Relative to the pack's folder: `guard/<lineage>.jsonl`.
+    pub file: String,
+    pub events: usize,
+    pub last_seal: String,
 }
 
 /// The spec the pack was frozen from.

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+mod guard;
 pub mod manifest;
 pub mod sign;
 use manifest::{Environment, EventsInfo, FreezeRecord, PackedGate, PackedNode, PackedOutput, SpecInfo};
@@ -333,6 +334,7 @@ pub fn freeze(
             }
         }
         fs::write(tmp.join("events.jsonl"), &events).map_err(io("writing events.jsonl"))?;
+        let guard = guard::freeze(ws, &nodes, &tmp)?;
         let numerical = dag.nodes.iter().any(|n| n.op.numerical());
         let torch = if numerical { env().ok() } else { None };
         let git = std::process::Command::new("git")
@@ -357,6 +359,7 @@ pub fn freeze(
                 file: "events.jsonl".into(),
                 last_seal: prev,
             },
+            guard,
             environment: Environment {
                 orchestrate_version: env!("CARGO_PKG_VERSION").to_string(),
                 git_commit: git,
@@ -566,13 +569,15 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
                         .chain(g.results.as_deref())
                         .chain(g.evidence.values().map(String::as_str))
                 }))
-                .chain(std::iter::once(manifest.events.file.as_str()));
+                .chain(std::iter::once(manifest.events.file.as_str()))
+                .chain(manifest.guard.iter().map(|c| c.file.as_str()));
             for path in named {
                 if let Err(e) = inside(dir, path) {
                     problems.push(format!("MANIFEST.json names {e}"));
                 }
             }
             agree(&manifest, &listed, &mut problems);
+            guard::verify(dir, &manifest, &mut problems);
             for o in manifest.nodes.iter().flat_map(|n| &n.outputs) {
                 let Some(path) = &o.path else { continue };
                 let Ok(p) = inside(dir, path) else { continue }; // reported above
@@ -607,6 +612,7 @@ fn agree(manifest: &Manifest, listed: &BTreeMap<String, String>, problems: &mut 
     // report.html is the pack's own report (absent from packs frozen before it existed).
     let optional = ["report.html"];
     let mut files: BTreeSet<&str> = ["MANIFEST.json", manifest.events.file.as_str()].into();
+    files.extend(manifest.guard.iter().map(|c| c.file.as_str()));
     let mut folders: Vec<String> = Vec::new();
     let mut output_paths: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     for n in &manifest.nodes {
