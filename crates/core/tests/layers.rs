@@ -150,6 +150,24 @@ fn a_reference_up_the_order_is_found() {
     assert!(upward(root, &root.join("lib.rs"), "crate::").is_empty());
 }
 
+/// Lines of `files` that name `word` (comments aside), each as `path:line: text`;
+/// with `code_only`, a file's unit tests (its last `#[cfg(test)] mod tests`) aside.
+fn lines_naming(files: &[PathBuf], word: &str, code_only: bool) -> Vec<String> {
+    files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let code =
+                if code_only { text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or_default() } else { &text };
+            code.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains(word) && !l.trim_start().starts_with("//"))
+                .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Lines of the libraries' sources (the torch worker's `main.rs` aside) that name `word`.
 fn library_lines_naming(word: &str) -> Vec<String> {
     let crates = crates();
@@ -158,18 +176,8 @@ fn library_lines_naming(word: &str) -> Vec<String> {
         rust_files(&crates.join(lib), &mut files);
     }
     let main = crates.join("torch/src/main.rs");
-    files
-        .iter()
-        .filter(|f| **f != main)
-        .flat_map(|f| {
-            let text = std::fs::read_to_string(f).unwrap();
-            text.lines()
-                .enumerate()
-                .filter(|(_, l)| l.contains(word) && !l.trim_start().starts_with("//"))
-                .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    files.retain(|f| *f != main);
+    lines_naming(&files, word, false)
 }
 
 /// clap is the binaries' business: the core does not depend on it, and the
@@ -195,20 +203,8 @@ fn the_libraries_do_not_use_anyhow() {
 fn worker_lines_naming(word: &str) -> Vec<String> {
     let mut files = Vec::new();
     rust_files(&crates().join("torch/src"), &mut files);
-    files
-        .iter()
-        .filter(|f| !f.ends_with("bench.rs") && !f.ends_with("tests.rs"))
-        .flat_map(|f| {
-            let text = std::fs::read_to_string(f).unwrap();
-            // A file's unit tests sit in its last `#[cfg(test)]` module.
-            let code = text.split("\n#[cfg(test)]\nmod tests").next().unwrap_or_default().to_string();
-            code.lines()
-                .enumerate()
-                .filter(|(_, l)| l.contains(word) && !l.trim_start().starts_with("//"))
-                .map(|(n, l)| format!("{}:{}: {}", f.display(), n + 1, l.trim()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
+    files.retain(|f| !f.ends_with("bench.rs") && !f.ends_with("tests.rs"));
+    lines_naming(&files, word, true)
 }
 
 /// The worker writes its staging folder and the WAL folder the executor
