@@ -129,6 +129,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     // `cargo bench` passes --bench; nothing else is accepted.
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).to_string();
+    let ten_thousand = ten_thousand(&jobs);
     let shape = lattice(8, 25, 2);
     let mut firsts = Vec::new();
     let mut floors = Vec::new();
@@ -163,21 +164,40 @@ fn main() {
     );
     println!("  orchestrate plan, all cached              {:>8.1} ms (median of 21)", median(plans) * 1000.0);
 
+    for line in ten_thousand {
+        println!("{line}");
+    }
+}
+
+/// The 10,000-node figures, as lines to print (measured first, printed last).
+/// Each `plan` run is printed: under `cargo bench` one or two of the three
+/// have taken twice the others (327, 145, 309 ms) where the same binary run
+/// alone, 3 × 4 times, took 121 to 128 ms; the cause is not found yet.
+fn ten_thousand(jobs: &str) -> Vec<String> {
+    let mut lines = Vec::new();
     let big = tempfile::tempdir().expect("temp dir");
     std::fs::write(big.path().join("big.yaml"), lattice_spec(&lattice(100, 100, 1))).unwrap();
-    let fresh = median((0..3).map(|_| orchestrate(big.path(), &["plan", "big.yaml"])).collect());
+    // Each run is printed, so one slowed by something else shows.
+    let fresh_runs: Vec<f64> = (0..3).map(|_| orchestrate(big.path(), &["plan", "big.yaml"])).collect();
+    let fresh = median(fresh_runs.clone());
     let validate = median((0..3).map(|_| orchestrate(big.path(), &["validate", "big.yaml"])).collect());
-    println!("10,000 synthetic nodes (100 layers x 100):");
-    println!("  validate (parse + compile)   {:>8.1} ms", validate * 1000.0);
-    println!("  plan, fresh workspace        {:>8.1} ms  (target <= 200 ms)", fresh * 1000.0);
+    lines.push("10,000 synthetic nodes (100 layers x 100):".to_string());
+    lines.push(format!("  validate (parse + compile)   {:>8.1} ms", validate * 1000.0));
+    let runs: Vec<String> = fresh_runs.iter().map(|t| format!("{:.0}", t * 1000.0)).collect();
+    lines.push(format!(
+        "  plan, fresh workspace        {:>8.1} ms  (target <= 200 ms; runs {} ms)",
+        fresh * 1000.0,
+        runs.join(", ")
+    ));
     if std::env::var_os("ORCHESTRATE_BENCH_FULL").is_some() {
-        let run = orchestrate(big.path(), &["run", "--quiet", "--jobs", &jobs, "big.yaml"]);
+        let run = orchestrate(big.path(), &["run", "--quiet", "--jobs", jobs, "big.yaml"]);
         let cached = median((0..3).map(|_| orchestrate(big.path(), &["plan", "big.yaml"])).collect());
         let noop = median((0..3).map(|_| orchestrate(big.path(), &["run", "--quiet", "big.yaml"])).collect());
-        println!("  first run                    {:>8.1} s", run);
-        println!("  plan, all cached             {:>8.1} ms", cached * 1000.0);
-        println!("  no-op re-run                 {:>8.1} ms", noop * 1000.0);
+        lines.push(format!("  first run                    {:>8.1} s", run));
+        lines.push(format!("  plan, all cached             {:>8.1} ms", cached * 1000.0));
+        lines.push(format!("  no-op re-run                 {:>8.1} ms", noop * 1000.0));
     } else {
-        println!("  (set ORCHESTRATE_BENCH_FULL=1 to also run them and plan with all 10,000 cached)");
+        lines.push("  (set ORCHESTRATE_BENCH_FULL=1 to also run them and plan with all 10,000 cached)".to_string());
     }
+    lines
 }
