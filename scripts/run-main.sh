@@ -7,5 +7,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 # shellcheck source=/dev/null
 . .setup/env.sh
-cargo build --release --locked
-./target/release/orchestrate run experiments/grpo-main.yaml --profile tiny "$@"
+# ORCHESTRATE_MAIN_PROFILE=dev runs it from the dev build (what scripts/test.sh
+# does, reusing the build its tests used); the default is release.
+case "${ORCHESTRATE_MAIN_PROFILE:-release}" in
+    release) cargo build --release --locked; bin=./target/release/orchestrate ;;
+    dev) cargo build --locked; bin=./target/debug/orchestrate ;;
+    *) echo "run-main: ORCHESTRATE_MAIN_PROFILE is '${ORCHESTRATE_MAIN_PROFILE}'; expected release or dev" >&2; exit 2 ;;
+esac
+"$bin" run experiments/grpo-main.yaml --profile tiny "$@"
