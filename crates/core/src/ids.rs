@@ -15,6 +15,13 @@
 //! `validate` refuses anything else, naming the id. Ids that reach a terminal
 //! from elsewhere (an old index, a pack) go through [`escaped`] all the same.
 
+/// The first 12 characters of a hash, a key or a lineage, as shown to
+/// people (all of a shorter text). Counted in characters, so outside text (a
+/// name a worker sent) is never cut inside one.
+pub fn short(text: &str) -> &str {
+    text.char_indices().nth(12).map_or(text, |(end, _)| &text[..end])
+}
+
 /// The longest base id.
 pub const MAX_BASE_ID: usize = 128;
 /// The longest expanded id.

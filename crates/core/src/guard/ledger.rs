@@ -350,8 +350,8 @@ mod db_ops {
                     Some(o) if o != owner => {
                         return Err(StoreError::Invalid(format!(
                             "rollout {id} of lineage {} was already consumed by node key {}: a rollout is never consumed twice",
-                            &lineage[..lineage.len().min(12)],
-                            &o[..o.len().min(12)]
+                            crate::ids::short(lineage),
+                            crate::ids::short(&o)
                         )))
                     }
                     Some(_) => {}

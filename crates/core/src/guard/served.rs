@@ -11,6 +11,7 @@ use std::path::Path;
 use super::events::GuardEvent;
 use super::ledger::{read_line, Ledger, Reply, Request};
 use crate::canonical::canonical_json;
+use crate::ids::short;
 use crate::store::StoreError;
 
 /// What a served worker asked, counted when its channel closed.
@@ -86,10 +87,6 @@ fn answer(ledger: &mut Ledger, owner: &str, request: Request) -> Result<Reply, S
         }
         Request::ConsumeNonce { nonce } => Reply::Spent { spent: ledger.consume_nonce(&nonce)? },
     })
-}
-
-fn short(key: &str) -> &str {
-    &key[..key.len().min(12)]
 }
 
 #[cfg(test)]
@@ -168,6 +165,23 @@ mod tests {
         assert_eq!(served, Served { requests: 5, refused: 4 });
         let mut db = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
         db.claim_rollouts("L", "key-b", &[0]).unwrap();
+    }
+
+    /// Names the worker sends are outside text: one whose 12th byte falls
+    /// inside a character is shortened for a message, never sliced into a
+    /// panic that would take the server down.
+    #[test]
+    fn a_refusal_shortens_a_non_ascii_name_without_panicking() {
+        let dir = tempfile::tempdir().unwrap();
+        let ((), served) = with_served(dir.path(), "key-a", |l| {
+            let e = l.claim_rollouts("L", "aéééééééééééé", &[0]).unwrap_err().to_string();
+            assert!(e.contains("its own key only") && e.contains("éééééé"), "{e}");
+            l.claim_rollouts("aéééééééé-lineage", "key-a", &[0]).unwrap();
+        });
+        assert_eq!(served, Served { requests: 2, refused: 1 });
+        let mut db = Ledger::open_at(&dir.path().join("guard.sqlite")).unwrap();
+        let e = db.claim_rollouts("aéééééééé-lineage", "aéééééééé-other-key", &[0]).unwrap_err().to_string();
+        assert!(e.contains("already consumed"), "{e}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::{inside, io, read_bounded, PackError};
 use crate::guard::events::{verify_events, GuardEvent, RolloutEngineEvent};
 use crate::guard::ledger::StoredEvent;
 use crate::guard::{rollouts, Ledger};
+use crate::ids::short;
 use crate::ops::artifacts::ArtifactKind;
 use crate::store::Workspace;
 use crate::train::metrics::TrainingMetrics;
@@ -162,8 +163,4 @@ fn rollout_folders(dir: &Path, manifest: &Manifest, nodes: &[String]) -> Option<
         out.push(inside(dir, output.path.as_deref()?).ok()?);
     }
     Some(out)
-}
-
-fn short(s: &str) -> &str {
-    &s[..s.len().min(12)]
 }
