@@ -77,6 +77,29 @@ pub fn write_iteration(
     artifacts: &[TokenArtifacts],
 ) -> Result<Vec<String>, RolloutsError> {
     let path = dir.join(file_name(iteration));
+    let (bytes, hashes) = encode(artifacts);
+    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).map_err(io(&path))?;
+    file.write_all(&bytes).map_err(io(&path))?;
+    file.sync_all().map_err(io(&path))?;
+    Ok(hashes)
+}
+
+/// Writes an iteration's rollouts into `dir` in place of any earlier copy:
+/// under a temporary name (a link there is an error, never written through),
+/// synced, then renamed over the old one, so a crash leaves one or the other.
+pub fn replace_iteration(dir: &Path, iteration: usize, artifacts: &[TokenArtifacts]) -> Result<(), RolloutsError> {
+    let name = file_name(iteration);
+    let (path, partial) = (dir.join(&name), dir.join(format!("{name}.partial")));
+    let (bytes, _) = encode(artifacts);
+    let mut file = fsx::open_truncate(&partial).map_err(io(&partial))?;
+    file.write_all(&bytes).map_err(io(&partial))?;
+    file.sync_all().map_err(io(&partial))?;
+    std::fs::rename(&partial, &path).map_err(io(&path))
+}
+
+/// An iteration file's bytes (each rollout's canonical bytes and a newline)
+/// and each rollout's hash.
+fn encode(artifacts: &[TokenArtifacts]) -> (Vec<u8>, Vec<String>) {
     let mut bytes = Vec::new();
     let mut hashes = Vec::with_capacity(artifacts.len());
     for a in artifacts {
@@ -85,10 +108,7 @@ pub fn write_iteration(
         bytes.extend_from_slice(&line);
         bytes.push(b'\n');
     }
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).map_err(io(&path))?;
-    file.write_all(&bytes).map_err(io(&path))?;
-    file.sync_all().map_err(io(&path))?;
-    Ok(hashes)
+    (bytes, hashes)
 }
 
 /// Reads an iteration's rollouts back from `dir`: a regular file of bounded
@@ -121,18 +141,19 @@ pub fn read_iteration(dir: &Path, iteration: usize) -> Result<Vec<(String, Token
     Ok(out)
 }
 
-/// Copies the files of the iterations in `iterations` from `from` into `to`
-/// (each read and checked first, written create-new and synced): how the
-/// update WAL keeps a crashed attempt's rollouts for the attempt that
-/// recovers its checkpoint.
-pub fn copy_iterations(
+/// Copies the files of the iterations in `iterations` from `from` into `to`,
+/// each read and checked first, then written by `write` ([`write_iteration`]
+/// or [`replace_iteration`]): how the update WAL keeps an attempt's rollouts
+/// with its checkpoints, and gives them back to the attempt that recovers one.
+pub fn copy_iterations<T>(
     from: &Path,
     to: &Path,
     iterations: impl IntoIterator<Item = usize>,
+    write: fn(&Path, usize, &[TokenArtifacts]) -> Result<T, RolloutsError>,
 ) -> Result<(), RolloutsError> {
     for iteration in iterations {
         let read: Vec<TokenArtifacts> = read_iteration(from, iteration)?.into_iter().map(|(_, a)| a).collect();
-        write_iteration(to, iteration, &read)?;
+        write(to, iteration, &read)?;
     }
     Ok(())
 }

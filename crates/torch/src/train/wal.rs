@@ -14,8 +14,6 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use std::io::Write;
-
 use crate::error::{bail, err, Result};
 use orchestrate_core::guard::rollouts;
 use serde_json::Value;
@@ -68,7 +66,7 @@ impl Wal {
     /// restored: the rollouts of iterations `from..next`, kept with it, go
     /// back into the output (each checked as it is read).
     pub fn recover_rollouts(&self, from: usize, next: usize) -> Result<()> {
-        rollouts::copy_iterations(&self.dir.join(ROLLOUTS), &self.rollouts, from..next)
+        rollouts::copy_iterations(&self.dir.join(ROLLOUTS), &self.rollouts, from..next, rollouts::write_iteration)
             .map_err(|e| err!("the committed checkpoint's rollouts: {e}"))?;
         self.kept_from.set(next);
         Ok(())
@@ -81,22 +79,9 @@ impl Wal {
     fn keep_rollouts(&self, iteration: usize) -> Result<()> {
         let kept = self.dir.join(ROLLOUTS);
         rollouts::ensure_dir(&kept).map_err(|e| err!("checkpoint folder: {e}"))?;
-        for i in self.kept_from.get()..=iteration {
-            let read: Vec<_> = rollouts::read_iteration(&self.rollouts, i)
-                .map_err(|e| err!("keeping iteration {i}'s rollouts: {e}"))?
-                .into_iter()
-                .map(|(_, a)| a)
-                .collect();
-            let name = rollouts::file_name(i);
-            let partial = kept.join(format!("{name}.partial"));
-            let mut out = orchestrate_core::store::fsx::open_truncate(&partial)?;
-            for a in &read {
-                out.write_all(&a.canonical_bytes())?;
-                out.write_all(b"\n")?;
-            }
-            out.sync_all()?;
-            std::fs::rename(&partial, kept.join(name))?;
-        }
+        let iterations = self.kept_from.get()..=iteration;
+        rollouts::copy_iterations(&self.rollouts, &kept, iterations, rollouts::replace_iteration)
+            .map_err(|e| err!("keeping the rollouts with the checkpoint: {e}"))?;
         self.kept_from.set(iteration + 1);
         Ok(())
     }
