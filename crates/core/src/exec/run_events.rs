@@ -11,7 +11,7 @@ use crate::guard::codes::Decision;
 use crate::guard::events::{GuardEvent, RolloutEngineEvent};
 use crate::ops::artifacts::ArtifactKind;
 use crate::ops::worker::WorkerOp;
-use crate::store::Workspace;
+use crate::store::{OutputKind, Workspace};
 use crate::train::metrics::TrainingMetrics;
 
 /// One event of a run, from the engine or from a GRPO node's guard log.
@@ -128,6 +128,8 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         };
         grpo.push(GrpoNode { id: n.node_id.clone(), lineage: m.lineage, rollouts: output(ArtifactKind::Rollouts) });
     }
+    // An interrupt and its resume share a lineage: its rollouts are checked once.
+    let mut checked = std::collections::BTreeSet::new();
     for node in &grpo {
         // Only a chain that verifies is read: an edited, removed or reordered
         // event would otherwise be reported as what the run sealed.
@@ -167,7 +169,9 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
                 },
             });
         }
-        check_rollouts(ws, node, &grpo, &generated)?;
+        if checked.insert(node.lineage.as_str()) {
+            check_rollouts(ws, node, &grpo, &generated)?;
+        }
     }
     Ok(out)
 }
@@ -199,15 +203,11 @@ fn check_rollouts(
     if holders.is_empty() {
         for (iteration, hashes) in generated {
             for h in hashes {
-                let path = ws.object_path(h);
-                let problem = match std::fs::symlink_metadata(&path) {
-                    Ok(m) if m.file_type().is_file() => match crate::store::objects::hash_file(&path) {
-                        Ok((actual, _)) if &actual == h => continue,
-                        Ok(_) => "its bytes no longer hash to its name".to_string(),
-                        Err(e) => e.to_string(),
-                    },
-                    Ok(_) => "not a file".to_string(),
-                    Err(_) => "missing from the store".to_string(),
+                let problem = match crate::store::objects::intact(&ws.object_path(h), h, OutputKind::File) {
+                    Ok(Some(true)) => continue,
+                    Ok(Some(false)) => "its bytes no longer hash to its name".to_string(),
+                    Ok(None) => "missing from the store".to_string(),
+                    Err(e) => e.to_string(),
                 };
                 return Err(missing(format!("iteration {iteration}: rollout object {h}: {problem}")));
             }
