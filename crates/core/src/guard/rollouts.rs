@@ -115,6 +115,10 @@ fn encode(artifacts: &[TokenArtifacts]) -> (Vec<u8>, Vec<String>) {
 /// size, each line a rollout's token artifacts in canonical form, with its
 /// hash (the blake3 of the line as stored).
 pub fn read_iteration(dir: &Path, iteration: usize) -> Result<Vec<(String, TokenArtifacts)>, RolloutsError> {
+    // The folder too: a link there would have its target's files read as ours.
+    if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return Err(RolloutsError::NotAFolder { path: dir.to_path_buf() });
+    }
     let path = dir.join(file_name(iteration));
     fsx::check_bounded_file(&path, MAX_FILE_BYTES)?;
     let bytes = std::fs::read(&path).map_err(io(&path))?;

@@ -89,6 +89,16 @@ impl Wal {
     /// The state file of the last committed checkpoint, if any: a file
     /// `iter-N.state` in this folder (the pointer is refused otherwise).
     pub fn last_committed(&self) -> Result<Option<PathBuf>> {
+        // Nothing is read through a link planted at the WAL's folder.
+        match std::fs::symlink_metadata(&self.dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Ok(m) if !m.is_dir() => bail!(
+                "{} is a symbolic link (or not a folder) where orchestrate keeps a node's checkpoints: \
+                 it never reads through one; remove it and run again",
+                self.dir.display()
+            ),
+            _ => {}
+        }
         let pointer = self.dir.join(POINTER);
         let text = match std::fs::read_to_string(&pointer) {
             Ok(text) => text,
@@ -226,5 +236,33 @@ mod tests {
         rollouts::ensure_dir(&third).unwrap();
         let e = Wal::new(&dir.path().join("checkpoints/k"), &third, 0).recover_rollouts(0, 3).unwrap_err().to_string();
         assert!(e.contains(&rollouts::file_name(0)) && e.contains("line 1"), "{e}");
+    }
+
+    /// A recovery reads nothing through a link: a link planted at the WAL's
+    /// folder or at its kept rollouts (to a folder holding a crafted
+    /// pointer and rollouts) is an error naming it, and nothing is read.
+    #[test]
+    fn a_recovery_never_reads_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::write(theirs.join(POINTER), r#"{"checkpoint": "iter-1.state"}"#).unwrap();
+        rollouts::write_iteration(&theirs, 0, &[]).unwrap();
+        let staged = dir.path().join("staged");
+        rollouts::ensure_dir(&staged).unwrap();
+        // The WAL's folder is a link.
+        std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
+        let linked = dir.path().join("checkpoints/k");
+        std::os::unix::fs::symlink(&theirs, &linked).unwrap();
+        let wal = Wal::new(&linked, &staged, 0);
+        let e = wal.last_committed().unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // Its kept rollouts are a link.
+        let real = dir.path().join("checkpoints/real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&theirs, real.join(ROLLOUTS)).unwrap();
+        let e = Wal::new(&real, &staged, 0).recover_rollouts(0, 1).unwrap_err().to_string();
+        assert!(e.contains("not a link"), "{e}");
+        assert!(!staged.join(rollouts::file_name(0)).exists(), "nothing was copied from their folder");
     }
 }
