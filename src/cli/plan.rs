@@ -20,13 +20,13 @@ pub fn plan(ctx: &Ctx, args: PlanArgs) -> Result<Status> {
     let PlanArgs { spec, targets, force, json, remote } = args;
     let (spec, dag) = load(&spec, &ctx.registry)?;
     let (spec, dag, force) = select(spec, dag, targets, force)?;
-    let force = regenerate_dropped(&ctx.workspace, &spec, &dag, force)?;
     let remote = remote
         .remote
         .as_deref()
         .map(|url| open_remote(&ctx.workspace, Some(url), None, &remote.trust, false))
         .transpose()?;
     let ws = Workspace::open_read_only(&ctx.workspace)?;
+    let force = regenerate_dropped(ws.as_ref(), &spec, &dag, force)?;
     let entries = plan::plan_with_remote(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider(), remote.as_ref())?;
     print_plan(&entries, json);
     let broken = entries.iter().any(|e| matches!(e.state, PlanState::Error { .. }));

@@ -30,7 +30,6 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     let (spec, dag) = load(&spec, &ctx.registry)?;
     let wanted = if check && !targets.is_empty() { expand_nodes(&dag, targets.clone())? } else { BTreeSet::new() };
     let (spec, dag, force) = select(spec, dag, targets, force)?;
-    let force = regenerate_dropped(&ctx.workspace, &spec, &dag, force)?;
     // `--remote [URL]` consults the remote on a local miss; `--push`
     // uploads what ran (to the same remote, or the configured one).
     let consult = remote
@@ -49,6 +48,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     }
     if dry_run {
         let ws = Workspace::open_read_only(&ctx.workspace)?;
+        let force = regenerate_dropped(ws.as_ref(), &spec, &dag, force)?;
         let entries =
             plan::plan_with_remote(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider(), consult.as_ref())?;
         print_plan(&entries, json);
@@ -63,6 +63,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     // Ctrl-C, SIGTERM, SIGHUP: the run stops its nodes and records itself as interrupted.
     exec::signal::install_interrupt_handler();
     let ws = Workspace::open(&ctx.workspace)?;
+    let force = regenerate_dropped(Some(&ws), &spec, &dag, force)?;
     let foreign = ws.foreign_staging();
     if !foreign.is_empty() {
         let shown: Vec<String> = foreign.iter().take(5).map(|f| esc(&f.display().to_string()).into_owned()).collect();

@@ -70,15 +70,14 @@ pub(super) fn select(
 /// `force` plus every cached node whose dropped state (`gc --drop-states`)
 /// a node that will run reads, each said on stderr.
 pub(super) fn regenerate_dropped(
-    root: &std::path::Path,
+    ws: Option<&Workspace>,
     spec: &Spec,
     dag: &Dag,
     mut force: BTreeSet<String>,
 ) -> Result<BTreeSet<String>> {
-    // A workspace or index that cannot be read is left to the command's own
-    // opening of it, which says what is wrong and how to recover, once.
-    let Ok(ws) = Workspace::open_read_only(root) else { return Ok(force) };
-    let Ok(needed) = plan::dropped_needed(ws.as_ref(), spec, dag, &force, &runtime::env_provider()) else {
+    // An index that cannot be read is left to the command's own use of it,
+    // which says what is wrong and how to recover, once.
+    let Ok(needed) = plan::dropped_needed(ws, spec, dag, &force, &runtime::env_provider()) else {
         return Ok(force);
     };
     for r in needed {

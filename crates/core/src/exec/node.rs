@@ -703,14 +703,11 @@ pub(crate) fn cached_valid(
     spec_dir: &Path,
     key: &str,
 ) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
-    let Some(cached) = index.lookup(key)? else {
+    let Some(outputs) = index.lookup_outputs(key)? else {
         return Ok(Err(None));
     };
-    match ws.check_outputs(index, &cached, spec_dir)? {
-        // Checking may have refreshed the row (stat of workspace outputs).
-        None => Ok(Ok(index.lookup(key)?.map(|c| c.outputs).unwrap_or(cached.outputs))),
-        Some(why) => Ok(Err(Some(why))),
-    }
+    // The outputs as checked: a stat-only change is refreshed in them (and in the row).
+    Ok(ws.check_outputs(index, key, &outputs, spec_dir)?.map_err(Some))
 }
 
 impl NodeJob<'_> {

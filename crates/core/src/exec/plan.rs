@@ -103,7 +103,11 @@ pub fn plan_with_remote(
             PlanState::Error { error: "an upstream node cannot be resolved".into() }
         } else {
             let unknown: Vec<String> = parents.iter().filter(|p| runs.contains(*p)).cloned().collect();
-            state_of(&mut ctx, spec, dag, pos, &known, &unknown, force.contains(&id))?
+            let (state, outputs) = state_of(&mut ctx, spec, dag, pos, &known, &unknown, force.contains(&id))?;
+            if let Some(outputs) = outputs {
+                known.insert(id.clone(), outputs);
+            }
+            state
         };
         let state = match (state, ctx.remote, force.contains(&id)) {
             (PlanState::Run { key: Some(key), reason }, Some(remote), false) => {
@@ -118,26 +122,16 @@ pub fn plan_with_remote(
             }
             (state, _, _) => state,
         };
-        match &state {
-            PlanState::Cached { key } | PlanState::Restore { key, .. } => {
-                let outs = ctx
-                    .index
-                    .as_ref()
-                    .and_then(|i| i.lookup(key).ok().flatten())
-                    .map(|c| c.outputs)
-                    .unwrap_or_default();
-                known.insert(id.clone(), outs);
-            }
-            PlanState::Run { .. } | PlanState::Pending { .. } => {
-                runs.insert(id.clone());
-            }
-            PlanState::CachedRemote { .. } | PlanState::Error { .. } => {}
+        if let PlanState::Run { .. } | PlanState::Pending { .. } = &state {
+            runs.insert(id.clone());
         }
         entries.push(PlanEntry { node: id, state });
     }
     Ok(entries)
 }
 
+/// A node's plan state, with a cached node's outputs (a hit's as checked, a
+/// restore's as recorded), so they are not looked up a second time.
 fn state_of(
     ctx: &mut Ctx<'_>,
     spec: &Spec,
@@ -146,31 +140,33 @@ fn state_of(
     known: &BTreeMap<String, Vec<OutputRecord>>,
     unknown_parents: &[String],
     forced: bool,
-) -> Result<PlanState, StoreError> {
+) -> Result<(PlanState, Option<Vec<OutputRecord>>), StoreError> {
     let node = &dag.nodes[pos];
     if ctx.ws.is_none() {
-        return Ok(PlanState::Run {
+        return Ok(undecided(PlanState::Run {
             key: None,
             reason: if forced { "forced".into() } else { "new node (no workspace yet)".into() },
-        });
+        }));
     }
     let env = if node.op.numerical() {
         match ctx.env() {
             Ok(e) => Some(super::slurm::node_env(spec.executor, &node.def, &e)),
             Err(e) => {
-                return Ok(PlanState::Error { error: format!("cannot determine the numerical environment: {e}") })
+                return Ok(undecided(PlanState::Error {
+                    error: format!("cannot determine the numerical environment: {e}"),
+                }))
             }
         }
     } else {
         None
     };
     let (Some(ws), Some(index)) = (ctx.ws, ctx.index.as_ref()) else {
-        return Ok(PlanState::Error { error: "the workspace index is not open".into() });
+        return Ok(undecided(PlanState::Error { error: "the workspace index is not open".into() }));
     };
     if !unknown_parents.is_empty() {
         // Inputs are not known yet; the node's own fields may already force a run.
         let Some(last) = index.latest_for_node(node.id(), spec.spec_ref())? else {
-            return Ok(PlanState::Run { key: None, reason: "new node".into() });
+            return Ok(undecided(PlanState::Run { key: None, reason: "new node".into() }));
         };
         let mut upstream = known.clone();
         for p in unknown_parents {
@@ -189,24 +185,29 @@ fn state_of(
         }
         let changes = diff(&last_record, &partial);
         if forced {
-            return Ok(PlanState::Run { key: None, reason: "forced".into() });
+            return Ok(undecided(PlanState::Run { key: None, reason: "forced".into() }));
         }
         if !changes.is_empty() {
             let reason = crate::dag::key::describe(&changes);
-            return Ok(PlanState::Run { key: None, reason });
+            return Ok(undecided(PlanState::Run { key: None, reason }));
         }
-        return Ok(PlanState::Pending { after: unknown_parents.to_vec() });
+        return Ok(undecided(PlanState::Pending { after: unknown_parents.to_vec() }));
     }
     let record = match hash_inputs(ws, index, node, &spec.base_dir, known, env) {
         Ok(r) => r,
-        Err(e) => return Ok(PlanState::Error { error: e.to_string() }),
+        Err(e) => return Ok(undecided(PlanState::Error { error: e.to_string() })),
     };
     let key = record.key();
     Ok(match decide(ws, index, &spec.base_dir, spec.spec_ref(), node.id(), &record, &key, forced)? {
-        Decision::Hit(_) => PlanState::Cached { key },
-        Decision::Restore(_, why) => PlanState::Restore { key, reason: why },
-        Decision::Run(reason) => PlanState::Run { key: Some(key), reason: reason.to_string() },
+        Decision::Hit(outputs) => (PlanState::Cached { key }, Some(outputs)),
+        Decision::Restore(cached, why) => (PlanState::Restore { key, reason: why }, Some(cached.outputs)),
+        Decision::Run(reason) => undecided(PlanState::Run { key: Some(key), reason: reason.to_string() }),
     })
+}
+
+/// A state that brings no outputs: the node runs, waits or cannot be resolved.
+fn undecided(state: PlanState) -> (PlanState, Option<Vec<OutputRecord>>) {
+    (state, None)
 }
 
 /// The node's record with inputs left empty: what it depends on besides upstream bytes.
@@ -324,10 +325,12 @@ pub fn dropped_needed(
     env: &EnvProvider,
 ) -> Result<Vec<Regenerate>, StoreError> {
     let Some(ws) = ws else { return Ok(Vec::new()) };
-    let index = ws.index()?;
-    if !index.any_dropped()? {
+    if !ws.with_index(Index::any_dropped)? {
         return Ok(Vec::new());
     }
+    // Planning here only looks: the command's own checks of the cache come after.
+    let ws = &ws.read_only_view();
+    let index = ws.index()?;
     let entries = plan(Some(ws), spec, dag, force, env)?;
     let state: BTreeMap<&str, &PlanState> = entries.iter().map(|e| (e.node.as_str(), &e.state)).collect();
     // Nodes that will (or may) run; grown by each node found to need running again.

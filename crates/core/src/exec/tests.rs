@@ -313,3 +313,31 @@ fn a_plain_hit_is_decided_early_and_a_node_with_much_to_hash_is_left_to_a_job_th
     assert!(matches!(early_for("small", false), Early::Decided(d) if d.record.files.contains_key("small.txt")));
     assert!(matches!(early_for("big", false), Early::Unknown), "17 MiB to hash is left to a job thread");
 }
+
+/// A hit's outputs are those the check left: an out rewritten with the same
+/// bytes (new inode and mtime) is a hit whose record carries its new stat, as
+/// the index row does; looked at through a read-only view, nothing changes.
+#[test]
+fn a_rewritten_out_is_a_hit_carrying_its_new_stat_and_a_read_only_look_changes_nothing() {
+    use crate::store::FileStat;
+    let w = World::new();
+    let yaml = "name: t\nnodes:\n  s:\n    op: shell\n    params: {cmd: 'echo x > o.txt', outs: [o.txt]}\n";
+    let (_, outcomes) = w.run(yaml, &[]);
+    let Outcome::Ran { key, outputs, .. } = &outcomes["s"] else { panic!("s ran: {:?}", outcomes["s"]) };
+    let out = w.dir.path().join("o.txt");
+    std::fs::remove_file(&out).unwrap();
+    std::fs::write(&out, "x\n").unwrap();
+    let now = FileStat::of(&out).unwrap();
+    assert_ne!(outputs[0].stat.as_ref(), Some(&now), "the rewrite gave the out a new stat");
+    let index = w.ws.index().unwrap();
+    let stat_in_row = |index: &crate::store::Index| index.lookup(key).unwrap().unwrap().outputs[0].stat;
+
+    let view = w.ws.read_only_view();
+    let seen = super::node::cached_valid(&view, &view.index().unwrap(), w.dir.path(), key).unwrap();
+    assert_eq!(seen.expect("still a hit")[0].stat.as_ref(), Some(&now));
+    assert_eq!(stat_in_row(&index), outputs[0].stat, "a read-only look refreshes no row");
+
+    let hit = super::node::cached_valid(&w.ws, &index, w.dir.path(), key).unwrap().expect("still a hit");
+    assert_eq!(hit[0].stat.as_ref(), Some(&now), "the hit carries the stat the check found");
+    assert_eq!(stat_in_row(&index).as_ref(), Some(&now), "and the row was refreshed to it");
+}

@@ -458,6 +458,18 @@ impl Index {
         raw.map(Self::cached).transpose()
     }
 
+    /// A cached key's outputs manifest alone: what deciding a cache hit
+    /// needs. The hash-input record (the larger part of a row) is neither
+    /// read nor decoded; [`Index::lookup`] reads the whole row.
+    pub fn lookup_outputs(&self, key: &str) -> Result<Option<Vec<OutputRecord>>, StoreError> {
+        let raw: Option<String> = self
+            .conn
+            .prepare_cached("SELECT outputs FROM nodes WHERE key = ?1")
+            .and_then(|mut s| s.query_row(params![key], |r| r.get(0)).optional())
+            .map_err(db("looking up a key's outputs"))?;
+        raw.map(|text| parse(&text, "outputs manifest")).transpose()
+    }
+
     /// The most recent completed record of a node id in a run of this spec
     /// and profile, for "why" and `explain`: a node of the same name in
     /// another spec or profile is another node (its params would be diffed

@@ -167,6 +167,19 @@ pub struct Workspace {
     exclusive: bool,
     /// This process's staging root, made on first use and shared by clones.
     staging_root: std::sync::Arc<std::sync::Mutex<Option<std::sync::Arc<StagingRoot>>>>,
+    /// The connection [`Workspace::open`] made to create the index, handed to
+    /// the first [`Workspace::index`] call instead of opening another.
+    spare_index: SpareIndex,
+}
+
+/// At most one opened index connection, waiting for its first user.
+#[derive(Clone, Default)]
+struct SpareIndex(std::sync::Arc<std::sync::Mutex<Option<Index>>>);
+
+impl std::fmt::Debug for SpareIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SpareIndex")
+    }
 }
 
 /// A held node lock; released on drop or when the process dies.
@@ -451,13 +464,15 @@ impl Workspace {
             _use_lock: Some(std::sync::Arc::new(use_lock)),
             staging_root: Default::default(),
             exclusive,
+            spare_index: SpareIndex::default(),
         };
         if !new_index_ok {
             ws.refuse_missing_index()?;
         }
         // Creating the index (tables, WAL mode) is serialized between processes
         // that open a new workspace at the same moment.
-        while_locked(&root.join("index.lock"), || ws.index())?;
+        let index = while_locked(&root.join("index.lock"), || ws.index())?;
+        *ws.spare_index.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index);
         ws.clear_dead_staging()?;
         Ok(ws)
     }
@@ -478,6 +493,7 @@ impl Workspace {
             _use_lock: None,
             exclusive: false,
             staging_root: Default::default(),
+            spare_index: SpareIndex::default(),
         };
         if ws.index_missing() && ws.refuse_missing_index().is_ok() {
             // Marked but nothing recorded yet.
@@ -734,8 +750,31 @@ impl Workspace {
         Ok(node)
     }
 
-    /// A new connection to the index.
+    /// Runs `f` on a connection to the index that is kept for the next
+    /// [`Workspace::index`] call: a command that asks one question of the
+    /// index before its real work does not open two.
+    pub fn with_index<T>(&self, f: impl FnOnce(&Index) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let index = self.index()?;
+        let answer = f(&index);
+        let mut spare = self.spare_index.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if spare.is_none() {
+            *spare = Some(index);
+        }
+        answer
+    }
+
+    /// This workspace as [`Workspace::open_read_only`] opens it: what reads
+    /// through it changes nothing (no stat refreshed, no object set aside).
+    pub fn read_only_view(&self) -> Workspace {
+        Workspace { read_only: true, spare_index: SpareIndex::default(), ..self.clone() }
+    }
+
+    /// A new connection to the index (the first call may get the one
+    /// opening the workspace made; it is no one else's).
     pub fn index(&self) -> Result<Index, StoreError> {
+        if let Some(index) = self.spare_index.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            return Ok(index);
+        }
         let path = self.root.join("cache.sqlite");
         if self.read_only {
             self.refuse_missing_index()?;
@@ -1121,28 +1160,31 @@ impl Workspace {
         }
     }
 
-    /// Why a cached node's outputs can no longer be trusted, or `None` if they can.
-    /// Outputs in the user's tree are re-hashed only when their stat changed; a
-    /// stat-only change (touch) that leaves the bytes equal is refreshed, not a miss.
+    /// A cached node's outputs as they stand now (`Ok`), or why they can no
+    /// longer be trusted (`Err`). Outputs in the user's tree are re-hashed
+    /// only when their stat changed; a stat-only change (touch) that leaves
+    /// the bytes equal is refreshed in the returned records and in the
+    /// index row, not a miss.
     pub fn check_outputs(
         &self,
         index: &Index,
-        node: &CachedNode,
+        key: &str,
+        outputs: &[OutputRecord],
         spec_dir: &Path,
-    ) -> Result<Option<String>, StoreError> {
-        let mut refreshed = node.outputs.clone();
+    ) -> Result<Result<Vec<OutputRecord>, String>, StoreError> {
+        let mut refreshed = outputs.to_vec();
         let mut changed = false;
         for out in refreshed.iter_mut() {
             match self.check_output(index, out, spec_dir)? {
                 Checked::Same => {}
                 Checked::Refreshed => changed = true,
-                Checked::Differs(why) => return Ok(Some(why)),
+                Checked::Differs(why) => return Ok(Err(why)),
             }
         }
         if changed && !self.read_only {
-            index.update_outputs(&node.key, &refreshed)?;
+            index.update_outputs(key, &refreshed)?;
         }
-        Ok(None)
+        Ok(Ok(refreshed))
     }
 
     /// One output against its object: in the store, and (for one in the
