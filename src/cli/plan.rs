@@ -29,6 +29,7 @@ pub fn plan(ctx: &Ctx, args: PlanArgs) -> Result<Status> {
     let force = regenerate_dropped(ws.as_ref(), &spec, &dag, force)?;
     let entries = plan::plan_with_remote(ws.as_ref(), &spec, &dag, &force, &runtime::env_provider(), remote.as_ref())?;
     print_plan(&entries, json);
+    free_at_exit(spec, dag);
     let broken = entries.iter().any(|e| matches!(e.state, PlanState::Error { .. }));
     Ok(if broken { Status::Failed } else { Status::Ok })
 }

@@ -166,6 +166,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
         );
         return Ok(Status::Interrupted(sig));
     }
+    free_at_exit(spec, dag);
     Ok(if result.stats.success() && matches!(gates, Ok(0)) && !push_failed { Status::Ok } else { Status::Failed })
 }
 

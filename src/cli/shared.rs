@@ -14,6 +14,13 @@ use orchestrate_core::runtime;
 use orchestrate_core::spec::{self, did_you_mean, LoadOptions, Override, Spec};
 use orchestrate_core::store::Workspace;
 
+/// Leaves a loaded spec and DAG to the process's exit instead of freeing
+/// them node by node: a command that loaded them exits right after (freeing
+/// a 10,000-node spec and DAG was about 4 % of its `plan`, `perf record`).
+pub(super) fn free_at_exit(spec: Spec, dag: Dag) {
+    std::mem::forget((spec, dag));
+}
+
 pub(super) fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
     let overrides = args.set.iter().map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
     let x = &args.executor;

@@ -17,6 +17,7 @@ pub fn validate(ctx: &Ctx, args: ValidateArgs) -> Result<Status> {
     let ValidateArgs { spec } = args;
     let (spec, dag) = load(&spec, &ctx.registry)?;
     outln!("{}: ok ({} nodes, {} edges)", spec.path.display(), dag.nodes.len(), dag.graph.edge_count());
+    free_at_exit(spec, dag);
     Ok(Status::Ok)
 }
 
