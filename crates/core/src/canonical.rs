@@ -3,7 +3,6 @@
 //! typed artifact (a missing or ill-typed field is an error naming the file and
 //! the field, never a default).
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -26,48 +25,57 @@ pub enum ArtifactError {
 /// of how the map type orders its keys, so the encoding cannot drift with a
 /// dependency's feature flags.
 pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(v, &mut out);
-    out
+    // Only JSON text was written: serde_json's escaping keeps it UTF-8.
+    String::from_utf8(out).expect("canonical JSON is UTF-8")
 }
 
-fn write_canonical(v: &Value, out: &mut String) {
+/// Writes `v` canonically into `out`. Strings (keys too) are escaped as
+/// serde_json escapes them, straight from the borrowed text: a key is not
+/// copied into a new JSON value to be printed.
+fn write_canonical(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            out.push('{');
+            out.push(b'{');
             for (i, k) in keys.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
+                write_scalar(k.as_str(), out);
+                out.push(b':');
                 write_canonical(&map[*k], out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Number(n) => {
             // 1.0 and 1 are the same param value; integers print as integers.
             match n.as_f64() {
                 Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                    let _ = write!(out, "{}", f as i64);
+                    let _ = std::io::Write::write_fmt(out, format_args!("{}", f as i64));
                 }
-                _ => out.push_str(&n.to_string()),
+                _ => write_scalar(n, out),
             }
         }
-        other => out.push_str(&other.to_string()),
+        other => write_scalar(other, out),
     }
+}
+
+/// A string, number, bool or null as serde_json prints it.
+fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    serde_json::to_writer(out, value).expect("a JSON scalar serializes into memory");
 }
 
 /// Reads a JSON artifact into its shared type. A missing or ill-typed field is
@@ -88,4 +96,83 @@ pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, ArtifactError> 
 /// `None`, and a missing number would pass as "undefined" instead of failing.
 pub fn required<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
     <Option<T> as serde::Deserialize>::deserialize(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// The encoder as it was before it wrote into bytes (each key copied into
+    /// a JSON string value and printed): keys hash these bytes, so the two must
+    /// agree on every document.
+    fn as_before(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    as_before(&map[*k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    as_before(item, out);
+                }
+                out.push(']');
+            }
+            Value::Number(n) => match n.as_f64() {
+                Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => out.push_str(&(f as i64).to_string()),
+                _ => out.push_str(&n.to_string()),
+            },
+            other => out.push_str(&other.to_string()),
+        }
+    }
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            (-1.0e16f64..1.0e16).prop_map(|f| Value::from(f.trunc())),
+            any::<String>().prop_map(Value::from),
+            "[\"\\\\\u{0}-\u{1f}\u{7f}é😀a-z]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(any::<String>(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_bytes_are_those_the_encoder_wrote_before(v in arb_json()) {
+            let mut before = String::new();
+            as_before(&v, &mut before);
+            prop_assert_eq!(canonical_json(&v), before);
+        }
+    }
+
+    #[test]
+    fn keys_are_sorted_escaped_and_integral_floats_print_as_integers() {
+        let v = json!({"b": [1.0, 2.5, -0.0, 1e300], "a\"\n": {"z": null, "é": true}, "": "\u{1}"});
+        assert_eq!(canonical_json(&v), r#"{"":"\u0001","a\"\n":{"z":null,"é":true},"b":[1,2.5,0,1e+300]}"#);
+    }
 }

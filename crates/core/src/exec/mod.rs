@@ -263,67 +263,74 @@ pub fn run_with(
 
     let shared = RunShared { ws, spec, opts, run_id: &run_id, cancel: &cancel, cpu: &cpu };
     std::thread::scope(|scope| -> Result<(), StoreError> {
-        for _ in 0..jobs.min(n.max(1)) {
-            let job_rx = Arc::clone(&job_rx);
-            let msg_tx = msg_tx.clone();
-            let (env_cache, cancel, shared) = (&env_cache, &cancel, &shared);
-            scope.spawn(move || {
-                let index = match ws.index() {
-                    Ok(i) => i,
-                    Err(e) => {
-                        // Report every job this worker takes as failed rather than hang.
-                        while let Ok((pos, _, _)) = {
-                            let rx = job_rx.lock().expect("job queue");
-                            rx.recv()
-                        } {
-                            let _ = msg_tx.send(Msg::Done(
-                                pos,
-                                Outcome::Failed { key: None, error: e.to_string(), seconds: 0.0 },
-                            ));
-                        }
-                        return;
-                    }
-                };
-                loop {
-                    let next = { job_rx.lock().expect("job queue").recv() };
-                    let Ok((pos, upstream, record)) = next else { return };
-                    let node = &dag.nodes[pos];
-                    if cancel.load(std::sync::atomic::Ordering::SeqCst) {
-                        // Interrupted: no node starts any more.
-                        let because = "the run was interrupted before it started".to_string();
-                        let _ = msg_tx.send(Msg::Done(pos, Outcome::Skipped { because }));
-                        continue;
-                    }
-                    let env = if node.op.numerical() {
-                        let mut cached = env_cache.lock().expect("env cache");
-                        match cached.get_or_insert_with(|| (opts.env)()) {
-                            Ok(e) => Some(slurm::node_env(spec.executor, &node.def, e)),
-                            Err(e) => {
-                                let error = format!("cannot determine the numerical environment: {e}");
-                                let _ = msg_tx.send(Msg::Done(pos, Outcome::Failed { key: None, error, seconds: 0.0 }));
-                                continue;
+        // The job threads start when the first node needs one: a run whose
+        // nodes are all plain cache hits (a no-op) starts none, and opens no
+        // index connection for them.
+        let mut workers_tx = Some(msg_tx);
+        let mut start_workers = || {
+            let Some(msg_tx) = workers_tx.take() else { return };
+            for _ in 0..jobs.min(n.max(1)) {
+                let job_rx = Arc::clone(&job_rx);
+                let msg_tx = msg_tx.clone();
+                let (env_cache, cancel, shared) = (&env_cache, &cancel, &shared);
+                scope.spawn(move || {
+                    let index = match ws.index() {
+                        Ok(i) => i,
+                        Err(e) => {
+                            // Report every job this worker takes as failed rather than hang.
+                            while let Ok((pos, _, _)) = {
+                                let rx = job_rx.lock().expect("job queue");
+                                rx.recv()
+                            } {
+                                let _ = msg_tx.send(Msg::Done(
+                                    pos,
+                                    Outcome::Failed { key: None, error: e.to_string(), seconds: 0.0 },
+                                ));
                             }
+                            return;
                         }
-                    } else {
-                        None
                     };
-                    let job = shared.job(&index, node, &upstream, env);
-                    let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
-                    let outcome = node::resolve(&job, executor, &mut observer, record);
-                    let _ = msg_tx.send(Msg::Done(pos, outcome));
-                }
-            });
-        }
-        drop(msg_tx);
+                    loop {
+                        let next = { job_rx.lock().expect("job queue").recv() };
+                        let Ok((pos, upstream, record)) = next else { return };
+                        let node = &dag.nodes[pos];
+                        if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+                            // Interrupted: no node starts any more.
+                            let because = "the run was interrupted before it started".to_string();
+                            let _ = msg_tx.send(Msg::Done(pos, Outcome::Skipped { because }));
+                            continue;
+                        }
+                        let env = if node.op.numerical() {
+                            let mut cached = env_cache.lock().expect("env cache");
+                            match cached.get_or_insert_with(|| (opts.env)()) {
+                                Ok(e) => Some(slurm::node_env(spec.executor, &node.def, e)),
+                                Err(e) => {
+                                    let error = format!("cannot determine the numerical environment: {e}");
+                                    let _ =
+                                        msg_tx.send(Msg::Done(pos, Outcome::Failed { key: None, error, seconds: 0.0 }));
+                                    continue;
+                                }
+                            }
+                        } else {
+                            None
+                        };
+                        let job = shared.job(&index, node, &upstream, env);
+                        let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
+                        let outcome = node::resolve(&job, executor, &mut observer, record);
+                        let _ = msg_tx.send(Msg::Done(pos, outcome));
+                    }
+                });
+            }
+        };
 
         // A ready node that is a plain cache hit is decided here, in this
         // thread, and its outcome handled next (no hand-off to a job thread
         // and back); any other goes to a job thread with what was computed.
         let mut decided: std::collections::VecDeque<(usize, Outcome)> = std::collections::VecDeque::new();
         let index_here = &index;
-        let dispatch = |pos: usize,
-                        outputs: &BTreeMap<String, Vec<OutputRecord>>,
-                        decided: &mut std::collections::VecDeque<(usize, Outcome)>| {
+        let mut dispatch = |pos: usize,
+                            outputs: &BTreeMap<String, Vec<OutputRecord>>,
+                            decided: &mut std::collections::VecDeque<(usize, Outcome)>| {
             let mut upstream = BTreeMap::new();
             for p in dag.parents(pos) {
                 let id = dag.nodes[p].id();
@@ -338,9 +345,11 @@ pub fn run_with(
             match early {
                 node::Early::Hit(outcome) => decided.push_back((pos, outcome)),
                 node::Early::Decided(decided) => {
+                    start_workers();
                     let _ = job_tx.send((pos, upstream, Some(decided)));
                 }
                 node::Early::Unknown => {
+                    start_workers();
                     let _ = job_tx.send((pos, upstream, None));
                 }
             }
