@@ -5,7 +5,8 @@
 //!    parents and writes a small file): first-run wall time beside the floor
 //!    (the same commands, layer by layer, under `xargs -P JOBS`) and beside
 //!    Snakemake when the project's venv has it (`$ORCHESTRATE_PYTHON -m
-//!    snakemake`); and the no-op re-run. Medians of 3 (7 for the re-runs).
+//!    snakemake`); and the no-op re-run beside the process start alone
+//!    (`--version`). Medians of 3 (21 for the re-runs).
 //! 2. `orchestrate plan` on a spec of 10,000 synthetic nodes (100 layers x 100),
 //!    in a fresh workspace and, optionally, with all of them cached
 //!    (`ORCHESTRATE_BENCH_FULL=1`: runs the 10,000 nodes first, ~1 min).
@@ -135,12 +136,14 @@ fn main() {
     let mut floors = Vec::new();
     let mut noops = Vec::new();
     let mut plans = Vec::new();
+    let mut starts = Vec::new();
     for _ in 0..3 {
         floors.push(floor(&shape, &jobs));
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("p.yaml"), lattice_spec(&shape)).unwrap();
         firsts.push(orchestrate(dir.path(), &["run", "--quiet", "--jobs", &jobs, "p.yaml"]));
         noops.extend((0..7).map(|_| orchestrate(dir.path(), &["run", "--quiet", "p.yaml"])));
+        starts.extend((0..7).map(|_| orchestrate(dir.path(), &["--version"])));
         plans.extend((0..7).map(|_| orchestrate(dir.path(), &["plan", "p.yaml"])));
     }
     let (first, floor) = (median(firsts), median(floors));
@@ -161,6 +164,10 @@ fn main() {
     println!(
         "  orchestrate no-op re-run                  {:>8.1} ms (median of 21; target <= 10 ms)",
         median(noops) * 1000.0
+    );
+    println!(
+        "    of which starting the process           {:>8.1} ms (`orchestrate --version`, median of 21)",
+        median(starts) * 1000.0
     );
     println!("  orchestrate plan, all cached              {:>8.1} ms (median of 21)", median(plans) * 1000.0);
 
