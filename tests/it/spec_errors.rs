@@ -264,3 +264,25 @@ fn threads_are_refused_on_a_node_libtorch_does_not_run() {
     );
     assert!(err.contains("bad.yaml:11:14") && err.contains("threads"), "{err}");
 }
+
+/// A bound only the params' schema states (`#[schemars(range(..))]`, not
+/// serde's types) is checked too: at validate, naming the node, the param,
+/// the bound and where it was written, a matrix axis included.
+#[test]
+fn a_param_below_a_bound_its_schema_states_is_refused_where_it_was_written() {
+    let yaml = common::tiny_spec("r", "").replace("params: {vocab_size: 400}", "params: {vocab_size: 10}");
+    let err = rejected(&yaml, &[]);
+    assert!(err.contains("bad.yaml:9:"), "located at the tokenizer's params: {err}");
+    assert!(err.contains("node 'tokenizer' (tokenizer.build): params.vocab_size"), "{err}");
+    assert!(err.contains("10 is less than the minimum of 300"), "{err}");
+
+    let yaml = common::tiny_spec("r", "").replace(
+        "params: {seed: 0, hidden_size: 64,",
+        "matrix: {max_position_embeddings: [512, 256]}\n    params: {seed: 0, hidden_size: 64,",
+    );
+    let err = rejected(&yaml, &[]);
+    assert!(err.contains("bad.yaml:13:"), "located at the matrix axis: {err}");
+    let node = "node 'base@max_position_embeddings=256' (model.init): params.max_position_embeddings";
+    assert!(err.contains(node), "{err}");
+    assert!(err.contains("256 is less than the minimum of 320"), "{err}");
+}
