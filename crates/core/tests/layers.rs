@@ -220,3 +220,23 @@ fn the_worker_opens_no_workspace_database_nor_store() {
         assert!(offenders.is_empty(), "the worker names {word}:\n{}", offenders.join("\n"));
     }
 }
+
+/// An op writes its outputs into staging through a writer that never follows
+/// a link (`RunContext::write_output`, `fsx::write_file`, `fsx::copy_file`,
+/// `fsx::open_truncate`: `O_NOFOLLOW`), as the worker's result file is:
+/// `std::fs::write`, `File::create` or `fs::copy` to a name where a link was
+/// planted would write whatever the link points to, outside the workspace.
+#[test]
+fn no_op_writes_into_staging_through_a_link() {
+    let crates = crates();
+    let mut files = Vec::new();
+    for lib in ["core/src/ops", "torch/src"] {
+        rust_files(&crates.join(lib), &mut files);
+    }
+    files.retain(|f| !f.ends_with("bench.rs") && !f.ends_with("tests.rs"));
+    let mut offenders = Vec::new();
+    for word in ["fs::write(", "File::create(", "fs::copy("] {
+        offenders.extend(lines_naming(&files, word, true));
+    }
+    assert!(offenders.is_empty(), "writes that follow a link:\n{}", offenders.join("\n"));
+}

@@ -291,7 +291,9 @@ impl CausalLm {
 
     /// Writes config.json and model.safetensors (FP32, sorted names) in HF layout.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir)?;
+        // A real folder: one planted as a link (in staging) is refused, never written into.
+        orchestrate_core::store::fsx::own_dir(dir)
+            .map_err(|e| crate::error::Error::Msg(format!("model folder: {e}")))?;
         let mut vars: BTreeMap<String, Tensor> = self.vs.variables().into_iter().collect();
         let tensors: Vec<(String, Tensor)> =
             vars.iter_mut().map(|(k, v)| (k.clone(), v.detach().to_device(Device::Cpu).contiguous())).collect();
@@ -301,7 +303,7 @@ impl CausalLm {
         let family = config.family()?;
         config.extra.entry("model_type").or_insert_with(|| family.model_type().into());
         config.extra.entry("architectures").or_insert_with(|| vec![family.architecture()].into());
-        std::fs::write(dir.join("config.json"), config.to_json())?;
+        orchestrate_core::store::fsx::write_file(&dir.join("config.json"), config.to_json())?;
         Ok(())
     }
 

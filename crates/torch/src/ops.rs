@@ -34,9 +34,13 @@ fn model_init(job: &WorkerJob, p: ModelInitParams) -> Result<()> {
     model.init_weights(p.seed);
     let out = job.staging.join("model");
     model.save(&out)?;
-    std::fs::copy(tokenizer_path, out.join("tokenizer.json")).context("copying tokenizer.json")?;
+    orchestrate_core::store::fsx::copy_file(tokenizer_path, &out.join("tokenizer.json"))
+        .context("copying tokenizer.json")?;
     let generation = orchestrate_core::model::GenerationConfig::sampling(eos);
-    std::fs::write(out.join("generation_config.json"), serde_json::to_string_pretty(&generation)? + "\n")?;
+    orchestrate_core::store::fsx::write_file(
+        &out.join("generation_config.json"),
+        serde_json::to_string_pretty(&generation)? + "\n",
+    )?;
     eprintln!(
         "model.init: {} parameters, vocab {vocab} (tokenizer {}), eos {eos}",
         config.parameter_count(),

@@ -94,9 +94,8 @@ impl Op for ConstantGroups {
             }
         }
         let table = json!({"kind": "constructed rewards (Bernoulli), not model responses", "rows": rows});
-        std::fs::write(ctx.output_path("table.json"), serde_json::to_string_pretty(&table).unwrap_or_default() + "\n")
-            .map_err(|e| OpError::io("writing table.json", e))?;
-        std::fs::write(ctx.output_path("table.md"), md).map_err(|e| OpError::io("writing table.md", e))
+        ctx.write_output("table.json", serde_json::to_string_pretty(&table).unwrap_or_default() + "\n")?;
+        ctx.write_output("table.md", md)
     }
 }
 
@@ -513,10 +512,8 @@ impl Op for Arms {
         }
         let summary = summarize(&records, p.baseline.as_deref());
         let text = serde_json::to_string_pretty(&summary).map_err(|e| OpError::Failed(e.to_string()))?;
-        std::fs::write(ctx.output_path("summary.json"), text + "\n")
-            .map_err(|e| OpError::io("writing summary.json", e))?;
-        std::fs::write(ctx.output_path("summary.md"), markdown(&summary, &p.notes))
-            .map_err(|e| OpError::io("writing summary.md", e))
+        ctx.write_output("summary.json", text + "\n")?;
+        ctx.write_output("summary.md", markdown(&summary, &p.notes))
     }
 }
 

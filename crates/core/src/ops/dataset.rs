@@ -2,7 +2,6 @@
 //! per split, pages (what a model may see) apart from labels (problems, targets).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -176,7 +175,5 @@ pub(super) fn split_outputs(splits: &[Split]) -> Vec<OutputDecl> {
 
 /// Writes a store-only output of a dataset op.
 pub(super) fn write(ctx: &RunContext<'_>, name: &str, bytes: &[u8]) -> Result<(), OpError> {
-    let path = ctx.output_path(name);
-    let mut f = std::fs::File::create(&path).map_err(|e| OpError::io(format!("creating {}", path.display()), e))?;
-    f.write_all(bytes).map_err(|e| OpError::io(format!("writing {}", path.display()), e))
+    ctx.write_output(name, bytes)
 }

@@ -399,7 +399,7 @@ impl Op for EvalScore {
         let results = score_with(&responses, &labels, &summary, &mut reward, params.policy.clone())?;
         reward.finish().map_err(failed)?;
         let text = serde_json::to_string_pretty(&results).map_err(failed)? + "\n";
-        std::fs::write(ctx.output_path("results"), text).map_err(|e| OpError::io("writing results", e))
+        ctx.write_output("results", text)
     }
 }
 

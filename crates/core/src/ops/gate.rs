@@ -108,8 +108,7 @@ impl Op for GateOp {
             })
             .collect();
         let report = crate::gate::GateReport::new(file.name.clone(), results.clone());
-        std::fs::write(ctx.output_path("gates.json"), serde_json::to_string_pretty(&report).unwrap_or_default() + "\n")
-            .map_err(|e| OpError::io("writing gates.json", e))?;
-        std::fs::write(ctx.output_path("gates.md"), table(&results)).map_err(|e| OpError::io("writing gates.md", e))
+        ctx.write_output("gates.json", serde_json::to_string_pretty(&report).unwrap_or_default() + "\n")?;
+        ctx.write_output("gates.md", table(&results))
     }
 }

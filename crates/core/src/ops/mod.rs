@@ -177,6 +177,13 @@ impl RunContext<'_> {
         self.staging.join(name)
     }
 
+    /// Writes a store-only output whole. A link planted at its name in
+    /// staging is an error naming the output, never written through.
+    pub fn write_output(&self, name: &str, bytes: impl AsRef<[u8]>) -> Result<(), OpError> {
+        crate::store::fsx::write_file(&self.output_path(name), bytes)
+            .map_err(|e| OpError::io(format!("writing {name}"), e))
+    }
+
     /// The node's log, opened to append (what an op records beside a
     /// command's output: the files a Hub op fetched).
     pub fn open_log(&self) -> Result<std::fs::File, OpError> {

@@ -312,11 +312,13 @@ fn check_and_copy(dir: &Path, files: &[PathBuf], parameters: Option<u64>, out: &
             return Err(failed(format!("{}: {stored} parameters, expected {expected}", dir.display())));
         }
     }
-    std::fs::create_dir_all(out).map_err(|e| OpError::io(format!("creating {}", out.display()), e))?;
+    // A real folder: one planted as a link in staging is refused, never written into.
+    crate::store::fsx::own_dir(out).map_err(|e| OpError::Failed(format!("creating {}: {e}", out.display())))?;
     for f in files {
         let name = f.file_name().expect("files have names");
         // `copy` reads through the Hugging Face cache's symlinks: the store holds bytes.
-        std::fs::copy(f, out.join(name)).map_err(|e| OpError::io(format!("copying {}", f.display()), e))?;
+        crate::store::fsx::copy_file(f, &out.join(name))
+            .map_err(|e| OpError::io(format!("copying {}", f.display()), e))?;
     }
     Ok(())
 }

@@ -442,12 +442,8 @@ impl Op for ResultsTable {
             notes: p.notes.clone(),
             per_draw_success: "every sampled response counts; not best-of-k".into(),
         };
-        std::fs::write(
-            ctx.output_path("table.json"),
-            serde_json::to_string_pretty(&table).expect("a table serializes") + "\n",
-        )
-        .map_err(|e| OpError::io("writing table.json", e))?;
-        std::fs::write(ctx.output_path("table.md"), md).map_err(|e| OpError::io("writing table.md", e))
+        ctx.write_output("table.json", serde_json::to_string_pretty(&table).expect("a table serializes") + "\n")?;
+        ctx.write_output("table.md", md)
     }
 }
 

@@ -277,7 +277,7 @@ impl Op for CheckResume {
             ignored_fields: UNCOMPARED.iter().map(|f| f.to_string()).collect(),
         };
         let text = serde_json::to_string_pretty(&report).map_err(|e| OpError::Failed(e.to_string()))? + "\n";
-        std::fs::write(ctx.output_path("report"), text).map_err(|e| OpError::io("writing the report", e))?;
+        ctx.write_output("report", text)?;
         match difference {
             None => Ok(()),
             Some(d) => Err(OpError::Failed(format!("resumed state differs from continuous: {d}"))),

@@ -86,6 +86,18 @@ pub fn open_truncate(path: &Path) -> std::io::Result<File> {
     said(OpenOptions::new().write(true).create(true).truncate(true).custom_flags(libc::O_NOFOLLOW).open(path))
 }
 
+/// `std::fs::write` for a file of ours ([`open_truncate`]): a link where it
+/// is to be written is an error, and what the link points to is untouched.
+pub fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+    std::io::Write::write_all(&mut open_truncate(path)?, bytes.as_ref())
+}
+
+/// `std::fs::copy` into a file of ours ([`open_truncate`]): the copy is never
+/// written through a link planted at `to`. (`from` is opened as given.)
+pub fn copy_file(from: &Path, to: &Path) -> std::io::Result<u64> {
+    std::io::copy(&mut File::open(from)?, &mut open_truncate(to)?)
+}
+
 /// Whether `name` has the form of a staging entry this store creates
 /// (`objects::unique_suffix`: `<pid>-<nanos>-<counter>`, digits only), with or
 /// without the `.lock` extension. Cleanups remove nothing else.
@@ -276,7 +288,18 @@ mod tests {
         assert!(open_lock(&link).is_err());
         // std's File::create_new is O_EXCL: a link there, dangling or not, is an error.
         assert!(File::create_new(&link).is_err());
+        // An output written or copied where a link was planted.
+        assert!(write_file(&link, "output").unwrap_err().to_string().contains("symbolic link"));
+        let source = t.path().join("source.json");
+        fs::write(&source, "{}").unwrap();
+        assert!(copy_file(&source, &link).is_err());
         assert_eq!(fs::read_to_string(&theirs).unwrap(), "keep me");
+        // Where nothing is planted, both write the file whole.
+        write_file(&t.path().join("out"), "one").unwrap();
+        copy_file(&source, &t.path().join("copied")).unwrap();
+        assert_eq!(fs::read_to_string(t.path().join("copied")).unwrap(), "{}");
+        write_file(&t.path().join("out"), "2").unwrap();
+        assert_eq!(fs::read_to_string(t.path().join("out")).unwrap(), "2", "truncated, not overwritten in place");
     }
 
     #[test]

@@ -260,12 +260,15 @@ pub fn write_outputs(
     for extra in ["tokenizer.json", "generation_config.json"].iter().chain(&TEMPLATE_FILES) {
         let src = model_dir.join(extra);
         if src.is_file() {
-            std::fs::copy(&src, out.join(extra))?;
+            orchestrate_core::store::fsx::copy_file(&src, &out.join(extra))?;
         }
     }
     let meta = serde_json::to_value(&metrics)?;
     save_state(&job.staging.join("state"), params, adam, &meta)?;
-    std::fs::write(job.staging.join("metrics"), serde_json::to_string_pretty(&meta)? + "\n")?;
+    orchestrate_core::store::fsx::write_file(
+        &job.staging.join("metrics"),
+        serde_json::to_string_pretty(&meta)? + "\n",
+    )?;
     Ok(())
 }
 

@@ -192,7 +192,10 @@ pub fn run(job: &WorkerJob, p: ReplayParams) -> Result<()> {
         faults: results,
         note: ReplayReport::NOTE.to_string(),
     };
-    std::fs::write(job.staging.join("replay.json"), serde_json::to_string_pretty(&report)? + "\n")?;
+    orchestrate_core::store::fsx::write_file(
+        &job.staging.join("replay.json"),
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
     Ok(())
 }
 
