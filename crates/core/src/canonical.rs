@@ -3,6 +3,7 @@
 //! typed artifact (a missing or ill-typed field is an error naming the file and
 //! the field, never a default).
 
+use std::io::Write as _;
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
@@ -64,7 +65,7 @@ fn write_canonical(v: &Value, out: &mut Vec<u8>) {
             // 1.0 and 1 are the same param value; integers print as integers.
             match n.as_f64() {
                 Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                    let _ = std::io::Write::write_fmt(out, format_args!("{}", f as i64));
+                    let _ = write!(out, "{}", f as i64);
                 }
                 _ => write_scalar(n, out),
             }

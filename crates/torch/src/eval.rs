@@ -8,6 +8,7 @@ use orchestrate_core::data::rows::read_pages;
 use orchestrate_core::data::verifier::FinishReason;
 use orchestrate_core::ops::eval::{EvalGenerateParams, EvalResponse};
 use orchestrate_core::ops::worker::WorkerJob;
+use orchestrate_core::store::fsx;
 
 use super::generate::{generate, pick_device, Sampling};
 use super::train::common::{input_path, load_model, peak_rss_bytes, Prompter};
@@ -33,7 +34,7 @@ pub fn run(job: &WorkerJob, p: EvalGenerateParams) -> Result<orchestrate_core::c
         .map(|pg| prompter.ids(&tokenizer, &pg.statement, p.max_prompt_tokens, &pg.id))
         .collect::<Result<_>>()?;
     let started = Instant::now();
-    let mut out = std::io::BufWriter::new(orchestrate_core::store::fsx::open_truncate(&job.staging.join("responses"))?);
+    let mut out = std::io::BufWriter::new(fsx::open_truncate(&job.staging.join("responses"))?);
     let (mut greedy_rows, mut sampled_rows): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| r.1);
     for (greedy, rows) in [(true, &mut greedy_rows), (false, &mut sampled_rows)] {
         for chunk in rows.chunks(p.batch_size) {
@@ -71,10 +72,7 @@ pub fn run(job: &WorkerJob, p: EvalGenerateParams) -> Result<orchestrate_core::c
         peak_rss_bytes: None,
         device: format!("{device:?}"),
     };
-    orchestrate_core::store::fsx::write_file(
-        &job.staging.join("summary"),
-        serde_json::to_string_pretty(&summary)? + "\n",
-    )?;
+    fsx::write_file(&job.staging.join("summary"), serde_json::to_string_pretty(&summary)? + "\n")?;
     // What the generation cost goes beside the outputs, into the node's record.
     let costs = orchestrate_core::costs::NodeCosts {
         process: orchestrate_core::costs::RunCosts {

@@ -6,6 +6,7 @@ use orchestrate_core::guard::Ledger;
 use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::{WorkerJob, WorkerTask};
 use orchestrate_core::ops::ModelInitParams;
+use orchestrate_core::store::fsx;
 use tch::Device;
 
 use super::decoder::CausalLm;
@@ -34,13 +35,9 @@ fn model_init(job: &WorkerJob, p: ModelInitParams) -> Result<()> {
     model.init_weights(p.seed);
     let out = job.staging.join("model");
     model.save(&out)?;
-    orchestrate_core::store::fsx::copy_file(tokenizer_path, &out.join("tokenizer.json"))
-        .context("copying tokenizer.json")?;
+    fsx::copy_file(tokenizer_path, &out.join("tokenizer.json")).context("copying tokenizer.json")?;
     let generation = orchestrate_core::model::GenerationConfig::sampling(eos);
-    orchestrate_core::store::fsx::write_file(
-        &out.join("generation_config.json"),
-        serde_json::to_string_pretty(&generation)? + "\n",
-    )?;
+    fsx::write_file(&out.join("generation_config.json"), serde_json::to_string_pretty(&generation)? + "\n")?;
     eprintln!(
         "model.init: {} parameters, vocab {vocab} (tokenizer {}), eos {eos}",
         config.parameter_count(),

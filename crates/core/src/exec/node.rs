@@ -707,7 +707,7 @@ pub(crate) fn cached_valid(
         return Ok(Err(None));
     };
     // The outputs as checked: a stat-only change is refreshed in them (and in the row).
-    Ok(ws.check_outputs(index, key, &outputs, spec_dir)?.map_err(Some))
+    Ok(ws.check_outputs(index, key, outputs, spec_dir)?.map_err(Some))
 }
 
 impl NodeJob<'_> {

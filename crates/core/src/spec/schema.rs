@@ -145,8 +145,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: the params schema does not compile: {e}", op.name()));
             // Every definition it names resolves (a dangling $ref fails here).
             let _ = validator.is_valid(&serde_json::json!({}));
+            let text = schema.to_string();
             for bound in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern"] {
-                let text = schema.to_string();
                 let count = |t: &str| t.matches(&format!("\"{bound}\"")).count();
                 assert_eq!(count(&text), count(&editors), "{}: {bound}", op.name());
             }

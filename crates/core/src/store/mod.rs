@@ -176,6 +176,21 @@ pub struct Workspace {
 #[derive(Clone, Default)]
 struct SpareIndex(std::sync::Arc<std::sync::Mutex<Option<Index>>>);
 
+impl SpareIndex {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Index>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn take(&self) -> Option<Index> {
+        self.slot().take()
+    }
+
+    /// Keeps `index` for the next user, unless one is kept already.
+    fn keep(&self, index: Index) {
+        self.slot().get_or_insert(index);
+    }
+}
+
 impl std::fmt::Debug for SpareIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SpareIndex")
@@ -472,7 +487,7 @@ impl Workspace {
         // Creating the index (tables, WAL mode) is serialized between processes
         // that open a new workspace at the same moment.
         let index = while_locked(&root.join("index.lock"), || ws.index())?;
-        *ws.spare_index.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(index);
+        ws.spare_index.keep(index);
         ws.clear_dead_staging()?;
         Ok(ws)
     }
@@ -756,10 +771,7 @@ impl Workspace {
     pub fn with_index<T>(&self, f: impl FnOnce(&Index) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let index = self.index()?;
         let answer = f(&index);
-        let mut spare = self.spare_index.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if spare.is_none() {
-            *spare = Some(index);
-        }
+        self.spare_index.keep(index);
         answer
     }
 
@@ -772,7 +784,7 @@ impl Workspace {
     /// A new connection to the index (the first call may get the one
     /// opening the workspace made; it is no one else's).
     pub fn index(&self) -> Result<Index, StoreError> {
-        if let Some(index) = self.spare_index.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+        if let Some(index) = self.spare_index.take() {
             return Ok(index);
         }
         let path = self.root.join("cache.sqlite");
@@ -1169,10 +1181,9 @@ impl Workspace {
         &self,
         index: &Index,
         key: &str,
-        outputs: &[OutputRecord],
+        mut refreshed: Vec<OutputRecord>,
         spec_dir: &Path,
     ) -> Result<Result<Vec<OutputRecord>, String>, StoreError> {
-        let mut refreshed = outputs.to_vec();
         let mut changed = false;
         for out in refreshed.iter_mut() {
             match self.check_output(index, out, spec_dir)? {

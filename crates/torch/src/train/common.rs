@@ -9,6 +9,7 @@ use orchestrate_core::data::rows::{read_examples, LabelRow};
 use orchestrate_core::model::chat::{user_message, ChatTemplate, TemplateChoice, TEMPLATE_FILES};
 use orchestrate_core::model::{HfFolder, TextTokenizer};
 use orchestrate_core::ops::worker::WorkerJob;
+use orchestrate_core::store::fsx;
 use orchestrate_core::train::metrics::TrainingMetrics;
 use orchestrate_core::train::state::{write_f32_le, write_state_streamed, StateReader};
 use serde_json::Value;
@@ -260,15 +261,12 @@ pub fn write_outputs(
     for extra in ["tokenizer.json", "generation_config.json"].iter().chain(&TEMPLATE_FILES) {
         let src = model_dir.join(extra);
         if src.is_file() {
-            orchestrate_core::store::fsx::copy_file(&src, &out.join(extra))?;
+            fsx::copy_file(&src, &out.join(extra))?;
         }
     }
     let meta = serde_json::to_value(&metrics)?;
     save_state(&job.staging.join("state"), params, adam, &meta)?;
-    orchestrate_core::store::fsx::write_file(
-        &job.staging.join("metrics"),
-        serde_json::to_string_pretty(&meta)? + "\n",
-    )?;
+    fsx::write_file(&job.staging.join("metrics"), serde_json::to_string_pretty(&meta)? + "\n")?;
     Ok(())
 }
 
