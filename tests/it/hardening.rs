@@ -331,3 +331,25 @@ fn a_node_whose_outputs_cannot_be_stored_fails_naming_why_and_leaves_no_out() {
     assert!(all.contains("outs were removed"), "{all}");
     assert!(!p.path().join("a.txt").exists(), "the out of a failed node stayed in the tree");
 }
+
+/// A read-only command (`plan`, `status`) refuses an index planted as a
+/// link, as `run` does, naming it: before, SQLite opened the linked file
+/// read-only and `plan` answered "file is not a database" about a file of
+/// the user's.
+#[test]
+fn a_read_only_command_never_opens_the_index_through_a_link() {
+    let p = Project::new();
+    p.write("s.yaml", "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: echo a > a.txt, outs: [a.txt]}\n");
+    assert!(p.run(&["run", "s.yaml"]).status.success());
+    let theirs = p.path().join("theirs.db");
+    std::fs::write(&theirs, "keep").unwrap();
+    let index = p.path().join(".orchestrate/cache.sqlite");
+    std::fs::remove_file(&index).unwrap();
+    std::os::unix::fs::symlink(&theirs, &index).unwrap();
+    for cmd in [&["plan", "s.yaml"][..], &["status"], &["run", "s.yaml"]] {
+        let out = p.run(cmd);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("cache.sqlite is a symbolic link"), "{cmd:?}: {}", stderr(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep");
+}

@@ -305,6 +305,23 @@ enum Checked {
     Differs(String),
 }
 
+/// The workspace's own files, refused where a link (or anything but a
+/// regular file) stands: SQLite follows a link, so a planted
+/// `cache.sqlite -> ~/theirs.db` would get our tables, or be read as ours.
+fn refuse_linked_files(root: &Path) -> Result<(), StoreError> {
+    for file in ["cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm", "guard.sqlite", "index.lock", "use.lock"] {
+        let path = root.join(file);
+        if fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+            return Err(StoreError::Invalid(format!(
+                "{} is a symbolic link or not a regular file: the workspace's own files are never opened \
+                 through a link. Remove it and run again",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Writes the marker whole, or finds it written by another process that got
 /// there first: a complete temporary file is hard-linked to its name, which
 /// fails if the name exists, so no reader ever sees a half-written marker.
@@ -454,24 +471,7 @@ impl Workspace {
         for sub in FOLDERS {
             fsx::own_dir(&root.join(sub))?;
         }
-        // SQLite follows a link: a planted `cache.sqlite -> ~/theirs.db` would get our tables.
-        for file in ["cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm", "guard.sqlite", "index.lock"] {
-            let path = root.join(file);
-            if fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
-                return Err(StoreError::Invalid(format!(
-                    "{} is a symbolic link or not a regular file: the workspace's own files are never opened \
-                     through a link. Remove it and run again",
-                    path.display()
-                )));
-            }
-        }
-        if fs::symlink_metadata(root.join("use.lock")).is_ok_and(|m| !m.is_file()) {
-            return Err(StoreError::Invalid(format!(
-                "{} is a symbolic link or not a regular file: the workspace's own files are never opened \
-                 through a link. Remove it and run again",
-                root.join("use.lock").display()
-            )));
-        }
+        refuse_linked_files(root)?;
         let use_lock = Self::take_use_lock(root, exclusive)?;
         let ws = Workspace {
             root: root.to_path_buf(),
@@ -502,6 +502,7 @@ impl Workspace {
             Found::Foreign => return Err(not_a_workspace(root)),
             Found::Marked | Found::Unmarked => {}
         }
+        refuse_linked_files(root)?;
         let ws = Workspace {
             root: root.to_path_buf(),
             read_only: true,
