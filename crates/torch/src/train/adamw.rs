@@ -41,6 +41,13 @@ impl AdamW {
     }
 
     /// One update with learning rate `lr`, from the gradients in `params`.
+    ///
+    /// Every intermediate goes through one scratch buffer, sized for the largest
+    /// parameter and reused for each: the element-wise operations are the ones
+    /// `(v.sqrt() / √(1−β2^t) + ε)` and `m / denom × lr/(1−β1^t)` always ran, in
+    /// the same order, so the values are bit for bit what six fresh tensors per
+    /// parameter gave (a test keeps that formulation to compare). At Qwen2.5-0.5B's
+    /// 494M parameters those fresh tensors were 12 GB of new pages per step.
     pub fn step(&mut self, params: &BTreeMap<String, Tensor>, lr: f64) {
         self.step += 1;
         let c = self.config;
@@ -48,21 +55,37 @@ impl AdamW {
         let bias1 = 1.0 - c.beta1.powi(t);
         let bias2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
         tch::no_grad(|| {
+            let largest = params.values().map(Tensor::numel).max().unwrap_or(0);
+            let mut scratch_of: Option<(Kind, tch::Device, Tensor)> = None;
             for (name, p) in params {
                 let g = p.grad();
                 if !g.defined() {
                     continue;
                 }
+                let (kind, device) = (p.kind(), p.device());
+                let flat = match &scratch_of {
+                    Some((k, d, s)) if *k == kind && *d == device => s.shallow_clone(),
+                    _ => {
+                        let s = Tensor::empty([largest as i64], (kind, device));
+                        scratch_of = Some((kind, device, s.shallow_clone()));
+                        s
+                    }
+                };
+                let mut s = flat.narrow(0, 0, p.numel() as i64).view(p.size().as_slice());
                 let mut p = p.shallow_clone();
                 let m = self.exp_avg.get_mut(name).expect("state for every parameter");
                 let v = self.exp_avg_sq.get_mut(name).expect("state for every parameter");
                 let _ = p.g_mul_scalar_(1.0 - lr * c.weight_decay);
                 let _ = m.lerp_(&g, 1.0 - c.beta1);
                 let _ = v.g_mul_scalar_(c.beta2);
-                let _ = v.addcmul_(&g, &g.g_mul_scalar(1.0 - c.beta2));
-                let denom = (v.sqrt() / bias2_sqrt) + c.eps;
-                let update = m.g_div(&denom) * (lr / bias1);
-                let _ = p.g_sub_(&update);
+                let _ = g.mul_scalar_out(&s, 1.0 - c.beta2);
+                let _ = v.addcmul_(&g, &s);
+                let _ = v.sqrt_out(&s);
+                let _ = s.g_div_scalar_(bias2_sqrt);
+                let _ = s.g_add_scalar_(c.eps);
+                let _ = m.div_out(&s, &s);
+                let _ = s.g_mul_scalar_(lr / bias1);
+                let _ = p.g_sub_(&s);
             }
         });
     }
@@ -135,6 +158,67 @@ mod tests {
         assert!((lr(20) - 1e-6).abs() < 1e-18);
         assert!((lr(199) - 1e-7).abs() < 1e-18);
         assert!(lr(100) < lr(50));
+    }
+
+    /// The step as it was written before the scratch buffer: six fresh tensors
+    /// per parameter. The scratch-buffer step must give the same bits.
+    fn step_with_fresh_tensors(a: &mut AdamW, params: &BTreeMap<String, Tensor>, lr: f64) {
+        a.step += 1;
+        let c = a.config;
+        let t = a.step as i32;
+        let bias1 = 1.0 - c.beta1.powi(t);
+        let bias2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
+        tch::no_grad(|| {
+            for (name, p) in params {
+                let g = p.grad();
+                let mut p = p.shallow_clone();
+                let m = a.exp_avg.get_mut(name).unwrap();
+                let v = a.exp_avg_sq.get_mut(name).unwrap();
+                let _ = p.g_mul_scalar_(1.0 - lr * c.weight_decay);
+                let _ = m.lerp_(&g, 1.0 - c.beta1);
+                let _ = v.g_mul_scalar_(c.beta2);
+                let _ = v.addcmul_(&g, &g.g_mul_scalar(1.0 - c.beta2));
+                let denom = (v.sqrt() / bias2_sqrt) + c.eps;
+                let update = m.g_div(&denom) * (lr / bias1);
+                let _ = p.g_sub_(&update);
+            }
+        });
+    }
+
+    #[test]
+    fn the_scratch_buffer_step_gives_the_bits_of_fresh_tensors() {
+        tch::manual_seed(5);
+        // Shapes of several sizes (the scratch is sliced for each), gradients at
+        // rounding-noise scale and at unit scale, three steps (the bias corrections move).
+        let shapes: [&[i64]; 4] = [&[7, 13], &[300], &[3, 5, 11], &[1]];
+        let make = || -> BTreeMap<String, Tensor> {
+            shapes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("p{i}"), Tensor::randn(*s, (Kind::Float, tch::Device::Cpu)).set_requires_grad(true)))
+                .collect()
+        };
+        let ours = make();
+        let theirs: BTreeMap<String, Tensor> =
+            ours.iter().map(|(k, p)| (k.clone(), p.detach().copy().set_requires_grad(true))).collect();
+        let mut a = AdamW::new(AdamWConfig::new(0.01), &ours);
+        let mut b = AdamW::new(AdamWConfig::new(0.01), &theirs);
+        for (step, scale) in [1e-7, 1.0, 3e-3].into_iter().enumerate() {
+            zero_grad(&ours);
+            zero_grad(&theirs);
+            for (k, p) in &ours {
+                // d/dp Σ p·g = g: both sides get the same gradient.
+                let g = Tensor::randn(p.size(), (Kind::Float, tch::Device::Cpu)) * scale;
+                (p * &g).sum(Kind::Float).backward();
+                (&theirs[k] * &g).sum(Kind::Float).backward();
+            }
+            a.step(&ours, 1e-3 * (step + 1) as f64);
+            step_with_fresh_tensors(&mut b, &theirs, 1e-3 * (step + 1) as f64);
+            for (k, p) in &ours {
+                assert!(p.detach().equal(&theirs[k].detach()), "{k} after step {}", step + 1);
+                assert!(a.exp_avg[k].equal(&b.exp_avg[k]) && a.exp_avg_sq[k].equal(&b.exp_avg_sq[k]), "{k} moments");
+            }
+        }
     }
 
     #[test]
