@@ -72,6 +72,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts and before libtorch allocates.
+    torch::keep_freed_memory();
     // Deterministic cuBLAS, set before CUDA initialises (TF32 for matmuls is off by default).
     if std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
         std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
