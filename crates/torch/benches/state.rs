@@ -93,8 +93,8 @@ fn restore_whole(path: &std::path::Path, params: &BTreeMap<String, Tensor>, adam
 }
 
 /// The metadata of an SFT state (what `restore_state` checks before reading tensors).
-fn sft_meta() -> serde_json::Value {
-    use orchestrate_core::train::metrics::{Scheduler, SftIdentity, SftMetrics};
+fn sft_meta() -> orchestrate_core::train::metrics::TrainingMetrics {
+    use orchestrate_core::train::metrics::{Scheduler, SftIdentity, SftMetrics, TrainingMetrics};
     let p = serde_json::from_value(serde_json::json!({"branch": "warmstart", "epochs": 1})).expect("params");
     let m = SftMetrics {
         identity: SftIdentity::new(&p, "bench".into(), 1),
@@ -108,9 +108,7 @@ fn sft_meta() -> serde_json::Value {
         final_model_digest: "bench".into(),
         costs: None,
     };
-    let mut v = serde_json::to_value(m).expect("meta");
-    v["kind"] = "sft".into();
-    v
+    TrainingMetrics::Sft(m)
 }
 
 /// `-- --restore STATE --model DIR`: restores a real state (a node's `state`
@@ -165,7 +163,7 @@ fn main() {
     let state_gb = (3 * total * 4) as f64 / 1e9;
     println!("state: {millions} M parameters with two AdamW moments, {state_gb:.2} GB of f32, held by the tensors (RSS {:.2} GB)", status("VmRSS:") as f64 / 1e9);
     let (ws, wm) = measured(|| save_state(&streamed, &params, &adam, &meta).expect("save_state"));
-    let (os, om) = measured(|| write_whole(&whole, &params, &adam, &meta));
+    let (os, om) = measured(|| write_whole(&whole, &params, &adam, &serde_json::to_value(&meta).expect("meta")));
     let same = std::fs::read(&streamed).expect("read") == std::fs::read(&whole).expect("read");
     assert!(same, "the two writers wrote other bytes");
     let size = std::fs::metadata(&streamed).expect("size").len() as f64 / 1e9;

@@ -56,6 +56,12 @@ impl TrainingMetrics {
         }
     }
 
+    /// The `metrics` file's text: pretty JSON with its keys sorted (through a
+    /// JSON value, as the state's metadata is written).
+    pub fn to_json_pretty(&self) -> serde_json::Result<String> {
+        serde_json::to_string_pretty(&serde_json::to_value(self)?)
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             TrainingMetrics::Sft(_) => "sft",

@@ -38,8 +38,13 @@ pub enum StateError {
 
 const META_KEY: &str = "orchestrate_state";
 
-/// Writes a state atomically: f32 tensors (name → shape, values) plus JSON.
-pub fn write_state(path: &Path, meta: &Value, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<(), StateError> {
+/// Writes a state atomically: f32 tensors (name → shape, values) plus `meta`
+/// as JSON (a trainer's is its [`TrainingMetrics`](crate::train::metrics::TrainingMetrics)).
+pub fn write_state(
+    path: &Path,
+    meta: &impl serde::Serialize,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+) -> Result<(), StateError> {
     let shapes: Vec<(String, Vec<usize>)> = tensors.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect();
     let by_name: HashMap<&str, &[f32]> = tensors.iter().map(|(n, _, v)| (n.as_str(), v.as_slice())).collect();
     write_state_streamed(path, meta, &shapes, |name, out| write_f32_le(by_name[name], out))
@@ -82,7 +87,7 @@ impl Write for Counted<'_> {
 /// A state's header bytes, and each tensor's name and byte size in file order.
 type Header = (Vec<u8>, Vec<(String, usize)>);
 
-fn header(meta: &Value, shapes: &[(String, Vec<usize>)]) -> Result<Header, String> {
+fn header(meta: &impl serde::Serialize, shapes: &[(String, Vec<usize>)]) -> Result<Header, String> {
     use safetensors::tensor::{Metadata, TensorInfo};
     let mut sorted: Vec<&(String, Vec<usize>)> = shapes.iter().collect();
     // Every state tensor is F32: the dtype order is the name order.
@@ -98,6 +103,9 @@ fn header(meta: &Value, shapes: &[(String, Vec<usize>)]) -> Result<Header, Strin
         offset += n;
     }
     let mut metadata = HashMap::new();
+    // Through a JSON value: its keys are written sorted, whatever order the
+    // type declares its fields in (the states written so far read the same).
+    let meta = serde_json::to_value(meta).map_err(|e| format!("the state's metadata: {e}"))?;
     metadata.insert(META_KEY.to_string(), meta.to_string());
     let header = Metadata::new(Some(metadata), infos).map_err(|e| e.to_string())?;
     let mut bytes = serde_json::to_string(&header).map_err(|e| e.to_string())?.into_bytes();
@@ -113,7 +121,7 @@ fn header(meta: &Value, shapes: &[(String, Vec<usize>)]) -> Result<Header, Strin
 /// packs' states read, and a state written again is the same object).
 pub fn write_state_streamed(
     path: &Path,
-    meta: &Value,
+    meta: &impl serde::Serialize,
     shapes: &[(String, Vec<usize>)],
     mut emit: impl FnMut(&str, &mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), StateError> {

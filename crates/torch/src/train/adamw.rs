@@ -195,7 +195,9 @@ mod tests {
             shapes
                 .iter()
                 .enumerate()
-                .map(|(i, s)| (format!("p{i}"), Tensor::randn(*s, (Kind::Float, tch::Device::Cpu)).set_requires_grad(true)))
+                .map(|(i, s)| {
+                    (format!("p{i}"), Tensor::randn(*s, (Kind::Float, tch::Device::Cpu)).set_requires_grad(true))
+                })
                 .collect()
         };
         let ours = make();

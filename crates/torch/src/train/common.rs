@@ -12,7 +12,6 @@ use orchestrate_core::ops::worker::WorkerJob;
 use orchestrate_core::store::fsx;
 use orchestrate_core::train::metrics::TrainingMetrics;
 use orchestrate_core::train::state::{write_f32_le, write_state_streamed, StateReader};
-use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 
 use super::adamw::AdamW;
@@ -129,7 +128,7 @@ pub fn params(model: &CausalLm) -> BTreeMap<String, Tensor> {
 /// writing a state holds no copy of the model or its moments (a 0.5B model's
 /// state is 5.9 GB of f32; copying it all twice before gzip ran a 24 GB
 /// machine out of memory).
-pub fn save_state(path: &Path, params: &BTreeMap<String, Tensor>, adam: &AdamW, meta: &Value) -> Result<()> {
+pub fn save_state(path: &Path, params: &BTreeMap<String, Tensor>, adam: &AdamW, meta: &TrainingMetrics) -> Result<()> {
     let by_name = state_tensors(params, adam)?;
     let shapes: Vec<(String, Vec<usize>)> =
         by_name.iter().map(|(name, t)| (name.clone(), t.size().iter().map(|d| *d as usize).collect())).collect();
@@ -264,9 +263,8 @@ pub fn write_outputs(
             fsx::copy_file(&src, &out.join(extra))?;
         }
     }
-    let meta = serde_json::to_value(&metrics)?;
-    save_state(&job.staging.join("state"), params, adam, &meta)?;
-    fsx::write_file(&job.staging.join("metrics"), serde_json::to_string_pretty(&meta)? + "\n")?;
+    save_state(&job.staging.join("state"), params, adam, &metrics)?;
+    fsx::write_file(&job.staging.join("metrics"), metrics.to_json_pretty()? + "\n")?;
     Ok(())
 }
 
@@ -279,7 +277,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::train::adamw::AdamWConfig;
     use orchestrate_core::train::metrics::{Scheduler, SftIdentity, SftMetrics};
@@ -297,7 +295,8 @@ mod tests {
         (params, adam)
     }
 
-    fn meta(adam_step: i64) -> Value {
+    /// A state's metrics for tests (an SFT run's).
+    pub(crate) fn meta(adam_step: i64) -> TrainingMetrics {
         let p = serde_json::from_value(serde_json::json!({"branch": "warmstart", "epochs": 1})).unwrap();
         let m = SftMetrics {
             identity: SftIdentity::new(&p, "digest".into(), 4),
@@ -311,9 +310,7 @@ mod tests {
             final_model_digest: "digest".into(),
             costs: None,
         };
-        let mut v = serde_json::to_value(m).unwrap();
-        v["kind"] = "sft".into();
-        v
+        TrainingMetrics::Sft(m)
     }
 
     fn same(a: &BTreeMap<String, Tensor>, b: &BTreeMap<String, Tensor>) -> bool {

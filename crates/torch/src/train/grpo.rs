@@ -627,7 +627,7 @@ pub fn record(
     if p.checkpoint_every > 0 && (iteration + 1) % p.checkpoint_every == 0 && iteration + 1 < p.iterations {
         // The digests this iteration already took (weights after its updates, reference).
         let meta = s.metrics(ledger, pos, iteration + 1, adam.step, after, &reference_now)?;
-        wal.checkpoint(params, adam, &serde_json::to_value(TrainingMetrics::Grpo(meta))?, iteration)?;
+        wal.checkpoint(params, adam, &TrainingMetrics::Grpo(meta), iteration)?;
         let committed = Committed { iteration, update: None, checkpoint: Some(iteration + 1) };
         s.log(ledger, GuardEvent::Control(ControlEvent::UpdateCommitted(committed)))?;
     }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{bail, err, Result};
 use orchestrate_core::guard::rollouts;
-use serde_json::Value;
+use orchestrate_core::train::metrics::TrainingMetrics;
 use tch::Tensor;
 
 use super::adamw::AdamW;
@@ -119,7 +119,7 @@ impl Wal {
         &self,
         params: &BTreeMap<String, Tensor>,
         adam: &AdamW,
-        meta: &Value,
+        meta: &TrainingMetrics,
         iteration: usize,
     ) -> Result<()> {
         // Real folders of the workspace's own; a link there is refused, never followed.
@@ -178,7 +178,7 @@ mod tests {
         std::fs::write(&theirs, "keep").unwrap();
         let params: BTreeMap<String, Tensor> = [("w".to_string(), Tensor::from_slice(&[1.0f32, 2.0]))].into();
         let adam = AdamW::new(AdamWConfig::new(0.0), &params);
-        let meta = serde_json::json!({"kind": "test"});
+        let meta = crate::train::common::tests::meta(0);
         let staged = dir.path().join("staged");
         rollouts::ensure_dir(&staged).unwrap();
         rollouts::write_iteration(&staged, 0, &[]).unwrap();
@@ -211,7 +211,7 @@ mod tests {
         };
         let params: BTreeMap<String, Tensor> = [("w".to_string(), Tensor::from_slice(&[1.0f32]))].into();
         let adam = AdamW::new(AdamWConfig::new(0.0), &params);
-        let meta = serde_json::json!({"kind": "test"});
+        let meta = crate::train::common::tests::meta(0);
         let wal = Wal::new(&dir.path().join("checkpoints/k"), &first, 0);
         for i in 0..2 {
             rollouts::write_iteration(&first, i, &[rollout(i as i64), rollout(7)]).unwrap();
