@@ -773,7 +773,6 @@ fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) ->
     }
     let ctx = RunContext {
         node_id: job.node.id(),
-        params: job.node.params.value(),
         spec_dir: job.spec_dir,
         inputs: &inputs,
         staging: staging.path(),

@@ -145,7 +145,6 @@ pub struct InputArtifact {
 /// Everything an op may touch while running one node.
 pub struct RunContext<'a> {
     pub node_id: &'a str,
-    pub params: &'a Value,
     /// The spec's folder: relative paths in params are relative to it.
     pub spec_dir: &'a Path,
     pub inputs: &'a BTreeMap<String, Vec<InputArtifact>>,
