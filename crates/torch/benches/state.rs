@@ -163,7 +163,8 @@ fn main() {
     let state_gb = (3 * total * 4) as f64 / 1e9;
     println!("state: {millions} M parameters with two AdamW moments, {state_gb:.2} GB of f32, held by the tensors (RSS {:.2} GB)", status("VmRSS:") as f64 / 1e9);
     let (ws, wm) = measured(|| save_state(&streamed, &params, &adam, &meta).expect("save_state"));
-    let (os, om) = measured(|| write_whole(&whole, &params, &adam, &serde_json::to_value(&meta).expect("meta")));
+    let meta_json = serde_json::to_value(&meta).expect("meta");
+    let (os, om) = measured(|| write_whole(&whole, &params, &adam, &meta_json));
     let same = std::fs::read(&streamed).expect("read") == std::fs::read(&whole).expect("read");
     assert!(same, "the two writers wrote other bytes");
     let size = std::fs::metadata(&streamed).expect("size").len() as f64 / 1e9;

@@ -59,7 +59,7 @@ pub fn env() -> error::Result<EnvPart> {
 pub fn keep_freed_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc.")) {
+        if user_sets_malloc() {
             return false;
         }
         // SAFETY: mallopt only sets allocator parameters, under glibc's own
@@ -75,6 +75,12 @@ pub fn keep_freed_memory() -> bool {
     {
         false
     }
+}
+
+/// Whether the user set glibc's malloc tunables themselves (`GLIBC_TUNABLES`):
+/// then [`keep_freed_memory`] leaves theirs as they are.
+pub fn user_sets_malloc() -> bool {
+    std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc."))
 }
 
 #[cfg(test)]

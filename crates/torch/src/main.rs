@@ -72,7 +72,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Before any thread starts and before libtorch allocates.
+    // First, before the worker starts threads of its own or makes any tensor.
     torch::keep_freed_memory();
     // Deterministic cuBLAS, set before CUDA initialises (TF32 for matmuls is off by default).
     if std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {

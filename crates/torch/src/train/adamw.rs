@@ -56,20 +56,16 @@ impl AdamW {
         let bias2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
         tch::no_grad(|| {
             let largest = params.values().map(Tensor::numel).max().unwrap_or(0);
-            let mut scratch_of: Option<(Kind, tch::Device, Tensor)> = None;
+            let mut scratch: Option<Tensor> = None;
             for (name, p) in params {
                 let g = p.grad();
                 if !g.defined() {
                     continue;
                 }
                 let (kind, device) = (p.kind(), p.device());
-                let flat = match &scratch_of {
-                    Some((k, d, s)) if *k == kind && *d == device => s.shallow_clone(),
-                    _ => {
-                        let s = Tensor::empty([largest as i64], (kind, device));
-                        scratch_of = Some((kind, device, s.shallow_clone()));
-                        s
-                    }
+                let flat = match &scratch {
+                    Some(s) if s.kind() == kind && s.device() == device => s.shallow_clone(),
+                    _ => scratch.insert(Tensor::empty([largest as i64], (kind, device))).shallow_clone(),
                 };
                 let mut s = flat.narrow(0, 0, p.numel() as i64).view(p.size().as_slice());
                 let mut p = p.shallow_clone();
