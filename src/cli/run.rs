@@ -181,15 +181,22 @@ fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
 /// evaluation) cost, as its record keeps them: a cached node's are those of
 /// the run that made it.
 fn print_costs(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
+    // Only numerical ops run in a worker, the one process that measures
+    // its costs: no other node's row has any to read (and a run without
+    // one opens no index connection for this table).
+    let mut numerical = dag.nodes.iter().filter(|n| n.op.numerical()).peekable();
+    if numerical.peek().is_none() {
+        return;
+    }
     let Ok(index) = ws.index() else { return };
     let mut rows = String::new();
-    for node in &dag.nodes {
+    for node in numerical {
         let (key, when) = match result.outcomes.get(node.id()) {
             Some(exec::Outcome::Ran { key, .. }) => (key, "this run"),
             Some(exec::Outcome::Cached { key, .. }) => (key, "cached"),
             _ => continue,
         };
-        let Some(c) = index.lookup(key).ok().flatten().and_then(|c| c.costs) else { continue };
+        let Some(c) = index.lookup_costs(key).ok().flatten() else { continue };
         let rss = c.process.peak_rss_bytes.map_or("undefined".into(), |b| format!("{:.0}", b as f64 / 1048576.0));
         rows.push_str(&format!("| {} | {} | {:.1} | {rss} | {when} |\n", node.id(), node.op.name(), c.process.seconds));
     }

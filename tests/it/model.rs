@@ -59,6 +59,34 @@ fn the_embedded_default_builds_in_hf_layout_and_reruns_from_cache() {
     assert!(explain["record"]["env"].is_null());
 }
 
+/// `run` ends with what each measuring node's process cost, as its record
+/// keeps them: the training node (its worker measured it), not the others;
+/// and a run of nodes that measure nothing prints no such table.
+#[test]
+fn run_prints_the_costs_the_numerical_nodes_measured() {
+    let (p, _) = built();
+    let sft = "  sft:\n    op: train.sft\n    inputs: {model: 'model:model', pages: 'data:pages.train', labels: 'data:labels.train', validation_pages: 'data:pages.validation', validation_labels: 'data:labels.validation'}\n    params: {branch: warmstart, epochs: 1, batch_size: 4, lr: 1e-3}\n";
+    p.write("tiny.yaml", &format!("{TINY}{sft}"));
+    let out = p.run(&["run", "tiny.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("| sft | train.sft |") && stdout(&out).contains("| this run |"), "{}", stdout(&out));
+    let out = p.run(&["run", "tiny.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let table = text.split("costs (").nth(1).unwrap_or_else(|| panic!("a costs table in: {text}"));
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| node ")).collect();
+    assert_eq!(rows.len(), 1, "{table}");
+    let cells: Vec<&str> = rows[0].trim_matches('|').split('|').map(str::trim).collect();
+    assert_eq!((cells[0], cells[1], cells[4]), ("sft", "train.sft", "cached"), "{}", rows[0]);
+    assert!(cells[2].parse::<f64>().is_ok_and(|s| s > 0.0), "seconds: {}", rows[0]);
+    p.write("plain.yaml", "name: plain\nnodes:\n  a: {op: shell, params: {cmd: 'echo a > a.txt', outs: [a.txt]}}\n");
+    for _ in 0..2 {
+        let out = p.run(&["run", "plain.yaml"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(!stdout(&out).contains("costs ("), "{}", stdout(&out));
+    }
+}
+
 #[test]
 fn the_same_seed_gives_the_same_weights() {
     let (_a, dir_a) = built();

@@ -470,6 +470,22 @@ impl Index {
         raw.map(|text| parse(&text, "outputs manifest")).transpose()
     }
 
+    /// What a cached key's process cost, alone (`None`: the key is not
+    /// cached, or its op measured nothing): the costs table `run` prints
+    /// needs no more of the row. An index of version 5 or older opened
+    /// read-only has no costs.
+    pub fn lookup_costs(&self, key: &str) -> Result<Option<crate::costs::NodeCosts>, StoreError> {
+        if self.columns != Self::COLUMNS {
+            return Ok(None);
+        }
+        let raw: Option<Option<String>> = self
+            .conn
+            .prepare_cached("SELECT costs FROM nodes WHERE key = ?1")
+            .and_then(|mut s| s.query_row(params![key], |r| r.get(0)).optional())
+            .map_err(db("looking up a key's costs"))?;
+        raw.flatten().map(|text| parse(&text, "costs")).transpose()
+    }
+
     /// The most recent completed record of a node id in a run of this spec
     /// and profile, for "why" and `explain`: a node of the same name in
     /// another spec or profile is another node (its params would be diffed
@@ -724,17 +740,23 @@ mod migration_tests {
             ))
             .unwrap();
         }
-        let old = Index::open_read_only(&path).unwrap().lookup(&key).unwrap().unwrap();
+        let read_only = Index::open_read_only(&path).unwrap();
+        let old = read_only.lookup(&key).unwrap().unwrap();
         assert_eq!((old.node_id.as_str(), old.costs), ("a", None));
+        assert_eq!(read_only.lookup_costs(&key).unwrap(), None, "no costs column, no costs");
+        drop(read_only);
         let index = Index::open(&path).unwrap();
         assert_eq!(index.lookup(&key).unwrap().unwrap().seconds, 1.5, "the row is kept");
+        assert_eq!(index.lookup_costs(&key).unwrap(), None, "a row without costs");
         let costs = crate::costs::NodeCosts {
             process: crate::costs::RunCosts { seconds: 2.0, optimization_seconds: None, peak_rss_bytes: Some(7) },
             iterations: Default::default(),
         };
         let node = CachedNode { costs: Some(costs.clone()), ..old };
         index.insert_node(&node).unwrap();
-        assert_eq!(index.lookup(&key).unwrap().unwrap().costs, Some(costs));
+        assert_eq!(index.lookup(&key).unwrap().unwrap().costs, Some(costs.clone()));
+        assert_eq!(index.lookup_costs(&key).unwrap(), Some(costs), "the costs column alone reads the same");
+        assert_eq!(index.lookup_costs(&"ef".repeat(32)).unwrap(), None, "a key not cached");
         drop(index);
         // Opening it again adds nothing twice.
         assert!(Index::open(&path).unwrap().lookup(&key).unwrap().unwrap().costs.is_some());
