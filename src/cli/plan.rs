@@ -13,12 +13,15 @@ use orchestrate_core::dag::{self};
 use orchestrate_core::exec::plan::{self, PlanEntry, PlanState};
 use orchestrate_core::runtime;
 use orchestrate_core::spec::did_you_mean;
+use orchestrate_core::spec::parsed::ParseCache;
 use orchestrate_core::store::Workspace;
 
 /// `orchestrate plan`: each node cached, or will run and why.
 pub fn plan(ctx: &Ctx, args: PlanArgs) -> Result<Status> {
     let PlanArgs { spec, targets, force, json, remote } = args;
-    let (spec, dag) = load(&spec, &ctx.registry)?;
+    // Read from the parse cache, never written: `plan` changes nothing.
+    let parsed = std::sync::Arc::new(ParseCache::new(&ctx.workspace));
+    let (spec, dag) = load_with(&spec, &ctx.registry, Some(parsed))?;
     let (spec, dag, force) = select(spec, dag, targets, force)?;
     let remote = remote
         .remote

@@ -20,6 +20,7 @@ use orchestrate_core::exec::{self, RunOptions};
 use orchestrate_core::ids::escaped as esc;
 use orchestrate_core::remote;
 use orchestrate_core::runtime;
+use orchestrate_core::spec::parsed::ParseCache;
 use orchestrate_core::spec::{self};
 use orchestrate_core::store::Workspace;
 
@@ -27,7 +28,8 @@ use orchestrate_core::store::Workspace;
 /// (`--dry-run`: the plan; `--check`: re-execute cached nodes).
 pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     let RunArgs { spec, targets, jobs, force, dry_run, json, quiet, remote, push, drop_states, check } = args;
-    let (spec, dag) = load(&spec, &ctx.registry)?;
+    let parsed = std::sync::Arc::new(ParseCache::new(&ctx.workspace));
+    let (spec, dag) = load_with(&spec, &ctx.registry, Some(parsed.clone()))?;
     let wanted = if check && !targets.is_empty() { expand_nodes(&dag, targets.clone())? } else { BTreeSet::new() };
     let (spec, dag, force) = select(spec, dag, targets, force)?;
     // `--remote [URL]` consults the remote on a local miss; `--push`
@@ -44,6 +46,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     };
     if check {
         let ws = Workspace::open(&ctx.workspace)?;
+        save_parsed(&parsed);
         return super::check::run_check(&ws, &spec, &dag, &wanted, consult.as_ref(), push_to.as_ref(), json);
     }
     if dry_run {
@@ -63,6 +66,7 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     // Ctrl-C, SIGTERM, SIGHUP: the run stops its nodes and records itself as interrupted.
     exec::signal::install_interrupt_handler();
     let ws = Workspace::open(&ctx.workspace)?;
+    save_parsed(&parsed);
     let force = regenerate_dropped(Some(&ws), &spec, &dag, force)?;
     let foreign = ws.foreign_staging();
     if !foreign.is_empty() {
@@ -172,6 +176,14 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
 
 /// Prints the outputs ops mark for printing (results tables) after a run,
 /// then what each node's process cost.
+/// Keeps what this run parsed in the workspace's parse cache, now that the
+/// workspace is open: a cache, so a failure is a warning and the run goes on.
+fn save_parsed(parsed: &ParseCache) {
+    if let Err(e) = parsed.save() {
+        eprintln!("warning: the spec's parse was not kept for the next command ({e}); it is parsed again then");
+    }
+}
+
 fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
     print_outputs(ws, dag, result);
     print_costs(ws, dag, result);

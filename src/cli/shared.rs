@@ -22,6 +22,17 @@ pub(super) fn free_at_exit(spec: Spec, dag: Dag) {
 }
 
 pub(super) fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> {
+    load_with(args, registry, None)
+}
+
+/// As [`load`], reading spec files parsed before from the workspace's parse
+/// cache (what it parses afresh is kept there by `parsed.save()`, once the
+/// workspace is open).
+pub(super) fn load_with(
+    args: &SpecArgs,
+    registry: &Registry,
+    parsed: Option<std::sync::Arc<spec::parsed::ParseCache>>,
+) -> Result<(Spec, Dag)> {
     let overrides = args.set.iter().map(|s| Override::parse(s)).collect::<Result<Vec<_>, _>>()?;
     let x = &args.executor;
     let resources = spec::SlurmResources {
@@ -40,6 +51,7 @@ pub(super) fn load(args: &SpecArgs, registry: &Registry) -> Result<(Spec, Dag)> 
         overrides,
         executor: x.executor.map(Into::into),
         resources: Some(resources),
+        parsed,
     };
     let spec = spec::load(&args.spec, &opts)?;
     let dag = dag::compile(&spec, registry)?;

@@ -288,3 +288,68 @@ fn plan_says_why_against_the_same_spec_and_profile() {
     assert!(text.contains("alpha") && text.contains("gamma"), "the default profile's last record: {text}");
     assert!(!text.contains("tinyprofile"), "not the tiny profile's record: {text}");
 }
+
+/// The parse cache's entries in the project's workspace.
+fn parse_cache_entries(p: &Project) -> usize {
+    match std::fs::read_dir(p.path().join(".orchestrate/specs")) {
+        Ok(dir) => dir.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".json")).count(),
+        Err(_) => 0,
+    }
+}
+
+/// A spec read again is not parsed again (its parse is kept in
+/// `.orchestrate/specs/`), yet every edit, to the spec or to a file it
+/// extends, is what runs; a file that does not parse is never kept and says
+/// the same error every time; and `plan` keeps nothing.
+#[test]
+fn the_parse_cache_never_serves_an_edited_or_a_broken_spec() {
+    let p = Project::new();
+    let base = |word: &str| {
+        format!("name: base\nnodes:\n  a: {{op: shell, params: {{cmd: 'echo {word} > a.txt', outs: [a.txt]}}}}\n")
+    };
+    p.write("base.yaml", &base("one"));
+    p.write(
+        "spec.yaml",
+        "extends: base.yaml\nname: s\nnodes:\n  b: {op: shell, params: {cmd: 'cat a.txt a.txt > b.txt', deps: [a.txt], outs: [b.txt]}}\n",
+    );
+    let out = p.run(&["plan", "spec.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(parse_cache_entries(&p), 0, "plan writes nothing");
+    assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "node_finished"), ["a", "b"]);
+    assert_eq!(parse_cache_entries(&p), 2, "an entry per file read");
+    assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "cache_hit"), ["a", "b"]);
+    assert_eq!(parse_cache_entries(&p), 2);
+    // The parent edited: its new text is parsed, and what it says runs.
+    p.write("base.yaml", &base("two"));
+    assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "node_finished"), ["a", "b"]);
+    assert_eq!(p.read("b.txt"), "two\ntwo\n");
+    assert_eq!(parse_cache_entries(&p), 3);
+    // Back to the first text: its entry is read, and the store's outputs put back.
+    p.write("base.yaml", &base("one"));
+    assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "cache_hit"), ["a", "b"]);
+    assert_eq!(p.read("b.txt"), "one\none\n");
+    p.write("spec.yaml", "name: s\nnodes: [\n");
+    for _ in 0..2 {
+        let out = p.run(&["run", "spec.yaml"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains("spec.yaml:") && stderr(&out).contains("invalid YAML"), "{}", stderr(&out));
+    }
+    assert_eq!(parse_cache_entries(&p), 3);
+}
+
+/// The parse cache's folder made a link to a folder of the user's: the run
+/// goes on, says it kept nothing, and writes nothing there.
+#[test]
+fn a_linked_parse_cache_folder_is_never_written_through() {
+    let p = Project::new();
+    p.write("spec.yaml", CHAIN);
+    p.run_json(&["spec.yaml"], 0);
+    let mine = p.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::remove_dir_all(p.path().join(".orchestrate/specs")).unwrap();
+    std::os::unix::fs::symlink(&mine, p.path().join(".orchestrate/specs")).unwrap();
+    let out = p.run(&["run", "spec.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("was not kept") && stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_dir(&mine).unwrap().count(), 0, "nothing written through the link");
+}

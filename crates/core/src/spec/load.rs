@@ -19,6 +19,9 @@ pub struct LoadOptions {
     /// `--partition`, `--gpus`, …: laid over every node's own `resources:`
     /// (what the command line gives wins, field by field).
     pub resources: Option<super::SlurmResources>,
+    /// The workspace's parse cache: spec files read before are not parsed
+    /// again (`None`: every file is parsed).
+    pub parsed: Option<std::sync::Arc<super::parsed::ParseCache>>,
 }
 
 /// One `--set path.to.key=value` (the value is read as YAML: `1e-3`, `[2, 4]`, `true`).
@@ -155,7 +158,8 @@ struct FileDoc {
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
     let mut files = Vec::new();
     let mut chain = Vec::new();
-    let mut merged = read_with_extends(path, &mut files, &mut chain)?;
+    let parsed = opts.parsed.as_deref();
+    let mut merged = read_with_extends(path, &mut files, &mut chain, parsed)?;
 
     let mut sources = Sources::default();
     if let Some(profile) = &opts.profile {
@@ -254,16 +258,26 @@ fn read_spec_text(path: &Path) -> Result<String, String> {
         .map_err(|e| format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))
 }
 
-fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<PathBuf>) -> Result<Value, SpecError> {
+fn read_with_extends(
+    path: &Path,
+    files: &mut Vec<FileDoc>,
+    chain: &mut Vec<PathBuf>,
+    parsed: Option<&super::parsed::ParseCache>,
+) -> Result<Value, SpecError> {
     let display = path.display().to_string();
     let text = read_spec_text(path)
         .map_err(|why| SpecError::new(SpecErrorKind::Io, Location::file(display.clone(), None), why))?;
-    if let Some(pos) = super::locate::too_deep(&text) {
-        return Err(SpecError::new(
-            SpecErrorKind::Syntax,
-            Location::file(display, Some(pos)),
-            format!("the YAML nests deeper than {} levels here; a spec never needs that", super::locate::MAX_DEPTH),
-        ));
+    // A text parsed before (without error) is read from the cache; the
+    // checks below then come in the order they always do.
+    let cached = parsed.and_then(|c| c.get(&text));
+    if cached.is_none() {
+        if let Some(pos) = super::locate::too_deep(&text) {
+            return Err(SpecError::new(
+                SpecErrorKind::Syntax,
+                Location::file(display, Some(pos)),
+                format!("the YAML nests deeper than {} levels here; a spec never needs that", super::locate::MAX_DEPTH),
+            ));
+        }
     }
     let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     if chain.contains(&canonical) {
@@ -275,44 +289,11 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
         ));
     }
     chain.push(canonical);
-
-    let yaml: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&text) {
-        Ok(v) => v,
-        Err(e) => {
-            let locator = Locator::new(&text);
-            // A repeated key in `nodes:` is the usual way to write a duplicate node id;
-            // point at the second definition, which serde's error does not.
-            if let Some((path, first, second)) = locator.first_duplicate() {
-                let (what, name) = match path.as_slice() {
-                    [n, id] if n == "nodes" => ("node id".to_string(), id.clone()),
-                    _ => ("key".to_string(), path.join(".")),
-                };
-                return Err(SpecError::new(
-                    SpecErrorKind::DuplicateId,
-                    Location::file(display, Some(*second)),
-                    format!("duplicate {what} '{name}' (first defined at line {}, column {})", first.line, first.col),
-                ));
-            }
-            let pos = e.location().map(|l| super::locate::Pos { line: l.line(), col: l.column() });
-            return Err(SpecError::new(
-                SpecErrorKind::Syntax,
-                Location::file(display, pos),
-                format!("invalid YAML: {e}"),
-            ));
-        }
+    let fresh = cached.is_none();
+    let doc = match cached {
+        Some(doc) => doc,
+        None => parse_yaml(&text, &display)?,
     };
-    // YAML merge keys (`<<: *anchor`) are applied, as users of anchors expect.
-    let mut yaml = yaml;
-    yaml.apply_merge().map_err(|e| {
-        SpecError::new(
-            SpecErrorKind::Syntax,
-            Location::file(display.clone(), None),
-            format!("invalid merge key (<<): {e}"),
-        )
-    })?;
-    let doc = serde_json::to_value(&yaml).map_err(|e| {
-        SpecError::new(SpecErrorKind::Syntax, Location::file(display.clone(), None), format!("unsupported YAML: {e}"))
-    })?;
     let locator = Locator::new(&text);
     if !doc.is_object() {
         return Err(SpecError::new(
@@ -320,6 +301,9 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
             Location::file(display, Some(super::locate::Pos { line: 1, col: 1 })),
             "expected a mapping with at least `name` and `nodes`",
         ));
+    }
+    if let (true, Some(cache)) = (fresh, parsed) {
+        cache.remember(&text, &doc);
     }
     let extends = doc.get("extends").cloned();
     // Where `extends` was written, for its errors only (locating parses the file again).
@@ -348,12 +332,57 @@ fn read_with_extends(path: &Path, files: &mut Vec<FileDoc>, chain: &mut Vec<Path
                     format!("extends '{parent}': {why}: {}", parent_path.display()),
                 ));
             }
-            let mut base = read_with_extends(&parent_path, files, chain)?;
+            let mut base = read_with_extends(&parent_path, files, chain, parsed)?;
             deep_merge(&mut base, doc);
             Ok(base)
         }
         Some(_) => Err(SpecError::new(SpecErrorKind::WrongType, at_extends(), "extends: expected a file path")),
     }
+}
+
+/// A spec file's text as a JSON document: YAML, with merge keys (`<<:
+/// *anchor`) applied as users of anchors expect. What the parse cache keeps.
+fn parse_yaml(text: &str, display: &str) -> Result<Value, SpecError> {
+    let yaml: serde_yaml_ng::Value = match serde_yaml_ng::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            let locator = Locator::new(text);
+            // A repeated key in `nodes:` is the usual way to write a duplicate node id;
+            // point at the second definition, which serde's error does not.
+            if let Some((path, first, second)) = locator.first_duplicate() {
+                let (what, name) = match path.as_slice() {
+                    [n, id] if n == "nodes" => ("node id".to_string(), id.clone()),
+                    _ => ("key".to_string(), path.join(".")),
+                };
+                return Err(SpecError::new(
+                    SpecErrorKind::DuplicateId,
+                    Location::file(display.to_string(), Some(*second)),
+                    format!("duplicate {what} '{name}' (first defined at line {}, column {})", first.line, first.col),
+                ));
+            }
+            let pos = e.location().map(|l| super::locate::Pos { line: l.line(), col: l.column() });
+            return Err(SpecError::new(
+                SpecErrorKind::Syntax,
+                Location::file(display.to_string(), pos),
+                format!("invalid YAML: {e}"),
+            ));
+        }
+    };
+    let mut yaml = yaml;
+    yaml.apply_merge().map_err(|e| {
+        SpecError::new(
+            SpecErrorKind::Syntax,
+            Location::file(display.to_string(), None),
+            format!("invalid merge key (<<): {e}"),
+        )
+    })?;
+    serde_json::to_value(&yaml).map_err(|e| {
+        SpecError::new(
+            SpecErrorKind::Syntax,
+            Location::file(display.to_string(), None),
+            format!("unsupported YAML: {e}"),
+        )
+    })
 }
 
 /// Merges `overlay` into `base`: mappings recursively, anything else replaced;

@@ -9,6 +9,7 @@
 mod error;
 mod load;
 pub mod locate;
+pub mod parsed;
 pub mod schema;
 
 use std::collections::BTreeMap;
