@@ -207,18 +207,19 @@ pub fn run_with(
     // One syncfs when the run ends instead of fsyncs per node (see DeferredSync).
     let deferred = crate::store::objects::DeferredSync::start(ws.root());
     let mut index = ws.index()?;
-    index.start_run(
-        &RunRow {
-            run_id: run_id.clone(),
-            spec: spec.name.clone(),
-            profile: spec.profile.clone(),
-            started_at: now_rfc3339(),
-            finished_at: None,
-            status: "running".into(),
-            summary: None,
-        },
-        &opts.argv,
-    )?;
+    // The run is recorded as started when its first node needs more than a
+    // cache hit (before anything runs, restores or is fetched); a run of
+    // hits alone is recorded once, when it finishes: one write, not two.
+    let run_row = RunRow {
+        run_id: run_id.clone(),
+        spec: spec.name.clone(),
+        profile: spec.profile.clone(),
+        started_at: now_rfc3339(),
+        finished_at: None,
+        status: "running".into(),
+        summary: None,
+    };
+    let mut recorded = false;
     let mut log: Vec<(u64, String)> = Vec::new();
     let emit = |e: Event, reporter: &mut dyn Reporter, log: &mut Vec<(u64, String)>| {
         reporter.on_event(&e);
@@ -342,22 +343,26 @@ pub fn run_with(
             } else {
                 node::early(&shared.job(index_here, node, &upstream, None))
             };
-            match early {
-                node::Early::Hit(outcome) => decided.push_back((pos, outcome)),
-                node::Early::Decided(decided) => {
-                    start_workers();
-                    let _ = job_tx.send((pos, upstream, Some(decided)));
-                }
-                node::Early::Unknown => {
-                    start_workers();
-                    let _ = job_tx.send((pos, upstream, None));
-                }
+            if let node::Early::Hit(outcome) = early {
+                decided.push_back((pos, outcome));
+                return Ok(());
             }
+            if !recorded {
+                index_here.start_run(&run_row, &opts.argv)?;
+                recorded = true;
+            }
+            start_workers();
+            let record = match early {
+                node::Early::Decided(decided) => Some(decided),
+                _ => None,
+            };
+            let _ = job_tx.send((pos, upstream, record));
+            Ok::<(), StoreError>(())
         };
         let mut pending = n;
         for &pos in &dag.order {
             if waiting_on[pos] == 0 {
-                dispatch(pos, &outputs, &mut decided);
+                dispatch(pos, &outputs, &mut decided)?;
             }
         }
         while pending > 0 {
@@ -489,7 +494,7 @@ pub fn run_with(
                             }
                         }
                     } else {
-                        dispatch(child, &outputs, &mut decided);
+                        dispatch(child, &outputs, &mut decided)?;
                     }
                 }
             }
@@ -564,7 +569,8 @@ pub fn run_with(
     // What the run wrote is made durable before the run is recorded finished
     // (recorded even when the sync fails, which is then the run's error).
     let synced = deferred.finish();
-    let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log).err().map(|e| e.to_string());
+    let unstarted = (!recorded).then_some((&run_row, opts.argv.as_str()));
+    let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log, unstarted).err().map(|e| e.to_string());
     synced?;
     Ok(RunResult { run_id, stats, outcomes: result, unrecorded, interrupted, dropped_states, drop_errors })
 }

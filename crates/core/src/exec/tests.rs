@@ -14,7 +14,7 @@ use super::{run_with, Event, Reporter, RunOptions};
 use crate::dag::{compile, Dag};
 use crate::ops::{Op, OpError, OutputDecl, Registry, RunContext};
 use crate::spec::{LoadOptions, Spec};
-use crate::store::Workspace;
+use crate::store::{NodeOutcome, Workspace};
 
 #[derive(Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -62,11 +62,16 @@ impl Op for Echo {
 #[derive(Default)]
 struct Recording {
     handed: Mutex<Vec<(String, DirtyReason)>>,
+    /// The run's status in the history as each node was handed over.
+    statuses: Mutex<Vec<Option<String>>>,
 }
 
 impl Executor for Recording {
     fn execute(&self, job: &NodeJob<'_>, run: &ToRun<'_>, observer: &mut dyn NodeObserver) -> Outcome {
         self.handed.lock().unwrap().push((job.node.id().to_string(), run.reason.clone()));
+        let runs = job.index.recent_runs(usize::MAX >> 1).unwrap();
+        let status = runs.into_iter().find(|r| r.run_id == job.run_id).map(|r| r.status);
+        self.statuses.lock().unwrap().push(status);
         Local.execute(job, run, observer)
     }
 }
@@ -81,13 +86,15 @@ struct World {
     dir: tempfile::TempDir,
     ws: Workspace,
     runs: Arc<AtomicUsize>,
+    /// The last run's id and [`Recording::statuses`].
+    last: Mutex<(String, Vec<Option<String>>)>,
 }
 
 impl World {
     fn new() -> World {
         let dir = tempfile::tempdir().unwrap();
         let ws = Workspace::open(&dir.path().join(".orchestrate")).unwrap();
-        World { dir, ws, runs: Arc::new(AtomicUsize::new(0)) }
+        World { dir, ws, runs: Arc::new(AtomicUsize::new(0)), last: Mutex::default() }
     }
 
     fn compile(&self, yaml: &str) -> (Spec, Dag) {
@@ -116,6 +123,7 @@ impl World {
         // Runs defer their syncs process-wide; the test counting them runs alone.
         let _serial = crate::store::objects::DEFERRED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let result = run_with(&self.ws, &spec, &dag, &opts, &executor, &mut Quiet).expect("the run completes");
+        *self.last.lock().unwrap() = (result.run_id.clone(), executor.statuses.into_inner().unwrap());
         let mut handed = executor.handed.into_inner().unwrap();
         handed.sort_by(|a, b| a.0.cmp(&b.0));
         (handed, result.outcomes)
@@ -138,6 +146,30 @@ fn chain(b_text: &str, c_fail: bool) -> String {
 
 fn names(handed: &[(String, DirtyReason)]) -> Vec<&str> {
     handed.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+/// A run is in the history, as running, before its first node runs; a run
+/// of cache hits alone, which writes nothing else, is recorded once as it
+/// ends; either way the history holds it, its nodes and its events.
+#[test]
+fn a_run_is_recorded_before_its_first_node_and_a_run_of_hits_when_it_ends() {
+    let w = World::new();
+    for (handed, statuses) in [(4, vec![Some("running".to_string()); 4]), (0, vec![])] {
+        let (ran, _) = w.run(&chain("B", false), &[]);
+        let (run_id, seen) = w.last.lock().unwrap().clone();
+        assert_eq!((ran.len(), seen), (handed, statuses));
+        let index = w.ws.index().unwrap();
+        let row = index.recent_runs(1).unwrap().remove(0);
+        assert_eq!((row.run_id.as_str(), row.status.as_str()), (run_id.as_str(), "ok"));
+        assert!(row.finished_at.as_ref().is_some_and(|f| *f >= row.started_at), "{row:?}");
+        let outcomes: Vec<NodeOutcome> = index.run_nodes(&run_id).unwrap().iter().map(|n| n.outcome).collect();
+        let expected = if handed == 0 { NodeOutcome::Cached } else { NodeOutcome::Ran };
+        assert_eq!(outcomes, vec![expected; 4]);
+        // Started, each node started and finished or a cache hit, finished.
+        let events = if handed == 0 { 1 + 4 + 1 } else { 1 + 8 + 1 };
+        assert_eq!(index.run_events(&run_id).unwrap().len(), events);
+    }
+    assert_eq!(w.ws.index().unwrap().recent_runs(10).unwrap().len(), 2);
 }
 
 #[test]

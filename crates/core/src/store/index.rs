@@ -241,6 +241,15 @@ pub struct Index {
     columns: &'static str,
 }
 
+fn insert_run(conn: &Connection, run: &RunRow, argv: &str) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO runs (run_id, spec, profile, argv, pid, started_at, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![run.run_id, run.spec, run.profile, argv, std::process::id(), run.started_at, run.status],
+    )
+    .map_err(db("recording a run"))?;
+    Ok(())
+}
+
 /// Whether the nodes table has the `costs` column (index version 6).
 fn has_costs_column(conn: &Connection) -> Result<bool, StoreError> {
     conn.prepare("SELECT 1 FROM pragma_table_info('nodes') WHERE name = 'costs'")
@@ -571,16 +580,13 @@ impl Index {
     }
 
     pub fn start_run(&self, run: &RunRow, argv: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute(
-                "INSERT INTO runs (run_id, spec, profile, argv, pid, started_at, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![run.run_id, run.spec, run.profile, argv, std::process::id(), run.started_at, run.status],
-            )
-            .map_err(db("recording a run"))?;
-        Ok(())
+        insert_run(&self.conn, run, argv)
     }
 
-    /// Records the end of a run together with its node outcomes and events, in one transaction.
+    /// Records the end of a run together with its node outcomes and events,
+    /// in one transaction; `unstarted`: the run's row and command line, when
+    /// it was never recorded as started (a run of cache hits alone), recorded
+    /// in the same transaction.
     pub fn finish_run(
         &mut self,
         run_id: &str,
@@ -588,8 +594,12 @@ impl Index {
         summary: &str,
         nodes: &[RunNodeRow],
         events: &[(u64, String)],
+        unstarted: Option<(&RunRow, &str)>,
     ) -> Result<(), StoreError> {
         let tx = self.conn.transaction().map_err(db("starting a transaction"))?;
+        if let Some((run, argv)) = unstarted {
+            insert_run(&tx, run, argv)?;
+        }
         {
             let mut ins = tx
                 .prepare_cached(
