@@ -174,8 +174,6 @@ pub fn run(ctx: &Ctx, args: RunArgs) -> Result<Status> {
     Ok(if result.stats.success() && matches!(gates, Ok(0)) && !push_failed { Status::Ok } else { Status::Failed })
 }
 
-/// Prints the outputs ops mark for printing (results tables) after a run,
-/// then what each node's process cost.
 /// Keeps what this run parsed in the workspace's parse cache, now that the
 /// workspace is open: a cache, so a failure is a warning and the run goes on.
 fn save_parsed(parsed: &ParseCache) {
@@ -184,6 +182,8 @@ fn save_parsed(parsed: &ParseCache) {
     }
 }
 
+/// Prints the outputs ops mark for printing (results tables) after a run,
+/// then what each node's process cost.
 fn print_tables(ws: &Workspace, dag: &Dag, result: &exec::RunResult) {
     print_outputs(ws, dag, result);
     print_costs(ws, dag, result);

@@ -334,6 +334,17 @@ fn the_parse_cache_never_serves_an_edited_or_a_broken_spec() {
         assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
         assert!(stderr(&out).contains("spec.yaml:") && stderr(&out).contains("invalid YAML"), "{}", stderr(&out));
     }
+    // YAML that parses but is not a mapping: refused each time, never kept.
+    p.write("spec.yaml", "- a\n- b\n");
+    for _ in 0..2 {
+        let out = p.run(&["run", "spec.yaml"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("spec.yaml:1:1") && stderr(&out).contains("expected a mapping"),
+            "{}",
+            stderr(&out)
+        );
+    }
     assert_eq!(parse_cache_entries(&p), 3);
 }
 

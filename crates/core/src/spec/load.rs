@@ -289,22 +289,25 @@ fn read_with_extends(
         ));
     }
     chain.push(canonical);
-    let fresh = cached.is_none();
     let doc = match cached {
+        // A mapping: only those are kept.
         Some(doc) => doc,
-        None => parse_yaml(&text, &display)?,
+        None => {
+            let doc = parse_yaml(&text, &display)?;
+            if !doc.is_object() {
+                return Err(SpecError::new(
+                    SpecErrorKind::WrongType,
+                    Location::file(display, Some(super::locate::Pos { line: 1, col: 1 })),
+                    "expected a mapping with at least `name` and `nodes`",
+                ));
+            }
+            if let Some(cache) = parsed {
+                cache.remember(&text, &doc);
+            }
+            doc
+        }
     };
     let locator = Locator::new(&text);
-    if !doc.is_object() {
-        return Err(SpecError::new(
-            SpecErrorKind::WrongType,
-            Location::file(display, Some(super::locate::Pos { line: 1, col: 1 })),
-            "expected a mapping with at least `name` and `nodes`",
-        ));
-    }
-    if let (true, Some(cache)) = (fresh, parsed) {
-        cache.remember(&text, &doc);
-    }
     let extends = doc.get("extends").cloned();
     // Where `extends` was written, for its errors only (locating parses the file again).
     let at_extends = {
