@@ -353,3 +353,55 @@ fn a_read_only_command_never_opens_the_index_through_a_link() {
     }
     assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep");
 }
+
+/// `p.cmd(args)` run to its end, or killed and failed after `secs`.
+fn run_within(p: &Project, args: &[&str], secs: u64) -> std::process::Output {
+    let mut child = p
+        .cmd(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("orchestrate starts");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{args:?} still waited after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A FIFO planted where the spec names a user's file (a params file, a
+/// file dep): before, opening it waited for a writer forever and the
+/// command hung; now it is refused at once, named, with exit 2.
+#[test]
+fn a_fifo_where_a_params_file_or_a_dep_should_be_is_refused_not_waited_on() {
+    let p = Project::new();
+    let mkfifo = |rel: &str| {
+        let c = std::ffi::CString::new(p.path().join(rel).into_os_string().into_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    };
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  t:\n    op: shell\n    params:\n      cmd: echo ${param:train.lr} > t.txt\n      \
+         params_files: {params.yaml: [train.lr]}\n      outs: [t.txt]\n",
+    );
+    mkfifo("params.yaml");
+    for cmd in ["validate", "plan", "run"] {
+        let out = run_within(&p, &[cmd, "p.yaml"], 30);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {}", stderr(&out));
+        assert!(stderr(&out).contains("'params.yaml' is not a regular file"), "{cmd}: {}", stderr(&out));
+    }
+    p.write(
+        "d.yaml",
+        "name: d\nnodes:\n  t:\n    op: shell\n    params: {cmd: cat input.txt > t.txt, deps: [input.txt], outs: [t.txt]}\n",
+    );
+    mkfifo("input.txt");
+    let out = run_within(&p, &["run", "d.yaml"], 30);
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("input.txt"), "{}", stderr(&out));
+    assert!(!p.path().join("t.txt").exists());
+}

@@ -189,12 +189,6 @@ pub enum UserFileError {
         #[source]
         source: std::io::Error,
     },
-    #[error("'{rel}': {source}")]
-    Io {
-        rel: String,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("'{rel}' is not a regular file")]
     NotAFile { rel: String },
 }
@@ -203,18 +197,33 @@ pub enum UserFileError {
 /// `root`, no link on the way (checked, and `O_NOFOLLOW` on the last part),
 /// a regular file. Errors name `rel` and say what was expected.
 pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, UserFileError> {
-    use std::os::unix::fs::OpenOptionsExt;
     if let Some(link) = link_on_path(root, rel) {
         return Err(UserFileError::Link { rel: rel.to_string(), link });
     }
     let path = root.join(rel);
-    let file = match std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path) {
-        Ok(file) => file,
-        Err(source) => return Err(UserFileError::Open { rel: rel.to_string(), path, source }),
-    };
-    let meta = file.metadata().map_err(|source| UserFileError::Io { rel: rel.to_string(), source })?;
-    if !meta.is_file() {
-        return Err(UserFileError::NotAFile { rel: rel.to_string() });
+    match open_regular(&path, libc::O_NOFOLLOW) {
+        Ok(file) => Ok(file),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Err(UserFileError::NotAFile { rel: rel.to_string() }),
+        Err(source) => Err(UserFileError::Open { rel: rel.to_string(), path, source }),
+    }
+}
+
+/// Opens `path` for reading if it is a regular file. Anything else (a
+/// FIFO, a device, a folder) is refused (`InvalidInput`, "not a regular
+/// file") without waiting: `O_NONBLOCK` makes the open of a FIFO return at
+/// once instead of blocking until a writer comes, and is cleared again
+/// before the file is handed back. `flags` adds open flags (`O_NOFOLLOW`).
+pub fn open_regular(path: &Path, flags: libc::c_int) -> std::io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let file = OpenOptions::new().read(true).custom_flags(flags | libc::O_NONBLOCK).open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    // SAFETY: fcntl on a descriptor this function owns, with integer arguments.
+    let fd = file.as_raw_fd();
+    let got = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if got < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, got & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(file)
 }
@@ -273,6 +282,34 @@ mod tests {
             assert!(err.contains("symbolic link"), "{bad}: {err}");
         }
         assert!(!t.path().join("nowhere").exists(), "a dangling link's target is never created");
+    }
+
+    /// A FIFO (or a device) planted where a user's file is read: the open
+    /// returns at once and the file is refused, instead of waiting forever
+    /// for a writer that never comes.
+    #[test]
+    fn a_fifo_where_a_users_file_is_read_is_refused_without_waiting_for_a_writer() {
+        let t = tempfile::tempdir().unwrap();
+        let fifo = t.path().join("params.yaml");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = t.path().to_path_buf();
+        std::thread::spawn(move || {
+            let user = open_user_file(&root, "params.yaml").map(|_| ()).map_err(|e| e.to_string());
+            let ours = crate::store::hash_file(&root.join("params.yaml")).map(|_| ()).map_err(|e| e.to_string());
+            tx.send((user, ours)).unwrap();
+        });
+        let (user, ours) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a FIFO waited for a writer instead of refusing it");
+        assert_eq!(user.unwrap_err(), "'params.yaml' is not a regular file");
+        assert!(ours.unwrap_err().ends_with("params.yaml: not a regular file"));
+        // A regular file still opens, and reads as it did.
+        fs::write(t.path().join("real.yaml"), "a: 1\n").unwrap();
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut open_user_file(t.path(), "real.yaml").unwrap(), &mut text).unwrap();
+        assert_eq!(text, "a: 1\n");
     }
 
     #[test]
