@@ -60,6 +60,34 @@ pub fn open_lock(path: &Path) -> std::io::Result<File> {
     said(OpenOptions::new().write(true).create(true).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path))
 }
 
+/// Takes an exclusive open-file-description lock (`F_OFD_SETLK`) on the
+/// byte at `offset` of `file`: `Ok(true)` when taken, `Ok(false)` when
+/// another open of the file holds it and `wait` is false; with `wait`, blocks
+/// until it is free. It is released when `file` is closed (the process dying
+/// closes it).
+pub fn lock_byte(file: &File, offset: i64, wait: bool) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed `flock` is a valid value; its fields are set below.
+    let mut range: libc::flock = unsafe { std::mem::zeroed() };
+    range.l_type = libc::F_WRLCK as libc::c_short;
+    range.l_whence = libc::SEEK_SET as libc::c_short;
+    range.l_start = offset;
+    range.l_len = 1;
+    let command = if wait { libc::F_OFD_SETLKW } else { libc::F_OFD_SETLK };
+    loop {
+        // SAFETY: fcntl on a descriptor `file` owns, with a valid `flock`.
+        if unsafe { libc::fcntl(file.as_raw_fd(), command, &range) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN | libc::EACCES) if !wait => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
 /// `O_NOFOLLOW`'s refusal (`ELOOP`, "too many levels of symbolic links") said as what it is.
 fn said(opened: std::io::Result<File>) -> std::io::Result<File> {
     opened.map_err(|e| {
