@@ -117,16 +117,29 @@ const TAIL_BYTES: usize = 16 << 10;
 
 /// Where a child's output goes: its log file, and the last [`TAIL_BYTES`].
 struct Sink {
-    file: std::fs::File,
+    /// The log: an earlier attempt's, emptied, or `None` until the first
+    /// byte comes, so a node that writes nothing leaves no log (making a
+    /// file per node was a sixth of a small node's own time on ext4).
+    file: Option<std::fs::File>,
+    log: PathBuf,
     tail: Vec<u8>,
-    /// The first error writing the log; after it nothing more is written there.
+    /// The first error making or writing the log; after it nothing more is written there.
     error: Option<std::io::Error>,
 }
 
 impl Sink {
     fn take(&mut self, chunk: &[u8]) {
         if self.error.is_none() {
-            if let Err(e) = self.file.write_all(chunk) {
+            // A link planted at the log's name is an error, never written through.
+            let written = match &mut self.file {
+                Some(file) => file.write_all(chunk),
+                None => crate::store::fsx::open_truncate(&self.log).and_then(|mut file| {
+                    let written = file.write_all(chunk);
+                    self.file = Some(file);
+                    written
+                }),
+            };
+            if let Err(e) = written {
                 self.error = Some(e);
             }
         }
@@ -142,7 +155,6 @@ impl Sink {
 /// with a pidfd saying when the child exits: no thread started per stream.
 struct Capture {
     sink: Sink,
-    log: PathBuf,
     /// The read end; `None` once it reached end-of-file.
     pipe: Option<std::io::PipeReader>,
     /// The child's pidfd (`pidfd_open`), where the kernel has them.
@@ -150,12 +162,13 @@ struct Capture {
 }
 
 impl Capture {
-    fn new(pipe: std::io::PipeReader, pid: libc::pid_t, log: &Path, file: std::fs::File) -> Capture {
+    fn new(pipe: std::io::PipeReader, pid: libc::pid_t, log: &Path, file: Option<std::fs::File>) -> Capture {
         use std::os::fd::FromRawFd;
         // SAFETY: a plain syscall; a descriptor it returns is ours alone.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         let pidfd = (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
-        Capture { sink: Sink { file, tail: Vec::new(), error: None }, log: log.to_path_buf(), pipe: Some(pipe), pidfd }
+        let sink = Sink { file, log: log.to_path_buf(), tail: Vec::new(), error: None };
+        Capture { sink, pipe: Some(pipe), pidfd }
     }
 
     /// Waits up to `timeout` for output (read into the sink) or the child's
@@ -212,7 +225,7 @@ impl Capture {
                 self.read_some();
             }
         }
-        Output { tail: self.sink.tail, log: self.log, log_error: self.sink.error.as_ref().map(|e| e.to_string()) }
+        Output { tail: self.sink.tail, log: self.sink.log, log_error: self.sink.error.as_ref().map(|e| e.to_string()) }
     }
 }
 
@@ -276,7 +289,8 @@ pub struct Tied {
 }
 
 /// Spawns `cmd` in a process group of its own, tied to this process (see the
-/// module's documentation), its stdout and stderr captured into `log` (created).
+/// module's documentation), its stdout and stderr captured into `log` (an
+/// earlier one emptied; a new one made when the child first writes).
 ///
 /// The child's stdin is a pipe, and it is the child's gate: the child must
 /// read it to its end before it does anything (the shell op's script starts
@@ -299,8 +313,13 @@ pub fn spawn_tied(cmd: &mut Command, log: &Path) -> std::io::Result<Tied> {
 /// same: until the caller writes there, the child reads nothing, and an
 /// orchestrate gone leaves it end-of-file.
 pub fn spawn_tied_gated(cmd: &mut Command, log: &Path, gate: Stdio) -> std::io::Result<Tied> {
-    // A link planted at the log's name is an error, never written through.
-    let file = crate::store::fsx::open_truncate(log)?;
+    // An earlier attempt's log is emptied now (a link planted at its name is
+    // an error, never written through); a new one is made when the child
+    // first writes.
+    let file = match std::fs::symlink_metadata(log) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        _ => Some(crate::store::fsx::open_truncate(log)?),
+    };
     let (output, output_w) = std::io::pipe()?;
     cmd.stdin(gate).stdout(output_w.try_clone()?).stderr(output_w).process_group(0);
     // The watchdog runs before the child does, so no moment exists where the
@@ -597,6 +616,27 @@ mod tests {
         assert!(text.contains("to-stdout") && text.contains("to-stderr"), "{text}");
         let lines = finished.output.last_lines(10);
         assert!(lines.contains("to-stdout") && lines.contains("to-stderr") && lines.contains("n.log"), "{lines}");
+    }
+
+    /// A child that writes nothing leaves no log; one that writes makes it;
+    /// a silent attempt after a talkative one leaves its log empty, not the
+    /// earlier attempt's words.
+    #[test]
+    fn a_log_is_made_when_the_child_first_writes_and_an_earlier_one_is_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("n.log");
+        let run = |script: &str| {
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c").arg(script);
+            let finished = spawn_tied(&mut cmd, &log).unwrap().wait(&AtomicBool::new(false)).unwrap();
+            assert!(finished.status.success(), "{script}");
+        };
+        run("true");
+        assert!(!log.exists(), "a silent child made a log");
+        run("echo first attempt");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "first attempt\n");
+        run("true");
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "", "an earlier attempt's log was kept");
     }
 
     /// Read as it comes by the waiting thread: more than a pipe holds, from
