@@ -212,6 +212,10 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
             }
         }
     }
+    if !result.removed_nodes.is_empty() {
+        let keys: BTreeSet<Key> = result.removed_nodes.iter().map(|(_, _, k)| k.clone()).collect();
+        result.removed_other_bytes += ws.record_bytes(&keys)?;
+    }
     result.removed_objects.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.hash.cmp(&b.hash)));
     Ok(result)
 }
@@ -232,9 +236,10 @@ pub(crate) fn refuse_link(ws: &Workspace, path: &Path) -> Result<(), StoreError>
     }
 }
 
-/// A node's record, log and `run --check` log (the files besides its objects).
+/// A node's record file (from before the journals), log and `run --check`
+/// log (the files besides its objects and its journal lines).
 fn node_files(ws: &Workspace, key: &Key) -> [PathBuf; 3] {
-    [ws.record_path(key), ws.log_path(key), ws.check_log_path(key)]
+    [ws.legacy_record_path(key), ws.log_path(key), ws.check_log_path(key)]
 }
 
 /// Removes what [`plan`] lists. `ws` must have been opened with
@@ -253,7 +258,8 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
             let [record, log, check_log] = node_files(ws, k);
             [record, log, check_log, Workspace::checkpoint_dir(ws.root(), k.as_str())]
         })
-        .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)));
+        .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)))
+        .chain((!keys.is_empty()).then(|| ws.records_dir()));
     for path in doomed {
         refuse_link(ws, &path)?;
     }
@@ -264,6 +270,7 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     for (_, _, key, _) in &plan.dropped_states {
         ws.mark_dropped(&index, key, STATE_OUTPUT, &why)?;
     }
+    ws.forget_records(&keys.iter().cloned().collect())?;
     for key in &keys {
         for path in node_files(ws, key) {
             if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {

@@ -17,6 +17,7 @@
 pub mod fsx;
 pub mod gc;
 pub mod index;
+mod journal;
 pub mod objects;
 
 use std::collections::BTreeMap;
@@ -170,6 +171,8 @@ pub struct Workspace {
     /// The connection [`Workspace::open`] made to create the index, handed to
     /// the first [`Workspace::index`] call instead of opening another.
     spare_index: SpareIndex,
+    /// This process's journal of node records, opened at its first commit.
+    journal: journal::Journal,
 }
 
 /// At most one opened index connection, waiting for its first user.
@@ -488,6 +491,7 @@ impl Workspace {
             read_only: false,
             _use_lock: Some(std::sync::Arc::new(use_lock)),
             staging_root: Default::default(),
+            journal: Default::default(),
             exclusive,
             spare_index: SpareIndex::default(),
         };
@@ -519,6 +523,7 @@ impl Workspace {
             _use_lock: None,
             exclusive: false,
             staging_root: Default::default(),
+            journal: Default::default(),
             spare_index: SpareIndex::default(),
         };
         if ws.index_missing() && ws.refuse_missing_index().is_ok() {
@@ -574,8 +579,21 @@ impl Workspace {
         self.root.join("records")
     }
 
-    fn record_path(&self, key: &Key) -> PathBuf {
+    /// Where an orchestrate before the journals kept a node's record (see
+    /// [`journal`]): still read by reindex and removed by gc.
+    fn legacy_record_path(&self, key: &Key) -> PathBuf {
         self.records_dir().join(&key[..2]).join(format!("{key}.json"))
+    }
+
+    /// Removes the records of `keys` from the journals (gc, holding the
+    /// workspace exclusively): this process's own journal is closed first.
+    pub(crate) fn forget_records(&self, keys: &std::collections::BTreeSet<Key>) -> Result<(), StoreError> {
+        journal::forget(&self.records_dir(), &self.journal, keys)
+    }
+
+    /// The bytes the records of `keys` take in the journals.
+    pub(crate) fn record_bytes(&self, keys: &std::collections::BTreeSet<Key>) -> Result<u64, StoreError> {
+        journal::bytes_of(&self.records_dir(), keys)
     }
 
     /// Commits a completed node, whose outputs are published: its record file
@@ -586,15 +604,9 @@ impl Workspace {
         index.check_still_linked()
     }
 
-    /// Writes a node's record file whole (its folders made as our own).
+    /// Appends a node's record to this process's journal ([`journal`]).
     fn write_record(&self, node: &CachedNode) -> Result<(), StoreError> {
-        let path = self.record_path(&node.key);
-        fsx::own_dir(&self.records_dir())?;
-        if let Some(dir) = path.parent() {
-            fsx::own_dir(dir)?;
-        }
-        let bytes = serde_json::to_vec_pretty(node).expect("a cached node serializes");
-        write_atomic(&path, &bytes).map_err(io(format!("writing {}", path.display())))
+        self.journal.append(&self.records_dir(), node)
     }
 
     /// Marks one stored output of a committed node as dropped (`why`), in its
@@ -648,6 +660,8 @@ impl Workspace {
         let index = self.index()?;
         let mut done = Reindexed::default();
         let dir = self.records_dir();
+        // The records: those of an orchestrate before the journals, one file
+        // each, then each journal's lines in order.
         let mut files = Vec::new();
         if dir.is_dir() {
             for shard in fs::read_dir(&dir).map_err(io(format!("listing {}", dir.display())))? {
@@ -665,37 +679,57 @@ impl Workspace {
             }
         }
         files.sort();
-        for path in files {
-            match self.read_record(&path) {
-                Err(why) => done.left_out.push((path.display().to_string(), why)),
-                Ok(node) if index.lookup(&node.key)?.is_some() => done.present += 1,
-                Ok(node) => {
-                    let mut bad = None;
-                    for out in node.outputs.iter().filter(|o| o.stored()) {
-                        match objects::intact(&self.object_path(&out.object.hash), &out.object.hash, out.object.kind)? {
-                            Some(true) => {}
-                            Some(false) => {
-                                bad = Some(format!("output '{}': its object does not hash to its name", out.name))
-                            }
-                            None => bad = Some(format!("output '{}': its object is missing", out.name)),
-                        }
-                        if bad.is_some() {
-                            break;
-                        }
+        let mut records: Vec<(String, journal::Line)> =
+            files.into_iter().map(|path| (path.display().to_string(), self.read_record(&path))).collect();
+        for path in journal::journals(&dir)? {
+            for (line, record) in journal::read(&path) {
+                records.push((format!("{} line {line}", path.display()), record));
+            }
+        }
+        // A key recorded more than once (an output dropped since) is indexed
+        // from its latest record whose objects are all there.
+        let mut by_key: BTreeMap<Key, Vec<CachedNode>> = BTreeMap::new();
+        for (source, record) in records {
+            match record {
+                Err(why) => done.left_out.push((source, why)),
+                Ok(node) => by_key.entry(node.key.clone()).or_default().push(node),
+            }
+        }
+        for (key, mut nodes) in by_key {
+            if index.lookup(&key)?.is_some() {
+                done.present += 1;
+                continue;
+            }
+            let mut why = None;
+            while let Some(node) = nodes.pop() {
+                match self.unindexable(&node)? {
+                    Some(bad) => {
+                        why.get_or_insert((format!("'{}' (key {})", node.node_id, node.key.short()), bad));
                     }
-                    match bad {
-                        Some(why) => {
-                            done.left_out.push((format!("'{}' (key {})", node.node_id, node.key.short()), why))
-                        }
-                        None => {
-                            index.insert_node(&node)?;
-                            done.added.push(node.node_id);
-                        }
+                    None => {
+                        index.insert_node(&node)?;
+                        done.added.push(node.node_id);
+                        why = None;
+                        break;
                     }
                 }
             }
+            done.left_out.extend(why);
         }
         Ok(done)
+    }
+
+    /// Why a record cannot be indexed again: an output's object missing or
+    /// not hashing to its name (`None`: it can).
+    fn unindexable(&self, node: &CachedNode) -> Result<Option<String>, StoreError> {
+        for out in node.outputs.iter().filter(|o| o.stored()) {
+            match objects::intact(&self.object_path(&out.object.hash), &out.object.hash, out.object.kind)? {
+                Some(true) => {}
+                Some(false) => return Ok(Some(format!("output '{}': its object does not hash to its name", out.name))),
+                None => return Ok(Some(format!("output '{}': its object is missing", out.name))),
+            }
+        }
+        Ok(None)
     }
 
     /// Re-hashes what the store holds: each indexed node's outputs, or, when
@@ -758,7 +792,7 @@ impl Workspace {
 
     /// A record file, checked: a regular file of bounded size, named after the key it holds.
     fn read_record(&self, path: &Path) -> Result<CachedNode, String> {
-        const MAX_RECORD_BYTES: u64 = 64 << 20;
+        use journal::MAX_RECORD_BYTES;
         let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
         if !meta.is_file() {
             return Err("not a regular file".into());
