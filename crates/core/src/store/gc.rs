@@ -286,7 +286,64 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     for o in &plan.removed_objects {
         objects::remove_any(&ws.object_path(&o.hash))?;
     }
+    remove_legacy_locks(ws)?;
     Ok(plan)
+}
+
+/// Removes the lock files of an orchestrate before the node locks were bytes
+/// of one file (`locks/<key>.lock`, one per key ever run; see
+/// [`Workspace::lock_node`]): under gc's exclusive hold nothing holds them.
+/// Only regular files named as those were; a linked `locks/` is left alone.
+fn remove_legacy_locks(ws: &Workspace) -> Result<(), StoreError> {
+    let locks = ws.root().join("locks");
+    if !std::fs::symlink_metadata(&locks).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    let listing = |source| StoreError::Io { context: format!("listing {}", locks.display()), source };
+    for entry in std::fs::read_dir(&locks).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let legacy = name.strip_suffix(".lock").is_some_and(|key| Key::parse(key).is_ok());
+        if legacy && entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::remove_file(entry.path())
+                .map_err(|source| StoreError::Io { context: format!("removing {}", entry.path().display()), source })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gc removes the lock files an earlier orchestrate made per key, and
+    /// nothing else in `locks/`.
+    #[test]
+    fn gc_removes_the_lock_files_of_earlier_versions_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        drop(ws.lock_node(&"ab".repeat(32), || {}).unwrap());
+        let locks = dir.path().join("locks");
+        for name in ["cd".repeat(32) + ".lock", "ef".repeat(32) + ".lock"] {
+            std::fs::write(locks.join(name), "").unwrap();
+        }
+        std::fs::write(locks.join("notes.txt"), "mine").unwrap();
+        std::fs::write(locks.join("short.lock"), "").unwrap();
+        std::fs::create_dir(locks.join(format!("{}.lock", "01".repeat(32)))).unwrap();
+        drop(ws);
+        let ws = Workspace::open_exclusive(dir.path()).unwrap();
+        collect(&ws, &KeepPolicy { keep_runs: 1, ..KeepPolicy::default() }).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&locks)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [format!("{}.lock", "01".repeat(32)), "nodes.lock".into(), "notes.txt".into(), "short.lock".into()]
+        );
+    }
 }
 
 /// One line of `orchestrate du`: a node id of a spec, with every result of it the store holds.
