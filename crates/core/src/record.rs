@@ -139,6 +139,25 @@ pub struct HashInputs {
 
 const DOMAIN: &str = "orchestrate.node-key.v1\n";
 
+#[cfg(test)]
+impl HashInputs {
+    /// A shell node's record with no params, inputs or files: for tests
+    /// that need a record and do not look inside it.
+    pub(crate) fn empty_shell() -> HashInputs {
+        HashInputs {
+            op: "shell".into(),
+            op_version: 1,
+            params: Value::Null,
+            inputs: Default::default(),
+            files: Default::default(),
+            trees: Default::default(),
+            params_files: Default::default(),
+            interpreters: Default::default(),
+            env: None,
+        }
+    }
+}
+
 impl HashInputs {
     /// The node key: 64 hex digits.
     pub fn key(&self) -> Key {

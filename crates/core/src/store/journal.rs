@@ -209,17 +209,7 @@ mod tests {
             key: Key::parse(&format!("{n:02x}").repeat(32)).unwrap(),
             node_id: format!("n{n}"),
             spec: "s".into(),
-            record: crate::record::HashInputs {
-                op: "shell".into(),
-                op_version: 1,
-                params: serde_json::Value::Null,
-                inputs: Default::default(),
-                files: Default::default(),
-                trees: Default::default(),
-                params_files: Default::default(),
-                interpreters: Default::default(),
-                env: None,
-            },
+            record: crate::record::HashInputs::empty_shell(),
             outputs: vec![OutputRecord {
                 name: "state".into(),
                 object: ObjectInfo { hash: object.repeat(64), kind: OutputKind::File, size: 6, files: 1 },

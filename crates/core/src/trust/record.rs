@@ -163,17 +163,7 @@ mod tests {
             key: Key::parse(&"ab".repeat(32)).unwrap(),
             node_id: "a".into(),
             spec: "s".into(),
-            record: crate::record::HashInputs {
-                op: "shell".into(),
-                op_version: 1,
-                params: serde_json::Value::Null,
-                inputs: Default::default(),
-                files: Default::default(),
-                trees: Default::default(),
-                params_files: Default::default(),
-                interpreters: Default::default(),
-                env: None,
-            },
+            record: crate::record::HashInputs::empty_shell(),
             outputs: vec![OutputRecord {
                 name: "a.txt".into(),
                 object: ObjectInfo { hash: hash.into(), kind: OutputKind::File, size: 6, files: 1 },
