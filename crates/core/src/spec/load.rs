@@ -346,6 +346,9 @@ fn read_with_extends(
 /// A spec file's text as a JSON document: YAML, with merge keys (`<<:
 /// *anchor`) applied as users of anchors expect. What the parse cache keeps.
 fn parse_yaml(text: &str, display: &str) -> Result<Value, SpecError> {
+    if let Some(direct) = super::yaml_json::parse(text) {
+        return Ok(direct);
+    }
     let yaml: serde_yaml_ng::Value = match serde_yaml_ng::from_str(text) {
         Ok(v) => v,
         Err(e) => {

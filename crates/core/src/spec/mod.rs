@@ -11,6 +11,7 @@ mod load;
 pub mod locate;
 pub mod parsed;
 pub mod schema;
+mod yaml_json;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
