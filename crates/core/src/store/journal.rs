@@ -44,9 +44,10 @@ fn is_journal(name: &str) -> bool {
 
 impl Journal {
     /// Appends `node`'s record to this process's journal in `records` (made,
-    /// with the folder, at the first call; never through a link). A write
-    /// that fails leaves the journal to reindex as it is (a line cut short is
-    /// left out there) and the next record starts a new one.
+    /// with the folder, at the first call; never through a link), synced
+    /// unless a run defers its syncs. A write that fails leaves the journal
+    /// to reindex as it is (a line cut short is left out there) and the next
+    /// record starts a new one.
     pub(crate) fn append(&self, records: &Path, node: &CachedNode) -> Result<(), StoreError> {
         let mut line = serde_json::to_vec(node).expect("a cached node serializes");
         line.push(b'\n');
@@ -67,7 +68,9 @@ impl Journal {
             *slot = Some(file);
         }
         let file = slot.as_mut().expect("opened above");
-        if let Err(e) = file.write_all(&line) {
+        // Durable as a record file was: synced now, or with the whole run
+        // when one defers its syncs (`objects::DeferredSync`).
+        if let Err(e) = file.write_all(&line).and_then(|()| super::objects::sync_file(file)) {
             *slot = None;
             return Err(StoreError::Io {
                 context: format!("writing a node record in {}", records.display()),
@@ -287,6 +290,22 @@ mod tests {
         assert!(done.left_out.is_empty(), "{:?}", done.left_out);
         let back = ws.index().unwrap().lookup(&kept.key).unwrap().unwrap();
         assert_eq!(back.outputs[0].dropped.as_deref(), Some("dropped by a test"));
+    }
+
+    /// A record is synced as a record file was: here, under a run's
+    /// deferred sync, the sync is left to the run's end (and counted there).
+    #[test]
+    fn a_record_is_synced_or_left_to_the_runs_deferred_sync() {
+        use std::sync::atomic::Ordering;
+        let _serial = crate::store::objects::DEFERRED_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        let index = ws.index().unwrap();
+        let deferred = crate::store::objects::DeferredSync::start(dir.path());
+        let before = crate::store::objects::SKIPPED.load(Ordering::SeqCst);
+        ws.commit_node(&index, &node(1, "a", true)).unwrap();
+        assert!(crate::store::objects::SKIPPED.load(Ordering::SeqCst) > before, "the record was never synced");
+        deferred.finish().unwrap();
     }
 
     /// gc's part: each journal is rewritten without the records of the keys

@@ -136,7 +136,7 @@ fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
 static DEFERRED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// How many syncs were left to a [`DeferredSync`] so far.
-static SKIPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static SKIPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn sync_deferred() -> bool {
     DEFERRED.load(std::sync::atomic::Ordering::SeqCst) > 0
