@@ -596,8 +596,9 @@ impl Workspace {
         journal::bytes_of(&self.records_dir(), keys)
     }
 
-    /// Commits a completed node, whose outputs are published: its record file
-    /// first (written whole or not at all), then its cache row.
+    /// Commits a completed node, whose outputs are published: its record
+    /// first (a line of this process's journal; one cut short is left out by
+    /// reindex), then its cache row.
     pub fn commit_node(&self, index: &Index, node: &CachedNode) -> Result<(), StoreError> {
         self.write_record(node)?;
         index.insert_node(node)?;
