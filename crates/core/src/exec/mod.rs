@@ -341,6 +341,9 @@ pub fn run_with(
             let early = if cancel.load(std::sync::atomic::Ordering::SeqCst) {
                 node::Early::Unknown
             } else {
+                // Hits decided one after another read one snapshot (ended
+                // below before this thread waits, and by any write).
+                index_here.batch_reads()?;
                 node::early(&shared.job(index_here, node, &upstream, None))
             };
             if let node::Early::Hit(outcome) = early {
@@ -368,7 +371,10 @@ pub fn run_with(
         while pending > 0 {
             let next = match decided.pop_front() {
                 Some((pos, outcome)) => Ok(Msg::Done(pos, outcome)),
-                None => msg_rx.recv_timeout(std::time::Duration::from_millis(50)),
+                None => {
+                    index_here.end_reads()?;
+                    msg_rx.recv_timeout(std::time::Duration::from_millis(50))
+                }
             };
             let msg = match next {
                 Ok(msg) => msg,

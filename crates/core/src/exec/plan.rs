@@ -91,6 +91,11 @@ pub fn plan_with_remote(
     remote: Option<&crate::remote::Remote>,
 ) -> Result<Vec<PlanEntry>, StoreError> {
     let index = ws.map(Workspace::index).transpose()?;
+    // The whole plan reads one snapshot of the index (one shared lock, not
+    // one per read); not while it also asks a remote, which can be slow.
+    if let (Some(index), None) = (&index, remote) {
+        index.batch_reads()?;
+    }
     let mut ctx = Ctx { ws, remote, index, env: None, provider: env };
     let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
     let mut runs: BTreeSet<String> = BTreeSet::new();
@@ -126,6 +131,9 @@ pub fn plan_with_remote(
             runs.insert(id.clone());
         }
         entries.push(PlanEntry { node: id, state });
+    }
+    if let Some(index) = &ctx.index {
+        index.end_reads()?;
     }
     Ok(entries)
 }

@@ -239,6 +239,8 @@ pub struct Index {
     /// The columns a cache row is read from: an index of version 5 or older
     /// opened read-only has no `costs` column, and reads none.
     columns: &'static str,
+    /// Whether reads share one transaction ([`Index::batch_reads`]) and it is open.
+    batch: std::cell::Cell<bool>,
 }
 
 fn insert_run(conn: &Connection, run: &RunRow, argv: &str) -> Result<(), StoreError> {
@@ -398,7 +400,7 @@ impl Index {
         if !has_costs_column(&conn)? {
             conn.execute_batch("ALTER TABLE nodes ADD COLUMN costs TEXT").map_err(db("adding the costs column"))?;
         }
-        Ok(Index { conn, file: file_identity(path), columns: Self::COLUMNS })
+        Ok(Index { conn, file: file_identity(path), columns: Self::COLUMNS, batch: Default::default() })
     }
 
     /// Whether the file this connection writes is still the one at its path:
@@ -422,7 +424,31 @@ impl Index {
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
         let conn = open_database_read_only(path, "the index")?;
         let columns = if has_costs_column(&conn)? { Self::COLUMNS } else { Self::COLUMNS_BEFORE_COSTS };
-        Ok(Index { conn, file: file_identity(path), columns })
+        Ok(Index { conn, file: file_identity(path), columns, batch: Default::default() })
+    }
+
+    /// Lets the reads that follow share one read transaction, until
+    /// [`Index::end_reads`] or a write: a burst of cache hits then takes
+    /// SQLite's shared lock once instead of once per read (in a 200-node
+    /// no-op, about 400 `fcntl` calls). They read one snapshot, so the caller
+    /// ends the batch before it waits for anything: a snapshot kept would
+    /// hide later commits and hold back checkpoints. A write ends the batch
+    /// first rather than upgrade the snapshot, which fails once another
+    /// connection has committed since it began.
+    pub fn batch_reads(&self) -> Result<(), StoreError> {
+        if !self.batch.get() {
+            self.conn.execute_batch("BEGIN DEFERRED").map_err(db("starting a read transaction"))?;
+            self.batch.set(true);
+        }
+        Ok(())
+    }
+
+    /// Ends the reads' shared transaction, if one is open.
+    pub fn end_reads(&self) -> Result<(), StoreError> {
+        if self.batch.replace(false) && !self.conn.is_autocommit() {
+            self.conn.execute_batch("COMMIT").map_err(db("ending a read transaction"))?;
+        }
+        Ok(())
     }
 
     fn row_to_cached(row: &rusqlite::Row<'_>) -> rusqlite::Result<CachedRow> {
@@ -531,6 +557,7 @@ impl Index {
 
     /// Commits a completed node: the last step of publishing.
     pub fn insert_node(&self, n: &CachedNode) -> Result<(), StoreError> {
+        self.end_reads()?;
         self.conn
             .execute(
                 "INSERT OR REPLACE INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id, costs)
@@ -561,6 +588,7 @@ impl Index {
 
     /// Removes cache rows (for `gc`), in one transaction: all or none.
     pub fn delete_nodes(&mut self, keys: &[Key]) -> Result<(), StoreError> {
+        self.end_reads()?;
         let tx = self.conn.transaction().map_err(db("starting to remove cache rows"))?;
         {
             let mut stmt = tx.prepare("DELETE FROM nodes WHERE key = ?1").map_err(db("removing cache rows"))?;
@@ -573,6 +601,7 @@ impl Index {
 
     /// Refreshes the stats of a node's outputs after a re-hash proved them unchanged.
     pub fn update_outputs(&self, key: &str, outputs: &[OutputRecord]) -> Result<(), StoreError> {
+        self.end_reads()?;
         self.conn
             .execute("UPDATE nodes SET outputs = ?2 WHERE key = ?1", params![key, json(&outputs)])
             .map_err(db("updating output stats"))?;
@@ -580,6 +609,7 @@ impl Index {
     }
 
     pub fn start_run(&self, run: &RunRow, argv: &str) -> Result<(), StoreError> {
+        self.end_reads()?;
         insert_run(&self.conn, run, argv)
     }
 
@@ -596,6 +626,7 @@ impl Index {
         events: &[(u64, String)],
         unstarted: Option<(&RunRow, &str)>,
     ) -> Result<(), StoreError> {
+        self.end_reads()?;
         let tx = self.conn.transaction().map_err(db("starting a transaction"))?;
         if let Some((run, argv)) = unstarted {
             insert_run(&tx, run, argv)?;
@@ -670,6 +701,7 @@ impl Index {
 
     /// Appends an event to a finished run's log (after its last one).
     pub fn append_event(&self, run_id: &str, event: &str) -> Result<(), StoreError> {
+        self.end_reads()?;
         self.conn
             .execute(
                 "INSERT INTO events (run_id, seq, event)
@@ -716,6 +748,7 @@ impl Index {
     }
 
     pub fn put_file_hash(&self, path: &str, stat: &FileStat, hash: &str) -> Result<(), StoreError> {
+        self.end_reads()?;
         let Some(ctime) = stat.ctime_ns else { return Ok(()) };
         self.conn
             .execute(
@@ -824,5 +857,92 @@ mod migration_tests {
         let old: FileStat = serde_json::from_str(r#"{"size": 1, "mtime_ns": 2, "ino": 3}"#).unwrap();
         assert_eq!(old.ctime_ns, None);
         assert_ne!(Some(old), Some(FileStat { ctime_ns: Some(0), ..old }));
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    fn node(key: &str) -> CachedNode {
+        CachedNode {
+            key: Key::parse(key).unwrap(),
+            node_id: "a".into(),
+            spec: "s".into(),
+            record: crate::record::HashInputs::empty_shell(),
+            outputs: Vec::new(),
+            seconds: 1.0,
+            finished_at: "now".into(),
+            run_id: "r".into(),
+            costs: None,
+        }
+    }
+
+    /// Reads in a batch share one transaction: what another connection
+    /// commits meanwhile is seen once the batch ends, not before (the
+    /// scheduler ends its batch before it waits, so no snapshot outlives a
+    /// burst of cache hits).
+    #[test]
+    fn reads_in_a_batch_share_one_snapshot_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let reader = Index::open(&path).unwrap();
+        let writer = Index::open(&path).unwrap();
+        let (a, b) = ("ab".repeat(32), "cd".repeat(32));
+        writer.insert_node(&node(&a)).unwrap();
+        reader.batch_reads().unwrap();
+        assert!(reader.lookup_outputs(&a).unwrap().is_some());
+        writer.insert_node(&node(&b)).unwrap();
+        assert!(reader.lookup_outputs(&b).unwrap().is_none(), "the batch reads the snapshot it started with");
+        reader.end_reads().unwrap();
+        assert!(reader.lookup_outputs(&b).unwrap().is_some(), "after the batch, the commit is seen");
+        // Outside a batch each read is its own transaction, as before.
+        let c = "ef".repeat(32);
+        writer.insert_node(&node(&c)).unwrap();
+        assert!(reader.lookup_outputs(&c).unwrap().is_some());
+    }
+
+    /// A write during a batch ends the batch first: it never upgrades the
+    /// batch's read snapshot, which fails (SQLITE_BUSY_SNAPSHOT, not retried
+    /// by the busy timeout) once another connection has committed since.
+    #[test]
+    fn a_write_during_a_batch_succeeds_after_another_connection_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let mut reader = Index::open(&path).unwrap();
+        let writer = Index::open(&path).unwrap();
+        let (a, c) = ("ab".repeat(32), "ef".repeat(32));
+        writer.insert_node(&node(&a)).unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        let stat = FileStat::of(&file).unwrap();
+        type Write<'a> = &'a dyn Fn(&mut Index) -> Result<(), StoreError>;
+        let writes: [(&str, Write); 5] = [
+            ("put_file_hash", &|i| i.put_file_hash("/f", &stat, "h")),
+            ("update_outputs", &|i| i.update_outputs(&a, &[])),
+            ("insert_node", &|i| i.insert_node(&node(&c))),
+            ("delete_nodes", &|i| i.delete_nodes(&[Key::parse(&c).unwrap()])),
+            ("finish_run", &|i| {
+                let run = RunRow {
+                    run_id: "r1".into(),
+                    spec: "s".into(),
+                    profile: None,
+                    started_at: "then".into(),
+                    finished_at: None,
+                    status: "running".into(),
+                    summary: None,
+                };
+                i.finish_run("r1", "ok", "", &[], &[], Some((&run, "run")))
+            }),
+        ];
+        for (n, (what, write)) in writes.iter().enumerate() {
+            reader.batch_reads().unwrap();
+            assert!(reader.lookup_outputs(&a).unwrap().is_some());
+            // Another connection commits: the batch's snapshot is now stale.
+            let other = format!("{:02x}", n + 1).repeat(32);
+            writer.insert_node(&node(&other)).unwrap();
+            write(&mut reader).unwrap_or_else(|e| panic!("{what} during a batch: {e}"));
+            assert!(reader.lookup_outputs(&other).unwrap().is_some(), "{what}: the batch ended");
+        }
     }
 }
