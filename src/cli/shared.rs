@@ -51,10 +51,10 @@ pub(super) fn load_with(
         overrides,
         executor: x.executor.map(Into::into),
         resources: Some(resources),
-        parsed,
+        parsed: parsed.clone(),
     };
     let spec = spec::load(&args.spec, &opts)?;
-    let dag = dag::compile(&spec, registry)?;
+    let dag = dag::compile_with(&spec, registry, parsed.as_deref())?;
     if spec.executor == spec::ExecutorKind::Slurm {
         exec::slurm::check_resources(&dag).map_err(|e| anyhow::anyhow!("{}: {e}", args.spec.display()))?;
     }

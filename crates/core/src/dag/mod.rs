@@ -15,6 +15,7 @@ use petgraph::visit::EdgeRef;
 use serde_json::Value;
 
 use crate::ops::{AnyOp, OutputDecl, Params, Registry};
+use crate::spec::parsed::ParseCache;
 use crate::spec::{did_you_mean, schema, NodeDef, OutputRef, Spec, SpecError, SpecErrorKind};
 
 /// Name of the input that a file dep produced by another node becomes.
@@ -136,6 +137,14 @@ fn node_path(def: &NodeDef, rest: &[&str]) -> Vec<String> {
 
 /// Compiles a spec against the op registry.
 pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
+    compile_with(spec, registry, None)
+}
+
+/// [`compile`], with the workspace's parse cache: params that passed the
+/// params' schema check before (the same ops and params, this executable)
+/// are not checked again, and params that pass are noted there, kept once the
+/// cache is saved.
+pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache>) -> Result<Dag, SpecError> {
     let mut nodes: Vec<DagNode> = Vec::with_capacity(spec.nodes.len());
     for def in &spec.nodes {
         let Some(op) = registry.get(&def.op) else {
@@ -240,7 +249,15 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
     }
 
     // After the typed checks, so their clearer messages come first.
-    schema::check_constraints(spec, registry)?;
+    let checked = parsed.and_then(|p| Some((p, p.params_checked_name(&spec.nodes)?)));
+    match checked {
+        Some((parsed, name)) if parsed.params_checked(&name) => {}
+        Some((parsed, name)) => {
+            schema::check_constraints(spec, registry)?;
+            parsed.remember_params_checked(name, spec.nodes.len());
+        }
+        None => schema::check_constraints(spec, registry)?,
+    }
 
     let by_id: HashMap<String, usize> = nodes.iter().enumerate().map(|(i, n)| (n.def.id.clone(), i)).collect();
     let mut expansions: HashMap<String, Vec<usize>> = HashMap::new();
@@ -784,5 +801,77 @@ mod tests {
             assert_eq!(once, twice, "{name}");
             assert!(once.as_object().is_some_and(|m| m.len() >= params.as_object().map_or(0, |p| p.len())), "{name}");
         }
+    }
+
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct BoundParams {
+        /// A bound only the schema states: serde takes any u32.
+        #[schemars(range(min = 1))]
+        n: u32,
+    }
+
+    struct Bound;
+
+    impl Op for Bound {
+        fn name(&self) -> &'static str {
+            "test.bound"
+        }
+        fn version(&self) -> u32 {
+            1
+        }
+        fn summary(&self) -> &'static str {
+            "a fake op with a bound its schema states"
+        }
+        type Params = BoundParams;
+        fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
+            vec![OutputDecl::file("out")]
+        }
+        fn run(&self, _params: &Self::Params, _ctx: &RunContext<'_>) -> Result<(), OpError> {
+            Ok(())
+        }
+    }
+
+    /// Params that passed the schema check are noted in the parse cache and
+    /// not checked again; any other params are, so an edit that breaks a
+    /// bound is refused as without the cache.
+    #[test]
+    fn only_the_params_checked_before_skip_the_schema_check() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("spec.yaml");
+        let mut registry = Registry::builtin();
+        registry.register(Arc::new(Bound));
+        let load = |n: &str| {
+            std::fs::write(&path, format!("name: t\nnodes:\n  a:\n    op: test.bound\n    params: {{n: {n}}}\n"))
+                .unwrap();
+            crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads")
+        };
+        let ws = dir.path().join("ws");
+        let bound = |e: SpecError| e.to_string().contains("params.n: 0 is less than the minimum of 1");
+
+        let cache = ParseCache::new(&ws);
+        let good = load("5");
+        let name = cache.params_checked_name(&good.nodes).expect("this executable is known");
+        compile_with(&good, &registry, Some(&cache)).expect("in bounds");
+        assert_eq!(cache.save().unwrap(), 1, "the passed check is noted");
+        let cache = ParseCache::new(&ws);
+        assert!(cache.params_checked(&name));
+
+        // Edited out of bounds: other params, checked, refused, and nothing noted.
+        let bad = load("0");
+        let e = compile_with(&bad, &registry, Some(&cache)).err().expect("out of bounds");
+        assert!(bound(e), "refused with the bound, as without the cache");
+        assert_eq!(cache.save().unwrap(), 0, "a failed check is not noted");
+        let bad_name = cache.params_checked_name(&bad.nodes).unwrap();
+        assert_ne!(bad_name, name);
+        let one_point_oh = load("5.0");
+        assert_ne!(cache.params_checked_name(&one_point_oh.nodes).unwrap(), name, "the params as written");
+
+        // The note is what skips the check: one noted (by hand) for the
+        // out-of-bounds params is taken, as a parse entry would be.
+        cache.remember_params_checked(bad_name, 1);
+        cache.save().unwrap();
+        compile_with(&bad, &registry, Some(&ParseCache::new(&ws))).expect("taken from the cache");
+        assert!(bound(compile(&bad, &registry).err().unwrap()), "without the cache it is checked");
     }
 }
