@@ -634,7 +634,9 @@ mod tests {
     #[derive(Serialize, Deserialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
     struct ClipParams {
+        /// A bound only the schema states (serde takes any f64).
         #[serde(default = "d_clip")]
+        #[schemars(range(min = 0.0))]
         clip_eps: f64,
         #[serde(default)]
         seed: u64,
@@ -803,35 +805,6 @@ mod tests {
         }
     }
 
-    #[derive(Serialize, Deserialize, JsonSchema)]
-    #[serde(deny_unknown_fields)]
-    struct BoundParams {
-        /// A bound only the schema states: serde takes any u32.
-        #[schemars(range(min = 1))]
-        n: u32,
-    }
-
-    struct Bound;
-
-    impl Op for Bound {
-        fn name(&self) -> &'static str {
-            "test.bound"
-        }
-        fn version(&self) -> u32 {
-            1
-        }
-        fn summary(&self) -> &'static str {
-            "a fake op with a bound its schema states"
-        }
-        type Params = BoundParams;
-        fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
-            vec![OutputDecl::file("out")]
-        }
-        fn run(&self, _params: &Self::Params, _ctx: &RunContext<'_>) -> Result<(), OpError> {
-            Ok(())
-        }
-    }
-
     /// Params that passed the schema check are noted in the parse cache and
     /// not checked again; any other params are, so an edit that breaks a
     /// bound is refused as without the cache.
@@ -840,17 +813,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("spec.yaml");
         let mut registry = Registry::builtin();
-        registry.register(Arc::new(Bound));
-        let load = |n: &str| {
-            std::fs::write(&path, format!("name: t\nnodes:\n  a:\n    op: test.bound\n    params: {{n: {n}}}\n"))
-                .unwrap();
+        registry.register(Arc::new(Clip));
+        let load = |clip: &str| {
+            std::fs::write(
+                &path,
+                format!("name: t\nnodes:\n  a:\n    op: test.clip\n    params: {{clip_eps: {clip}}}\n"),
+            )
+            .unwrap();
             crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads")
         };
         let ws = dir.path().join("ws");
-        let bound = |e: SpecError| e.to_string().contains("params.n: 0 is less than the minimum of 1");
+        let bound = |e: SpecError| e.to_string().contains("params.clip_eps: -1 is less than the minimum of 0");
 
         let cache = ParseCache::new(&ws);
-        let good = load("5");
+        let good = load("1");
         let name = cache.params_checked_name(&good.nodes).expect("this executable is known");
         compile_with(&good, &registry, Some(&cache)).expect("in bounds");
         assert_eq!(cache.save().unwrap(), 1, "the passed check is noted");
@@ -858,13 +834,13 @@ mod tests {
         assert!(cache.params_checked(&name));
 
         // Edited out of bounds: other params, checked, refused, and nothing noted.
-        let bad = load("0");
+        let bad = load("-1");
         let e = compile_with(&bad, &registry, Some(&cache)).err().expect("out of bounds");
         assert!(bound(e), "refused with the bound, as without the cache");
         assert_eq!(cache.save().unwrap(), 0, "a failed check is not noted");
         let bad_name = cache.params_checked_name(&bad.nodes).unwrap();
         assert_ne!(bad_name, name);
-        let one_point_oh = load("5.0");
+        let one_point_oh = load("1.0");
         assert_ne!(cache.params_checked_name(&one_point_oh.nodes).unwrap(), name, "the params as written");
 
         // The note is what skips the check: one noted (by hand) for the
