@@ -289,12 +289,25 @@ fn plan_says_why_against_the_same_spec_and_profile() {
     assert!(!text.contains("tinyprofile"), "not the tiny profile's record: {text}");
 }
 
-/// The parse cache's entries in the project's workspace.
-fn parse_cache_entries(p: &Project) -> usize {
-    match std::fs::read_dir(p.path().join(".orchestrate/specs")) {
-        Ok(dir) => dir.filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".json")).count(),
-        Err(_) => 0,
+/// The parse cache's entries in the project's workspace: (parsed files,
+/// passed params checks). A params check's entry is the JSON object
+/// `{"params_checked": <nodes>}` after its 64-digit checksum line.
+fn parse_cache_entries(p: &Project) -> (usize, usize) {
+    let Ok(dir) = std::fs::read_dir(p.path().join(".orchestrate/specs")) else { return (0, 0) };
+    let (mut parses, mut checks) = (0, 0);
+    for e in dir {
+        let path = e.unwrap().path();
+        if !path.to_string_lossy().ends_with(".json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text[65..]).unwrap();
+        match doc.as_object() {
+            Some(o) if o.len() == 1 && o.contains_key("params_checked") => checks += 1,
+            _ => parses += 1,
+        }
     }
+    (parses, checks)
 }
 
 /// A spec read again is not parsed again (its parse is kept in
@@ -314,16 +327,16 @@ fn the_parse_cache_never_serves_an_edited_or_a_broken_spec() {
     );
     let out = p.run(&["plan", "spec.yaml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(parse_cache_entries(&p), 0, "plan writes nothing");
+    assert_eq!(parse_cache_entries(&p), (0, 0), "plan writes nothing");
     assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "node_finished"), ["a", "b"]);
-    assert_eq!(parse_cache_entries(&p), 2, "an entry per file read");
+    assert_eq!(parse_cache_entries(&p), (2, 1), "an entry per file read, one for the params checked");
     assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "cache_hit"), ["a", "b"]);
-    assert_eq!(parse_cache_entries(&p), 2);
+    assert_eq!(parse_cache_entries(&p), (2, 1));
     // The parent edited: its new text is parsed, and what it says runs.
     p.write("base.yaml", &base("two"));
     assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "node_finished"), ["a", "b"]);
     assert_eq!(p.read("b.txt"), "two\ntwo\n");
-    assert_eq!(parse_cache_entries(&p), 3);
+    assert_eq!(parse_cache_entries(&p), (3, 2), "the parent's new text and its new params");
     // Back to the first text: its entry is read, and the store's outputs put back.
     p.write("base.yaml", &base("one"));
     assert_eq!(nodes_with(&p.run_json(&["spec.yaml"], 0), "cache_hit"), ["a", "b"]);
@@ -345,7 +358,7 @@ fn the_parse_cache_never_serves_an_edited_or_a_broken_spec() {
             stderr(&out)
         );
     }
-    assert_eq!(parse_cache_entries(&p), 3);
+    assert_eq!(parse_cache_entries(&p), (3, 2), "back to the first text: nothing new kept");
 }
 
 /// The parse cache's folder made a link to a folder of the user's: the run
