@@ -13,7 +13,9 @@ use std::time::Instant;
 use crate::dag::key::{diff, EnvPart, HashInputs};
 use crate::dag::DagNode;
 use crate::ops::{InputArtifact, OutputKind, RunContext};
-use crate::store::{now_rfc3339, CachedNode, FileStat, Index, OutputRecord, SpecRef, StoreError, Workspace};
+use crate::store::{
+    now_rfc3339, CachedNode, FileStat, Index, OutputProblem, OutputRecord, SpecRef, StoreError, Workspace,
+};
 
 /// The result of resolving one node.
 #[derive(Debug, Clone)]
@@ -465,9 +467,9 @@ pub fn decide(
     }
     Ok(match cached_valid(ws, index, spec_dir, key)? {
         Ok(outputs) => Decision::Hit(outputs),
-        Err(Some(why)) => match index.lookup(key)? {
-            Some(cached) if ws.objects_present(&cached) => Decision::Restore(Box::new(cached), why),
-            _ => Decision::Run(DirtyReason::OutputsInvalid(why)),
+        Err(Some(problem)) => match index.lookup(key)? {
+            Some(cached) if ws.objects_present(&cached) => Decision::Restore(Box::new(cached), problem.to_string()),
+            _ => Decision::Run(DirtyReason::OutputsInvalid(problem.to_string())),
         },
         Err(None) => Decision::Run(why_absent(index, spec, node_id, key, record)?),
     })
@@ -696,13 +698,13 @@ impl Executor for Local {
     }
 }
 
-/// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(why)))` if cached but stale, `Ok(Err(None))` if absent.
+/// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(problem)))` if cached but stale, `Ok(Err(None))` if absent.
 pub(crate) fn cached_valid(
     ws: &Workspace,
     index: &Index,
     spec_dir: &Path,
     key: &str,
-) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
+) -> Result<Result<Vec<OutputRecord>, Option<OutputProblem>>, StoreError> {
     let Some(outputs) = index.lookup_outputs(key)? else {
         return Ok(Err(None));
     };
@@ -712,7 +714,10 @@ pub(crate) fn cached_valid(
 
 impl NodeJob<'_> {
     /// [`cached_valid`] for this job's node: a re-check after waiting for someone else.
-    pub(crate) fn cached_valid(&self, key: &str) -> Result<Result<Vec<OutputRecord>, Option<String>>, StoreError> {
+    pub(crate) fn cached_valid(
+        &self,
+        key: &str,
+    ) -> Result<Result<Vec<OutputRecord>, Option<OutputProblem>>, StoreError> {
         cached_valid(self.ws, self.index, self.spec_dir, key)
     }
 }

@@ -373,3 +373,26 @@ fn a_rewritten_out_is_a_hit_carrying_its_new_stat_and_a_read_only_look_changes_n
     assert_eq!(hit[0].stat.as_ref(), Some(&now), "the hit carries the stat the check found");
     assert_eq!(stat_in_row(&index).as_ref(), Some(&now), "and the row was refreshed to it");
 }
+
+/// Why a cached out is not a hit comes back typed: what happened to it, and
+/// where, with the message `run` prints for it.
+#[test]
+fn why_a_cached_out_is_no_hit_is_a_typed_problem() {
+    use crate::store::OutputProblem;
+    let w = World::new();
+    let yaml = "name: t\nnodes:\n  s:\n    op: shell\n    params: {cmd: 'echo x > o.txt', outs: [o.txt]}\n";
+    let (_, outcomes) = w.run(yaml, &[]);
+    let Outcome::Ran { key, .. } = &outcomes["s"] else { panic!("s ran: {:?}", outcomes["s"]) };
+    let index = w.ws.index().unwrap();
+    let problem = |index: &crate::store::Index| {
+        super::node::cached_valid(&w.ws, index, w.dir.path(), key).unwrap().expect_err("not a hit").expect("cached")
+    };
+    std::fs::write(w.dir.path().join("o.txt"), "yz\n").unwrap();
+    let modified = problem(&index);
+    assert_eq!(modified, OutputProblem::Modified { path: "o.txt".into(), what: "size 2 → 3".into() });
+    assert_eq!(modified.to_string(), "output 'o.txt' was modified (size 2 → 3)");
+    std::fs::write(w.dir.path().join("o.txt"), "y\n").unwrap();
+    assert_eq!(problem(&index), OutputProblem::Modified { path: "o.txt".into(), what: "content changed".into() });
+    std::fs::remove_file(w.dir.path().join("o.txt")).unwrap();
+    assert_eq!(problem(&index), OutputProblem::Missing { path: "o.txt".into() });
+}

@@ -49,6 +49,28 @@ pub enum ObjectProblem {
     Damaged { short: String, moved_to: Option<PathBuf> },
 }
 
+/// Why a cached node's outputs can no longer be trusted as they stand (the
+/// node is then checked out of the store again, or run).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputProblem {
+    /// The output's object is not in the store (not dropped by gc on purpose).
+    #[error("output '{name}' is missing from the store")]
+    NotInStore { name: String },
+    /// Nothing (or no folder, for a folder out) where the output belongs.
+    #[error("output '{path}' is missing")]
+    Missing { path: String },
+    /// Other bytes than the object's: `what` says how (sizes, files).
+    #[error("output '{path}' was modified ({what})")]
+    Modified { path: String, what: String },
+    /// A folder out that could not be hashed.
+    #[error("output '{path}' cannot be checked: {error}")]
+    Unreadable { path: String, error: String },
+    /// Modified in the tree while checked out as a hard link to its object,
+    /// which was therefore edited too.
+    #[error("{problem}; it was a hard link to the store, so {damage}")]
+    ObjectEdited { problem: Box<OutputProblem>, damage: ObjectProblem },
+}
+
 /// The store's error type.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -315,7 +337,7 @@ enum Checked {
     Same,
     /// The same bytes under a new stat, now recorded in the output.
     Refreshed,
-    Differs(String),
+    Differs(OutputProblem),
 }
 
 /// The workspace's own files, refused where a link (or anything but a
@@ -1235,7 +1257,7 @@ impl Workspace {
         key: &str,
         mut refreshed: Vec<OutputRecord>,
         spec_dir: &Path,
-    ) -> Result<Result<Vec<OutputRecord>, String>, StoreError> {
+    ) -> Result<Result<Vec<OutputRecord>, OutputProblem>, StoreError> {
         let mut changed = false;
         for out in refreshed.iter_mut() {
             match self.check_output(index, out, spec_dir)? {
@@ -1254,13 +1276,14 @@ impl Workspace {
     /// user's tree) the same bytes there; a stat-only change refreshes `out.stat`.
     fn check_output(&self, index: &Index, out: &mut OutputRecord, spec_dir: &Path) -> Result<Checked, StoreError> {
         let checked = self.compare_output(index, out, spec_dir)?;
-        if let Checked::Differs(why) = &checked {
+        if let Checked::Differs(problem) = &checked {
             // An out checked out as a hard link is the object itself: an edit
             // made to it anyway (after a chmod) edited the object. Such an
             // object is moved aside here, so the store never serves it.
             if out.workspace_path.is_some() && self.has_object(&out.object) && self.shares_inodes(out, spec_dir) {
                 if let Err(damage) = self.check_object(&out.object)? {
-                    return Ok(Checked::Differs(format!("{why}; it was a hard link to the store, so {damage}")));
+                    let problem = Box::new(problem.clone());
+                    return Ok(Checked::Differs(OutputProblem::ObjectEdited { problem, damage }));
                 }
             }
         }
@@ -1293,7 +1316,7 @@ impl Workspace {
             return Ok(Checked::Same);
         }
         if !self.has_object(&out.object) {
-            return Ok(Checked::Differs(format!("output '{}' is missing from the store", out.name)));
+            return Ok(Checked::Differs(OutputProblem::NotInStore { name: out.name.clone() }));
         }
         let Some(rel) = &out.workspace_path else {
             return Ok(Checked::Same);
@@ -1302,32 +1325,31 @@ impl Workspace {
         if out.object.kind == OutputKind::Dir {
             // A folder out: every file's stat (hashed again only if it changed), and no file more or less.
             if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-                return Ok(Checked::Differs(format!("output '{rel}' is missing")));
+                return Ok(Checked::Differs(OutputProblem::Missing { path: rel.clone() }));
             }
             return Ok(match self.hash_user_tree(index, &path) {
                 Ok(now) if now.hash == out.object.hash => Checked::Same,
                 Ok(_) => {
                     let what = self.tree_changes(index, &self.object_path(&out.object.hash), &path);
-                    Checked::Differs(format!("output '{rel}' was modified ({what})"))
+                    Checked::Differs(OutputProblem::Modified { path: rel.clone(), what })
                 }
-                Err(e) => Checked::Differs(format!("output '{rel}' cannot be checked: {e}")),
+                Err(e) => Checked::Differs(OutputProblem::Unreadable { path: rel.clone(), error: e.to_string() }),
             });
         }
         let Ok(stat) = FileStat::of(&path) else {
-            return Ok(Checked::Differs(format!("output '{rel}' is missing")));
+            return Ok(Checked::Differs(OutputProblem::Missing { path: rel.clone() }));
         };
         if Some(stat) == out.stat {
             return Ok(Checked::Same);
         }
         if stat.size != out.object.size {
-            return Ok(Checked::Differs(format!(
-                "output '{rel}' was modified (size {} → {})",
-                out.object.size, stat.size
-            )));
+            let what = format!("size {} → {}", out.object.size, stat.size);
+            return Ok(Checked::Differs(OutputProblem::Modified { path: rel.clone(), what }));
         }
         let (h, _) = hash_file(&path)?;
         if h != out.object.hash {
-            return Ok(Checked::Differs(format!("output '{rel}' was modified (content changed)")));
+            let what = "content changed".to_string();
+            return Ok(Checked::Differs(OutputProblem::Modified { path: rel.clone(), what }));
         }
         out.stat = Some(stat);
         Ok(Checked::Refreshed)

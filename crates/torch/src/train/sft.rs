@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::error::{bail, Error, Result};
 use orchestrate_core::data::rows::reference_response;
-use orchestrate_core::ops::worker::WorkerJob;
+use orchestrate_core::ops::worker::{WorkerJob, WorkerOp};
 use orchestrate_core::ops::{Mode, SftBranch, SftParams};
 use tch::Kind;
 
@@ -45,7 +45,7 @@ pub fn run(job: &WorkerJob, p: SftParams) -> Result<NodeCosts> {
     let eos = tokenizer.eos_id()?;
     let encode = |e: &super::common::Example| -> Result<Encoded> {
         let prompt = prompter.ids(&tokenizer, &e.statement, p.max_prompt_tokens, &e.id)?;
-        let reference = reference_response(&e.label, "train.sft")?;
+        let reference = reference_response(&e.label, WorkerOp::TrainSft.name())?;
         let mut response = tokenizer.encode(reference)?;
         response.push(eos);
         if response.len() > p.max_response_tokens {
