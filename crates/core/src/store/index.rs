@@ -226,6 +226,14 @@ CREATE TABLE file_stats (
 );
 ";
 
+/// Whether a cache row has a dropped output (its outputs' JSON names the
+/// field): the very condition of the partial index `nodes_dropped`, so that
+/// SQLite reads that index, which holds only such rows.
+const DROPPED_INDEX: &str =
+    "CREATE INDEX IF NOT EXISTS nodes_dropped ON nodes(key) WHERE outputs LIKE '%\"dropped\"%';";
+
+const ANY_DROPPED: &str = "SELECT EXISTS(SELECT 1 FROM nodes WHERE outputs LIKE '%\"dropped\"%')";
+
 /// A cache row as read: key, node id, spec, record, outputs, seconds, finished at, run id.
 type CachedRow = (String, String, String, String, String, f64, String, String, Option<String>);
 
@@ -250,6 +258,13 @@ fn insert_run(conn: &Connection, run: &RunRow, argv: &str) -> Result<(), StoreEr
     )
     .map_err(db("recording a run"))?;
     Ok(())
+}
+
+/// Whether the partial index of rows with a dropped output is there.
+fn has_dropped_index(conn: &Connection) -> Result<bool, StoreError> {
+    conn.prepare_cached("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'nodes_dropped'")
+        .and_then(|mut s| s.exists([]))
+        .map_err(db("looking for the index of dropped outputs"))
 }
 
 /// Whether the nodes table has the `costs` column (index version 6).
@@ -399,6 +414,12 @@ impl Index {
         // IF NOT EXISTS kept its table as it was).
         if !has_costs_column(&conn)? {
             conn.execute_batch("ALTER TABLE nodes ADD COLUMN costs TEXT").map_err(db("adding the costs column"))?;
+        }
+        // An index of version 6 made before the partial index of
+        // [`ANY_DROPPED`] was part of the schema gains it (building it reads
+        // every row once).
+        if !has_dropped_index(&conn)? {
+            conn.execute_batch(DROPPED_INDEX).map_err(db("adding the index of dropped outputs"))?;
         }
         Ok(Index { conn, file: file_identity(path), columns: Self::COLUMNS, batch: Default::default() })
     }
@@ -581,9 +602,7 @@ impl Index {
     /// Whether any cache row has an output `gc --drop-states` dropped (a
     /// run then checks whether it needs one).
     pub fn any_dropped(&self) -> Result<bool, StoreError> {
-        self.conn
-            .query_row("SELECT EXISTS(SELECT 1 FROM nodes WHERE outputs LIKE '%\"dropped\"%')", [], |r| r.get(0))
-            .map_err(db("looking for dropped outputs"))
+        self.conn.query_row(ANY_DROPPED, [], |r| r.get(0)).map_err(db("looking for dropped outputs"))
     }
 
     /// Removes cache rows (for `gc`), in one transaction: all or none.
@@ -876,6 +895,47 @@ mod batch_tests {
             run_id: "r".into(),
             costs: None,
         }
+    }
+
+    /// `any_dropped` reads only the rows with a dropped output (a partial
+    /// index holds them), not every row of the cache, which `run` would
+    /// otherwise scan on each start however large the cache grew; an index
+    /// made before that index existed gains it when opened, and answers the same.
+    #[test]
+    fn any_dropped_reads_a_partial_index_not_every_cache_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let plan = |index: &Index| -> String {
+            let mut stmt = index.conn.prepare(&format!("EXPLAIN QUERY PLAN {ANY_DROPPED}")).unwrap();
+            let rows = stmt.query_map([], |r| r.get::<_, String>(3)).unwrap();
+            rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+        };
+        let index = Index::open(&path).unwrap();
+        assert!(plan(&index).contains("USING INDEX nodes_dropped"), "{}", plan(&index));
+        index.insert_node(&node(&"ab".repeat(32))).unwrap();
+        assert!(!index.any_dropped().unwrap());
+        let mut dropped = node(&"cd".repeat(32));
+        dropped.outputs = vec![OutputRecord {
+            name: "state".into(),
+            object: crate::store::objects::ObjectInfo {
+                hash: "ef".repeat(32),
+                size: 1,
+                kind: crate::store::OutputKind::File,
+                files: 1,
+            },
+            workspace_path: None,
+            stat: None,
+            dropped: Some("gc --drop-states".into()),
+        }];
+        index.insert_node(&dropped).unwrap();
+        assert!(index.any_dropped().unwrap());
+        // As an index of version 6 was: no partial index.
+        index.conn.execute_batch("DROP INDEX nodes_dropped").unwrap();
+        assert!(!plan(&index).contains("nodes_dropped"));
+        drop(index);
+        let index = Index::open(&path).unwrap();
+        assert!(plan(&index).contains("USING INDEX nodes_dropped"), "{}", plan(&index));
+        assert!(index.any_dropped().unwrap());
     }
 
     /// Reads in a batch share one transaction: what another connection
