@@ -70,6 +70,33 @@ fn run_prints_the_costs_the_numerical_nodes_measured() {
     let out = p.run(&["run", "tiny.yaml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stdout(&out).contains("| sft | train.sft |") && stdout(&out).contains("| this run |"), "{}", stdout(&out));
+    // The node's headline figures, as its worker reported them, are those of
+    // its `metrics` output (read here on its own): printed as it finished, and
+    // kept in its node_finished event.
+    let metrics = p.run(&["path", "tiny.yaml", "sft:metrics"]);
+    assert_eq!(metrics.status.code(), Some(0), "{}", stderr(&metrics));
+    let metrics: serde_json::Value = serde_json::from_slice(&std::fs::read(stdout(&metrics).trim()).unwrap()).unwrap();
+    let history = metrics["history"].as_array().unwrap();
+    let loss = |i: usize| history[i]["loss"].as_f64().unwrap();
+    let line = format!(
+        "loss {:.4} -> {:.4} over {} updates, validation NLL {:.4}",
+        loss(0),
+        loss(history.len() - 1),
+        history.len(),
+        metrics["validation_history"][0]["validation_nll"].as_f64().unwrap()
+    );
+    let done =
+        stderr(&out).lines().chain(stdout(&out).lines()).find(|l| l.starts_with("done     sft ")).map(str::to_string);
+    assert!(done.as_deref().is_some_and(|l| l.ends_with(&format!(": {line}"))), "{done:?}, expected it to end: {line}");
+    let events = p.run(&["events", "--json"]);
+    let finished: Vec<serde_json::Value> = stdout(&events)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["source"] == "engine" && e["type"] == "node_finished")
+        .collect();
+    let summary = |node: &str| finished.iter().find(|e| e["node"] == node).map(|e| e["event"]["summary"].clone());
+    assert_eq!(summary("sft").unwrap()["updates"].as_u64(), Some(history.len() as u64), "{finished:?}");
+    assert_eq!(summary("sft").unwrap()["last_loss"].as_f64(), Some(loss(history.len() - 1)));
     let out = p.run(&["run", "tiny.yaml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let text = stdout(&out);

@@ -165,7 +165,7 @@ fn run_op() -> anyhow::Result<ExitCode> {
     let job: WorkerJob = serde_json::from_str(&body)?;
     let served = Ledger::served(reader, stdin);
     let (result, code) = match torch::ops::run(&job, served) {
-        Ok(costs) => (WorkerResult::done(&job.staging, costs)?, ExitCode::SUCCESS),
+        Ok(done) => (WorkerResult::done(&job.staging, done.costs, done.summary)?, ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e}");
             let failure = WorkerFailure { kind: e.kind(), message: e.to_string() };

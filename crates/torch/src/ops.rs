@@ -7,20 +7,30 @@ use orchestrate_core::model::TextTokenizer;
 use orchestrate_core::ops::worker::{WorkerJob, WorkerTask};
 use orchestrate_core::ops::ModelInitParams;
 use orchestrate_core::store::fsx;
+use orchestrate_core::train::metrics::TrainingSummary;
 use tch::Device;
 
 use super::decoder::CausalLm;
 
-/// Runs one job from `orchestrate run`: what its process cost, for an op
-/// that measures it. `ledger` is the guard's ledger as the executor serves it
-/// (only GRPO asks it anything).
-pub fn run(job: &WorkerJob, ledger: Ledger) -> Result<Option<NodeCosts>> {
+/// What a job reports beside its outputs.
+#[derive(Debug, Default)]
+pub struct Done {
+    /// What its process cost, for an op that measures it.
+    pub costs: Option<NodeCosts>,
+    /// A training op's headline figures.
+    pub summary: Option<TrainingSummary>,
+}
+
+/// Runs one job from `orchestrate run`. `ledger` is the guard's ledger as the
+/// executor serves it (only GRPO asks it anything).
+pub fn run(job: &WorkerJob, ledger: Ledger) -> Result<Done> {
+    let trained = |(costs, summary)| Done { costs: Some(costs), summary: Some(summary) };
     match job.task.clone() {
-        WorkerTask::ModelInit(p) => model_init(job, p).map(|()| None),
-        WorkerTask::TrainSft(p) => super::train::sft::run(job, p).map(Some),
-        WorkerTask::TrainGrpo(p) => super::train::grpo::run(job, p, ledger).map(Some),
-        WorkerTask::EvalGenerate(p) => super::eval::run(job, p).map(Some),
-        WorkerTask::Replay(p) => super::train::replay::run(job, p).map(|()| None),
+        WorkerTask::ModelInit(p) => model_init(job, p).map(|()| Done::default()),
+        WorkerTask::TrainSft(p) => super::train::sft::run(job, p).map(trained),
+        WorkerTask::TrainGrpo(p) => super::train::grpo::run(job, p, ledger).map(trained),
+        WorkerTask::EvalGenerate(p) => super::eval::run(job, p).map(|c| Done { costs: Some(c), summary: None }),
+        WorkerTask::Replay(p) => super::train::replay::run(job, p).map(|()| Done::default()),
     }
 }
 

@@ -41,6 +41,10 @@ pub enum Event {
         node: String,
         key: Key,
         seconds: f64,
+        /// A training node's headline figures (its `metrics` output holds
+        /// the whole history).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<crate::train::metrics::TrainingSummary>,
     },
     NodeFailed {
         node: String,

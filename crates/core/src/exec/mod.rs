@@ -413,11 +413,16 @@ pub fn run_with(
                         &mut log,
                     );
                 }
-                Outcome::Ran { key, outputs: outs, seconds, .. } => {
+                Outcome::Ran { key, outputs: outs, seconds, summary, .. } => {
                     stats.ran += 1;
                     outputs.insert(id.clone(), outs.clone());
                     emit(
-                        Event::NodeFinished { node: id.clone(), key: key.clone(), seconds: *seconds },
+                        Event::NodeFinished {
+                            node: id.clone(),
+                            key: key.clone(),
+                            seconds: *seconds,
+                            summary: summary.clone(),
+                        },
                         reporter,
                         &mut log,
                     );

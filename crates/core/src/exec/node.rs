@@ -35,6 +35,8 @@ pub enum Outcome {
         seconds: f64,
         /// Where it ran when not under this process, e.g. `Slurm job 123 on gpu017`.
         job: Option<String>,
+        /// A training op's headline figures, as its worker reported them.
+        summary: Option<crate::train::metrics::TrainingSummary>,
     },
     Failed {
         key: Option<Key>,
@@ -690,9 +692,13 @@ impl Executor for Local {
         };
         observer.started(key, &reason);
         match run_and_publish(job, run.record, key) {
-            Ok(outputs) => {
-                Outcome::Ran { key: key.clone(), outputs, seconds: run.started.elapsed().as_secs_f64(), job: None }
-            }
+            Ok((outputs, summary)) => Outcome::Ran {
+                key: key.clone(),
+                outputs,
+                seconds: run.started.elapsed().as_secs_f64(),
+                job: None,
+                summary,
+            },
             Err(e) => run.failed(e),
         }
     }
@@ -723,10 +729,13 @@ impl NodeJob<'_> {
 }
 
 /// Runs the node's op into a staging folder, publishes its outputs, and commits its cache row.
-fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<Vec<OutputRecord>, String> {
+type Summary = Option<crate::train::metrics::TrainingSummary>;
+
+fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<(Vec<OutputRecord>, Summary), String> {
     let started = Instant::now();
-    let ran = run_op(job, record, key, &job.ws.log_path(key))?;
-    publish_and_commit(job, key, record, ran, started).map_err(|why| {
+    let mut ran = run_op(job, record, key, &job.ws.log_path(key))?;
+    let summary = ran.summary.take();
+    let outputs = publish_and_commit(job, key, record, ran, started).map_err(|why| {
         // The node failed after its command wrote its outs into the tree: left
         // there, they would pass for a finished node's (Snakemake removes them too).
         let mut removed = Vec::new();
@@ -740,20 +749,23 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         } else {
             format!("{why} (its outs were removed from the tree, as the node did not complete: {})", removed.join(", "))
         }
-    })
+    })?;
+    Ok((outputs, summary))
 }
 
 /// Runs the node's op (its inputs checked first) into a new staging folder,
 /// its log in `log_path`.
-/// What an op's run left: its staging folder and what its process cost.
+/// What an op's run left: its staging folder, what its process cost and (a
+/// training op's) its headline figures.
 struct Ran {
     staging: crate::store::Staging,
     costs: Option<crate::costs::NodeCosts>,
+    summary: Summary,
 }
 
 fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) -> Result<Ran, String> {
     let staging = job.ws.staging().map_err(|e| e.to_string())?;
-    let costs = std::sync::OnceLock::new();
+    let (costs, summary) = (std::sync::OnceLock::new(), std::sync::OnceLock::new());
     let mut inputs: BTreeMap<String, Vec<InputArtifact>> = BTreeMap::new();
     for (name, refs) in &job.node.inputs {
         // No op reads an input object whose bytes no longer hash to its name.
@@ -788,10 +800,11 @@ fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) ->
         threads: job.env.as_ref().and_then(|e| e.threads),
         params_values: &record.params_files,
         costs: &costs,
+        summary: &summary,
         outputs: &job.node.outputs,
     };
     job.node.op.run(&job.node.params, &ctx).map_err(|e| e.to_string())?;
-    Ok(Ran { staging, costs: costs.into_inner() })
+    Ok(Ran { staging, costs: costs.into_inner(), summary: summary.into_inner() })
 }
 
 /// Stores a finished node's outputs and commits its record and cache row.
@@ -802,7 +815,7 @@ fn publish_and_commit(
     ran: Ran,
     started: Instant,
 ) -> Result<Vec<OutputRecord>, String> {
-    let Ran { staging, costs } = ran;
+    let Ran { staging, costs, .. } = ran;
     // What the op's process cost goes into the record, beside the outputs.
     let outputs = publish_outputs(job, &staging)?;
     // The node's record and cache row commit last: a crash before this line

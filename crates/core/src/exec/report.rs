@@ -53,8 +53,11 @@ pub fn describe(event: &Event) -> Option<String> {
             format!("cached   {} {} (from {})", e(node), short(key), e(remote))
         }
         Event::Waiting { node, reason, .. } => format!("waiting  {}: {}", e(node), el(reason)),
-        Event::NodeFinished { node, key, seconds } => {
+        Event::NodeFinished { node, key, seconds, summary: None } => {
             format!("done     {} {} in {seconds:.2}s", e(node), short(key))
+        }
+        Event::NodeFinished { node, key, seconds, summary: Some(summary) } => {
+            format!("done     {} {} in {seconds:.2}s: {summary}", e(node), short(key))
         }
         Event::NodeFailed { node, key, error, .. } => {
             format!("FAILED   {} {}: {}", e(node), key.as_deref().map(short).unwrap_or("-"), el(error))

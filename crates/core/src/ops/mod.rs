@@ -166,6 +166,8 @@ pub struct RunContext<'a> {
     /// What the op's process cost, set by an op that measured it (the
     /// worker's ops); the executor keeps it in the node's record.
     pub costs: &'a std::sync::OnceLock<crate::costs::NodeCosts>,
+    /// Where a training op leaves its run's headline figures (set once).
+    pub summary: &'a std::sync::OnceLock<crate::train::metrics::TrainingSummary>,
     /// What the node declares it writes.
     pub outputs: &'a [OutputDecl],
 }

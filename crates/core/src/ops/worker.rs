@@ -120,6 +120,10 @@ pub struct WorkerResult {
     /// against the folder and against the node's declared outputs before
     /// anything is published.
     pub outputs: Vec<String>,
+    /// The headline figures of a training op's run (`None` for other ops
+    /// and for a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<crate::train::metrics::TrainingSummary>,
     /// `None`: the op wrote its outputs.
     pub failure: Option<WorkerFailure>,
 }
@@ -167,13 +171,17 @@ impl std::fmt::Display for FailureKind {
 
 impl WorkerResult {
     /// A finished op's result: what it cost, and what its staging folder holds.
-    pub fn done(staging: &Path, costs: Option<NodeCosts>) -> std::io::Result<WorkerResult> {
-        Ok(WorkerResult { costs, outputs: staging_entries(staging)?, failure: None })
+    pub fn done(
+        staging: &Path,
+        costs: Option<NodeCosts>,
+        summary: Option<crate::train::metrics::TrainingSummary>,
+    ) -> std::io::Result<WorkerResult> {
+        Ok(WorkerResult { costs, outputs: staging_entries(staging)?, summary, failure: None })
     }
 
     /// A failed op's result.
     pub fn failed(failure: WorkerFailure) -> WorkerResult {
-        WorkerResult { costs: None, outputs: Vec::new(), failure: Some(failure) }
+        WorkerResult { costs: None, outputs: Vec::new(), summary: None, failure: Some(failure) }
     }
 
     /// Writes the result into `staging` (as [`RESULT_FILE`]); a link there is
@@ -302,7 +310,7 @@ pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpErr
         Some(WorkerResult { failure: Some(failure), .. }) => {
             Err(OpError::Failed(format!("{WORKER} exited 0 but reports a failure ({failure})")))
         }
-        Some(WorkerResult { costs, outputs, failure: None }) => {
+        Some(WorkerResult { costs, outputs, summary, failure: None }) => {
             let found = staging_entries(ctx.staging)
                 .map_err(|e| OpError::io(format!("listing {}", ctx.staging.display()), e))?;
             let mut declared: Vec<String> =
@@ -312,6 +320,9 @@ pub fn run_in_worker(task: WorkerTask, ctx: &RunContext<'_>) -> Result<(), OpErr
             if let Some(costs) = costs {
                 // Set once: a node runs its op once per context.
                 let _ = ctx.costs.set(costs);
+            }
+            if let Some(summary) = summary {
+                let _ = ctx.summary.set(summary);
             }
             Ok(())
         }
@@ -368,7 +379,14 @@ mod tests {
         assert_eq!(WorkerResult::take(dir.path()).unwrap(), None);
         let process = RunCosts { seconds: 3.0, optimization_seconds: None, peak_rss_bytes: Some(7) };
         std::fs::write(dir.path().join("metrics"), "{}").unwrap();
-        let done = WorkerResult::done(dir.path(), Some(NodeCosts { process, iterations: BTreeMap::new() })).unwrap();
+        let summary = crate::train::metrics::TrainingSummary::Sft {
+            updates: 4,
+            first_loss: Some(2.5),
+            last_loss: Some(0.5),
+            validation_nll: None,
+        };
+        let costs = Some(NodeCosts { process, iterations: BTreeMap::new() });
+        let done = WorkerResult::done(dir.path(), costs, Some(summary)).unwrap();
         assert_eq!(done.outputs, ["metrics"], "what staging holds");
         done.write(dir.path()).unwrap();
         assert_eq!(WorkerResult::take(dir.path()).unwrap(), Some(done));

@@ -23,6 +23,87 @@ pub enum TrainingMetrics {
     Grpo(GrpoMetrics),
 }
 
+/// The headline figures of a training node's run, as its worker reports
+/// them beside its outputs (in [`crate::ops::worker::WorkerResult`]): what
+/// `run` prints as the node finishes and its `node_finished` event keeps.
+/// Never hashed and never an output: the `metrics` output holds the whole
+/// history these are taken from. A figure there is none of (no update was
+/// made) is `None`, said "undefined", never 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum TrainingSummary {
+    Sft {
+        /// Optimizer updates the node's whole training made.
+        updates: usize,
+        /// The loss of its first and of its last update.
+        first_loss: Option<f64>,
+        last_loss: Option<f64>,
+        /// The validation NLL after its last validated epoch.
+        validation_nll: Option<f64>,
+    },
+    Grpo {
+        /// Iterations the node's whole training ran.
+        iterations: usize,
+        /// The mean reward of its first and of its last iteration.
+        first_mean_reward: Option<f64>,
+        last_mean_reward: Option<f64>,
+        /// The exact KL to the reference at its last update.
+        last_kl: Option<f64>,
+        /// Iterations whose batch the guard did not allow (quarantined or
+        /// rejected: no update made from it).
+        refused: usize,
+    },
+}
+
+impl TrainingSummary {
+    /// The summary of a finished training's metrics.
+    pub fn of(metrics: &TrainingMetrics) -> TrainingSummary {
+        match metrics {
+            TrainingMetrics::Sft(m) => TrainingSummary::Sft {
+                updates: m.updates,
+                first_loss: m.history.first().map(|u| u.loss),
+                last_loss: m.history.last().map(|u| u.loss),
+                validation_nll: m.validation_history.last().map(|v| v.validation_nll),
+            },
+            TrainingMetrics::Grpo(m) => TrainingSummary::Grpo {
+                iterations: m.history.len(),
+                first_mean_reward: m.history.first().map(|i| i.mean_reward),
+                last_mean_reward: m.history.last().map(|i| i.mean_reward),
+                last_kl: m.history.iter().rev().find_map(|i| i.updates.last()).map(|u| u.kl),
+                refused: m.history.iter().filter(|i| i.guard.decision != Decision::Allow).count(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for TrainingSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = |x: &Option<f64>| x.map_or("undefined".to_string(), |x| format!("{x:.4}"));
+        match self {
+            TrainingSummary::Sft { updates, first_loss, last_loss, validation_nll } => {
+                write!(f, "loss {} -> {} over {updates} updates", n(first_loss), n(last_loss))?;
+                if validation_nll.is_some() {
+                    write!(f, ", validation NLL {}", n(validation_nll))?;
+                }
+                Ok(())
+            }
+            TrainingSummary::Grpo { iterations, first_mean_reward, last_mean_reward, last_kl, refused } => {
+                write!(
+                    f,
+                    "mean reward {} -> {} over {iterations} iterations, last KL {}",
+                    n(first_mean_reward),
+                    n(last_mean_reward),
+                    n(last_kl)
+                )?;
+                if *refused > 0 {
+                    write!(f, ", {refused} refused by the guard")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 impl TrainingMetrics {
     /// Reads a `metrics` file.
     pub fn read(path: &std::path::Path) -> Result<Self, ArtifactError> {

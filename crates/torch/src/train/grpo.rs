@@ -31,7 +31,7 @@ use orchestrate_core::ops::{FaultFamily, FaultSpec, GrpoParams, GuardProtocol, G
 use orchestrate_core::reward::{term_stats, RewardFunction, TermStats};
 use orchestrate_core::train::metrics::{
     Cursor, Detection, EventLogSummary, FinishCounts, GrpoIdentity, GrpoIteration, GrpoMetrics, GuardSummary,
-    IterationCosts, IterationGuard, NodeCosts, RunCosts, Scheduler, TrainingMetrics, UpdateStats,
+    IterationCosts, IterationGuard, NodeCosts, RunCosts, Scheduler, TrainingMetrics, TrainingSummary, UpdateStats,
 };
 use tch::Tensor;
 
@@ -646,7 +646,7 @@ pub fn record(
     Ok(())
 }
 
-pub fn run(job: &WorkerJob, p: GrpoParams, mut ledger: Ledger) -> Result<NodeCosts> {
+pub fn run(job: &WorkerJob, p: GrpoParams, mut ledger: Ledger) -> Result<(NodeCosts, TrainingSummary)> {
     let started = Instant::now();
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
@@ -816,10 +816,12 @@ pub fn run(job: &WorkerJob, p: GrpoParams, mut ledger: Ledger) -> Result<NodeCos
     let meta = s.metrics(&ledger, &pos, stop, adam.step, digest(&params), &reference_now)?;
     let costs = s.costs(&pos);
     s.reward.into_inner().unwrap_or_else(|e| e.into_inner()).finish().map_err(|e| err!("{e}"))?;
-    write_outputs(job, &policy, model_dir, &params, &adam, TrainingMetrics::Grpo(meta))?;
+    let meta = TrainingMetrics::Grpo(meta);
+    let summary = TrainingSummary::of(&meta);
+    write_outputs(job, &policy, model_dir, &params, &adam, meta)?;
     // The node's outputs are complete: its recovery checkpoints are no longer needed.
     wal.clear();
-    Ok(costs)
+    Ok((costs, summary))
 }
 
 #[cfg(test)]

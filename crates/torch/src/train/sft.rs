@@ -4,7 +4,7 @@
 //! recorded and never used to pick a checkpoint.
 
 use orchestrate_core::train::metrics::{
-    NodeCosts, RunCosts, Scheduler, SftIdentity, SftMetrics, SftUpdate, SftValidation, TrainingMetrics,
+    NodeCosts, RunCosts, Scheduler, SftIdentity, SftMetrics, SftUpdate, SftValidation, TrainingMetrics, TrainingSummary,
 };
 use std::time::Instant;
 
@@ -36,7 +36,7 @@ fn summed_logprob(model: &CausalLm, rows: &[&Encoded]) -> (tch::Tensor, f64) {
     ((logp * mask).sum(Kind::Float), tokens)
 }
 
-pub fn run(job: &WorkerJob, p: SftParams) -> Result<NodeCosts> {
+pub fn run(job: &WorkerJob, p: SftParams) -> Result<(NodeCosts, TrainingSummary)> {
     let started = Instant::now();
     let device = pick_device()?;
     let model_dir = input_path(job, "model")?;
@@ -174,6 +174,7 @@ pub fn run(job: &WorkerJob, p: SftParams) -> Result<NodeCosts> {
         },
         iterations: Default::default(),
     };
+    let summary = TrainingSummary::of(&meta);
     write_outputs(job, &model, model_dir, &params, &adam, meta)?;
-    Ok(costs)
+    Ok((costs, summary))
 }
