@@ -377,3 +377,51 @@ fn a_linked_parse_cache_folder_is_never_written_through() {
     assert!(stderr(&out).contains("was not kept") && stderr(&out).contains("symbolic link"), "{}", stderr(&out));
     assert_eq!(std::fs::read_dir(&mine).unwrap().count(), 0, "nothing written through the link");
 }
+
+/// The runs of `status --json`: (run id, summary), newest first.
+fn runs(p: &Project) -> Vec<(String, String)> {
+    let out = p.run(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let list = doc["runs"].as_array().expect("a list of runs");
+    list.iter()
+        .map(|r| (r["run_id"].as_str().unwrap().to_string(), r["summary"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// A run of cache hits alone is recorded beside the index
+/// (`cache.sqlite-runs`) rather than in it, and reads as any other run:
+/// `status` lists it and `events` shows its cache hits at once; the next run
+/// with work folds it into the index, and it reads the same.
+#[test]
+fn a_run_of_hits_alone_is_in_the_history_at_once_and_after_it_is_folded_in() {
+    let p = chain();
+    p.run_json(&["spec.yaml"], 0);
+    p.run_json(&["spec.yaml"], 0);
+    let beside = p.path().join(".orchestrate/cache.sqlite-runs");
+    let size = || std::fs::metadata(&beside).map(|m| m.len()).unwrap_or(0);
+    assert!(size() > 0, "the run of hits waits beside the index");
+    let listed = runs(&p);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0].1, "0 ran, 4 cached, 0 failed, 0 skipped");
+    assert_eq!(listed[1].1, "4 ran, 0 cached, 0 failed, 0 skipped");
+    let hits_of = |run: &str| {
+        let out = p.run(&["events", "--run", run, "--type", "cache_hit", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let mut nodes: Vec<String> = stdout(&out)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["node"].as_str().unwrap().to_string())
+            .collect();
+        nodes.sort();
+        nodes
+    };
+    assert_eq!(hits_of(&listed[0].0), ["a", "b", "c", "d"]);
+
+    // A run with work folds it in: the file is emptied, the history reads the same.
+    p.run_json(&["spec.yaml", "--set", "nodes.d.params.cmd=echo delta2 > d.txt"], 0);
+    assert_eq!(size(), 0, "folded into the index");
+    let after = runs(&p);
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert_eq!(after[1..], listed[..]);
+    assert_eq!(hits_of(&listed[0].0), ["a", "b", "c", "d"]);
+}

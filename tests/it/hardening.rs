@@ -354,6 +354,34 @@ fn a_read_only_command_never_opens_the_index_through_a_link() {
     assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep");
 }
 
+/// The file of runs kept beside the index (`cache.sqlite-runs`, where a run
+/// of cache hits alone is recorded) planted as a link to a file of the
+/// user's, or as a FIFO: a run of hits and `status` refuse it, naming it,
+/// and never write, read or wait on what it points to.
+#[test]
+fn the_runs_kept_beside_the_index_are_never_opened_through_a_link() {
+    let p = Project::new();
+    p.write("s.yaml", "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: echo a > a.txt, outs: [a.txt]}\n");
+    assert!(p.run(&["run", "s.yaml"]).status.success());
+    let theirs = p.path().join("theirs.jsonl");
+    std::fs::write(&theirs, "keep").unwrap();
+    let runs = p.path().join(".orchestrate/cache.sqlite-runs");
+    let _ = std::fs::remove_file(&runs);
+    std::os::unix::fs::symlink(&theirs, &runs).unwrap();
+    for cmd in [&["run", "s.yaml"][..], &["status"]] {
+        let out = run_within(&p, cmd, 30);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("cache.sqlite-runs is a symbolic link"), "{cmd:?}: {}", stderr(&out));
+    }
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep");
+    std::fs::remove_file(&runs).unwrap();
+    let c = std::ffi::CString::new(runs.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let out = run_within(&p, &["run", "s.yaml"], 30);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cache.sqlite-runs is a symbolic link or not a regular file"), "{}", stderr(&out));
+}
+
 /// `p.cmd(args)` run to its end, or killed and failed after `secs`.
 fn run_within(p: &Project, args: &[&str], secs: u64) -> std::process::Output {
     let mut child = p

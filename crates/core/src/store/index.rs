@@ -8,6 +8,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+use super::history::{self, PendingRun};
 use super::objects::ObjectInfo;
 use super::StoreError;
 
@@ -94,7 +95,7 @@ pub struct SpecRef<'a> {
 }
 
 /// A run as listed by `orchestrate status`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRow {
     pub run_id: String,
     pub spec: String,
@@ -162,7 +163,7 @@ impl rusqlite::types::FromSql for NodeOutcome {
 }
 
 /// A node's outcome in one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunNodeRow {
     pub node_id: String,
     pub key: Option<Key>,
@@ -249,6 +250,12 @@ pub struct Index {
     columns: &'static str,
     /// Whether reads share one transaction ([`Index::batch_reads`]) and it is open.
     batch: std::cell::Cell<bool>,
+    /// The runs of hits alone not folded in yet ([`super::history`]): read
+    /// with the history, written only where `defer_history`.
+    history: std::path::PathBuf,
+    /// Whether a run of hits alone is appended there (WAL mode) rather than
+    /// committed here.
+    defer_history: bool,
 }
 
 fn insert_run(conn: &Connection, run: &RunRow, argv: &str) -> Result<(), StoreError> {
@@ -257,6 +264,31 @@ fn insert_run(conn: &Connection, run: &RunRow, argv: &str) -> Result<(), StoreEr
         params![run.run_id, run.spec, run.profile, argv, std::process::id(), run.started_at, run.status],
     )
     .map_err(db("recording a run"))?;
+    Ok(())
+}
+
+/// A run's node outcomes and events.
+fn insert_outcomes(
+    conn: &Connection,
+    run_id: &str,
+    nodes: &[RunNodeRow],
+    events: &[(u64, String)],
+) -> Result<(), StoreError> {
+    let mut ins = conn
+        .prepare_cached(
+            "INSERT OR REPLACE INTO run_nodes (run_id, node_id, key, outcome, seconds, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .map_err(db("recording run nodes"))?;
+    for n in nodes {
+        ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail])
+            .map_err(db("recording run nodes"))?;
+    }
+    let mut ev = conn
+        .prepare_cached("INSERT OR REPLACE INTO events (run_id, seq, event) VALUES (?1, ?2, ?3)")
+        .map_err(db("recording events"))?;
+    for (seq, e) in events {
+        ev.execute(params![run_id, *seq as i64, e]).map_err(db("recording events"))?;
+    }
     Ok(())
 }
 
@@ -421,7 +453,15 @@ impl Index {
         if !has_dropped_index(&conn)? {
             conn.execute_batch(DROPPED_INDEX).map_err(db("adding the index of dropped outputs"))?;
         }
-        Ok(Index { conn, file: file_identity(path), columns: Self::COLUMNS, batch: Default::default() })
+        let defer_history = journal_mode_for(path)? == "WAL";
+        Ok(Index {
+            conn,
+            file: file_identity(path),
+            columns: Self::COLUMNS,
+            batch: Default::default(),
+            history: history::path_for(path),
+            defer_history,
+        })
     }
 
     /// Whether the file this connection writes is still the one at its path:
@@ -445,7 +485,14 @@ impl Index {
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
         let conn = open_database_read_only(path, "the index")?;
         let columns = if has_costs_column(&conn)? { Self::COLUMNS } else { Self::COLUMNS_BEFORE_COSTS };
-        Ok(Index { conn, file: file_identity(path), columns, batch: Default::default() })
+        Ok(Index {
+            conn,
+            file: file_identity(path),
+            columns,
+            batch: Default::default(),
+            history: history::path_for(path),
+            defer_history: false,
+        })
     }
 
     /// Lets the reads that follow share one read transaction, until
@@ -627,9 +674,32 @@ impl Index {
         Ok(())
     }
 
+    /// Records a run as started (folding in first the runs of hits alone
+    /// that wait beside the index: a run that writes here anyway keeps that
+    /// file short).
     pub fn start_run(&self, run: &RunRow, argv: &str) -> Result<(), StoreError> {
-        self.end_reads()?;
+        self.fold_history()?;
         insert_run(&self.conn, run, argv)
+    }
+
+    /// Moves the runs of hits alone kept beside the index ([`super::history`])
+    /// into it, in one transaction.
+    pub fn fold_history(&self) -> Result<(), StoreError> {
+        self.end_reads()?;
+        history::fold(&self.history, |runs| {
+            let tx = self.conn.unchecked_transaction().map_err(db("starting to fold runs in"))?;
+            for p in runs {
+                let r = &p.run;
+                tx.execute(
+                    "INSERT OR REPLACE INTO runs (run_id, spec, profile, argv, pid, started_at, finished_at, status, summary)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    params![r.run_id, r.spec, r.profile, p.argv, p.pid, r.started_at, r.finished_at, r.status, r.summary],
+                )
+                .map_err(db("folding a run in"))?;
+                insert_outcomes(&tx, &r.run_id, &p.nodes, &p.events)?;
+            }
+            tx.commit().map_err(db("folding runs in"))
+        })
     }
 
     /// Records the end of a run together with its node outcomes and events,
@@ -646,36 +716,49 @@ impl Index {
         unstarted: Option<(&RunRow, &str)>,
     ) -> Result<(), StoreError> {
         self.end_reads()?;
+        let finished_at = super::now_rfc3339();
+        if let Some((run, argv)) = unstarted {
+            // A run of hits alone that ended well changed no cache row: its
+            // history waits beside the index ([`super::history`]).
+            if self.defer_history && status == "ok" && nodes.iter().all(|n| n.outcome == NodeOutcome::Cached) {
+                let pending = PendingRun {
+                    run: RunRow {
+                        finished_at: Some(finished_at),
+                        status: status.to_string(),
+                        summary: Some(summary.to_string()),
+                        ..run.clone()
+                    },
+                    argv: argv.to_string(),
+                    pid: std::process::id(),
+                    nodes: nodes.to_vec(),
+                    events: events.to_vec(),
+                };
+                if history::append(&self.history, &pending)? > history::FOLD_AT {
+                    self.fold_history()?;
+                }
+                return Ok(());
+            }
+        }
         let tx = self.conn.transaction().map_err(db("starting a transaction"))?;
         if let Some((run, argv)) = unstarted {
             insert_run(&tx, run, argv)?;
         }
         {
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO run_nodes (run_id, node_id, key, outcome, seconds, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )
-                .map_err(db("recording run nodes"))?;
-            for n in nodes {
-                ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail])
-                    .map_err(db("recording run nodes"))?;
-            }
-            let mut ev = tx
-                .prepare_cached("INSERT OR REPLACE INTO events (run_id, seq, event) VALUES (?1, ?2, ?3)")
-                .map_err(db("recording events"))?;
-            for (seq, e) in events {
-                ev.execute(params![run_id, *seq as i64, e]).map_err(db("recording events"))?;
-            }
+            insert_outcomes(&tx, run_id, nodes, events)?;
             tx.execute(
                 "UPDATE runs SET finished_at = ?2, status = ?3, summary = ?4 WHERE run_id = ?1",
-                params![run_id, super::now_rfc3339(), status, summary],
+                params![run_id, finished_at, status, summary],
             )
             .map_err(db("finishing a run"))?;
         }
         tx.commit().map_err(db("committing a run"))
     }
 
+    /// The latest runs, newest first: those of hits alone still kept beside
+    /// the index ([`super::history`]) with those here (that file is read
+    /// first, so a run folded in meanwhile is here).
     pub fn recent_runs(&self, limit: usize) -> Result<Vec<RunRow>, StoreError> {
+        let pending = history::read(&self.history)?;
         let mut stmt = self
             .conn
             .prepare(
@@ -696,10 +779,30 @@ impl Index {
                 })
             })
             .map_err(db("listing runs"))?;
-        rows.collect::<Result<_, _>>().map_err(db("listing runs"))
+        let mut runs: Vec<RunRow> = rows.collect::<Result<_, _>>().map_err(db("listing runs"))?;
+        if pending.is_empty() {
+            return Ok(runs);
+        }
+        let here: std::collections::HashSet<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+        let mut all: Vec<RunRow> =
+            pending.into_iter().rev().map(|p| p.run).filter(|r| !here.contains(&r.run_id)).collect();
+        all.append(&mut runs);
+        // Stable: of two runs started at the same instant, the later recorded first.
+        all.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    /// A run still kept beside the index ([`super::history`]), if it is one.
+    fn pending_run(&self, run_id: &str) -> Result<Option<PendingRun>, StoreError> {
+        Ok(history::read(&self.history)?.into_iter().rev().find(|p| p.run.run_id == run_id))
     }
 
     pub fn run_nodes(&self, run_id: &str) -> Result<Vec<RunNodeRow>, StoreError> {
+        if let Some(mut p) = self.pending_run(run_id)? {
+            p.nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+            return Ok(p.nodes);
+        }
         let mut stmt = self
             .conn
             .prepare("SELECT node_id, key, outcome, seconds, detail FROM run_nodes WHERE run_id = ?1 ORDER BY node_id")
@@ -720,7 +823,7 @@ impl Index {
 
     /// Appends an event to a finished run's log (after its last one).
     pub fn append_event(&self, run_id: &str, event: &str) -> Result<(), StoreError> {
-        self.end_reads()?;
+        self.fold_history()?;
         self.conn
             .execute(
                 "INSERT INTO events (run_id, seq, event)
@@ -733,6 +836,10 @@ impl Index {
 
     /// The events of a run, in order.
     pub fn run_events(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
+        if let Some(mut p) = self.pending_run(run_id)? {
+            p.events.sort_by_key(|(seq, _)| *seq);
+            return Ok(p.events.into_iter().map(|(_, e)| e).collect());
+        }
         let mut stmt = self
             .conn
             .prepare("SELECT event FROM events WHERE run_id = ?1 ORDER BY seq")
@@ -1004,5 +1111,148 @@ mod batch_tests {
             write(&mut reader).unwrap_or_else(|e| panic!("{what} during a batch: {e}"));
             assert!(reader.lookup_outputs(&other).unwrap().is_some(), "{what}: the batch ended");
         }
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+    use std::io::Write;
+
+    fn run(id: &str, started_at: &str) -> RunRow {
+        RunRow {
+            run_id: id.into(),
+            spec: "s".into(),
+            profile: None,
+            started_at: started_at.into(),
+            finished_at: None,
+            status: "running".into(),
+            summary: None,
+        }
+    }
+
+    fn outcome(node: &str, outcome: NodeOutcome) -> RunNodeRow {
+        RunNodeRow { node_id: node.into(), key: None, outcome, seconds: None, detail: None }
+    }
+
+    fn runs_here(index: &Index) -> Vec<String> {
+        let mut stmt = index.conn.prepare("SELECT run_id FROM runs ORDER BY run_id").unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    }
+
+    fn ids(runs: &[RunRow]) -> Vec<&str> {
+        runs.iter().map(|r| r.run_id.as_str()).collect()
+    }
+
+    /// A run of hits alone is kept beside the index, not committed to it
+    /// (no WAL made, no checkpoint), and every read of the history sees it
+    /// at once, a read-only connection's too; the next run that writes the
+    /// index folds it in, and the reads answer the same.
+    #[test]
+    fn a_run_of_hits_alone_waits_beside_the_index_and_reads_as_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let mut index = Index::open(&path).unwrap();
+        assert!(index.defer_history, "a local filesystem: WAL mode");
+        let first = run("r1", "2026-12-05T10:00:00Z");
+        index.start_run(&first, "run").unwrap();
+        index.finish_run("r1", "ok", "1 ran", &[outcome("a", NodeOutcome::Ran)], &[(0, "{}".into())], None).unwrap();
+        let hits = [outcome("b", NodeOutcome::Cached), outcome("a", NodeOutcome::Cached)];
+        let events = [(1, "{\"e\":1}".to_string()), (0, "{\"e\":0}".to_string())];
+        let second = run("r2", "2026-12-05T11:00:00Z");
+        index.finish_run("r2", "ok", "0 ran, 2 cached", &hits, &events, Some((&second, "run again"))).unwrap();
+        assert_eq!(runs_here(&index), ["r1"], "the run of hits is not in the index");
+        let beside = dir.path().join("index.sqlite-runs");
+        assert!(std::fs::metadata(&beside).unwrap().len() > 0);
+
+        let reads = |index: &Index| {
+            let runs = index.recent_runs(10).unwrap();
+            assert_eq!(ids(&runs), ["r2", "r1"], "newest first");
+            assert_eq!(runs[0].status, "ok");
+            assert_eq!(runs[0].summary.as_deref(), Some("0 ran, 2 cached"));
+            assert!(runs[0].finished_at.is_some());
+            assert_eq!(ids(&index.recent_runs(1).unwrap()), ["r2"]);
+            let nodes: Vec<_> = index.run_nodes("r2").unwrap().into_iter().map(|n| (n.node_id, n.outcome)).collect();
+            assert_eq!(nodes, [("a".into(), NodeOutcome::Cached), ("b".into(), NodeOutcome::Cached)]);
+            assert_eq!(index.run_events("r2").unwrap(), ["{\"e\":0}", "{\"e\":1}"], "in seq order");
+            assert_eq!(index.run_events("r1").unwrap(), ["{}"]);
+        };
+        reads(&index);
+        reads(&Index::open_read_only(&path).unwrap());
+
+        // A run with work folds it in first: the same answers, from the index.
+        index.start_run(&run("r3", "2026-12-05T12:00:00Z"), "run").unwrap();
+        assert_eq!(std::fs::metadata(&beside).unwrap().len(), 0, "emptied once folded in");
+        assert_eq!(runs_here(&index), ["r1", "r2", "r3"]);
+        let runs = index.recent_runs(10).unwrap();
+        assert_eq!(ids(&runs), ["r3", "r2", "r1"]);
+        assert_eq!(runs[1].summary.as_deref(), Some("0 ran, 2 cached"));
+        assert_eq!(index.run_events("r2").unwrap(), ["{\"e\":0}", "{\"e\":1}"]);
+        assert_eq!(index.run_nodes("r2").unwrap().len(), 2);
+        // Folding again (a fold killed after its commit leaves its lines) changes nothing.
+        index.fold_history().unwrap();
+        assert_eq!(runs_here(&index), ["r1", "r2", "r3"]);
+    }
+
+    /// Only a run of hits alone that ended well waits: a failure (which
+    /// `plan` looks up in the index), an interrupted run, or a run that ran a
+    /// node is committed at once.
+    #[test]
+    fn a_run_with_a_failure_or_an_interruption_is_committed_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let mut index = Index::open(&path).unwrap();
+        let cases = [
+            ("r1", "failed", NodeOutcome::Failed),
+            ("r2", "interrupted", NodeOutcome::Cached),
+            ("r3", "ok", NodeOutcome::Ran),
+            ("r4", "failed", NodeOutcome::Skipped),
+        ];
+        for (id, status, o) in cases {
+            let row = run(id, "2026-12-05T10:00:00Z");
+            index.finish_run(id, status, "", &[outcome("a", o)], &[], Some((&row, "run"))).unwrap();
+        }
+        assert_eq!(runs_here(&index), ["r1", "r2", "r3", "r4"]);
+        assert!(history::read(&dir.path().join("index.sqlite-runs")).unwrap().is_empty());
+    }
+
+    /// The file folds itself in once it grows past its bound, so a workspace
+    /// re-run in a loop does not grow it without end; a line a power loss
+    /// tore is left out, and a link where the file should be is refused.
+    #[test]
+    fn the_file_is_bounded_a_torn_line_is_left_out_and_a_link_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let mut index = Index::open(&path).unwrap();
+        let beside = dir.path().join("index.sqlite-runs");
+        let hits: Vec<RunNodeRow> = (0..200).map(|i| outcome(&format!("node-{i:03}"), NodeOutcome::Cached)).collect();
+        let mut n = 0;
+        while runs_here(&index).is_empty() {
+            n += 1;
+            assert!(n < 1000, "never folded in");
+            let row = run(&format!("r{n:04}"), &format!("2026-12-05T10:{:02}:{:02}Z", n / 60, n % 60));
+            index.finish_run(&row.run_id, "ok", "", &hits, &[], Some((&row, "run"))).unwrap();
+        }
+        assert!(n > 1, "folded at the first run");
+        assert_eq!(runs_here(&index).len(), n, "every run folded in at once");
+        assert_eq!(std::fs::metadata(&beside).unwrap().len(), 0);
+
+        let row = run("torn", "2026-12-05T11:00:00Z");
+        index.finish_run("torn", "ok", "", &hits, &[], Some((&row, "run"))).unwrap();
+        std::fs::OpenOptions::new().append(true).open(&beside).unwrap().write_all(b"{\"run\":{\"run_id\":").unwrap();
+        assert_eq!(index.recent_runs(1).unwrap()[0].run_id, "torn", "the whole line reads, the torn one not");
+        index.fold_history().unwrap();
+        assert_eq!(runs_here(&index).len(), n + 1);
+
+        std::fs::remove_file(&beside).unwrap();
+        let theirs = dir.path().join("theirs");
+        std::fs::write(&theirs, "").unwrap();
+        std::os::unix::fs::symlink(&theirs, &beside).unwrap();
+        let row = run("linked", "2026-12-05T12:00:00Z");
+        let err = index.finish_run("linked", "ok", "", &hits, &[], Some((&row, "run"))).unwrap_err().to_string();
+        assert!(err.contains("index.sqlite-runs"), "{err}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"", "nothing written through the link");
+        assert!(index.recent_runs(1).is_err(), "nor read through it");
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod fsx;
 pub mod gc;
+mod history;
 pub mod index;
 mod journal;
 pub mod objects;
@@ -344,7 +345,15 @@ enum Checked {
 /// regular file) stands: SQLite follows a link, so a planted
 /// `cache.sqlite -> ~/theirs.db` would get our tables, or be read as ours.
 fn refuse_linked_files(root: &Path) -> Result<(), StoreError> {
-    for file in ["cache.sqlite", "cache.sqlite-wal", "cache.sqlite-shm", "guard.sqlite", "index.lock", "use.lock"] {
+    for file in [
+        "cache.sqlite",
+        "cache.sqlite-wal",
+        "cache.sqlite-shm",
+        "cache.sqlite-runs",
+        "guard.sqlite",
+        "index.lock",
+        "use.lock",
+    ] {
         let path = root.join(file);
         if fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
             return Err(StoreError::Invalid(format!(
