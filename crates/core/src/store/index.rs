@@ -1217,6 +1217,55 @@ mod history_tests {
         assert!(history::read(&dir.path().join("index.sqlite-runs")).unwrap().is_empty());
     }
 
+    /// Processes recording runs of hits while another folds the file in
+    /// lose none and record none twice: appends take the lock shared, a fold
+    /// exclusive, from its read to its truncation.
+    #[test]
+    fn runs_recorded_while_another_connection_folds_are_all_kept_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        drop(Index::open(&path).unwrap());
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let folder = {
+            let (path, done) = (path.clone(), done.clone());
+            std::thread::spawn(move || {
+                let index = Index::open(&path).unwrap();
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    index.fold_history().unwrap();
+                }
+            })
+        };
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let mut index = Index::open(&path).unwrap();
+                    for i in 0..25 {
+                        let row = run(&format!("w{w}-{i:02}"), &format!("2026-12-05T10:{w:02}:{i:02}Z"));
+                        let hits = [outcome("a", NodeOutcome::Cached)];
+                        index
+                            .finish_run(&row.run_id, "ok", "", &hits, &[(0, "{}".into())], Some((&row, "run")))
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        folder.join().unwrap();
+        let index = Index::open(&path).unwrap();
+        let mut listed: Vec<String> = index.recent_runs(1000).unwrap().into_iter().map(|r| r.run_id).collect();
+        assert_eq!(listed.len(), 100, "every run once: {listed:?}");
+        listed.sort();
+        listed.dedup();
+        assert_eq!(listed.len(), 100);
+        index.fold_history().unwrap();
+        assert_eq!(runs_here(&index).len(), 100);
+        assert_eq!(index.run_events("w3-24").unwrap(), ["{}"]);
+    }
+
     /// The file folds itself in once it grows past its bound, so a workspace
     /// re-run in a loop does not grow it without end; a line a power loss
     /// tore is left out, and a link where the file should be is refused.
