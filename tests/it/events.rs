@@ -80,6 +80,24 @@ fn events_are_searchable_and_every_non_allow_decision_reaches_the_webhook() {
     assert_eq!(refused.len(), 2, "F3 and F2 are each refused once");
     assert!(metrics("off")["guard"]["detections"].as_array().unwrap().is_empty());
 
+    // The headline figures each GRPO node's worker reported, kept in its
+    // node_finished event, are those of its metrics: iterations, first and
+    // last mean reward, and the iterations the guard refused (two with the
+    // guard on, none with it off).
+    let finished = lines(&p.run(&["events", "--json", "--type", "node_finished"]));
+    for (guard, refused_here) in [("on", 2), ("off", 0)] {
+        let node = format!("grpo@guard={guard}");
+        let event = finished.iter().find(|e| e["node"] == node.as_str()).unwrap_or_else(|| panic!("{finished:?}"));
+        let summary = &event["event"]["summary"];
+        let history = metrics(guard)["history"].as_array().unwrap().clone();
+        assert_eq!(summary["kind"], "grpo", "{summary}");
+        assert_eq!(summary["iterations"].as_u64(), Some(history.len() as u64), "{summary}");
+        assert!(summary["first_mean_reward"].is_f64() && summary["last_kl"].is_f64(), "{summary}");
+        assert_eq!(summary["first_mean_reward"], history[0]["mean_reward"], "{summary}");
+        assert_eq!(summary["last_mean_reward"], history[history.len() - 1]["mean_reward"], "{summary}");
+        assert_eq!(summary["refused"].as_u64(), Some(refused_here), "{node}: {summary}");
+    }
+
     // The report of this run: the fault matrix rows with the codes the runs observed.
     let report = p.path().join("report.html");
     let out = p.run(&["report", "--out", report.to_str().unwrap()]);
