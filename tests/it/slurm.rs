@@ -441,6 +441,11 @@ nodes:
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let resumed = std::fs::read_to_string(&log).unwrap();
     assert!(resumed.contains("recovered from the committed checkpoint after iteration"), "{resumed}");
+    // The job's result carries the worker's headline figures to the
+    // coordinator, which prints them as the node finishes.
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    let done = text.lines().find(|l| l.starts_with("done     grpo ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(done.contains(": mean reward ") && done.contains(" over 40 iterations, last KL "), "{done}");
     let model = |p: &Project, extra: &[&str]| {
         let mut args = vec!["path", "s.yaml", "grpo:model"];
         args.extend_from_slice(extra);

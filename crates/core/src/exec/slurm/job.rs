@@ -139,11 +139,11 @@ pub fn exec_node<E: std::fmt::Display>(
 /// Writes the result file the coordinator reads (`seconds`: this process's time).
 pub fn record(ws: &Path, ticket: &Ticket, outcome: &Outcome, seconds: f64) -> Result<(), SlurmError> {
     let job_id = std::env::var("SLURM_JOB_ID").unwrap_or_else(|_| "manual".into());
-    let (name, seconds, error) = match outcome {
-        Outcome::Ran { seconds, .. } => (NodeOutcome::Ran, *seconds, None),
-        Outcome::Cached { .. } => (NodeOutcome::Cached, seconds, None),
-        Outcome::Failed { error, .. } => (NodeOutcome::Failed, seconds, Some(error.clone())),
-        Outcome::Skipped { because } => (NodeOutcome::Failed, seconds, Some(because.clone())),
+    let (name, seconds, error, summary) = match outcome {
+        Outcome::Ran { seconds, summary, .. } => (NodeOutcome::Ran, *seconds, None, summary.clone()),
+        Outcome::Cached { .. } => (NodeOutcome::Cached, seconds, None, None),
+        Outcome::Failed { error, .. } => (NodeOutcome::Failed, seconds, Some(error.clone()), None),
+        Outcome::Skipped { because } => (NodeOutcome::Failed, seconds, Some(because.clone()), None),
     };
     let result = JobResult {
         key: ticket.key.clone(),
@@ -154,6 +154,7 @@ pub fn record(ws: &Path, ticket: &Ticket, outcome: &Outcome, seconds: f64) -> Re
         seconds,
         error,
         finished_at: now_rfc3339(),
+        summary,
     };
     let json = serde_json::to_vec_pretty(&result).expect("results serialize");
     write_file(&result_path(ws, &ticket.key, &job_id), &json).map_err(SlurmError::Write)

@@ -274,8 +274,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
                     outputs,
                     seconds: r.seconds,
                     job: Some(format!("Slurm job {job_id} on {}", r.host)),
-                    // The job's result file carries no summary: only a node run by this process reports one.
-                    summary: None,
+                    summary: r.summary.clone(),
                 },
                 Some(outputs) => Outcome::Cached { key, outputs, remote: None, restored: None },
                 None => to_run.failed(format!(

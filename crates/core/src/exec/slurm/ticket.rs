@@ -49,6 +49,11 @@ pub struct JobResult {
     pub seconds: f64,
     pub error: Option<String>,
     pub finished_at: String,
+    /// A training node's headline figures, as its worker reported them
+    /// (absent from the result of an orchestrate before 2026-12-05, and for
+    /// a node that reports none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<crate::train::metrics::TrainingSummary>,
 }
 
 pub(super) fn slurm_dir(ws: &Path, sub: &str) -> PathBuf {
