@@ -20,7 +20,7 @@ use std::mem::MaybeUninit;
 use std::num::ParseIntError;
 
 use serde_json::{Map, Number, Value};
-use unsafe_libyaml as sys;
+use unsafe_libyaml as unsafe_sys;
 
 /// How deep collections may nest here: past it the general path decides
 /// (serde_yaml_ng refuses past 128; `locate::too_deep` refuses past 64 first).
@@ -128,46 +128,46 @@ enum Event {
 
 /// libyaml's parser over a text, deleted when dropped.
 struct Parser<'t> {
-    sys: Box<MaybeUninit<sys::yaml_parser_t>>,
+    sys: Box<MaybeUninit<unsafe_sys::yaml_parser_t>>,
     text: PhantomData<&'t str>,
 }
 
 impl<'t> Parser<'t> {
     fn new(text: &'t str) -> Option<Parser<'t>> {
-        let mut sys = Box::new(MaybeUninit::<sys::yaml_parser_t>::uninit());
+        let mut sys = Box::new(MaybeUninit::<unsafe_sys::yaml_parser_t>::uninit());
         let parser = sys.as_mut_ptr();
         // SAFETY: as serde_yaml_ng's own parser: the struct is initialized by
         // libyaml in place (boxed, so it never moves), and reads `text`,
         // which outlives it ('t), by pointer and length.
         unsafe {
-            if sys::yaml_parser_initialize(parser).fail {
+            if unsafe_sys::yaml_parser_initialize(parser).fail {
                 return None;
             }
-            sys::yaml_parser_set_encoding(parser, sys::YAML_UTF8_ENCODING);
-            sys::yaml_parser_set_input_string(parser, text.as_ptr(), text.len() as u64);
+            unsafe_sys::yaml_parser_set_encoding(parser, unsafe_sys::YAML_UTF8_ENCODING);
+            unsafe_sys::yaml_parser_set_input_string(parser, text.as_ptr(), text.len() as u64);
         }
         Some(Parser { sys, text: PhantomData })
     }
 
     /// The next event; `None` at a YAML error.
     fn next(&mut self) -> Option<Event> {
-        let mut raw = MaybeUninit::<sys::yaml_event_t>::uninit();
+        let mut raw = MaybeUninit::<unsafe_sys::yaml_event_t>::uninit();
         // SAFETY: the parser was initialized in `new`; an event libyaml
         // filled in is read only before `yaml_event_delete` frees it, and
         // what is kept of it is copied out (the scalar's bytes).
         unsafe {
             let parser = self.sys.as_mut_ptr();
             let error = (&*parser).error;
-            if error != sys::YAML_NO_ERROR || sys::yaml_parser_parse(parser, raw.as_mut_ptr()).fail {
+            if error != unsafe_sys::YAML_NO_ERROR || unsafe_sys::yaml_parser_parse(parser, raw.as_mut_ptr()).fail {
                 return None;
             }
             let event = &*raw.as_ptr();
             let converted = match event.type_ {
-                sys::YAML_STREAM_START_EVENT => Event::StreamStart,
-                sys::YAML_STREAM_END_EVENT => Event::StreamEnd,
-                sys::YAML_DOCUMENT_START_EVENT => Event::DocumentStart,
-                sys::YAML_DOCUMENT_END_EVENT => Event::DocumentEnd,
-                sys::YAML_SEQUENCE_START_EVENT => {
+                unsafe_sys::YAML_STREAM_START_EVENT => Event::StreamStart,
+                unsafe_sys::YAML_STREAM_END_EVENT => Event::StreamEnd,
+                unsafe_sys::YAML_DOCUMENT_START_EVENT => Event::DocumentStart,
+                unsafe_sys::YAML_DOCUMENT_END_EVENT => Event::DocumentEnd,
+                unsafe_sys::YAML_SEQUENCE_START_EVENT => {
                     let s = &event.data.sequence_start;
                     if s.anchor.is_null() && s.tag.is_null() {
                         Event::SequenceStart
@@ -175,7 +175,7 @@ impl<'t> Parser<'t> {
                         Event::Decline
                     }
                 }
-                sys::YAML_MAPPING_START_EVENT => {
+                unsafe_sys::YAML_MAPPING_START_EVENT => {
                     let m = &event.data.mapping_start;
                     if m.anchor.is_null() && m.tag.is_null() {
                         Event::MappingStart
@@ -183,20 +183,21 @@ impl<'t> Parser<'t> {
                         Event::Decline
                     }
                 }
-                sys::YAML_SEQUENCE_END_EVENT | sys::YAML_MAPPING_END_EVENT => Event::End,
-                sys::YAML_SCALAR_EVENT => {
+                unsafe_sys::YAML_SEQUENCE_END_EVENT | unsafe_sys::YAML_MAPPING_END_EVENT => Event::End,
+                unsafe_sys::YAML_SCALAR_EVENT => {
                     let s = &event.data.scalar;
                     let bytes = std::slice::from_raw_parts(s.value, s.length as usize);
                     match std::str::from_utf8(bytes) {
-                        Ok(text) if s.anchor.is_null() && s.tag.is_null() => {
-                            Event::Scalar { value: text.to_string(), plain: s.style == sys::YAML_PLAIN_SCALAR_STYLE }
-                        }
+                        Ok(text) if s.anchor.is_null() && s.tag.is_null() => Event::Scalar {
+                            value: text.to_string(),
+                            plain: s.style == unsafe_sys::YAML_PLAIN_SCALAR_STYLE,
+                        },
                         _ => Event::Decline,
                     }
                 }
                 _ => Event::Decline,
             };
-            sys::yaml_event_delete(raw.as_mut_ptr());
+            unsafe_sys::yaml_event_delete(raw.as_mut_ptr());
             Some(converted)
         }
     }
@@ -205,7 +206,7 @@ impl<'t> Parser<'t> {
 impl Drop for Parser<'_> {
     fn drop(&mut self) {
         // SAFETY: initialized in `new` (a failed initialization builds no Parser).
-        unsafe { sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
+        unsafe { unsafe_sys::yaml_parser_delete(self.sys.as_mut_ptr()) }
     }
 }
 
