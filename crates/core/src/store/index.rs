@@ -410,6 +410,9 @@ fn open_checked(path: &Path, what: &str, schema: &str, version: i64) -> Result<C
     let conn = Connection::open(path)
         .map_err(|error| StoreError::Db { context: format!("opening {what} {}", path.display()), error })?;
     conn.busy_timeout(Duration::from_secs(60)).map_err(db("setting busy timeout"))?;
+    // Every statement a node runs is prepared once per connection (rusqlite
+    // keeps 16 by default; the index has about as many).
+    conn.set_prepared_statement_cache_capacity(32);
     // WAL: readers never block the writer; NORMAL: a killed process loses
     // nothing committed (only power loss could drop the last commits).
     // WAL needs memory shared by every process using the database, so on a
@@ -505,7 +508,10 @@ impl Index {
     /// connection has committed since it began.
     pub fn batch_reads(&self) -> Result<(), StoreError> {
         if !self.batch.get() {
-            self.conn.execute_batch("BEGIN DEFERRED").map_err(db("starting a read transaction"))?;
+            self.conn
+                .prepare_cached("BEGIN DEFERRED")
+                .and_then(|mut s| s.execute([]))
+                .map_err(db("starting a read transaction"))?;
             self.batch.set(true);
         }
         Ok(())
@@ -514,7 +520,10 @@ impl Index {
     /// Ends the reads' shared transaction, if one is open.
     pub fn end_reads(&self) -> Result<(), StoreError> {
         if self.batch.replace(false) && !self.conn.is_autocommit() {
-            self.conn.execute_batch("COMMIT").map_err(db("ending a read transaction"))?;
+            self.conn
+                .prepare_cached("COMMIT")
+                .and_then(|mut s| s.execute([]))
+                .map_err(db("ending a read transaction"))?;
         }
         Ok(())
     }
@@ -627,10 +636,12 @@ impl Index {
     pub fn insert_node(&self, n: &CachedNode) -> Result<(), StoreError> {
         self.end_reads()?;
         self.conn
-            .execute(
+            .prepare_cached(
                 "INSERT OR REPLACE INTO nodes (key, node_id, spec, record, outputs, seconds, finished_at, run_id, costs)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![
+            )
+            .and_then(|mut s| {
+                s.execute(params![
                     n.key,
                     n.node_id,
                     n.spec,
@@ -640,8 +651,8 @@ impl Index {
                     n.finished_at,
                     n.run_id,
                     n.costs.as_ref().map(json)
-                ],
-            )
+                ])
+            })
             .map_err(db("committing a node"))?;
         Ok(())
     }
@@ -669,7 +680,8 @@ impl Index {
     pub fn update_outputs(&self, key: &str, outputs: &[OutputRecord]) -> Result<(), StoreError> {
         self.end_reads()?;
         self.conn
-            .execute("UPDATE nodes SET outputs = ?2 WHERE key = ?1", params![key, json(&outputs)])
+            .prepare_cached("UPDATE nodes SET outputs = ?2 WHERE key = ?1")
+            .and_then(|mut s| s.execute(params![key, json(&outputs)]))
             .map_err(db("updating output stats"))?;
         Ok(())
     }
@@ -877,10 +889,10 @@ impl Index {
         self.end_reads()?;
         let Some(ctime) = stat.ctime_ns else { return Ok(()) };
         self.conn
-            .execute(
+            .prepare_cached(
                 "INSERT OR REPLACE INTO file_stats (path, size, mtime_ns, ctime_ns, ino, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![path, stat.size as i64, stat.mtime_ns, ctime, stat.ino as i64, hash],
             )
+            .and_then(|mut s| s.execute(params![path, stat.size as i64, stat.mtime_ns, ctime, stat.ino as i64, hash]))
             .map_err(db("writing the stat cache"))?;
         Ok(())
     }
