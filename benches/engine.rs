@@ -6,7 +6,8 @@
 //!    (the same commands, layer by layer, under `xargs -P JOBS`) and beside
 //!    Snakemake when the project's venv has it (`$ORCHESTRATE_PYTHON -m
 //!    snakemake`); and the no-op re-run beside the process start alone
-//!    (`--version`). Medians of 3 (21 for the re-runs).
+//!    (`--version`). Medians of 5 pairs, floor then orchestrate, each
+//!    pair's own ratio printed too (35 runs for the re-runs).
 //! 2. `orchestrate plan` on a spec of 10,000 synthetic nodes (100 layers x 100),
 //!    in a fresh workspace and, optionally, with all of them cached
 //!    (`ORCHESTRATE_BENCH_FULL=1`: runs the 10,000 nodes first, ~1 min).
@@ -137,7 +138,10 @@ fn main() {
     let mut noops = Vec::new();
     let mut plans = Vec::new();
     let mut starts = Vec::new();
-    for _ in 0..3 {
+    // Five pairs, each the floor then orchestrate right after it: the
+    // machine's speed drifts between pairs (a third within an hour on the
+    // 2-core machines), so each pair's own ratio is printed too.
+    for _ in 0..5 {
         floors.push(floor(&shape, &jobs));
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("p.yaml"), lattice_spec(&shape)).unwrap();
@@ -146,13 +150,15 @@ fn main() {
         starts.extend((0..7).map(|_| orchestrate(dir.path(), &["--version"])));
         plans.extend((0..7).map(|_| orchestrate(dir.path(), &["plan", "p.yaml"])));
     }
+    let pairs: Vec<String> = firsts.iter().zip(&floors).map(|(f, fl)| format!("{:.2}", f / fl)).collect();
     let (first, floor) = (median(firsts), median(floors));
-    println!("200-stage lattice (8 layers x 25 stages, two parents each), {jobs} jobs, medians of 3:");
+    println!("200-stage lattice (8 layers x 25 stages, two parents each), {jobs} jobs, medians of 5:");
     println!("  floor: the commands layer by layer, xargs -P {jobs}   {floor:>8.3} s");
     println!(
         "  orchestrate run --jobs {jobs}, first run          {first:>8.3} s  = {:.2}x the floor (target <= 1.3x)",
         first / floor
     );
+    println!("    each pair's own ratio, in order: {}", pairs.join(", "));
     match snakemake(&shape, &jobs) {
         Some((s_first, s_noop)) => println!(
             "  snakemake --cores {jobs}, first run               {s_first:>8.3} s  = {:.2}x the floor (no-op re-run {:.0} ms)",
@@ -162,14 +168,14 @@ fn main() {
         None => println!("  (snakemake: not in the venv; `$ORCHESTRATE_PYTHON -m pip install snakemake` to compare)"),
     }
     println!(
-        "  orchestrate no-op re-run                  {:>8.1} ms (median of 21; target <= 10 ms)",
+        "  orchestrate no-op re-run                  {:>8.1} ms (median of 35; target <= 10 ms)",
         median(noops) * 1000.0
     );
     println!(
-        "    of which starting the process           {:>8.1} ms (`orchestrate --version`, median of 21)",
+        "    of which starting the process           {:>8.1} ms (`orchestrate --version`, median of 35)",
         median(starts) * 1000.0
     );
-    println!("  orchestrate plan, all cached              {:>8.1} ms (median of 21)", median(plans) * 1000.0);
+    println!("  orchestrate plan, all cached              {:>8.1} ms (median of 35)", median(plans) * 1000.0);
 
     for line in ten_thousand {
         println!("{line}");
