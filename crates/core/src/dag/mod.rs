@@ -285,19 +285,19 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
     }
 
     for i in 0..nodes.len() {
-        let def = nodes[i].def.clone();
+        let def = &nodes[i].def;
         let mut inputs = BTreeMap::new();
         for (name, refs) in &def.inputs {
             let mut resolved = Vec::new();
             for (j, r) in refs.iter().enumerate() {
                 let at = || {
-                    let mut p = node_path(&def, &["inputs", name]);
+                    let mut p = node_path(def, &["inputs", name]);
                     if refs.len() > 1 {
                         p.push(j.to_string());
                     }
                     spec.sources.locate_value(&p)
                 };
-                let target = resolve_node(&def, r, &by_id, &expansions, &nodes).map_err(|m| {
+                let target = resolve_node(def, r, &by_id, &expansions, &nodes).map_err(|m| {
                     SpecError::new(
                         SpecErrorKind::MissingReference,
                         at(),
@@ -334,12 +334,12 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         let implied = nodes[i].op.implied_inputs(&nodes[i].params, &spec.base_dir).map_err(|e| {
             SpecError::new(
                 SpecErrorKind::MissingReference,
-                spec.sources.locate(&node_path(&def, &["params"])),
+                spec.sources.locate(&node_path(def, &["params"])),
                 format!("node '{}': {e}", def.id),
             )
         })?;
         for (name, reference) in implied {
-            let at = || spec.sources.locate(&node_path(&def, &["params"]));
+            let at = || spec.sources.locate(&node_path(def, &["params"]));
             let Some((n, o)) = reference.split_once(':') else {
                 return Err(SpecError::new(
                     SpecErrorKind::MissingReference,
@@ -348,7 +348,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
                 ));
             };
             let r = OutputRef { node: n.to_string(), output: o.to_string() };
-            let target = resolve_node(&def, &r, &by_id, &expansions, &nodes).map_err(|m| {
+            let target = resolve_node(def, &r, &by_id, &expansions, &nodes).map_err(|m| {
                 SpecError::new(SpecErrorKind::MissingReference, at(), format!("node '{}' evidence: {m}", def.id))
             })?;
             if !nodes[target].outputs.iter().any(|out| out.name == r.output) {
@@ -362,7 +362,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         }
         let mut files = Vec::new();
         let mut trees = Vec::new();
-        let deps_at = || spec.sources.locate_value(&node_path(&def, &["params", "deps"]));
+        let deps_at = || spec.sources.locate_value(&node_path(def, &["params", "deps"]));
         let dep_error = |kind: SpecErrorKind, message: String| SpecError::new(kind, deps_at(), message);
         // A writer of `path` itself, else of the nearest folder holding it:
         // a lookup per level of the path (a scan of every writer, formatting
@@ -486,7 +486,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         // the file (an edge; its keys are read when that node has run).
         let mut params_files = Vec::new();
         for (file, keys) in nodes[i].op.params_files(&nodes[i].params) {
-            let at = || spec.sources.locate_value(&node_path(&def, &["params", "params_files", &file]));
+            let at = || spec.sources.locate_value(&node_path(def, &["params", "params_files", &file]));
             if let Some((w, out, _)) = writer_of(&file) {
                 if w == i {
                     return Err(SpecError::new(
