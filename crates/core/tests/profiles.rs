@@ -12,7 +12,7 @@ fn the_shapes_profile_is_qwen2_5_0_5b_to_the_parameter() {
     let spec = load(&spec, &opts).unwrap_or_else(|e| panic!("{e}"));
     let base = spec.node("base").unwrap();
     assert_eq!(base.op, "model.init");
-    let p: ModelInitParams = parse_params(&serde_json::Value::Object(base.params.clone())).unwrap();
+    let p: ModelInitParams = parse_params(&base.params).unwrap();
     let config = p.config(1024, 3).unwrap();
     assert_eq!(config.vocab_size, 151_936);
     assert_eq!(config.parameter_count(), 494_032_768);
@@ -41,7 +41,7 @@ fn each_artifact_kind_is_an_output_its_ops_nodes_declare() {
     let mut written = std::collections::BTreeSet::new();
     for node in &spec.nodes {
         let op = registry.get(&node.op).unwrap();
-        let params = op.parse(&serde_json::Value::Object(node.params.clone())).unwrap();
+        let params = op.parse(&node.params).unwrap();
         let declared: Vec<String> = op.outputs(&params).into_iter().map(|o| o.name).collect();
         for kind in kinds {
             if let Some(name) = kind.output_of(&node.op) {

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use petgraph::algo::{tarjan_scc, toposort};
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::visit::EdgeRef;
-use serde_json::Value;
 
 use crate::ops::{AnyOp, OutputDecl, Params, Registry};
 use crate::spec::parsed::ParseCache;
@@ -186,7 +185,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
             }
         }
         // The resolved params (defaults filled in) are what the key hashes.
-        let params = match op.parse(&Value::Object(def.params.clone())) {
+        let params = match op.parse(&def.params) {
             Ok(resolved) => resolved,
             Err(e) => {
                 // A value that came from the matrix is reported where the matrix wrote it.
@@ -621,6 +620,7 @@ mod tests {
     use crate::dag::key::{diff, HashInputs};
     use crate::ops::{Op, OpError, RunContext};
     use crate::spec::LoadOptions;
+    use serde_json::Value;
 
     thread_local! {
         /// The fake op's default clip range, as if its code changed between runs.

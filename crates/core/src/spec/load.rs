@@ -694,7 +694,6 @@ fn expand(doc: &SpecDoc, sources: &Sources) -> Result<Vec<NodeDef>, SpecError> {
                     )
                 })?;
             }
-            let Value::Object(params) = params else { unreachable!("params stay an object") };
             let mut inputs = BTreeMap::new();
             for (name, refs) in &node.inputs {
                 let mut parsed = Vec::new();

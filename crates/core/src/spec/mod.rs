@@ -318,7 +318,10 @@ pub struct NodeDef {
     /// The id as written in the spec.
     pub base_id: String,
     pub op: String,
-    pub params: serde_json::Map<String, Value>,
+    /// Always a JSON object (its params, the matrix's values put in): kept as
+    /// a value so the schema check and the op's parse read it as it is,
+    /// without a copy of each node's params for each.
+    pub params: Value,
     pub inputs: BTreeMap<String, Vec<OutputRef>>,
     /// This node's matrix values (their labels), if it came from a matrix.
     pub binding: BTreeMap<String, Value>,

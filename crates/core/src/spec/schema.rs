@@ -76,8 +76,7 @@ pub fn check_constraints(spec: &Spec, registry: &Registry) -> Result<(), SpecErr
             .entry(def.op.as_str())
             .or_insert_with(|| op_params_schema(registry, &def.op).and_then(|s| jsonschema::validator_for(&s).ok()));
         let Some(validator) = validator else { continue };
-        let params = Value::Object(def.params.clone());
-        let first = validator.iter_errors(&params).next().map(|e| (e.instance_path().to_string(), e.to_string()));
+        let first = validator.iter_errors(&def.params).next().map(|e| (e.instance_path().to_string(), e.to_string()));
         if let Some((pointer, err)) = first {
             let inner: Vec<String> = pointer_segments(&pointer);
             let dotted = inner.join(".");

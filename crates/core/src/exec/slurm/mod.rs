@@ -324,7 +324,7 @@ mod env_tests {
             id: "n".into(),
             base_id: "n".into(),
             op: "train.sft".into(),
-            params: Default::default(),
+            params: serde_json::Value::Object(Default::default()),
             inputs: Default::default(),
             binding: Default::default(),
             resources: Default::default(),
