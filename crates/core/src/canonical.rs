@@ -92,6 +92,17 @@ pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, ArtifactError> 
     })
 }
 
+/// Reads a JSON value into a type, with the path of the first problem on
+/// failure. Read first without tracking the path (which allocates a segment
+/// per key, for every node of a spec), and again with it only when that
+/// fails: both reads are of one value, so they fail alike.
+pub fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
+    match T::deserialize(value) {
+        Ok(typed) => Ok(typed),
+        Err(_) => serde_path_to_error::deserialize(value),
+    }
+}
+
 /// For an `Option` field of a shared artifact type that must be present, as a
 /// value or as `null`: serde's derive would otherwise read a missing one as
 /// `None`, and a missing number would pass as "undefined" instead of failing.

@@ -497,11 +497,7 @@ pub(crate) fn check_ranges(fields: &[(&str, f64, Range)]) -> Result<(), ParamErr
 
 /// Reads params into an op's typed params, with the path of the first problem.
 pub fn parse_params<P: DeserializeOwned>(params: &Value) -> Result<P, ParamError> {
-    // As a spec is read: without the path first, with it only for an error.
-    if let Ok(p) = P::deserialize(params) {
-        return Ok(p);
-    }
-    serde_path_to_error::deserialize(params).map_err(|e| {
+    crate::canonical::from_value(params).map_err(|e| {
         let mut path: Vec<String> = e
             .path()
             .iter()

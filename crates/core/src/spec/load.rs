@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::{did_you_mean, Location, SpecError, SpecErrorKind};
@@ -213,14 +212,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
     }
     sources.overrides = opts.overrides.clone();
 
-    // Read without tracking the path (for a 10,000-node spec, tracking
-    // allocates a segment per key); only a spec that fails is read again,
-    // with it, for the path its error names. Both reads are of one value, so
-    // they fail alike.
-    let doc: SpecDoc = match SpecDoc::deserialize(&merged) {
-        Ok(doc) => doc,
-        Err(_) => serde_path_to_error::deserialize(&merged).map_err(|e| typed_error(e, &sources))?,
-    };
+    let doc: SpecDoc = crate::canonical::from_value(&merged).map_err(|e| typed_error(e, &sources))?;
     let nodes = expand(&doc, &sources)?;
     let mut nodes = nodes;
     if let Some(over) = &opts.resources {
