@@ -32,6 +32,12 @@ pub fn canonical_json(v: &Value) -> String {
     String::from_utf8(out).expect("canonical JSON is UTF-8")
 }
 
+/// [`canonical_json`] of any serializable value: what a typed record or event
+/// seals and hashes.
+pub fn to_canonical_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, serde_json::Error> {
+    Ok(canonical_json(&serde_json::to_value(v)?))
+}
+
 /// Writes `v` canonically into `out`. Strings (keys too) are escaped as
 /// serde_json escapes them, straight from the borrowed text: a key is not
 /// copied into a new JSON value to be printed.

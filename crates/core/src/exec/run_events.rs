@@ -3,8 +3,7 @@
 //! and their JSON output read, one shared type instead of JSON looked up by
 //! field name.
 
-use serde::Serialize;
-use serde_json::Value;
+use serde::{Serialize, Serializer};
 
 use super::events::Event;
 use crate::guard::codes::Decision;
@@ -53,9 +52,14 @@ pub enum Detail {
         /// A decision event's decision; `null` for other kinds.
         decision: Option<Decision>,
         iteration: usize,
-        /// The event's fields as sealed.
-        payload: Value,
+        /// The event, typed; shown as its fields as sealed (`payload`).
+        #[serde(rename = "payload", serialize_with = "payload_only")]
+        event: GuardEvent,
     },
+}
+
+fn payload_only<S: Serializer>(event: &GuardEvent, s: S) -> Result<S::Ok, S::Error> {
+    crate::guard::events::Payload(event).serialize(s)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,22 +154,23 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
             if let GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(g)) = &event {
                 generated.push((g.iteration, g.artifacts.clone()));
             }
-            let decision = event.decision();
-            let (_, payload) = event.kind_and_payload();
+            let codes = event.decision().and_then(|d| d.codes.clone()).unwrap_or_default();
+            let decision = event.decision().map(|d| d.decision);
+            let iteration = event.iteration();
             out.push(RunEvent {
                 source: Source::Guard,
                 run: run.to_string(),
                 seq: stored.seq,
                 kind: stored.kind,
                 node: Some(node.id.clone()),
-                codes: decision.and_then(|d| d.codes.clone()).unwrap_or_default(),
+                codes,
                 detail: Detail::Guard {
                     producer: stored.producer,
                     lineage: node.lineage.clone(),
                     seal: stored.seal,
-                    decision: decision.map(|d| d.decision),
-                    iteration: event.iteration(),
-                    payload,
+                    decision,
+                    iteration,
+                    event,
                 },
             });
         }
@@ -286,5 +291,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("node grpo") && e.contains("iteration 0") && e.contains("missing from the store"), "{e}");
+    }
+
+    /// `events --json` shows a guard event's payload as the ledger sealed it:
+    /// the kind's fields, keyed as stored, beside the event's own columns.
+    #[test]
+    fn a_guard_events_json_shows_the_payload_it_sealed() {
+        use crate::guard::events::{BatchDecision, MaterializerEvent};
+        let event = GuardEvent::Materializer(MaterializerEvent::Decision(BatchDecision {
+            iteration: 3,
+            decision: Decision::Reject,
+            batch: None,
+            codes: Some(vec!["T001_ARTIFACT_HASH_MISMATCH".into()]),
+        }));
+        let sealed = event.canonical_payload();
+        let shown = RunEvent {
+            source: Source::Guard,
+            run: "r".into(),
+            seq: 5,
+            kind: event.kind().into(),
+            node: Some("grpo".into()),
+            codes: vec!["T001_ARTIFACT_HASH_MISMATCH".into()],
+            detail: Detail::Guard {
+                producer: event.producer().into(),
+                lineage: "L".into(),
+                seal: "s".into(),
+                decision: Some(Decision::Reject),
+                iteration: 3,
+                event: event.clone(),
+            },
+        };
+        let json: serde_json::Value = serde_json::to_value(&shown).unwrap();
+        let payload: serde_json::Value = serde_json::from_str(&sealed).unwrap();
+        assert_eq!(json["payload"], payload);
+        assert_eq!(json["payload"]["codes"][0], "T001_ARTIFACT_HASH_MISMATCH");
+        assert_eq!((json["type"].as_str(), json["producer"].as_str()), (Some("decision"), Some("materializer")));
+        assert!(json.get("event").is_none(), "the typed event is shown as its payload only: {json}");
     }
 }

@@ -2,12 +2,11 @@
 //! event sealed with blake3 over its content and the previous event's seal,
 //! and each kind writable only by its producer.
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::codes::Decision;
 use super::ledger::{seal, Ledger};
-use crate::canonical::canonical_json;
+use crate::canonical::to_canonical_json;
 use crate::store::StoreError;
 
 /// Who may write which kind of event.
@@ -189,32 +188,45 @@ impl GuardEvent {
         }
     }
 
-    /// The event's kind and payload, as the log stores them.
-    pub fn kind_and_payload(&self) -> (String, Value) {
-        let tagged = match self {
-            GuardEvent::RolloutEngine(e) => serde_json::to_value(e),
-            GuardEvent::Verifier(e) => serde_json::to_value(e),
-            GuardEvent::Materializer(e) => serde_json::to_value(e),
-            GuardEvent::Control(e) => serde_json::to_value(e),
+    /// The event's kind, as the log stores it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(_)) => "generation",
+            GuardEvent::Verifier(VerifierEvent::Reward(_)) => "reward",
+            GuardEvent::Materializer(MaterializerEvent::Envelope(_)) => "envelope",
+            GuardEvent::Materializer(MaterializerEvent::Decision(_)) => "decision",
+            GuardEvent::Control(e) => match e {
+                ControlEvent::Sync(_) => "sync",
+                ControlEvent::UpdatePrepared(_) => "update_prepared",
+                ControlEvent::UpdateUnguarded(_) => "update_unguarded",
+                ControlEvent::UpdateApplied(_) => "update_applied",
+                ControlEvent::UpdateCommitted(_) => "update_committed",
+                ControlEvent::UpdateAborted(_) => "update_aborted",
+            },
         }
-        .expect("a guard event serializes");
-        let Value::Object(mut fields) = tagged else { unreachable!("an adjacently tagged enum is an object") };
-        let kind = fields.remove("kind").and_then(|k| k.as_str().map(str::to_string)).expect("a kind");
-        (kind, fields.remove("payload").unwrap_or(Value::Null))
+    }
+
+    /// The event's payload (its kind's fields) as the log stores and seals
+    /// it: canonical JSON.
+    pub fn canonical_payload(&self) -> String {
+        to_canonical_json(&Payload(self)).expect("a guard event serializes")
     }
 
     /// Reads a stored event: its producer, kind and payload must be one of
     /// the typed events, field for field.
     pub fn parse(producer: &str, kind: &str, payload: &str) -> Result<GuardEvent, EventError> {
-        let payload: Value = serde_json::from_str(payload)
-            .map_err(|e| EventError::Payload { kind: kind.into(), message: e.to_string() })?;
-        let tagged = serde_json::json!({"kind": kind, "payload": payload});
         let fail = |e: serde_json::Error| EventError::Payload { kind: kind.into(), message: e.to_string() };
+        // The payload is read as the producer's adjacently tagged enum reads
+        // it; it must be JSON on its own first, so nothing else can close the
+        // object early.
+        serde_json::from_str::<serde::de::IgnoredAny>(payload).map_err(fail)?;
+        let kind_json = serde_json::to_string(kind).expect("a string serializes");
+        let tagged = format!("{{\"kind\":{kind_json},\"payload\":{payload}}}");
         Ok(match producer {
-            "rollout_engine" => GuardEvent::RolloutEngine(serde_json::from_value(tagged).map_err(fail)?),
-            "verifier" => GuardEvent::Verifier(serde_json::from_value(tagged).map_err(fail)?),
-            "materializer" => GuardEvent::Materializer(serde_json::from_value(tagged).map_err(fail)?),
-            "control" => GuardEvent::Control(serde_json::from_value(tagged).map_err(fail)?),
+            "rollout_engine" => GuardEvent::RolloutEngine(serde_json::from_str(&tagged).map_err(fail)?),
+            "verifier" => GuardEvent::Verifier(serde_json::from_str(&tagged).map_err(fail)?),
+            "materializer" => GuardEvent::Materializer(serde_json::from_str(&tagged).map_err(fail)?),
+            "control" => GuardEvent::Control(serde_json::from_str(&tagged).map_err(fail)?),
             other => return Err(EventError::UnknownProducer(other.into())),
         })
     }
@@ -245,19 +257,42 @@ impl GuardEvent {
     }
 }
 
-/// Appends a typed event to a lineage's chain. Returns the seal.
-pub fn log(ledger: &mut Ledger, lineage: &str, event: &GuardEvent) -> Result<String, EventError> {
-    let (kind, payload) = event.kind_and_payload();
-    append(ledger, lineage, event.producer(), &kind, &payload)
+/// A guard event's payload alone (its kind's fields, without the kind), as
+/// the log holds it and `orchestrate events --json` shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Payload<'a>(pub &'a GuardEvent);
+
+impl Serialize for Payload<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            GuardEvent::RolloutEngine(RolloutEngineEvent::Generation(e)) => e.serialize(s),
+            GuardEvent::Verifier(VerifierEvent::Reward(e)) => e.serialize(s),
+            GuardEvent::Materializer(MaterializerEvent::Envelope(e)) => e.serialize(s),
+            GuardEvent::Materializer(MaterializerEvent::Decision(e)) => e.serialize(s),
+            GuardEvent::Control(e) => match e {
+                ControlEvent::Sync(e) => e.serialize(s),
+                ControlEvent::UpdatePrepared(e) => e.serialize(s),
+                ControlEvent::UpdateUnguarded(e) => e.serialize(s),
+                ControlEvent::UpdateApplied(e) | ControlEvent::UpdateAborted(e) => e.serialize(s),
+                ControlEvent::UpdateCommitted(e) => e.serialize(s),
+            },
+        }
+    }
 }
 
-/// Appends an event, refusing a kind its producer does not own. Returns the seal.
+/// Appends a typed event to a lineage's chain. Returns the seal.
+pub fn log(ledger: &mut Ledger, lineage: &str, event: &GuardEvent) -> Result<String, EventError> {
+    append(ledger, lineage, event.producer(), event.kind(), &event.canonical_payload())
+}
+
+/// Appends an event (its payload canonical JSON), refusing a kind its
+/// producer does not own. Returns the seal.
 pub(crate) fn append(
     ledger: &mut Ledger,
     lineage: &str,
     producer: &str,
     kind: &str,
-    payload: &Value,
+    payload: &str,
 ) -> Result<String, EventError> {
     let owner = PRODUCERS
         .iter()
@@ -267,7 +302,7 @@ pub(crate) fn append(
     if owner != producer {
         return Err(EventError::NotOwner { producer: producer.into(), kind: kind.into(), owner: owner.into() });
     }
-    Ok(ledger.append_event(lineage, producer, kind, &canonical_json(payload))?)
+    Ok(ledger.append_event(lineage, producer, kind, payload)?)
 }
 
 /// Checks a lineage's chain: contiguous order, links and seals. The first
@@ -300,7 +335,8 @@ pub fn verify_events(events: &[super::ledger::StoredEvent]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::canonical::canonical_json;
+    use serde_json::{json, Value};
 
     fn log() -> (tempfile::TempDir, Ledger) {
         let dir = tempfile::tempdir().unwrap();
@@ -312,7 +348,7 @@ mod tests {
             ("verifier", "reward", 3),
             ("materializer", "decision", 4),
         ] {
-            append(&mut index, "L", producer, kind, &json!({"v": v})).unwrap();
+            append(&mut index, "L", producer, kind, &format!(r#"{{"v":{v}}}"#)).unwrap();
         }
         (dir, index)
     }
@@ -453,9 +489,8 @@ mod tests {
         ];
         let (_d, mut ledger) = log();
         for (event, kind, before) in &cases {
-            let (k, payload) = event.kind_and_payload();
-            assert_eq!(&k, kind);
-            assert_eq!(canonical_json(&payload), canonical_json(before), "{kind}");
+            assert_eq!(event.kind(), *kind);
+            assert_eq!(event.canonical_payload(), canonical_json(before), "{kind}");
             log_event(&mut ledger, event);
             let stored = ledger.events("L").unwrap().pop().unwrap();
             assert_eq!((stored.producer.as_str(), stored.kind.as_str()), (event.producer(), *kind));
@@ -474,8 +509,8 @@ mod tests {
     #[test]
     fn only_a_kinds_producer_may_write_it() {
         let (_d, mut index) = log();
-        let err = append(&mut index, "L", "control", "generation", &json!({})).unwrap_err().to_string();
+        let err = append(&mut index, "L", "control", "generation", "{}").unwrap_err().to_string();
         assert_eq!(err, "producer 'control' may not write 'generation' events (only rollout_engine may)");
-        assert!(append(&mut index, "L", "control", "mystery", &json!({})).is_err());
+        assert!(append(&mut index, "L", "control", "mystery", "{}").is_err());
     }
 }

@@ -10,7 +10,6 @@ use std::path::Path;
 
 use super::events::GuardEvent;
 use super::ledger::{read_line, Ledger, Reply, Request};
-use crate::canonical::canonical_json;
 use crate::ids::short;
 use crate::store::StoreError;
 
@@ -72,7 +71,7 @@ fn answer(ledger: &mut Ledger, owner: &str, request: Request) -> Result<Reply, S
         Request::AppendEvent { lineage, producer, kind, payload } => {
             let event = GuardEvent::parse(&producer, &kind, &payload)
                 .map_err(|e| StoreError::Invalid(format!("refusing to append a '{kind}' event: {e}")))?;
-            if canonical_json(&event.kind_and_payload().1) != payload {
+            if event.canonical_payload() != payload {
                 return Err(StoreError::Invalid(format!(
                     "refusing to append a '{kind}' event whose payload is not in canonical form"
                 )));
@@ -156,9 +155,9 @@ mod tests {
             let e = l.append_event("L", "control", "sync", "{\"iteration\": 0}").unwrap_err().to_string();
             assert!(e.contains("refusing"), "{e}");
             // A typed payload, but not canonical: its seal would not be reproducible.
-            let (kind, payload) = sync(0).kind_and_payload();
-            let spaced = serde_json::to_string_pretty(&payload).unwrap();
-            let e = l.append_event("L", "control", &kind, &spaced).unwrap_err().to_string();
+            let event = sync(0);
+            let spaced = serde_json::to_string_pretty(&crate::guard::events::Payload(&event)).unwrap();
+            let e = l.append_event("L", "control", event.kind(), &spaced).unwrap_err().to_string();
             assert!(e.contains("canonical"), "{e}");
             assert!(l.events("L").unwrap().is_empty(), "nothing was appended");
         });
