@@ -7,7 +7,8 @@
 //!    Snakemake when the project's venv has it (`$ORCHESTRATE_PYTHON -m
 //!    snakemake`); and the no-op re-run beside the process start alone
 //!    (`--version`). Medians of 5 pairs, floor then orchestrate, each
-//!    pair's own ratio printed too (35 runs for the re-runs).
+//!    pair's own ratio printed too (35 runs for the re-runs); and the same
+//!    first runs on tmpfs (`/dev/shm`), where making a file costs least.
 //! 2. `orchestrate plan` on a spec of 10,000 synthetic nodes (100 layers x 100),
 //!    in a fresh workspace and, optionally, with all of them cached
 //!    (`ORCHESTRATE_BENCH_FULL=1`: runs the 10,000 nodes first, ~1 min).
@@ -70,17 +71,18 @@ fn snakefile(lattice: &[Vec<Stage>]) -> String {
     rules
 }
 
-/// The floor: the same commands, a layer at a time, `xargs -P jobs` each.
-fn floor(lattice: &[Vec<Stage>], jobs: &str) -> f64 {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir(dir.path().join("d")).unwrap();
+/// The floor: the same commands, a layer at a time, `xargs -P jobs` each, in
+/// a new folder under `root` (kept: see [`first_runs`]).
+fn floor(lattice: &[Vec<Stage>], jobs: &str, root: &Path) -> f64 {
+    let dir = tempfile::tempdir_in(root).expect("temp dir").keep();
+    std::fs::create_dir(dir.join("d")).unwrap();
     let layers: Vec<String> =
         lattice.iter().map(|layer| layer.iter().map(|(c, _, _)| format!("{c}\n")).collect()).collect();
     let start = Instant::now();
     for commands in &layers {
         let mut xargs = Command::new("xargs")
             .args(["-d", "\n", "-P", jobs, "-n", "1", "sh", "-c"])
-            .current_dir(dir.path())
+            .current_dir(&dir)
             .stdin(std::process::Stdio::piped())
             .spawn()
             .expect("xargs runs");
@@ -133,22 +135,15 @@ fn main() {
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).to_string();
     let ten_thousand = ten_thousand(&jobs);
     let shape = lattice(8, 25, 2);
-    let mut firsts = Vec::new();
-    let mut floors = Vec::new();
+    let kept = tempfile::tempdir().expect("temp dir");
+    let (floors, firsts, dir) = first_runs(&shape, &jobs, kept.path(), 5);
     let mut noops = Vec::new();
     let mut plans = Vec::new();
     let mut starts = Vec::new();
-    // Five pairs, each the floor then orchestrate right after it: the
-    // machine's speed drifts between pairs (a third within an hour on the
-    // 2-core machines), so each pair's own ratio is printed too.
     for _ in 0..5 {
-        floors.push(floor(&shape, &jobs));
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("p.yaml"), lattice_spec(&shape)).unwrap();
-        firsts.push(orchestrate(dir.path(), &["run", "--quiet", "--jobs", &jobs, "p.yaml"]));
-        noops.extend((0..7).map(|_| orchestrate(dir.path(), &["run", "--quiet", "p.yaml"])));
-        starts.extend((0..7).map(|_| orchestrate(dir.path(), &["--version"])));
-        plans.extend((0..7).map(|_| orchestrate(dir.path(), &["plan", "p.yaml"])));
+        noops.extend((0..7).map(|_| orchestrate(&dir, &["run", "--quiet", "p.yaml"])));
+        starts.extend((0..7).map(|_| orchestrate(&dir, &["--version"])));
+        plans.extend((0..7).map(|_| orchestrate(&dir, &["plan", "p.yaml"])));
     }
     let pairs: Vec<String> = firsts.iter().zip(&floors).map(|(f, fl)| format!("{:.2}", f / fl)).collect();
     let (first, floor) = (median(firsts), median(floors));
@@ -159,6 +154,16 @@ fn main() {
         first / floor
     );
     println!("    each pair's own ratio, in order: {}", pairs.join(", "));
+    // Where creating a file costs least: memory (`/dev/shm`, when it is there).
+    let shm = Path::new("/dev/shm");
+    if let Ok(in_memory) = tempfile::tempdir_in(shm) {
+        let (floors, firsts, _) = first_runs(&shape, &jobs, in_memory.path(), 5);
+        let (first, floor) = (median(firsts), median(floors));
+        println!(
+            "  the same in memory (/dev/shm, tmpfs): floor {floor:.3} s, first run {first:.3} s = {:.2}x",
+            first / floor
+        );
+    }
     match snakemake(&shape, &jobs) {
         Some((s_first, s_noop)) => println!(
             "  snakemake --cores {jobs}, first run               {s_first:>8.3} s  = {:.2}x the floor (no-op re-run {:.0} ms)",
@@ -180,6 +185,28 @@ fn main() {
     for line in ten_thousand {
         println!("{line}");
     }
+}
+
+/// `pairs` first runs, each right after the floor, every folder a new one
+/// under `root` and kept until the bench ends: on ext4 without a journal (these
+/// machines' disks) a file made within a minute of others being deleted first
+/// scans past every inode freed then, so deleting one pair's folders would
+/// slow the next pair's runs (both sides, orchestrate's more: it makes a copy
+/// of each out in its store, twice the floor's new files). Returns the
+/// floors, the first runs and the last run's folder. One pair before them is
+/// not counted: the first pair of a bench (run right after the 10,000-node
+/// figures' folder is deleted) ran 1.9 and 2.3 times the floor where the four
+/// after it ran 1.2 to 1.5.
+fn first_runs(shape: &[Vec<Stage>], jobs: &str, root: &Path, pairs: usize) -> (Vec<f64>, Vec<f64>, std::path::PathBuf) {
+    let (mut floors, mut firsts, mut last) = (Vec::new(), Vec::new(), root.to_path_buf());
+    for _ in 0..=pairs {
+        floors.push(floor(shape, jobs, root));
+        let dir = tempfile::tempdir_in(root).expect("temp dir").keep();
+        std::fs::write(dir.join("p.yaml"), lattice_spec(shape)).unwrap();
+        firsts.push(orchestrate(&dir, &["run", "--quiet", "--jobs", jobs, "p.yaml"]));
+        last = dir;
+    }
+    (floors.split_off(1), firsts.split_off(1), last)
 }
 
 /// The 10,000-node figures, as lines to print (measured first, printed last).
