@@ -833,3 +833,35 @@ fn gc_never_removes_through_a_link_in_the_workspace() {
     assert_eq!(walk(victim.path()), before, "gc removed a file outside the workspace");
     assert_eq!(stored_objects(&p), objects, "gc removed objects although it refused");
 }
+
+/// A command's `sh` is the one its `PATH` finds: orchestrate's own `PATH`
+/// (looked up once a run), or the node's, when the node sets one in `env`.
+/// Each planted `sh` says it ran, then runs the real one.
+#[test]
+fn a_commands_sh_is_the_first_on_the_path_it_runs_with() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = Project::new();
+    let real = ["/bin/sh", "/usr/bin/sh"].into_iter().find(|s| std::path::Path::new(s).exists()).unwrap();
+    for (folder, name) in [("ours", "ours"), ("nodes", "nodes")] {
+        let sh = p.write(
+            &format!("{folder}/sh"),
+            &format!("#!{real}\necho {name} >> \"$ORCHESTRATE_NODE.sh\"\nexec {real} \"$@\"\n"),
+        );
+        std::fs::set_permissions(&sh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (ours, nodes) = (p.path().join("ours"), p.path().join("nodes"));
+    let system = std::env::var("PATH").unwrap();
+    p.write(
+        "s.yaml",
+        &format!(
+            "name: s\nnodes:\n  a:\n    op: shell\n    params: {{cmd: 'echo 1 > a.txt', outs: [a.txt]}}\n  \
+             b:\n    op: shell\n    params: {{cmd: 'echo 2 > b.txt', outs: [b.txt], env: {{PATH: '{}:{system}'}}}}\n",
+            nodes.display()
+        ),
+    );
+    let out = p.cmd(&["run", "s.yaml"]).env("PATH", format!("{}:{system}", ours.display())).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(p.path().join("a.sh")).unwrap(), "ours\n");
+    assert_eq!(std::fs::read_to_string(p.path().join("b.sh")).unwrap(), "nodes\n");
+    assert_eq!(std::fs::read_to_string(p.path().join("b.txt")).unwrap(), "2\n");
+}

@@ -63,7 +63,7 @@ static WATCHDOG_PROCESS: Mutex<Option<Watchdog>> = Mutex::new(None);
 impl Watchdog {
     fn start() -> std::io::Result<Watchdog> {
         let (reader, writer) = std::io::pipe()?;
-        let child = Command::new("sh")
+        let child = Command::new(sh())
             .arg("-c")
             .arg(WATCHDOG)
             .stdin(Stdio::from(reader))
@@ -352,6 +352,40 @@ pub fn spawn_tied_gated(cmd: &mut Command, log: &Path, gate: Stdio) -> std::io::
 /// line, so the shell's line numbers in error messages stay the user's.
 pub const SHELL_GATE: &str = "read -r ORCHESTRATE_GATE || exit 125; unset ORCHESTRATE_GATE; exec </dev/null; ";
 
+/// The program a node's `sh` is: the first `sh` on this process's `PATH`,
+/// looked up once per process (the child inherits that `PATH`), so starting
+/// a command does not try to execute `sh` in every folder before it (eight
+/// failed `execve` a node on a machine whose `PATH` starts with
+/// `~/.cargo/bin` and pyenv's shims). Where the lookup could differ from the
+/// child's own (no `PATH`, a relative entry, which the child would read from
+/// the node's folder), it is plain `sh`, and the child searches as before.
+pub fn sh() -> &'static std::ffi::OsStr {
+    static SH: std::sync::OnceLock<std::ffi::OsString> = std::sync::OnceLock::new();
+    SH.get_or_init(|| {
+        std::env::var_os("PATH")
+            .and_then(|path| first_on_path("sh", &path))
+            .map(PathBuf::into_os_string)
+            .unwrap_or_else(|| "sh".into())
+    })
+}
+
+/// The first executable regular file `name` in the folders of `path`, as
+/// `execvp` would find it; `None` when a relative (or empty) entry comes
+/// first, or none holds one.
+fn first_on_path(name: &str, path: &std::ffi::OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in std::env::split_paths(path) {
+        if !dir.is_absolute() {
+            return None;
+        }
+        let candidate = dir.join(name);
+        if std::fs::metadata(&candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) {
+            return Some(candidate);
+        }
+    }
+    None
+}
+
 /// `script` behind [`SHELL_GATE`].
 pub fn shell_gate(script: &str) -> String {
     format!("{SHELL_GATE}{script}")
@@ -508,6 +542,33 @@ pub fn describe(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sh` is looked up as `execvp` would: the first executable file of
+    /// the absolute folders; a relative entry before it leaves the search to
+    /// the child.
+    #[test]
+    fn sh_is_the_first_executable_one_on_the_path_unless_a_relative_entry_comes_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, folder, runnable, also) =
+            (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"), dir.path().join("d"));
+        for d in [&plain, &folder, &runnable, &also] {
+            std::fs::create_dir(d).unwrap();
+        }
+        // Not executable, a folder, then the one, then a later one.
+        std::fs::write(plain.join("sh"), "").unwrap();
+        std::fs::create_dir(folder.join("sh")).unwrap();
+        for d in [&runnable, &also] {
+            std::fs::write(d.join("sh"), "").unwrap();
+            std::fs::set_permissions(d.join("sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let path = |dirs: &[&Path]| std::env::join_paths(dirs).unwrap();
+        assert_eq!(first_on_path("sh", &path(&[&plain, &folder, &runnable, &also])), Some(runnable.join("sh")));
+        assert_eq!(first_on_path("sh", &path(&[&plain, Path::new("rel"), &runnable])), None);
+        assert_eq!(first_on_path("sh", &path(&[&plain, &folder])), None);
+        assert_eq!(first_on_path("sh", std::ffi::OsStr::new(&format!(":{}", runnable.display()))), None);
+        assert!(Path::new(sh()).is_absolute() || sh() == "sh");
+    }
 
     #[test]
     fn the_group_line_is_the_sign_the_decimal_pid_and_a_newline() {

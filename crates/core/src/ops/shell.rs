@@ -214,7 +214,8 @@ impl Op for ShellOp {
                     .map_err(|e| OpError::io(format!("creating {}", parent.display()), e))?;
             }
         }
-        let mut cmd = Command::new("sh");
+        // A node that sets its own PATH finds `sh` on it, as before.
+        let mut cmd = Command::new(if p.env.contains_key("PATH") { "sh".as_ref() } else { super::process::sh() });
         // The script waits at its gate until the watchdog holds its group.
         cmd.arg("-c").arg(super::process::shell_gate(&command)).current_dir(ctx.spec_dir);
         cmd.env("ORCHESTRATE_NODE", ctx.node_id);
