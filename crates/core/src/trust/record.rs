@@ -47,7 +47,7 @@ pub fn signed_payload(node: &CachedNode) -> Vec<u8> {
             })
             .collect(),
     };
-    crate::canonical::canonical_json(&serde_json::to_value(&record).expect("a record serializes")).into_bytes()
+    crate::canonical::to_canonical_json(&record).expect("a record serializes").into_bytes()
 }
 
 /// One signature on a record: the signer's key name and its ECDSA P-256
