@@ -33,6 +33,12 @@ cargo fmt --check
 cargo build --all-targets --locked
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+# Two tests per core: most integration tests wait (on a Slurm job, a local
+# server, Chromium, a subprocess), and their numerical nodes take the
+# machine-wide CPU slots like any run's, so the cores stay shared fairly. On 2
+# cores the integration binary took 340 s with libtest's default (one per core)
+# and 276 s with 4. RUST_TEST_THREADS set beforehand wins.
+export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$((2 * $(nproc)))}"
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
 # Compile-fail examples (the guard's handle and the update path's types).
 cargo test --locked --doc 2>&1 | tee -a "$log"
