@@ -38,8 +38,8 @@ trap 'rm -f "$log"' EXIT
 # machine-wide CPU slots like any run's, so the cores stay shared fairly. On 2
 # cores the integration binary took 340 s with libtest's default (one per core)
 # and 276 s with 4. RUST_TEST_THREADS set beforehand wins.
-export RUST_TEST_THREADS="${RUST_TEST_THREADS:-$((2 * $(nproc)))}"
-cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
+RUST_TEST_THREADS="${RUST_TEST_THREADS:-$((2 * $(nproc)))}" \
+    cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
 # Compile-fail examples (the guard's handle and the update path's types).
 cargo test --locked --doc 2>&1 | tee -a "$log"
 # The README's main job itself, so it can never break silently again: the whole
