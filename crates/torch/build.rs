@@ -12,11 +12,9 @@ fn main() {
     // An rpath to torch/lib in every binary of the package (the worker, tests, benches).
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-env=ORCHESTRATE_LIBTORCH_LIB={}", lib.display());
-    // tch links libtorch_cuda, but --as-needed drops it because no symbol of it is
-    // referenced, and CUDA then silently reports unavailable. Keep it in the worker.
-    if lib.join("libtorch_cuda.so").exists() {
-        println!("cargo:rustc-link-arg-bin=orchestrate-torch=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
-    }
+    // tch asks to link libtorch_cuda, and --as-needed drops it (no symbol of it is
+    // referenced). That is kept so: the worker loads it at run time where a CUDA
+    // driver is installed (`load_cuda` in src/lib.rs).
     println!("cargo:rustc-env=ORCHESTRATE_LIBTORCH_VERSION={}", libtorch_version(lib));
 }
 

@@ -77,6 +77,94 @@ pub fn keep_freed_memory() -> bool {
     }
 }
 
+/// What [`load_cuda`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CudaLibrary {
+    /// The libtorch this worker runs on has no CUDA half (a CPU-only install).
+    NotInstalled,
+    /// This machine has no CUDA driver (`libcuda.so.1`), so CUDA could not run:
+    /// its libraries are left unloaded.
+    NoDriver,
+    /// Loaded from this file, beside the libtorch_cpu.so the worker runs on.
+    Loaded(std::path::PathBuf),
+}
+
+/// Loads libtorch's CUDA half (`libtorch_cuda.so`, and with it cuBLAS, cuDNN,
+/// cuFFT, NCCL ...) where a CUDA driver is installed. The worker does not link
+/// it: on a machine without a driver those libraries cost every worker start
+/// about 160 ms of static initializers and 350 MB of resident memory, for a
+/// device that cannot exist there. It must run before anything asks libtorch
+/// about CUDA: libtorch settles whether CUDA exists once, at the first question,
+/// and the worker's `main` calls it before anything else touches libtorch.
+///
+/// A driver with a libtorch_cuda.so that will not load is an error, never a
+/// silent CPU run: the worker would otherwise key its nodes as CPU nodes.
+pub fn load_cuda() -> Result<CudaLibrary, String> {
+    load_cuda_with(cuda_driver_installed())
+}
+
+/// [`load_cuda`] with the driver's presence given (a test loads the library on
+/// a machine without one: libtorch_cuda's initializers need no device).
+pub fn load_cuda_with(driver: bool) -> Result<CudaLibrary, String> {
+    let Some(dir) = loaded_libtorch_dir() else {
+        return Ok(CudaLibrary::NotInstalled);
+    };
+    let path = dir.join("libtorch_cuda.so");
+    if !path.is_file() {
+        return Ok(CudaLibrary::NotInstalled);
+    }
+    if !driver {
+        return Ok(CudaLibrary::NoDriver);
+    }
+    let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: a library path with a NUL byte", path.display()))?;
+    // SAFETY: dlopen with a NUL-terminated path; the handle is never closed, so
+    // the kernels it registers with libtorch stay valid for the process.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns null or a NUL-terminated message owned by libc.
+        let why = unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                "no reason given".to_string()
+            } else {
+                std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        };
+        return Err(format!(
+            "this machine has a CUDA driver (libcuda.so.1), but libtorch's CUDA library {} does not load: {why}",
+            path.display()
+        ));
+    }
+    Ok(CudaLibrary::Loaded(path))
+}
+
+/// Whether the dynamic loader finds the CUDA driver's library, as the CUDA
+/// runtime itself looks for it.
+fn cuda_driver_installed() -> bool {
+    // SAFETY: dlopen with a constant NUL-terminated name; the handle is closed
+    // again (the CUDA runtime opens the driver itself when it starts).
+    unsafe {
+        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if handle.is_null() {
+            return false;
+        }
+        libc::dlclose(handle);
+        true
+    }
+}
+
+/// The folder of the libtorch_cpu.so this process runs on (from the kernel's
+/// map of it), so that the CUDA half comes from the same install, whichever way
+/// the loader found the first (rpath, `LD_LIBRARY_PATH`).
+fn loaded_libtorch_dir() -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let path = std::path::Path::new(&line[line.find('/')?..]);
+        (path.file_name()? == "libtorch_cpu.so").then(|| path.parent().map(std::path::Path::to_path_buf))?
+    })
+}
+
 /// Whether the user set glibc's malloc tunables themselves (`GLIBC_TUNABLES`):
 /// then [`keep_freed_memory`] leaves theirs as they are.
 pub fn user_sets_malloc() -> bool {

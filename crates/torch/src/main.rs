@@ -78,6 +78,11 @@ fn main() -> ExitCode {
     if std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
         std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
     }
+    // CUDA's half of libtorch, where a driver can run it; before anything asks libtorch about CUDA.
+    if let Err(e) = torch::load_cuda() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     // Intra-op threads: what `env` reports and numerical keys include.
     match orchestrate_core::runtime::worker_threads() {

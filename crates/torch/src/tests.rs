@@ -384,3 +384,58 @@ fn a_large_buffer_freed_and_taken_again_reuses_its_pages() {
     assert!(first > 0, "the first fill faults its pages in");
     assert!(again * 10 < first, "the second fill faulted {again} pages (the first {first}): its memory was not reused");
 }
+
+/// Asks libtorch for a CUDA tensor and returns its refusal (there is no GPU
+/// where these tests run; with one, the tensor is made and this says so).
+fn cuda_tensor_refusal() -> String {
+    match Tensor::f_zeros([1], (Kind::Float, Device::Cuda(0))) {
+        Ok(_) => "made a CUDA tensor".to_string(),
+        Err(e) => e.to_string().lines().next().unwrap_or_default().to_string(),
+    }
+}
+
+/// The worker's CUDA half loads at run time (`load_cuda`): from the same
+/// libtorch folder as the CPU half, and then libtorch really has its CUDA
+/// backend (a CUDA tensor is refused for want of a driver, not for want of
+/// CUDA kernels), where without it libtorch knows no CUDA at all. Each case in
+/// a process of its own (this test binary again): libtorch settles once per
+/// process whether CUDA exists.
+#[test]
+fn libtorch_cuda_loads_at_run_time_beside_the_cpu_half_and_brings_the_cuda_backend() {
+    const PROBE: &str = "ORCHESTRATE_CUDA_LOAD_PROBE";
+    const NAME: &str = "tests::libtorch_cuda_loads_at_run_time_beside_the_cpu_half_and_brings_the_cuda_backend";
+    if let Some(driver) = std::env::var_os(PROBE) {
+        let loaded = crate::load_cuda_with(driver == "driver").unwrap();
+        println!("loaded: {loaded:?}");
+        println!("refusal: {}", cuda_tensor_refusal());
+        return;
+    }
+    let probe = |driver: &str| {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env(PROBE, driver)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "the probe failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let line = |key: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.split_once(key).map(|(_, value)| value.to_string()))
+                .unwrap_or_else(|| panic!("the probe printed no '{key}':\n{stdout}"))
+        };
+        (line("loaded: "), line("refusal: "))
+    };
+    let lib = Path::new(env!("ORCHESTRATE_LIBTORCH_LIB"));
+    let (without, refused_without) = probe("none");
+    let (with, refused_with) = probe("driver");
+    if !lib.join("libtorch_cuda.so").exists() {
+        assert_eq!((without.as_str(), with.as_str()), ("NotInstalled", "NotInstalled"));
+        return;
+    }
+    assert_eq!(without, "NoDriver");
+    assert_eq!(with, format!("Loaded({:?})", lib.join("libtorch_cuda.so")));
+    eprintln!("without the CUDA half: {refused_without}\nwith it: {refused_with}");
+    assert_ne!(refused_without, refused_with, "loading libtorch_cuda changed nothing libtorch does");
+    assert!(refused_with.contains("NVIDIA driver"), "{refused_with}");
+}
