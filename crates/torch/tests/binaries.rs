@@ -42,7 +42,6 @@ fn the_worker_loads_libtorch_cuda_only_where_a_cuda_driver_is_installed() {
     let out = Command::new(env!("CARGO_BIN_EXE_orchestrate-torch"))
         .args(["env", "--json"])
         .env("LD_DEBUG", "files")
-        .env("ORCHESTRATE_ENV_CACHE", "off")
         .env_remove("ORCHESTRATE_DEVICE")
         .output()
         .unwrap();
