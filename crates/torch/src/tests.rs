@@ -31,15 +31,25 @@ fn python() -> String {
 /// for what each random config exercises).
 const FAMILIES: [&str; 3] = ["qwen2", "qwen3", "llama"];
 
-fn hf_reference(dir: &Path) -> Value {
-    hf_reference_of(dir, "qwen2")
+/// transformers' reference for families (hf_reference.py): one family is
+/// written to `dir`, several each to `dir/FAMILY`. Returns each family's folder
+/// and its reference.json.
+fn hf_references(dir: &Path, families: &[&str]) -> Vec<(std::path::PathBuf, Value)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/hf_reference.py");
+    let out = Command::new(python()).arg(&script).arg(dir).arg(families.join(",")).output().expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    families
+        .iter()
+        .map(|family| {
+            let folder = if families.len() == 1 { dir.to_path_buf() } else { dir.join(family) };
+            let reference = serde_json::from_str(&std::fs::read_to_string(folder.join("reference.json")).unwrap());
+            (folder, reference.unwrap())
+        })
+        .collect()
 }
 
-fn hf_reference_of(dir: &Path, family: &str) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/hf_reference.py");
-    let out = Command::new(python()).arg(&script).arg(dir).arg(family).output().expect("python runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+fn hf_reference(dir: &Path) -> Value {
+    hf_references(dir, &["qwen2"]).remove(0).1
 }
 
 fn ids_tensor(v: &Value) -> Tensor {
@@ -70,52 +80,58 @@ fn tiny_model(seed: u64) -> CausalLm {
     m
 }
 
-/// Each family's logits and log-probabilities equal transformers' on a random
-/// config (a full batch and a left-padded one), and its parameter count is the
-/// one transformers counts.
+/// Each family, on a random config transformers builds (one Python start for
+/// all three): its logits and log-probabilities equal transformers' (a full
+/// batch and a left-padded one), its parameter count is the one transformers
+/// counts, and its greedy generation is transformers' token for token, with
+/// and without the KV cache.
 #[test]
-fn logits_and_logprobs_match_transformers_for_every_family_including_a_left_padded_batch() {
+fn every_family_matches_transformers_in_logits_log_probs_and_greedy_generation() {
     let _serial = serial();
-    for family in FAMILIES {
-        let dir = tempfile::tempdir().unwrap();
-        let reference = hf_reference_of(dir.path(), family);
-        assert_eq!(reference["family"], family);
-        let model = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
-        assert_eq!(model.config.family().unwrap().model_type(), family);
-        assert_eq!(Some(model.config.parameter_count()), reference["parameters"].as_u64(), "{family}: parameters");
-        for case in reference["cases"].as_array().unwrap() {
-            let ids = ids_tensor(&case["ids"]);
-            let mask = ids_tensor(&case["mask"]);
-            let positions = (mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
-            let ours = tch::no_grad(|| model.forward(&ids, &positions, &attention_mask(&mask, ids.size()[1]), None));
-            let ours_logp = ours.log_softmax(-1, Kind::Float);
-            let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(case["logits"].clone()).unwrap();
-            let masks: Vec<Vec<i64>> = serde_json::from_value(case["mask"].clone()).unwrap();
-            let (mut worst, mut worst_logp) = (0f32, 0f32);
-            for (b, rows) in theirs.iter().enumerate() {
-                for (t, row) in rows.iter().enumerate() {
-                    if masks[b][t] == 0 {
-                        continue; // padding positions are not part of the contract
-                    }
-                    let ours_row = Vec::<f32>::try_from(&ours.get(b as i64).get(t as i64)).unwrap();
-                    for (a, e) in ours_row.iter().zip(row) {
-                        worst = worst.max((a - e).abs());
-                    }
-                    let theirs_logp =
-                        Vec::<f32>::try_from(&Tensor::from_slice(row).log_softmax(-1, Kind::Float)).unwrap();
-                    let ours_row = Vec::<f32>::try_from(&ours_logp.get(b as i64).get(t as i64)).unwrap();
-                    for (a, e) in ours_row.iter().zip(&theirs_logp) {
-                        worst_logp = worst_logp.max((a - e).abs());
-                    }
+    let dir = tempfile::tempdir().unwrap();
+    for (family, (folder, reference)) in FAMILIES.into_iter().zip(hf_references(dir.path(), &FAMILIES)) {
+        logits_match(family, &folder, &reference);
+        greedy_matches(family, &folder, &reference);
+    }
+}
+
+/// Logits and log-probabilities over a full batch and a left-padded one.
+fn logits_match(family: &str, folder: &Path, reference: &Value) {
+    assert_eq!(reference["family"], family);
+    let model = CausalLm::load(&HfFolder { dir: folder.to_path_buf() }, Device::Cpu).unwrap();
+    assert_eq!(model.config.family().unwrap().model_type(), family);
+    assert_eq!(Some(model.config.parameter_count()), reference["parameters"].as_u64(), "{family}: parameters");
+    for case in reference["cases"].as_array().unwrap() {
+        let ids = ids_tensor(&case["ids"]);
+        let mask = ids_tensor(&case["mask"]);
+        let positions = (mask.cumsum(1, Kind::Int64) - 1).clamp_min(0);
+        let ours = tch::no_grad(|| model.forward(&ids, &positions, &attention_mask(&mask, ids.size()[1]), None));
+        let ours_logp = ours.log_softmax(-1, Kind::Float);
+        let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(case["logits"].clone()).unwrap();
+        let masks: Vec<Vec<i64>> = serde_json::from_value(case["mask"].clone()).unwrap();
+        let (mut worst, mut worst_logp) = (0f32, 0f32);
+        for (b, rows) in theirs.iter().enumerate() {
+            for (t, row) in rows.iter().enumerate() {
+                if masks[b][t] == 0 {
+                    continue; // padding positions are not part of the contract
+                }
+                let ours_row = Vec::<f32>::try_from(&ours.get(b as i64).get(t as i64)).unwrap();
+                for (a, e) in ours_row.iter().zip(row) {
+                    worst = worst.max((a - e).abs());
+                }
+                let theirs_logp = Vec::<f32>::try_from(&Tensor::from_slice(row).log_softmax(-1, Kind::Float)).unwrap();
+                let ours_row = Vec::<f32>::try_from(&ours_logp.get(b as i64).get(t as i64)).unwrap();
+                for (a, e) in ours_row.iter().zip(&theirs_logp) {
+                    worst_logp = worst_logp.max((a - e).abs());
                 }
             }
-            eprintln!(
-                "parity {family}: max |ours - transformers| logits {worst:e}, log-probs {worst_logp:e} over {} rows",
-                masks.len()
-            );
-            assert!(worst <= 1e-4, "{family}: max |ours - transformers| = {worst}");
-            assert!(worst_logp <= 2e-4, "{family}: max log-prob error {worst_logp}");
         }
+        eprintln!(
+            "parity {family}: max |ours - transformers| logits {worst:e}, log-probs {worst_logp:e} over {} rows",
+            masks.len()
+        );
+        assert!(worst <= 1e-4, "{family}: max |ours - transformers| = {worst}");
+        assert!(worst_logp <= 2e-4, "{family}: max log-prob error {worst_logp}");
     }
 }
 
@@ -136,18 +152,9 @@ fn a_sharded_checkpoint_loads_to_the_same_weights() {
     }
 }
 
-#[test]
-fn greedy_generation_matches_transformers_token_for_token_for_every_family() {
-    let _serial = serial();
-    for family in FAMILIES {
-        greedy_matches(family);
-    }
-}
-
-fn greedy_matches(family: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let reference = hf_reference_of(dir.path(), family);
-    let model = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).unwrap();
+/// Greedy generation, token for token up to EOS, with and without the KV cache.
+fn greedy_matches(family: &str, folder: &Path, reference: &Value) {
+    let model = CausalLm::load(&HfFolder { dir: folder.to_path_buf() }, Device::Cpu).unwrap();
     let eos = reference["eos"].as_i64().unwrap();
     for case in reference["greedy"].as_array().unwrap() {
         let ids: Vec<Vec<i64>> = serde_json::from_value(case["ids"].clone()).unwrap();
