@@ -43,7 +43,18 @@ struct Comparison {
     stats: Vec<UpdateStats>,
 }
 
-fn compare_update(lrs: &[f64], micro_groups: usize) -> Comparison {
+/// Our two inner steps on a random model and a sampled batch: the folder the
+/// model and batch were written to, the parameters before and after, and each
+/// step's statistics.
+struct OurUpdate {
+    dir: tempfile::TempDir,
+    batch: RolloutBatch,
+    params: BTreeMap<String, Tensor>,
+    before: BTreeMap<String, Tensor>,
+    stats: Vec<UpdateStats>,
+}
+
+fn our_update(lrs: &[f64], micro_groups: usize) -> OurUpdate {
     let dir = tempfile::tempdir().unwrap();
     random_model_folder(dir.path());
     let folder = HfFolder { dir: dir.path().to_path_buf() };
@@ -72,7 +83,13 @@ fn compare_update(lrs: &[f64], micro_groups: usize) -> Comparison {
     let mut adam = AdamW::new(AdamWConfig::new(0.01), &params);
     let stats =
         lrs.iter().map(|&lr| step(&policy, &reference, &params, &mut adam, &batch, &hyper, lr).unwrap()).collect();
+    OurUpdate { dir, batch, params, before, stats }
+}
 
+/// [`our_update`] beside the same two steps in an independent PyTorch
+/// implementation (tests/python/grpo_reference.py) from the same model and batch.
+fn compare_update(lrs: &[f64], micro_groups: usize) -> Comparison {
+    let OurUpdate { dir, batch, params, before, stats } = our_update(lrs, micro_groups);
     let batch_json = serde_json::json!({
         "prompts": batch.prompts, "responses": batch.responses, "old_logprobs": batch.old_logprobs,
         "advantages": batch.advantages, "group_size": 4, "lrs": lrs, "weight_decay": 0.01,
@@ -137,7 +154,8 @@ fn with_a_large_lr_both_implementations_clip_the_same_way() {
 #[test]
 fn an_update_in_one_pass_per_group_equals_the_whole_batch_update() {
     let _serial = serial();
-    let whole = compare_update(&[1e-6, 1e-6], 0);
+    // The whole-batch update's own agreement with PyTorch is the test above.
+    let whole = our_update(&[1e-6, 1e-6], 0);
     let split = compare_update(&[1e-6, 1e-6], 1);
     eprintln!(
         "one group per pass: parameters max relative difference {:e}, update relative difference {:e}",
