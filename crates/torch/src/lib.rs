@@ -141,7 +141,7 @@ pub fn load_cuda_with(driver: bool) -> Result<CudaLibrary, String> {
 
 /// Whether the dynamic loader finds the CUDA driver's library, as the CUDA
 /// runtime itself looks for it.
-fn cuda_driver_installed() -> bool {
+pub fn cuda_driver_installed() -> bool {
     // SAFETY: dlopen with a constant NUL-terminated name; the handle is closed
     // again (the CUDA runtime opens the driver itself when it starts).
     unsafe {

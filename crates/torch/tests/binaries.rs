@@ -13,19 +13,6 @@ fn needed(binary: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether this machine has the NVIDIA driver's library, as the dynamic loader finds it.
-fn driver_installed() -> bool {
-    // SAFETY: dlopen with a constant NUL-terminated name; the handle is closed again.
-    unsafe {
-        let handle = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
-        if handle.is_null() {
-            return false;
-        }
-        libc::dlclose(handle);
-        true
-    }
-}
-
 #[test]
 fn the_worker_links_libtorch_but_not_its_cuda_half() {
     let libs = needed(env!("CARGO_BIN_EXE_orchestrate-torch"));
@@ -50,11 +37,11 @@ fn the_worker_loads_libtorch_cuda_only_where_a_cuda_driver_is_installed() {
     let opened = |name: &str| log.lines().any(|l| l.contains("calling init: ") && l.contains(name));
     assert!(opened("libtorch_cpu.so"), "the loader's log names no libtorch_cpu.so: LD_DEBUG had no effect?");
     let installed = std::path::Path::new(env!("ORCHESTRATE_LIBTORCH_LIB")).join("libtorch_cuda.so").exists();
-    let expected = installed && driver_installed();
+    let driver = orchestrate_torch::cuda_driver_installed();
+    let expected = installed && driver;
     assert_eq!(
         opened("libtorch_cuda.so"),
         expected,
-        "libtorch_cuda.so in this libtorch: {installed}; CUDA driver here: {}",
-        driver_installed()
+        "libtorch_cuda.so in this libtorch: {installed}; CUDA driver here: {driver}"
     );
 }
