@@ -45,3 +45,52 @@ fn the_worker_loads_libtorch_cuda_only_where_a_cuda_driver_is_installed() {
         "libtorch_cuda.so in this libtorch: {installed}; CUDA driver here: {driver}"
     );
 }
+
+/// A machine with a CUDA driver library but no GPU it can use (a container
+/// with the driver mounted, a driver too old for this libtorch): a stub
+/// `libcuda.so.1` that exports nothing stands in for it. The worker then takes
+/// the path it takes on a GPU machine up to the driver (it finds the driver and
+/// loads libtorch's CUDA half beside its CPU half), runs on the CPU when no
+/// device is asked for, and refuses `ORCHESTRATE_DEVICE=cuda` saying why.
+#[test]
+fn with_a_cuda_driver_but_no_usable_gpu_the_worker_loads_the_cuda_half_and_runs_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("libcuda.so.1");
+    let mut cc = Command::new("cc")
+        .args(["-shared", "-x", "c", "-", "-o"])
+        .arg(&stub)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("a C compiler (cc) is installed: cargo links with it");
+    std::io::Write::write_all(&mut cc.stdin.take().unwrap(), b"int orchestrate_stub_cuda_driver;\n").unwrap();
+    assert!(cc.wait().unwrap().success(), "cc could not build the stub driver");
+    let library_path = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(rest) if !rest.is_empty() => format!("{}:{rest}", dir.path().display()),
+        _ => dir.path().display().to_string(),
+    };
+    let worker = |device: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_orchestrate-torch"));
+        c.args(["env", "--json"]).env("LD_LIBRARY_PATH", &library_path).env("LD_DEBUG", "files");
+        match device {
+            Some(d) => c.env("ORCHESTRATE_DEVICE", d),
+            None => c.env_remove("ORCHESTRATE_DEVICE"),
+        };
+        c.output().unwrap()
+    };
+
+    let out = worker(None);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let opened = |name: &str| log.lines().any(|l| l.contains("calling init: ") && l.contains(name));
+    assert!(opened(&stub.display().to_string()), "the worker did not find the stub driver:\n{log}");
+    let installed = std::path::Path::new(env!("ORCHESTRATE_LIBTORCH_LIB")).join("libtorch_cuda.so").exists();
+    assert_eq!(opened("libtorch_cuda.so"), installed, "libtorch_cuda.so in this libtorch: {installed}");
+    let env: orchestrate_core::runtime::WorkerEnv =
+        serde_json::from_slice(&out.stdout).expect("env --json prints the worker's environment");
+    assert_eq!(env.env.device, "cpu", "{env:?}");
+
+    let asked = worker(Some("cuda"));
+    let said = String::from_utf8_lossy(&asked.stderr);
+    assert_eq!(asked.status.code(), Some(2), "{said}");
+    assert!(said.contains("ORCHESTRATE_DEVICE=cuda: libtorch sees no CUDA device"), "{said}");
+}
