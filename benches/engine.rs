@@ -7,8 +7,9 @@
 //!    Snakemake when the project's venv has it (`$ORCHESTRATE_PYTHON -m
 //!    snakemake`); and the no-op re-run beside the process start alone
 //!    (`--version`). Medians of 5 pairs, floor then orchestrate, each
-//!    pair's own ratio printed too (35 runs for the re-runs); and the same
-//!    first runs on tmpfs (`/dev/shm`), where making a file costs least.
+//!    pair's own ratio printed too (35 runs for the re-runs); the same
+//!    first runs on tmpfs (`/dev/shm`), where making a file costs least; and
+//!    what making a file costs on each, before and after the pairs.
 //! 2. `orchestrate plan` on a spec of 10,000 synthetic nodes (100 layers x 100),
 //!    in a fresh workspace and, optionally, with all of them cached
 //!    (`ORCHESTRATE_BENCH_FULL=1`: runs the 10,000 nodes first, ~1 min).
@@ -136,7 +137,9 @@ fn main() {
     let ten_thousand = ten_thousand(&jobs);
     let shape = lattice(8, 25, 2);
     let kept = tempfile::tempdir().expect("temp dir");
+    let file_before = file_cost(kept.path());
     let (floors, firsts, dir) = first_runs(&shape, &jobs, kept.path(), 5);
+    let file_after = file_cost(kept.path());
     let mut noops = Vec::new();
     let mut plans = Vec::new();
     let mut starts = Vec::new();
@@ -156,7 +159,9 @@ fn main() {
     println!("    each pair's own ratio, in order: {}", pairs.join(", "));
     // Where creating a file costs least: memory (`/dev/shm`, when it is there).
     let shm = Path::new("/dev/shm");
+    let mut file_in_memory = None;
     if let Ok(in_memory) = tempfile::tempdir_in(shm) {
+        file_in_memory = Some(file_cost(in_memory.path()));
         let (floors, firsts, _) = first_runs(&shape, &jobs, in_memory.path(), 5);
         let (first, floor) = (median(firsts), median(floors));
         println!(
@@ -164,6 +169,11 @@ fn main() {
             first / floor
         );
     }
+    println!(
+        "  making a small file on this disk: {file_before:.1} us before the pairs, {file_after:.1} us after{}",
+        file_in_memory.map(|m| format!(" ({m:.1} us in memory)")).unwrap_or_default()
+    );
+    println!("    (a first run makes about three new files or folders per node to the floor's one)");
     match snakemake(&shape, &jobs) {
         Some((s_first, s_noop)) => println!(
             "  snakemake --cores {jobs}, first run               {s_first:>8.3} s  = {:.2}x the floor (no-op re-run {:.0} ms)",
@@ -185,6 +195,28 @@ fn main() {
     for line in ten_thousand {
         println!("{line}");
     }
+}
+
+/// What making a small file (and writing two bytes to it) costs in a new
+/// folder under `root`, in microseconds: the median of 3 batches of 200. On
+/// ext4 without a journal this moves with how many inodes the machine freed in
+/// the last minutes (each new file first scans past them), and a first run
+/// makes about three new inodes per node (its out, the store's copy, and for
+/// most of the first 256 objects a shard folder) where the floor makes one, so
+/// its ratio to the floor rises with this figure. The folder is kept, like
+/// [`first_runs`]'s.
+fn file_cost(root: &Path) -> f64 {
+    let dir = tempfile::tempdir_in(root).expect("temp dir").keep();
+    let batches = (0..3)
+        .map(|b| {
+            let start = Instant::now();
+            for i in 0..200 {
+                std::fs::write(dir.join(format!("{b}-{i}")), b"1\n").expect("a file is made");
+            }
+            start.elapsed().as_secs_f64() / 200.0
+        })
+        .collect();
+    median(batches) * 1e6
 }
 
 /// `pairs` first runs, each right after the floor, every folder a new one
