@@ -90,7 +90,11 @@ impl HubConfig {
         let cache = env("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| hf_home.join("hub"));
         let token = env("HF_TOKEN").or_else(|| {
             let path = env("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));
-            fs::read_to_string(path).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+            // A regular file of a token's size (a FIFO is refused, not waited on).
+            crate::store::fsx::read_regular_text(&path, 64 << 10)
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
         });
         Ok(HubConfig {
             endpoint: env("HF_ENDPOINT")

@@ -80,7 +80,8 @@ fn token_text(v: Option<&serde_json::Value>) -> String {
 
 fn read_bounded(path: &Path) -> Result<String, ChatError> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| ChatError(format!("{}: {e}", path.display())))?;
+    // A regular file (a FIFO is refused, not waited on), through links.
+    let file = crate::store::fsx::open_regular(path, 0).map_err(|e| ChatError(format!("{}: {e}", path.display())))?;
     let mut text = String::new();
     file.take(MAX_TEMPLATE_BYTES + 1)
         .read_to_string(&mut text)

@@ -29,6 +29,47 @@ pub fn chat_prompt(system: &str, user: &str) -> String {
     format!("{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n")
 }
 
+/// The most a model folder's JSON file (`config.json`, the shard index, the
+/// tokenizer and generation configs) may hold.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// The most `tokenizer.json` may hold (the largest in use are tens of MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
+
+/// The largest safetensors header read: safetensors' own limit.
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// A safetensors file's header alone (each tensor's dtype, shape and
+/// offsets), read without its tensors' bytes. The file must be exactly its
+/// header and the tensors the header lists, as safetensors' own reader
+/// requires of a whole file.
+pub fn safetensors_header(path: &Path) -> Result<safetensors::tensor::Metadata, FolderError> {
+    use std::io::Read;
+    let invalid = |what: String| FolderError::Invalid(format!("{}: {what}", path.display()));
+    let mut file = crate::store::fsx::open_regular(path, 0).map_err(|e| invalid(e.to_string()))?;
+    let len = file.metadata().map_err(|e| invalid(e.to_string()))?.len();
+    let mut n = [0u8; 8];
+    file.read_exact(&mut n).map_err(|e| invalid(format!("not a safetensors file: {e}")))?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_SAFETENSORS_HEADER || 8 + n > len {
+        return Err(invalid(format!(
+            "a header of {n} bytes, in a file of {len} (safetensors allows {MAX_SAFETENSORS_HEADER})"
+        )));
+    }
+    let mut head = vec![0u8; n as usize];
+    file.read_exact(&mut head).map_err(|e| invalid(format!("the header is cut short: {e}")))?;
+    let head = std::str::from_utf8(&head).map_err(|e| invalid(format!("the header is not UTF-8: {e}")))?;
+    // Deserializing checks the tensors: contiguous from 0, each as long as
+    // its dtype and shape make it.
+    let meta: safetensors::tensor::Metadata =
+        serde_json::from_str(head).map_err(|e| invalid(format!("not a safetensors header: {e}")))?;
+    let data = meta.tensors().values().map(|t| t.data_offsets.1 as u64).max().unwrap_or(0);
+    if 8 + n + data != len {
+        return Err(invalid(format!("{len} bytes, where its header says {}", 8 + n + data)));
+    }
+    Ok(meta)
+}
+
 /// Files of a Hugging Face model folder.
 #[derive(Debug, Clone)]
 pub struct HfFolder {
@@ -71,8 +112,8 @@ impl HfFolder {
 
     pub fn config(&self) -> Result<ModelConfig, FolderError> {
         let path = self.dir.join("config.json");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
+        let text = crate::store::fsx::read_regular_text(&path, MAX_JSON_BYTES)
+            .map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
         ModelConfig::from_json(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))
     }
 
@@ -93,13 +134,12 @@ impl HfFolder {
         Ok(paths)
     }
 
-    /// Unique parameters stored in the weight files (read from the safetensors headers).
+    /// Unique parameters stored in the weight files, from their safetensors
+    /// headers alone (a 4B model's shards are gigabytes each).
     pub fn stored_parameter_count(&self) -> Result<u64, FolderError> {
         let mut total = 0u64;
         for path in self.weight_files()? {
-            let bytes = std::fs::read(&path).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
-            let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-                .map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
+            let meta = safetensors_header(&path)?;
             for info in meta.tensors().values() {
                 total += info.shape.iter().map(|d| *d as u64).product::<u64>();
             }
@@ -120,7 +160,8 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>, FolderError> {
     struct Index {
         weight_map: std::collections::BTreeMap<String, String>,
     }
-    let text = std::fs::read_to_string(index).map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
+    let text = crate::store::fsx::read_regular_text(index, MAX_JSON_BYTES)
+        .map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
     let parsed: Index = serde_json::from_str(&text)
         .map_err(|e| FolderError::Invalid(format!("{}: not a safetensors index: {e}", index.display())))?;
     let names: std::collections::BTreeSet<String> = parsed.weight_map.into_values().collect();
@@ -250,5 +291,80 @@ mod tests {
     fn a_missing_folder_says_how_to_get_the_weights() {
         let err = HfFolder::open(Path::new("/nonexistent/qwen")).unwrap_err().to_string();
         assert!(err.contains("huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct"), "{err}");
+    }
+
+    /// A weights file of `data` bytes (one `U8` tensor), sparse past its
+    /// header: its bytes take no disk.
+    fn sparse_weights(path: &Path, data: u64) {
+        let header = format!(r#"{{"w":{{"dtype":"U8","shape":[{data}],"data_offsets":[0,{data}]}}}}"#);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        std::fs::write(path, &bytes).unwrap();
+        std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(bytes.len() as u64 + data).unwrap();
+    }
+
+    /// Counting the parameters reads the safetensors headers, not the
+    /// weights: a 1 TiB weights file (sparse) is counted at once, where
+    /// reading it whole into memory could not be done at all (a 4B model's
+    /// shards were read whole, gigabytes each, to count them).
+    #[test]
+    fn the_parameter_count_reads_the_weights_headers_not_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = 1u64 << 40;
+        sparse_weights(&dir.path().join("model.safetensors"), data);
+        let folder = HfFolder { dir: dir.path().to_path_buf() };
+        assert_eq!(folder.stored_parameter_count().unwrap(), data);
+
+        // A file longer or shorter than its header says is refused, as
+        // safetensors' own reader refuses it.
+        let path = dir.path().join("model.safetensors");
+        let full = std::fs::metadata(&path).unwrap().len();
+        for len in [full + 1, full - 1] {
+            std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len).unwrap();
+            let err = folder.stored_parameter_count().unwrap_err().to_string();
+            assert!(err.contains("model.safetensors") && err.contains("header says"), "{err}");
+        }
+        // A header past what safetensors allows is refused before it is read.
+        std::fs::write(&path, u64::MAX.to_le_bytes()).unwrap();
+        let err = folder.stored_parameter_count().unwrap_err().to_string();
+        assert!(err.contains("header of"), "{err}");
+    }
+
+    /// A FIFO where a model folder's file should be is refused at once, not
+    /// waited on, and a file over its bound is refused before it is read; a
+    /// link to a real file (a Hugging Face cache folder's files are links into
+    /// its blobs) still reads.
+    #[test]
+    fn a_model_folders_files_are_regular_files_of_bounded_size() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["config.json", "tokenizer.json"] {
+            let fifo = std::ffi::CString::new(dir.path().join(name).as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo with a NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        }
+        std::fs::write(dir.path().join("model.safetensors.index.json"), "").unwrap();
+        std::fs::File::create(dir.path().join("model.safetensors.index.json"))
+            .unwrap()
+            .set_len(MAX_JSON_BYTES + 1)
+            .unwrap();
+        let folder = HfFolder { dir: dir.path().to_path_buf() };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let read = folder.clone();
+        std::thread::spawn(move || tx.send(read.config().map(|_| ()).map_err(|e| e.to_string())).unwrap());
+        let err = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("config.json was waited on").unwrap_err();
+        assert!(err.contains("config.json") && err.contains("not a regular file"), "{err}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let read = folder.clone();
+        std::thread::spawn(move || tx.send(read.tokenizer().map(|_| ()).map_err(|e| e.0)).unwrap());
+        let err = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("tokenizer.json was waited on").unwrap_err();
+        assert!(err.contains("tokenizer.json") && err.contains("not a regular file"), "{err}");
+        let err = shard_names(&dir.path().join("model.safetensors.index.json")).unwrap_err().to_string();
+        assert!(err.contains("model.safetensors.index.json") && err.contains("over the"), "{err}");
+
+        let blobs = tempfile::tempdir().unwrap();
+        std::fs::write(blobs.path().join("index"), r#"{"weight_map":{"a":"model-1.safetensors"}}"#).unwrap();
+        let linked = dir.path().join("linked.index.json");
+        std::os::unix::fs::symlink(blobs.path().join("index"), &linked).unwrap();
+        assert_eq!(shard_names(&linked).unwrap(), vec!["model-1.safetensors".to_string()]);
     }
 }

@@ -43,8 +43,12 @@ pub struct Decoded {
 }
 
 impl TextTokenizer {
+    /// A `tokenizer.json`: a regular file of at most
+    /// [`MAX_TOKENIZER_BYTES`](super::MAX_TOKENIZER_BYTES) (see [`crate::store::fsx::read_regular`]).
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
-        let inner = Tokenizer::from_file(path).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
+        let bytes = crate::store::fsx::read_regular(path, super::MAX_TOKENIZER_BYTES)
+            .map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
+        let inner = Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
         let vocab_size = inner.get_vocab_size(true) as u32;
         Ok(TextTokenizer { inner, vocab_size, turn_end: None, stops: Vec::new() })
     }
@@ -58,7 +62,7 @@ impl TextTokenizer {
         let mut t = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
         let read = |name: &str| -> Result<Option<serde_json::Value>, TokenizerError> {
             let path = dir.join(name);
-            match std::fs::read_to_string(&path) {
+            match crate::store::fsx::read_regular_text(&path, super::MAX_JSON_BYTES) {
                 Ok(text) => serde_json::from_str(&text)
                     .map(Some)
                     .map_err(|e| TokenizerError(format!("{}: {e}", path.display()))),

@@ -410,12 +410,16 @@ impl Op for ModelHub {
 /// Checks the commit recorded by `huggingface-cli download --local-dir`.
 fn check_revision(dir: &Path, revision: &str) -> Result<(), OpError> {
     let meta = dir.join(".cache/huggingface/download/config.json.metadata");
-    let text = std::fs::read_to_string(&meta).map_err(|_| {
-        failed(format!(
-            "{}: cannot verify revision {revision}: no {} (download with `huggingface-cli download --local-dir`, or drop `revision`)",
-            dir.display(),
-            meta.display()
-        ))
+    let text = crate::store::fsx::read_regular_text(&meta, crate::model::MAX_JSON_BYTES).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            failed(format!(
+                "{}: cannot verify revision {revision}: no {} (download with `huggingface-cli download --local-dir`, or drop `revision`)",
+                dir.display(),
+                meta.display()
+            ))
+        } else {
+            failed(format!("{}: cannot verify revision {revision}: {}: {e}", dir.display(), meta.display()))
+        }
     })?;
     let recorded = text.lines().next().unwrap_or_default().trim();
     if recorded != revision {

@@ -256,6 +256,35 @@ pub fn open_regular(path: &Path, flags: libc::c_int) -> std::io::Result<File> {
     Ok(file)
 }
 
+/// Reads `path` whole if it is a regular file (through links: a Hugging Face
+/// cache folder's files are links into its blobs) of at most `max` bytes. A
+/// FIFO or a device is refused at once (see [`open_regular`]), never waited on
+/// or read without end, and a larger file is refused before it is read.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = open_regular(path, 0)?;
+    let over = |bytes: u64| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{bytes} bytes, over the {max} allowed here"))
+    };
+    let len = file.metadata()?.len();
+    if len > max {
+        return Err(over(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(over(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_regular_text(path: &Path, max: u64) -> std::io::Result<String> {
+    String::from_utf8(read_regular(path, max)?).map_err(|e| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not UTF-8 text: {}", e.utf8_error()))
+    })
+}
+
 /// Lexically normalizes a relative path (`./a/../b` → `b`) so deps and outs
 /// written differently still match; `None` if it escapes upward or is absolute.
 pub fn normalize_rel(path: &str) -> Option<String> {
