@@ -285,10 +285,8 @@ fn first_difference(ws: &Workspace, cached: &OutputRecord, rerun: &ObjectInfo) -
 fn file_difference(output: &str, a: &Path, b: &Path) -> String {
     let at = first_byte(a, b);
     let what = if output == crate::store::gc::STATE_OUTPUT {
-        match (crate::train::state::read_state(a), crate::train::state::read_state(b)) {
-            (Ok(x), Ok(y)) => crate::train::state::first_difference(&x, &y, &[]),
-            _ => None,
-        }
+        // Side by side, a block at a time: never both states in memory.
+        crate::train::state::first_difference_in_files(a, b, &[]).ok().flatten()
     } else {
         let json = |p: &Path| -> Option<serde_json::Value> {
             let meta = std::fs::metadata(p).ok()?;

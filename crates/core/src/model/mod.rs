@@ -356,7 +356,8 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let read = folder.clone();
         std::thread::spawn(move || tx.send(read.tokenizer().map(|_| ()).map_err(|e| e.0)).unwrap());
-        let err = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("tokenizer.json was waited on").unwrap_err();
+        let err =
+            rx.recv_timeout(std::time::Duration::from_secs(10)).expect("tokenizer.json was waited on").unwrap_err();
         assert!(err.contains("tokenizer.json") && err.contains("not a regular file"), "{err}");
         let err = shard_names(&dir.path().join("model.safetensors.index.json")).unwrap_err().to_string();
         assert!(err.contains("model.safetensors.index.json") && err.contains("over the"), "{err}");

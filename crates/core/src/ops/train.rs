@@ -265,15 +265,16 @@ impl Op for CheckResume {
         vec![OutputDecl::file("report")]
     }
     fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        let read = |name: &str| {
-            crate::train::state::read_state(ctx.input_path(name)?).map_err(|e| OpError::Failed(e.to_string()))
-        };
-        let (a, b) = (read("continuous")?, read("resumed")?);
-        let difference = crate::train::state::first_difference(&a, &b, &UNCOMPARED);
+        use crate::train::state::{first_difference_in_files, StateReader};
+        let failed = |e: crate::train::state::StateError| OpError::Failed(e.to_string());
+        let (a, b) = (ctx.input_path("continuous")?, ctx.input_path("resumed")?);
+        let tensors = StateReader::open(a).map_err(failed)?.heads().len();
+        // The two states side by side, a block at a time (never both in memory).
+        let difference = first_difference_in_files(a, b, &UNCOMPARED).map_err(failed)?;
         let report = ResumeReport {
             identical: difference.is_none(),
             first_difference: difference.clone(),
-            tensors: a.tensors.len(),
+            tensors,
             ignored_fields: UNCOMPARED.iter().map(|f| f.to_string()).collect(),
         };
         let text = serde_json::to_string_pretty(&report).map_err(|e| OpError::Failed(e.to_string()))? + "\n";
