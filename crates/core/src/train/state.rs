@@ -495,7 +495,8 @@ mod tests {
         let base =
             vec![t("a", vec![2], vec![1.0, 2.0]), t("big", vec![50_000], big.clone()), t("c", vec![2], vec![5.0, 6.0])];
         let meta = json!({"step": 3, "history": [{"loss": 1.5, "seconds": 2.0}]});
-        let cases: Vec<(&str, serde_json::Value, Vec<(String, Vec<usize>, Vec<f32>)>, Option<&str>)> = vec![
+        type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+        let cases: Vec<(&str, serde_json::Value, Tensors, Option<&str>)> = vec![
             ("equal", meta.clone(), base.clone(), None),
             (
                 "metadata",
