@@ -109,33 +109,69 @@ pub fn last_progress(text: &str) -> Option<&str> {
     text.lines().rev().find_map(|l| l.strip_prefix(PROGRESS_PREFIX)).map(str::trim)
 }
 
+/// The longest line a log's tail keeps while waiting for its end: a longer
+/// one is no progress line, and is dropped.
+const MAX_TAIL_LINE: usize = 64 << 10;
+
+/// What a node's log gained since the last look: only the new bytes are read
+/// (a log read whole at each look made following a log that grows to
+/// gigabytes quadratic), at most [`MAX_TAIL_LINE`] of them per look past the
+/// last line break (only the last complete progress line matters).
+#[derive(Default)]
+struct LogTail {
+    /// Bytes of the log already looked at.
+    seen: u64,
+    /// The unfinished last line, kept for the next look.
+    partial: Vec<u8>,
+}
+
+impl LogTail {
+    /// The last complete progress line the log gained, if any.
+    fn look(&mut self, log: &std::path::Path) -> Option<String> {
+        use std::io::{Read, Seek};
+        let mut file = std::fs::File::open(log).ok()?;
+        let len = file.metadata().ok()?.len();
+        if len < self.seen {
+            // The log was truncated (a fresh attempt): start over.
+            *self = LogTail::default();
+        }
+        if len == self.seen {
+            return None;
+        }
+        // Of a long stretch, only its end can hold the last progress line.
+        let from = self.seen.max(len.saturating_sub(2 * MAX_TAIL_LINE as u64));
+        file.seek(std::io::SeekFrom::Start(from)).ok()?;
+        let mut new = Vec::new();
+        file.take(len - from).read_to_end(&mut new).ok()?;
+        let skipped = from > self.seen;
+        self.seen = from + new.len() as u64;
+        if skipped {
+            // Skipped into the middle of a line: lines start after its break.
+            self.partial.clear();
+            let start = new.iter().position(|b| *b == b'\n').map_or(new.len(), |i| i + 1);
+            new.drain(..start);
+        }
+        self.partial.extend_from_slice(&new);
+        let complete = self.partial.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let line = last_progress(&String::from_utf8_lossy(&self.partial[..complete])).map(str::to_string);
+        self.partial.drain(..complete);
+        if self.partial.len() > MAX_TAIL_LINE {
+            self.partial.clear();
+        }
+        line
+    }
+}
+
 /// Follows a node's log while its bar is not finished, showing its last progress
 /// line after the node's own message.
 fn follow(log: std::path::PathBuf, bar: ProgressBar, base: String) {
     std::thread::spawn(move || {
-        let mut seen = 0u64;
-        let mut tail = String::new();
+        let mut tail = LogTail::default();
         while !bar.is_finished() {
             std::thread::sleep(Duration::from_millis(250));
-            let Ok(meta) = std::fs::metadata(&log) else { continue };
-            if meta.len() < seen {
-                // The log was truncated (a fresh attempt): start over.
-                seen = 0;
-                tail.clear();
+            if let Some(p) = tail.look(&log) {
+                bar.set_message(format!("{base} - {}", crate::ids::escaped(&p)));
             }
-            if meta.len() == seen {
-                continue;
-            }
-            let Ok(bytes) = std::fs::read(&log) else { continue };
-            let start = (seen as usize).min(bytes.len());
-            seen = bytes.len() as u64;
-            tail.push_str(&String::from_utf8_lossy(&bytes[start..]));
-            // Keep only the unfinished last line for the next round.
-            let complete = tail.rfind('\n').map_or(0, |i| i + 1);
-            if let Some(p) = last_progress(&tail[..complete]) {
-                bar.set_message(format!("{base} - {}", crate::ids::escaped(p)));
-            }
-            tail.drain(..complete);
         }
     });
 }
@@ -236,6 +272,48 @@ mod progress_tests {
         let log = "loading\nprogress: iteration 1/3  mean reward 0.000  KL -\ngrpo iteration 1: ...\nprogress: iteration 2/3  mean reward 0.250  KL 1.20e-3\nwarning: x\n";
         assert_eq!(last_progress(log), Some("iteration 2/3  mean reward 0.250  KL 1.20e-3"));
         assert_eq!(last_progress("no progress here\n"), None);
+    }
+
+    /// A log is read from where the last look stopped: a 64 MiB stretch
+    /// costs one read of its end, a line split across looks (a multi-byte
+    /// character too) is whole when shown, a line longer than the tail keeps
+    /// is dropped, and a truncated log (a new attempt) is read from its start.
+    #[test]
+    fn a_logs_tail_reads_what_it_gained_and_keeps_a_bounded_line() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("k.log");
+        let mut file = std::fs::File::create(&log).unwrap();
+        let mut tail = LogTail::default();
+        assert_eq!(tail.look(&log), None);
+        write!(file, "starting\nprogress: iteration 1/2  r\u{e9}").unwrap();
+        file.flush().unwrap();
+        assert_eq!(tail.look(&log), None, "a half-written line is not shown");
+        write!(file, "ward 0.5\n").unwrap();
+        assert_eq!(tail.look(&log).as_deref(), Some("iteration 1/2  r\u{e9}ward 0.5"));
+
+        // 64 MiB of other output, then a progress line: one look reads the end only.
+        let noise = vec![b'x'; 1 << 20];
+        for _ in 0..64 {
+            file.write_all(&noise).unwrap();
+        }
+        write!(file, "\nprogress: iteration 2/2\n").unwrap();
+        let before = tail.seen;
+        assert_eq!(tail.look(&log).as_deref(), Some("iteration 2/2"));
+        assert_eq!(tail.seen, std::fs::metadata(&log).unwrap().len());
+        assert!(tail.seen - before > (64 << 20), "the look skipped the stretch");
+        assert!(tail.partial.is_empty());
+
+        // A line longer than the tail keeps never grows it past its bound.
+        for _ in 0..4 {
+            file.write_all(&noise[..MAX_TAIL_LINE]).unwrap();
+            assert_eq!(tail.look(&log), None);
+            assert!(tail.partial.len() <= MAX_TAIL_LINE, "{}", tail.partial.len());
+        }
+
+        // A new attempt truncates the log: read from its start.
+        std::fs::write(&log, "progress: attempt 2\n").unwrap();
+        assert_eq!(tail.look(&log).as_deref(), Some("attempt 2"));
     }
 
     #[test]
