@@ -289,7 +289,7 @@ mod progress_tests {
         write!(file, "starting\nprogress: iteration 1/2  r\u{e9}").unwrap();
         file.flush().unwrap();
         assert_eq!(tail.look(&log), None, "a half-written line is not shown");
-        write!(file, "ward 0.5\n").unwrap();
+        writeln!(file, "ward 0.5").unwrap();
         assert_eq!(tail.look(&log).as_deref(), Some("iteration 1/2  r\u{e9}ward 0.5"));
 
         // 64 MiB of other output, then a progress line: one look reads the end only.
