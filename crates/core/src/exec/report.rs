@@ -115,14 +115,17 @@ const MAX_TAIL_LINE: usize = 64 << 10;
 
 /// What a node's log gained since the last look: only the new bytes are read
 /// (a log read whole at each look made following a log that grows to
-/// gigabytes quadratic), at most [`MAX_TAIL_LINE`] of them per look past the
-/// last line break (only the last complete progress line matters).
+/// gigabytes quadratic), and of a long stretch only its last
+/// 2 × [`MAX_TAIL_LINE`] bytes (only the last complete progress line matters).
 #[derive(Default)]
 struct LogTail {
     /// Bytes of the log already looked at.
     seen: u64,
     /// The unfinished last line, kept for the next look.
     partial: Vec<u8>,
+    /// The bytes that follow continue a line not kept (skipped into, or too
+    /// long): they are dropped up to its end.
+    mid_line: bool,
 }
 
 impl LogTail {
@@ -143,13 +146,20 @@ impl LogTail {
         file.seek(std::io::SeekFrom::Start(from)).ok()?;
         let mut new = Vec::new();
         file.take(len - from).read_to_end(&mut new).ok()?;
-        let skipped = from > self.seen;
-        self.seen = from + new.len() as u64;
-        if skipped {
-            // Skipped into the middle of a line: lines start after its break.
+        if from > self.seen {
+            // Skipped into the middle of a line.
             self.partial.clear();
-            let start = new.iter().position(|b| *b == b'\n').map_or(new.len(), |i| i + 1);
-            new.drain(..start);
+            self.mid_line = true;
+        }
+        self.seen = from + new.len() as u64;
+        if self.mid_line {
+            match new.iter().position(|b| *b == b'\n') {
+                Some(i) => {
+                    new.drain(..=i);
+                    self.mid_line = false;
+                }
+                None => new.clear(),
+            }
         }
         self.partial.extend_from_slice(&new);
         let complete = self.partial.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
@@ -157,6 +167,7 @@ impl LogTail {
         self.partial.drain(..complete);
         if self.partial.len() > MAX_TAIL_LINE {
             self.partial.clear();
+            self.mid_line = true;
         }
         line
     }
@@ -304,12 +315,19 @@ mod progress_tests {
         assert!(tail.seen - before > (64 << 20), "the look skipped the stretch");
         assert!(tail.partial.is_empty());
 
-        // A line longer than the tail keeps never grows it past its bound.
+        // A line longer than the tail keeps never grows it past its bound,
+        // and its rest is not taken for a line of its own.
         for _ in 0..4 {
             file.write_all(&noise[..MAX_TAIL_LINE]).unwrap();
             assert_eq!(tail.look(&log), None);
             assert!(tail.partial.len() <= MAX_TAIL_LINE, "{}", tail.partial.len());
         }
+        writeln!(file, "progress: the long line's end").unwrap();
+        assert_eq!(tail.look(&log), None, "the end of a line too long to keep is no line");
+        writeln!(file, "progress: iteration 3/3").unwrap();
+        assert_eq!(tail.look(&log).as_deref(), Some("iteration 3/3"));
+        writeln!(file, "{}progress: in a long line", "y".repeat(2 * MAX_TAIL_LINE)).unwrap();
+        assert_eq!(tail.look(&log), None, "the end of a line skipped into is no line");
 
         // A new attempt truncates the log: read from its start.
         std::fs::write(&log, "progress: attempt 2\n").unwrap();
