@@ -315,20 +315,36 @@ pub fn first_difference(a: &StateFile, b: &StateFile, ignore: &[&str]) -> Option
     None
 }
 
+/// The most tensor bytes (both states together) [`first_difference_in_files`]
+/// reads into memory, for states whose tensors are not in name order.
+pub const MAX_COMPARED_IN_MEMORY: u64 = 1 << 30;
+
 /// [`first_difference`] of two state files, read side by side a block at a
 /// time: the same answer, holding two blocks of tensor bytes where reading
 /// both states whole held both (at Qwen2.5-0.5B's shapes, 5.9 GB each; at
 /// 4B, tens of GB). The states this module writes list their tensors in name
 /// order, the order [`first_difference`] looks in; two states of the same
 /// tensors that are equal are read to their ends, so "no difference" means
-/// both files are whole. A state in another order is compared in memory.
+/// both files are whole. A state in another order (none orchestrate wrote) is
+/// compared in memory if both together hold at most [`MAX_COMPARED_IN_MEMORY`]
+/// bytes of tensors, and refused otherwise.
 pub fn first_difference_in_files(a: &Path, b: &Path, ignore: &[&str]) -> Result<Option<String>, StateError> {
     let (mut ra, mut rb) = (StateReader::open(a)?, StateReader::open(b)?);
     if let Some(d) = json_difference("", &ra.meta, &rb.meta, ignore) {
         return Ok(Some(d));
     }
     let in_name_order = |r: &StateReader| r.heads.windows(2).all(|w| w[0].name < w[1].name);
-    if !in_name_order(&ra) || !in_name_order(&rb) {
+    if let Some(r) = [&ra, &rb].into_iter().find(|r| !in_name_order(r)) {
+        let bytes: u64 = ra.heads.iter().chain(&rb.heads).map(|h| h.bytes as u64).sum();
+        if bytes > MAX_COMPARED_IN_MEMORY {
+            return Err(StateError::Invalid {
+                path: r.path.display().to_string(),
+                message: format!(
+                    "its tensors are not in name order (orchestrate writes them in name order), and the two states \
+                     hold {bytes} bytes of tensors, over the {MAX_COMPARED_IN_MEMORY} compared in memory"
+                ),
+            });
+        }
         return Ok(first_difference(&read_state(a)?, &read_state(b)?, ignore));
     }
     // The first tensor of another shape or dtype, or in one state only, as
@@ -561,6 +577,35 @@ mod tests {
         std::fs::write(&cut, gz.finish().unwrap()).unwrap();
         let err = first_difference_in_files(&first, &cut, &[]).unwrap_err().to_string();
         assert!(err.contains("cut.gz") && err.contains("tensor c is cut short"), "{err}");
+
+        // Tensors out of name order (no state orchestrate wrote): compared in
+        // memory when small, refused when large, never read whole then.
+        let unordered = |path: &Path, elements: usize| {
+            let meta = json!({"step": 3, "history": [{"loss": 1.5, "seconds": 2.0}]}).to_string();
+            let n = elements * 4;
+            let header = serde_json::json!({
+                "__metadata__": {META_KEY: meta},
+                "z": {"dtype": "F32", "shape": [elements], "data_offsets": [0, n]},
+                "a": {"dtype": "F32", "shape": [1], "data_offsets": [n, n + 4]},
+            })
+            .to_string();
+            let mut gz =
+                flate2::write::GzEncoder::new(std::fs::File::create(path).unwrap(), flate2::Compression::fast());
+            gz.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+            gz.write_all(header.as_bytes()).unwrap();
+            // A large one's tensors are never read: its header alone is written.
+            if n < (1 << 20) {
+                gz.write_all(&vec![0u8; n + 4]).unwrap();
+            }
+            gz.finish().unwrap();
+        };
+        let small = dir.path().join("small-unordered.gz");
+        unordered(&small, 2);
+        assert_eq!(first_difference_in_files(&small, &small, &[]).unwrap(), None);
+        let large = dir.path().join("large-unordered.gz");
+        unordered(&large, (MAX_COMPARED_IN_MEMORY / 4) as usize);
+        let err = first_difference_in_files(&large, &small, &[]).unwrap_err().to_string();
+        assert!(err.contains("large-unordered.gz") && err.contains("not in name order"), "{err}");
     }
 
     /// What `write_state` wrote before it streamed: `safetensors::serialize`
