@@ -79,17 +79,9 @@ fn token_text(v: Option<&serde_json::Value>) -> String {
 }
 
 fn read_bounded(path: &Path) -> Result<String, ChatError> {
-    use std::io::Read;
     // A regular file (a FIFO is refused, not waited on), through links.
-    let file = crate::store::fsx::open_regular(path, 0).map_err(|e| ChatError(format!("{}: {e}", path.display())))?;
-    let mut text = String::new();
-    file.take(MAX_TEMPLATE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| ChatError(format!("{}: not UTF-8 text: {e}", path.display())))?;
-    if text.len() as u64 > MAX_TEMPLATE_BYTES {
-        return Err(ChatError(format!("{}: over {} bytes", path.display(), MAX_TEMPLATE_BYTES)));
-    }
-    Ok(text)
+    crate::store::fsx::read_regular_text(path, MAX_TEMPLATE_BYTES)
+        .map_err(|e| ChatError(format!("{}: {e}", path.display())))
 }
 
 impl ChatTemplate {

@@ -36,8 +36,9 @@ pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// The most `tokenizer.json` may hold (the largest in use are tens of MB).
 pub const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
 
-/// The largest safetensors header read: safetensors' own limit.
-const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+/// The largest safetensors header read (a model's weights, a training
+/// state): safetensors' own limit.
+pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
 /// A safetensors file's header alone (each tensor's dtype, shape and
 /// offsets), read without its tensors' bytes. The file must be exactly its

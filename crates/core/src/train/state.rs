@@ -157,7 +157,7 @@ pub fn write_state_streamed(
 }
 
 /// The largest state header read (safetensors' own bound).
-const MAX_HEADER_BYTES: u64 = 100_000_000;
+const MAX_HEADER_BYTES: u64 = crate::model::MAX_SAFETENSORS_HEADER;
 
 /// A tensor as a state's header describes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -259,6 +259,12 @@ impl StateReader {
                 )));
             }
         }
+        self.check_end()
+    }
+
+    /// After the last tensor: nothing may follow it, and the gzip stream must end well.
+    fn check_end(&mut self) -> Result<(), StateError> {
+        let invalid = |message: String| StateError::Invalid { path: self.path.display().to_string(), message };
         let mut rest = [0u8; 1];
         match self.gz.read(&mut rest) {
             Ok(0) => Ok(()),
@@ -413,24 +419,8 @@ pub fn first_difference_in_files(a: &Path, b: &Path, ignore: &[&str]) -> Result<
     }
     if structural.is_none() {
         // Equal: nothing may follow the last tensor in either file.
-        for r in [&mut ra, &mut rb] {
-            let mut rest = [0u8; 1];
-            match r.gz.read(&mut rest) {
-                Ok(0) => {}
-                Ok(_) => {
-                    return Err(StateError::Invalid {
-                        path: r.path.display().to_string(),
-                        message: "bytes after the last tensor".into(),
-                    })
-                }
-                Err(e) => {
-                    return Err(StateError::Invalid {
-                        path: r.path.display().to_string(),
-                        message: format!("not a gzip state file: {e}"),
-                    })
-                }
-            }
-        }
+        ra.check_end()?;
+        rb.check_end()?;
     }
     Ok(structural)
 }
