@@ -14,7 +14,8 @@ use super::generate::{generate, score, Sampling};
 
 /// libtorch's intra-op thread pool is shared by the whole process: tests that
 /// ran side by side would split it and change reduction order (and rounding).
-/// Each test holds this lock, so its figures are the same on every run.
+/// Each test holds this lock while it computes, so its figures are the same on
+/// every run; not while a reference runs in Python, a process of its own.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -87,9 +88,10 @@ fn tiny_model(seed: u64) -> CausalLm {
 /// and without the KV cache.
 #[test]
 fn every_family_matches_transformers_in_logits_log_probs_and_greedy_generation() {
-    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    for (family, (folder, reference)) in FAMILIES.into_iter().zip(hf_references(dir.path(), &FAMILIES)) {
+    let references = hf_references(dir.path(), &FAMILIES);
+    let _serial = serial();
+    for (family, (folder, reference)) in FAMILIES.into_iter().zip(references) {
         logits_match(family, &folder, &reference);
         greedy_matches(family, &folder, &reference);
     }
@@ -137,9 +139,9 @@ fn logits_match(family: &str, folder: &Path, reference: &Value) {
 
 #[test]
 fn a_sharded_checkpoint_loads_to_the_same_weights() {
-    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     hf_reference(dir.path());
+    let _serial = serial();
     let sharded = dir.path().join("sharded");
     assert!(sharded.join("model.safetensors.index.json").is_file(), "transformers wrote an index");
     let shards = HfFolder { dir: sharded.clone() }.weight_files().unwrap();
@@ -282,10 +284,13 @@ fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
 
 #[test]
 fn transformers_loads_what_we_write_and_computes_the_same_logits() {
-    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(7);
-    model.save(dir.path()).unwrap();
+    let model = {
+        let _serial = serial();
+        let model = tiny_model(7);
+        model.save(dir.path()).unwrap();
+        model
+    };
     let texts: Vec<String> = (0..50).map(|i| format!("stock {i} boxes {{\"final_stock\": {i}}}")).collect();
     orchestrate_core::model::build_bpe(&texts, 96, &dir.path().join("tokenizer.json")).unwrap();
     let ids: Vec<Vec<i64>> = vec![vec![3, 17, 40, 41, 90, 5, 6, 7]];
@@ -300,6 +305,7 @@ fn transformers_loads_what_we_write_and_computes_the_same_logits() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let _serial = serial();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let theirs: Vec<Vec<Vec<f32>>> = serde_json::from_value(v["logits"].clone()).unwrap();
     let t = ids_tensor(&serde_json::to_value(&ids).unwrap());
