@@ -265,12 +265,13 @@ impl Op for CheckResume {
         vec![OutputDecl::file("report")]
     }
     fn run(&self, _params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
-        use crate::train::state::{first_difference_in_files, StateReader};
+        use crate::train::state::{first_difference_in_readers, StateReader};
         let failed = |e: crate::train::state::StateError| OpError::Failed(e.to_string());
-        let (a, b) = (ctx.input_path("continuous")?, ctx.input_path("resumed")?);
-        let tensors = StateReader::open(a).map_err(failed)?.heads().len();
+        let continuous = StateReader::open(ctx.input_path("continuous")?).map_err(failed)?;
+        let resumed = StateReader::open(ctx.input_path("resumed")?).map_err(failed)?;
+        let tensors = continuous.heads().len();
         // The two states side by side, a block at a time (never both in memory).
-        let difference = first_difference_in_files(a, b, &UNCOMPARED).map_err(failed)?;
+        let difference = first_difference_in_readers(continuous, resumed, &UNCOMPARED).map_err(failed)?;
         let report = ResumeReport {
             identical: difference.is_none(),
             first_difference: difference.clone(),

@@ -335,7 +335,16 @@ pub const MAX_COMPARED_IN_MEMORY: u64 = 1 << 30;
 /// compared in memory if both together hold at most [`MAX_COMPARED_IN_MEMORY`]
 /// bytes of tensors, and refused otherwise.
 pub fn first_difference_in_files(a: &Path, b: &Path, ignore: &[&str]) -> Result<Option<String>, StateError> {
-    let (mut ra, mut rb) = (StateReader::open(a)?, StateReader::open(b)?);
+    first_difference_in_readers(StateReader::open(a)?, StateReader::open(b)?, ignore)
+}
+
+/// [`first_difference_in_files`] of two states already opened (a caller that
+/// also reports from a header need not read it twice).
+pub fn first_difference_in_readers(
+    mut ra: StateReader,
+    mut rb: StateReader,
+    ignore: &[&str],
+) -> Result<Option<String>, StateError> {
     if let Some(d) = json_difference("", &ra.meta, &rb.meta, ignore) {
         return Ok(Some(d));
     }
@@ -351,7 +360,7 @@ pub fn first_difference_in_files(a: &Path, b: &Path, ignore: &[&str]) -> Result<
                 ),
             });
         }
-        return Ok(first_difference(&read_state(a)?, &read_state(b)?, ignore));
+        return Ok(first_difference(&read_state(&ra.path)?, &read_state(&rb.path)?, ignore));
     }
     // The first tensor of another shape or dtype, or in one state only, as
     // `first_difference` finds it, from the headers alone; the tensors of the
