@@ -369,7 +369,7 @@ fn the_runs_kept_beside_the_index_are_never_opened_through_a_link() {
     let _ = std::fs::remove_file(&runs);
     std::os::unix::fs::symlink(&theirs, &runs).unwrap();
     for cmd in [&["run", "s.yaml"][..], &["status"]] {
-        let out = run_within(&p, cmd, 30);
+        let out = p.run_within(cmd, 30);
         assert_eq!(out.status.code(), Some(2), "{cmd:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("cache.sqlite-runs is a symbolic link"), "{cmd:?}: {}", stderr(&out));
     }
@@ -377,29 +377,9 @@ fn the_runs_kept_beside_the_index_are_never_opened_through_a_link() {
     std::fs::remove_file(&runs).unwrap();
     let c = std::ffi::CString::new(runs.as_os_str().as_encoded_bytes()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-    let out = run_within(&p, &["run", "s.yaml"], 30);
+    let out = p.run_within(&["run", "s.yaml"], 30);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("cache.sqlite-runs is a symbolic link or not a regular file"), "{}", stderr(&out));
-}
-
-/// `p.cmd(args)` run to its end, or killed and failed after `secs`.
-fn run_within(p: &Project, args: &[&str], secs: u64) -> std::process::Output {
-    let mut child = p
-        .cmd(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("orchestrate starts");
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > until {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("{args:?} still waited after {secs} s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 /// A FIFO planted where the spec names a user's file (a params file, a
@@ -419,7 +399,7 @@ fn a_fifo_where_a_params_file_or_a_dep_should_be_is_refused_not_waited_on() {
     );
     mkfifo("params.yaml");
     for cmd in ["validate", "plan", "run"] {
-        let out = run_within(&p, &[cmd, "p.yaml"], 30);
+        let out = p.run_within(&[cmd, "p.yaml"], 30);
         assert_eq!(out.status.code(), Some(2), "{cmd}: {}", stderr(&out));
         assert!(stderr(&out).contains("'params.yaml' is not a regular file"), "{cmd}: {}", stderr(&out));
     }
@@ -428,7 +408,7 @@ fn a_fifo_where_a_params_file_or_a_dep_should_be_is_refused_not_waited_on() {
         "name: d\nnodes:\n  t:\n    op: shell\n    params: {cmd: cat input.txt > t.txt, deps: [input.txt], outs: [t.txt]}\n",
     );
     mkfifo("input.txt");
-    let out = run_within(&p, &["run", "d.yaml"], 30);
+    let out = p.run_within(&["run", "d.yaml"], 30);
     assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(stderr(&out).contains("input.txt"), "{}", stderr(&out));
     assert!(!p.path().join("t.txt").exists());

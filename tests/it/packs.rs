@@ -600,3 +600,26 @@ fn a_signed_pack_verifies_with_model_signing_and_audit_and_any_edit_fails_both()
         assert_eq!(code, Some(1), "{what}: model_signing passed: {text}");
     }
 }
+
+/// A pack is someone else's folder: any of its files may be a FIFO. `audit`
+/// and `pack verify` refuse one at once, naming it (before, the event log
+/// was opened by path after the checks, and the open waited for a writer
+/// forever).
+#[test]
+fn a_fifo_in_a_pack_is_refused_at_once_never_waited_on() {
+    for file in ["events.jsonl", "SHA256SUMS", "MANIFEST.json", "model.sig"] {
+        let (p, dir) = frozen();
+        let path = dir.join(file);
+        let _ = std::fs::remove_file(&path);
+        let c = std::ffi::CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let d = dir.to_str().unwrap();
+        for cmd in [&["audit", d][..], &["pack", "verify", d]] {
+            let out = p.run_within(cmd, 30);
+            let text = format!("{}{}", stdout(&out), common::stderr(&out));
+            assert!(matches!(out.status.code(), Some(1 | 2)), "{file}: {cmd:?}: {text}");
+            assert!(text.contains(file), "{file}: {cmd:?}: {text}");
+        }
+    }
+}

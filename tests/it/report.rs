@@ -233,3 +233,54 @@ fn a_shell_nodes_series_are_drawn_and_overlaid_across_runs() {
     assert_eq!(section.matches("stroke=\"#c62828\"").count(), 6, "{section}");
     render_in_chromium(&both, &p.path().join("both.png"), "1600,3000");
 }
+
+/// `report` and `compare` read a pack's artifacts, someone else's files: one
+/// that is a FIFO is refused at once and said to be unreadable, never waited
+/// on for a writer (before, both commands hung on it).
+#[test]
+fn a_fifo_among_a_packs_artifacts_is_refused_by_report_and_compare_not_waited_on() {
+    let pack = std::path::PathBuf::from(format!("{}/artifacts/grpo-main-tiny/v0.2.0", env!("CARGO_MANIFEST_DIR")));
+    // (The evaluation summary only gives a committed pack's costs, which the
+    // report then leaves unmeasured: only that it returns is checked there.)
+    for (rel, named) in [
+        ("outputs/results/table.json", true),
+        ("outputs/gates/gates.json", true),
+        ("outputs/eval@policy=sft/summary", false),
+    ] {
+        let p = Project::new();
+        let copy = p.path().join("pack");
+        copy_tree(&pack, &copy);
+        let fifo = copy.join(rel);
+        std::fs::remove_file(&fifo).unwrap();
+        let c = std::ffi::CString::new(fifo.into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let html = p.path().join("r.html");
+        let (copy, original) = (copy.to_str().unwrap(), pack.to_str().unwrap());
+        let name = rel.rsplit('/').next().unwrap();
+        // The report says what it could not read, in its place (a section
+        // with nothing unreadable is never shown as empty).
+        let out = p.run_within(&["report", copy, "--out", html.to_str().unwrap()], 30);
+        assert_eq!(out.status.code(), Some(0), "{rel}: {}", stderr(&out));
+        let text = std::fs::read_to_string(&html).unwrap();
+        let said = text.split(name).nth(1).map(|after| &after[..after.len().min(300)]);
+        assert!(!named || said.is_some_and(|s| s.contains("not a regular file")), "{rel}: {said:?}");
+        // `compare` lists it among what it could not read.
+        let out = p.run_within(&["compare", copy, original], 30);
+        let said = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(!named || said.contains(name) && said.contains("not a regular file"), "{rel}: {said}");
+    }
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}

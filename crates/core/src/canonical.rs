@@ -85,12 +85,28 @@ fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     serde_json::to_writer(out, value).expect("a JSON scalar serializes into memory");
 }
 
+/// The largest JSON artifact read whole (a results table, an evaluation's
+/// summary, training metrics): far above any this project writes, and a
+/// bound on what a pack from elsewhere can make a reader hold.
+pub const MAX_JSON_ARTIFACT_BYTES: u64 = 1 << 30;
+
+/// Reads a JSON artifact (a regular file of at most
+/// [`MAX_JSON_ARTIFACT_BYTES`]: a FIFO in a pack is refused at once, never
+/// waited on) as text. Errors name the file.
+pub fn read_artifact_text(path: &Path) -> Result<String, ArtifactError> {
+    crate::store::fsx::read_regular_text(path, MAX_JSON_ARTIFACT_BYTES)
+        .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })
+}
+
 /// Reads a JSON artifact into its shared type. A missing or ill-typed field is
 /// an error naming the file and the field's path, never a default.
 pub fn read_typed<T: DeserializeOwned>(path: &Path) -> Result<T, ArtifactError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })?;
-    let de = &mut serde_json::Deserializer::from_str(&text);
+    parse_typed(&read_artifact_text(path)?, path)
+}
+
+/// [`read_typed`] of a text already read from `path` (named in errors).
+pub fn parse_typed<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T, ArtifactError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let at = e.path().to_string();
         let field = if at == "." { String::new() } else { format!(": field {at}") };

@@ -385,11 +385,7 @@ impl<'a> Snapshot<'a> {
 
     fn recorded(&self, file: &str) -> Option<String> {
         let path = self.record_path(file);
-        let meta = fs::symlink_metadata(&path).ok()?;
-        if !meta.is_file() || meta.len() > 256 {
-            return None;
-        }
-        let text = fs::read_to_string(&path).ok()?;
+        let text = crate::store::fsx::read_bounded_text(&path, 256).ok()?;
         let etag = text.split_whitespace().next()?.to_string();
         HashKind::of(&etag).map(|_| etag)
     }

@@ -47,6 +47,27 @@ impl Project {
         self.cmd(args).output().expect("orchestrate runs")
     }
 
+    /// `orchestrate ARGS` run to its end, or killed and failed after `secs`:
+    /// for a command that must not wait (on a FIFO, a lock) forever.
+    pub fn run_within(&self, args: &[&str], secs: u64) -> Output {
+        let mut child = self
+            .cmd(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("orchestrate starts");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > until {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("{args:?} still waited after {secs} s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.wait_with_output().unwrap()
+    }
+
     /// `orchestrate run --json ARGS`, asserting the exit code; returns the events.
     pub fn run_json(&self, args: &[&str], expect_code: i32) -> Vec<Value> {
         let mut full = vec!["run", "--json"];

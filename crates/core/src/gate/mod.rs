@@ -104,7 +104,9 @@ impl GateReport {
     /// Reads a `gates.json`; a missing, unreadable or ill-typed one is an error
     /// naming the file and what is wrong, never an empty report.
     pub fn read(path: &Path) -> Result<Self, GateError> {
-        let text = std::fs::read_to_string(path).map_err(GateError::io(path))?;
+        // From a pack too (`report`, `compare`): a regular file, bounded.
+        let text = crate::store::fsx::read_regular_text(path, crate::canonical::MAX_JSON_ARTIFACT_BYTES)
+            .map_err(GateError::io(path))?;
         serde_json::from_str(&text)
             .map_err(|e| GateError::NotAReport { path: path.to_path_buf(), reason: e.to_string() })
     }
@@ -248,8 +250,7 @@ pub fn bounded_error(message: &str) -> String {
 
 pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     // A gate file may come from a pack (hostile input): a regular file, bounded.
-    crate::store::fsx::check_bounded_file(path, MAX_GATE_FILE_BYTES)?;
-    let text = std::fs::read_to_string(path).map_err(GateError::io(path))?;
+    let text = crate::store::fsx::read_bounded_text(path, MAX_GATE_FILE_BYTES)?;
     let file: GateFile = serde_yaml_ng::from_str(&text)
         .map_err(|e| GateError::NotAGateFile { path: path.to_path_buf(), reason: bounded_error(&e.to_string()) })?;
     if file.gates.len() > MAX_GATES {

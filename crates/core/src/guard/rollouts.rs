@@ -120,8 +120,7 @@ pub fn read_iteration(dir: &Path, iteration: usize) -> Result<Vec<(String, Token
         return Err(RolloutsError::NotAFolder { path: dir.to_path_buf() });
     }
     let path = dir.join(file_name(iteration));
-    fsx::check_bounded_file(&path, MAX_FILE_BYTES)?;
-    let bytes = std::fs::read(&path).map_err(io(&path))?;
+    let bytes = fsx::read_bounded_file(&path, MAX_FILE_BYTES)?;
     let mut out = Vec::new();
     if bytes.is_empty() {
         return Ok(out);

@@ -183,9 +183,9 @@ impl Manifest {
     /// at most [`MAX_MANIFEST_BYTES`], of this format.
     pub fn read(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join("MANIFEST.json");
-        crate::store::fsx::check_bounded_file(&path, MAX_MANIFEST_BYTES)?;
+        let text = crate::store::fsx::read_bounded_text(&path, MAX_MANIFEST_BYTES)?;
         let manifest: Manifest =
-            crate::canonical::read_typed(&path).map_err(|e| ManifestError::Invalid(e.to_string()))?;
+            crate::canonical::parse_typed(&text, &path).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         if manifest.format != FORMAT {
             return Err(ManifestError::Format { path, found: manifest.format });
         }

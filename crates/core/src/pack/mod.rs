@@ -28,6 +28,7 @@ use crate::exec::Event;
 use crate::gate::{evaluate, read_gate_file, table, GateResult};
 use crate::ops::OutputKind;
 use crate::spec::Spec;
+use crate::store::fsx::{self, BoundedFileError};
 use crate::store::NodeOutcome;
 use crate::store::Workspace;
 
@@ -78,7 +79,9 @@ pub type ReportRenderer = fn(&Path, &str) -> Result<String, Box<dyn std::error::
 /// SHA-256 of a file, read in 1 MiB pieces (a pack may hold model weights).
 fn sha256_file(path: &Path) -> Result<String, PackError> {
     use std::io::Read;
-    let mut file = fs::File::open(path).map_err(io(format!("reading {}", path.display())))?;
+    // What is hashed is the file opened: never a link's target, never a FIFO
+    // waited on, even if the entry changed since the pack was listed.
+    let mut file = fsx::open_regular(path, libc::O_NOFOLLOW).map_err(io(format!("reading {}", path.display())))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -415,30 +418,29 @@ pub const MAX_SUMS_BYTES: u64 = 128 << 20;
 /// The largest event log a pack's report reads.
 pub const MAX_EVENTS_BYTES: u64 = 256 << 20;
 
-/// Reads a pack's event log as text: a regular file (not a link) of bounded size.
+/// Reads a pack's event log as text: a regular file (not a link) of bounded
+/// size, checked on the file opened (no gap between a check and the read).
 fn read_bounded(path: &Path) -> Result<String, String> {
-    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if !meta.file_type().is_file() {
-        return Err("not a regular file (a pack holds only regular files)".into());
-    }
-    if meta.len() > MAX_EVENTS_BYTES {
-        return Err(format!("{} bytes, over the limit of {MAX_EVENTS_BYTES}", meta.len()));
-    }
-    fs::read_to_string(path).map_err(|e| e.to_string())
+    fsx::read_bounded_text(path, MAX_EVENTS_BYTES).map_err(|e| match e {
+        BoundedFileError::NotAFile { .. } => "not a regular file (a pack holds only regular files)".to_string(),
+        BoundedFileError::TooLarge { bytes, max, .. } => format!("{bytes} bytes, over the limit of {max}"),
+        BoundedFileError::Io { source, .. } => source.to_string(),
+    })
 }
 
-/// Reads a pack's SHA256SUMS: a regular file (not a link) of bounded size.
+/// Reads a pack's SHA256SUMS: a regular file (not a link) of bounded size,
+/// checked on the file opened.
 fn read_sums(dir: &Path) -> Result<Vec<u8>, String> {
     let path = dir.join("SHA256SUMS");
-    let meta =
-        fs::symlink_metadata(&path).map_err(|e| format!("{}: not a pack (no SHA256SUMS: {e})", dir.display()))?;
-    if !meta.file_type().is_file() {
-        return Err(format!("{}: not a regular file (a pack holds only regular files)", path.display()));
-    }
-    if meta.len() > MAX_SUMS_BYTES {
-        return Err(format!("{}: {} bytes, over the limit of {MAX_SUMS_BYTES}", path.display(), meta.len()));
-    }
-    fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+    fsx::read_bounded_file(&path, MAX_SUMS_BYTES).map_err(|e| match e {
+        BoundedFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            format!("{}: not a pack (no SHA256SUMS: {source})", dir.display())
+        }
+        BoundedFileError::NotAFile { .. } => {
+            format!("{}: not a regular file (a pack holds only regular files)", path.display())
+        }
+        other => other.to_string(),
+    })
 }
 
 /// The pack's root digest: the SHA-256 of its SHA256SUMS, as `sha256:HEX`.
@@ -524,7 +526,7 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
     }
     let manifest = Manifest::read(dir);
     // The event chain: order, links and seals.
-    if let Ok(text) = fs::read_to_string(dir.join("events.jsonl")) {
+    if let Ok(text) = read_bounded(&dir.join("events.jsonl")) {
         let mut prev = String::from("genesis");
         for (i, line) in text.lines().enumerate() {
             let v: SealedEvent = match serde_json::from_str(line) {
@@ -698,18 +700,18 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
             let mut unreadable = None;
             for (alias, reference) in &gate.evidence {
                 let file = evidence_paths.get(reference).and_then(|path| inside(dir, path).ok());
-                let size =
-                    file.as_ref().and_then(|p| fs::symlink_metadata(p).ok()).filter(|m| m.is_file()).map(|m| m.len());
-                if size.is_some_and(|n| n > MAX_EVIDENCE_BYTES) {
-                    unreadable = Some(format!(
-                        "cannot evaluate: evidence {reference} is over the limit of {MAX_EVIDENCE_BYTES} bytes"
-                    ));
-                    break;
-                }
-                let text = file.filter(|_| size.is_some()).and_then(|path| fs::read_to_string(path).ok());
-                let Some(text) = text else {
-                    unreadable = Some(format!("cannot evaluate: evidence {reference} is missing from the pack"));
-                    break;
+                let text = match file.map(|p| fsx::read_bounded_text(&p, MAX_EVIDENCE_BYTES)) {
+                    Some(Ok(text)) => text,
+                    Some(Err(BoundedFileError::TooLarge { .. })) => {
+                        unreadable = Some(format!(
+                            "cannot evaluate: evidence {reference} is over the limit of {MAX_EVIDENCE_BYTES} bytes"
+                        ));
+                        break;
+                    }
+                    None | Some(Err(_)) => {
+                        unreadable = Some(format!("cannot evaluate: evidence {reference} is missing from the pack"));
+                        break;
+                    }
                 };
                 let path = &evidence_paths[reference];
                 let value = match crate::ops::gate::parse_evidence(reference, &text) {

@@ -280,12 +280,16 @@ pub fn sign(dir: &Path, key: &SecretKey) -> Result<PathBuf, PackError> {
 pub fn verify_signature(dir: &Path, key: &PublicKey) -> Result<Signed, Vec<String>> {
     let path = dir.join(SIGNATURE_FILE);
     let one = |m: String| vec![m];
-    let meta = std::fs::symlink_metadata(&path)
-        .map_err(|_| one(format!("unsigned: the pack has no {SIGNATURE_FILE} (`orchestrate pack sign` writes one)")))?;
-    if !meta.is_file() || meta.len() > MAX_SIGNATURE_BYTES {
-        return Err(one(format!("{SIGNATURE_FILE} is not a regular file of at most {MAX_SIGNATURE_BYTES} bytes")));
-    }
-    let text = std::fs::read(&path).map_err(|e| one(format!("{SIGNATURE_FILE}: {e}")))?;
+    use crate::store::fsx::{read_bounded_file, BoundedFileError};
+    let text = read_bounded_file(&path, MAX_SIGNATURE_BYTES).map_err(|e| match e {
+        BoundedFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            one(format!("unsigned: the pack has no {SIGNATURE_FILE} (`orchestrate pack sign` writes one)"))
+        }
+        BoundedFileError::Io { source, .. } => one(format!("{SIGNATURE_FILE}: {source}")),
+        BoundedFileError::NotAFile { .. } | BoundedFileError::TooLarge { .. } => {
+            one(format!("{SIGNATURE_FILE} is not a regular file of at most {MAX_SIGNATURE_BYTES} bytes"))
+        }
+    })?;
     let bundle: Bundle =
         serde_json::from_slice(&text).map_err(|e| one(format!("{SIGNATURE_FILE} is not a Sigstore bundle: {e}")))?;
     if bundle.media_type != BUNDLE_MEDIA_TYPE {

@@ -95,11 +95,15 @@ impl Backend for DirBackend {
 
     fn get(&self, key: &str, max: u64, out: &mut dyn Write) -> Result<Option<u64>, RemoteError> {
         let path = self.path(key);
-        let Ok(meta) = std::fs::symlink_metadata(&path) else { return Ok(None) };
-        if !meta.is_file() {
-            return Err(RemoteError::Refused(format!("{}: not a regular file", path.display())));
-        }
-        let mut f = std::fs::File::open(&path).map_err(transfer(format!("opening {}", path.display())))?;
+        // The file opened is what is checked: no link followed, no FIFO waited on.
+        let mut f = match crate::store::fsx::open_regular(&path, libc::O_NOFOLLOW) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(RemoteError::Refused(format!("{}: not a regular file", path.display())))
+            }
+            Err(e) => return Err(transfer(format!("opening {}", path.display()))(e)),
+        };
         bounded_copy(&mut f, out, max, &path.display().to_string()).map(Some)
     }
 
@@ -161,11 +165,7 @@ fn home_file(var: &str, default: &str) -> Option<PathBuf> {
 
 /// `key = value` lines of one `[section]` of an AWS INI file.
 fn ini_section(path: &Path, section: &str) -> Option<std::collections::BTreeMap<String, String>> {
-    let meta = std::fs::symlink_metadata(path).ok()?;
-    if !meta.is_file() || meta.len() > 1 << 20 {
-        return None;
-    }
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = crate::store::fsx::read_bounded_text(path, 1 << 20).ok()?;
     let mut inside = false;
     let mut found = None;
     for line in text.lines() {

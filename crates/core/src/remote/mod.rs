@@ -151,11 +151,17 @@ pub fn config_path(workspace: &Path) -> PathBuf {
 /// never holding credentials (they come from the AWS variables and files).
 pub fn read_config(workspace: &Path) -> Result<WorkspaceConfig, RemoteError> {
     let path = config_path(workspace);
-    let Ok(meta) = std::fs::symlink_metadata(&path) else { return Ok(WorkspaceConfig::default()) };
-    if !meta.is_file() || meta.len() > 1 << 20 {
-        return Err(RemoteError::Config(format!("{}: not a regular file of at most 1 MiB", path.display())));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| RemoteError::Config(format!("{}: {e}", path.display())))?;
+    use crate::store::fsx::{read_bounded_text, BoundedFileError};
+    let text = match read_bounded_text(&path, 1 << 20) {
+        Ok(text) => text,
+        Err(BoundedFileError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(WorkspaceConfig::default())
+        }
+        Err(BoundedFileError::NotAFile { .. } | BoundedFileError::TooLarge { .. }) => {
+            return Err(RemoteError::Config(format!("{}: not a regular file of at most 1 MiB", path.display())))
+        }
+        Err(e) => return Err(RemoteError::Config(e.to_string())),
+    };
     let de = serde_yaml_ng::Deserializer::from_str(&text);
     serde_path_to_error::deserialize(de)
         .map_err(|e| RemoteError::Config(format!("{}: field {}: {}", path.display(), e.path(), e.inner())))

@@ -107,8 +107,7 @@ impl std::fmt::Display for TrainingSummary {
 impl TrainingMetrics {
     /// Reads a `metrics` file.
     pub fn read(path: &std::path::Path) -> Result<Self, ArtifactError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })?;
+        let text = crate::canonical::read_artifact_text(path)?;
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| ArtifactError::Invalid(format!("{}: not JSON: {e}", path.display())))?;
         Self::from_meta(&value, &path.display().to_string())
