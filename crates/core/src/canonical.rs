@@ -94,7 +94,7 @@ pub const MAX_JSON_ARTIFACT_BYTES: u64 = 1 << 30;
 /// [`MAX_JSON_ARTIFACT_BYTES`]: a FIFO in a pack is refused at once, never
 /// waited on) as text. Errors name the file.
 pub fn read_artifact_text(path: &Path) -> Result<String, ArtifactError> {
-    crate::store::fsx::read_regular_text(path, MAX_JSON_ARTIFACT_BYTES)
+    crate::fsread::read_regular_text(path, MAX_JSON_ARTIFACT_BYTES)
         .map_err(|source| ArtifactError::Io { path: path.display().to_string(), source })
 }
 

@@ -91,7 +91,7 @@ impl HubConfig {
         let token = env("HF_TOKEN").or_else(|| {
             let path = env("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));
             // A regular file of a token's size (a FIFO is refused, not waited on).
-            crate::store::fsx::read_regular_text(&path, 64 << 10)
+            crate::fsread::read_regular_text(&path, 64 << 10)
                 .ok()
                 .map(|t| t.trim().to_string())
                 .filter(|t| !t.is_empty())
@@ -385,7 +385,7 @@ impl<'a> Snapshot<'a> {
 
     fn recorded(&self, file: &str) -> Option<String> {
         let path = self.record_path(file);
-        let text = crate::store::fsx::read_bounded_text(&path, 256).ok()?;
+        let text = crate::fsread::read_bounded_text(&path, 256).ok()?;
         let etag = text.split_whitespace().next()?.to_string();
         HashKind::of(&etag).map(|_| etag)
     }

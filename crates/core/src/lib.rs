@@ -15,7 +15,9 @@
 // The layers, bottom first: a module uses only modules declared before it
 // (tests/layers.rs checks it, naming any line that reaches up).
 
-// Foundations: encodings, names, statistics, the network client.
+// Foundations: reading files from outside, encodings, names, statistics,
+// the network client.
+pub mod fsread;
 pub mod canonical;
 pub mod ids;
 pub mod suggest;

@@ -105,7 +105,7 @@ impl GateReport {
     /// naming the file and what is wrong, never an empty report.
     pub fn read(path: &Path) -> Result<Self, GateError> {
         // From a pack too (`report`, `compare`): a regular file, bounded.
-        let text = crate::store::fsx::read_regular_text(path, crate::canonical::MAX_JSON_ARTIFACT_BYTES)
+        let text = crate::fsread::read_regular_text(path, crate::canonical::MAX_JSON_ARTIFACT_BYTES)
             .map_err(GateError::io(path))?;
         serde_json::from_str(&text)
             .map_err(|e| GateError::NotAReport { path: path.to_path_buf(), reason: e.to_string() })
@@ -128,7 +128,7 @@ pub enum GateError {
     },
     /// A gate file that is a link, not a file, or over [`MAX_GATE_FILE_BYTES`].
     #[error(transparent)]
-    File(#[from] crate::store::fsx::BoundedFileError),
+    File(#[from] crate::fsread::BoundedFileError),
     #[error("{}: not a gate report: {reason}", .path.display())]
     NotAReport { path: PathBuf, reason: String },
     #[error("{}: not a gate file: {reason}", .path.display())]
@@ -250,7 +250,7 @@ pub fn bounded_error(message: &str) -> String {
 
 pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     // A gate file may come from a pack (hostile input): a regular file, bounded.
-    let text = crate::store::fsx::read_bounded_text(path, MAX_GATE_FILE_BYTES)?;
+    let text = crate::fsread::read_bounded_text(path, MAX_GATE_FILE_BYTES)?;
     let file: GateFile = serde_yaml_ng::from_str(&text)
         .map_err(|e| GateError::NotAGateFile { path: path.to_path_buf(), reason: bounded_error(&e.to_string()) })?;
     if file.gates.len() > MAX_GATES {

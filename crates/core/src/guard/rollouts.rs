@@ -43,7 +43,7 @@ pub enum RolloutsError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Bounded(#[from] fsx::BoundedFileError),
+    Bounded(#[from] crate::fsread::BoundedFileError),
     #[error("{}: line {line} is not a rollout's token artifacts: {message}", .path.display())]
     Line { path: PathBuf, line: usize, message: String },
     #[error("{}: line {line} is not in canonical form, so its hash is not the rollout's", .path.display())]
@@ -120,7 +120,7 @@ pub fn read_iteration(dir: &Path, iteration: usize) -> Result<Vec<(String, Token
         return Err(RolloutsError::NotAFolder { path: dir.to_path_buf() });
     }
     let path = dir.join(file_name(iteration));
-    let bytes = fsx::read_bounded_file(&path, MAX_FILE_BYTES)?;
+    let bytes = crate::fsread::read_bounded_file(&path, MAX_FILE_BYTES)?;
     let mut out = Vec::new();
     if bytes.is_empty() {
         return Ok(out);

@@ -80,7 +80,7 @@ fn token_text(v: Option<&serde_json::Value>) -> String {
 
 fn read_bounded(path: &Path) -> Result<String, ChatError> {
     // A regular file (a FIFO is refused, not waited on), through links.
-    crate::store::fsx::read_regular_text(path, MAX_TEMPLATE_BYTES)
+    crate::fsread::read_regular_text(path, MAX_TEMPLATE_BYTES)
         .map_err(|e| ChatError(format!("{}: {e}", path.display())))
 }
 

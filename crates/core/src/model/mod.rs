@@ -47,7 +47,7 @@ pub const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 pub fn safetensors_header(path: &Path) -> Result<safetensors::tensor::Metadata, FolderError> {
     use std::io::Read;
     let invalid = |what: String| FolderError::Invalid(format!("{}: {what}", path.display()));
-    let mut file = crate::store::fsx::open_regular(path, 0).map_err(|e| invalid(e.to_string()))?;
+    let mut file = crate::fsread::open_regular(path, 0).map_err(|e| invalid(e.to_string()))?;
     let len = file.metadata().map_err(|e| invalid(e.to_string()))?.len();
     let mut n = [0u8; 8];
     file.read_exact(&mut n).map_err(|e| invalid(format!("not a safetensors file: {e}")))?;
@@ -113,7 +113,7 @@ impl HfFolder {
 
     pub fn config(&self) -> Result<ModelConfig, FolderError> {
         let path = self.dir.join("config.json");
-        let text = crate::store::fsx::read_regular_text(&path, MAX_JSON_BYTES)
+        let text = crate::fsread::read_regular_text(&path, MAX_JSON_BYTES)
             .map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))?;
         ModelConfig::from_json(&text).map_err(|e| FolderError::Invalid(format!("{}: {e}", path.display())))
     }
@@ -161,7 +161,7 @@ pub fn shard_names(index: &Path) -> Result<Vec<String>, FolderError> {
     struct Index {
         weight_map: std::collections::BTreeMap<String, String>,
     }
-    let text = crate::store::fsx::read_regular_text(index, MAX_JSON_BYTES)
+    let text = crate::fsread::read_regular_text(index, MAX_JSON_BYTES)
         .map_err(|e| FolderError::Invalid(format!("{}: {e}", index.display())))?;
     let parsed: Index = serde_json::from_str(&text)
         .map_err(|e| FolderError::Invalid(format!("{}: not a safetensors index: {e}", index.display())))?;

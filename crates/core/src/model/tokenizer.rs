@@ -44,9 +44,9 @@ pub struct Decoded {
 
 impl TextTokenizer {
     /// A `tokenizer.json`: a regular file of at most
-    /// [`MAX_TOKENIZER_BYTES`](super::MAX_TOKENIZER_BYTES) (see [`crate::store::fsx::read_regular`]).
+    /// [`MAX_TOKENIZER_BYTES`](super::MAX_TOKENIZER_BYTES) (see [`crate::fsread::read_regular`]).
     pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
-        let bytes = crate::store::fsx::read_regular(path, super::MAX_TOKENIZER_BYTES)
+        let bytes = crate::fsread::read_regular(path, super::MAX_TOKENIZER_BYTES)
             .map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
         let inner = Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError(format!("{}: {e}", path.display())))?;
         let vocab_size = inner.get_vocab_size(true) as u32;
@@ -62,7 +62,7 @@ impl TextTokenizer {
         let mut t = TextTokenizer::from_file(&dir.join("tokenizer.json"))?;
         let read = |name: &str| -> Result<Option<serde_json::Value>, TokenizerError> {
             let path = dir.join(name);
-            match crate::store::fsx::read_regular_text(&path, super::MAX_JSON_BYTES) {
+            match crate::fsread::read_regular_text(&path, super::MAX_JSON_BYTES) {
                 Ok(text) => serde_json::from_str(&text)
                     .map(Some)
                     .map_err(|e| TokenizerError(format!("{}: {e}", path.display()))),

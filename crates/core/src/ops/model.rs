@@ -410,7 +410,7 @@ impl Op for ModelHub {
 /// Checks the commit recorded by `huggingface-cli download --local-dir`.
 fn check_revision(dir: &Path, revision: &str) -> Result<(), OpError> {
     let meta = dir.join(".cache/huggingface/download/config.json.metadata");
-    let text = crate::store::fsx::read_regular_text(&meta, crate::model::MAX_JSON_BYTES).map_err(|e| {
+    let text = crate::fsread::read_regular_text(&meta, crate::model::MAX_JSON_BYTES).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             failed(format!(
                 "{}: cannot verify revision {revision}: no {} (download with `huggingface-cli download --local-dir`, or drop `revision`)",

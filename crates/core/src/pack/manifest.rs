@@ -183,7 +183,7 @@ impl Manifest {
     /// at most [`MAX_MANIFEST_BYTES`], of this format.
     pub fn read(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join("MANIFEST.json");
-        let text = crate::store::fsx::read_bounded_text(&path, MAX_MANIFEST_BYTES)?;
+        let text = crate::fsread::read_bounded_text(&path, MAX_MANIFEST_BYTES)?;
         let manifest: Manifest =
             crate::canonical::parse_typed(&text, &path).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         if manifest.format != FORMAT {
@@ -198,7 +198,7 @@ impl Manifest {
 pub enum ManifestError {
     /// A link, not a file, or over [`MAX_MANIFEST_BYTES`].
     #[error(transparent)]
-    File(#[from] crate::store::fsx::BoundedFileError),
+    File(#[from] crate::fsread::BoundedFileError),
     /// What the strict reader said (the file and the field).
     #[error("{0}")]
     Invalid(String),

@@ -25,10 +25,10 @@ use crate::dag::Dag;
 use crate::exec::plan::{plan, PlanState};
 use crate::exec::EnvProvider;
 use crate::exec::Event;
+use crate::fsread::{self, BoundedFileError};
 use crate::gate::{evaluate, read_gate_file, table, GateResult};
 use crate::ops::OutputKind;
 use crate::spec::Spec;
-use crate::store::fsx::{self, BoundedFileError};
 use crate::store::NodeOutcome;
 use crate::store::Workspace;
 
@@ -81,7 +81,7 @@ fn sha256_file(path: &Path) -> Result<String, PackError> {
     use std::io::Read;
     // What is hashed is the file opened: never a link's target, never a FIFO
     // waited on, even if the entry changed since the pack was listed.
-    let mut file = fsx::open_regular(path, libc::O_NOFOLLOW).map_err(io(format!("reading {}", path.display())))?;
+    let mut file = fsread::open_regular(path, libc::O_NOFOLLOW).map_err(io(format!("reading {}", path.display())))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -421,7 +421,7 @@ pub const MAX_EVENTS_BYTES: u64 = 256 << 20;
 /// Reads a pack's event log as text: a regular file (not a link) of bounded
 /// size, checked on the file opened (no gap between a check and the read).
 fn read_bounded(path: &Path) -> Result<String, String> {
-    fsx::read_bounded_text(path, MAX_EVENTS_BYTES).map_err(|e| match e {
+    fsread::read_bounded_text(path, MAX_EVENTS_BYTES).map_err(|e| match e {
         BoundedFileError::NotAFile { .. } => "not a regular file (a pack holds only regular files)".to_string(),
         BoundedFileError::TooLarge { bytes, max, .. } => format!("{bytes} bytes, over the limit of {max}"),
         BoundedFileError::Io { source, .. } => source.to_string(),
@@ -432,7 +432,7 @@ fn read_bounded(path: &Path) -> Result<String, String> {
 /// checked on the file opened.
 fn read_sums(dir: &Path) -> Result<Vec<u8>, String> {
     let path = dir.join("SHA256SUMS");
-    fsx::read_bounded_file(&path, MAX_SUMS_BYTES).map_err(|e| match e {
+    fsread::read_bounded_file(&path, MAX_SUMS_BYTES).map_err(|e| match e {
         BoundedFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             format!("{}: not a pack (no SHA256SUMS: {source})", dir.display())
         }
@@ -700,7 +700,7 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
             let mut unreadable = None;
             for (alias, reference) in &gate.evidence {
                 let file = evidence_paths.get(reference).and_then(|path| inside(dir, path).ok());
-                let text = match file.map(|p| fsx::read_bounded_text(&p, MAX_EVIDENCE_BYTES)) {
+                let text = match file.map(|p| fsread::read_bounded_text(&p, MAX_EVIDENCE_BYTES)) {
                     Some(Ok(text)) => text,
                     Some(Err(BoundedFileError::TooLarge { .. })) => {
                         unreadable = Some(format!(

@@ -280,7 +280,7 @@ pub fn sign(dir: &Path, key: &SecretKey) -> Result<PathBuf, PackError> {
 pub fn verify_signature(dir: &Path, key: &PublicKey) -> Result<Signed, Vec<String>> {
     let path = dir.join(SIGNATURE_FILE);
     let one = |m: String| vec![m];
-    use crate::store::fsx::{read_bounded_file, BoundedFileError};
+    use crate::fsread::{read_bounded_file, BoundedFileError};
     let text = read_bounded_file(&path, MAX_SIGNATURE_BYTES).map_err(|e| match e {
         BoundedFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             one(format!("unsigned: the pack has no {SIGNATURE_FILE} (`orchestrate pack sign` writes one)"))

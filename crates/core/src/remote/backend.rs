@@ -96,7 +96,7 @@ impl Backend for DirBackend {
     fn get(&self, key: &str, max: u64, out: &mut dyn Write) -> Result<Option<u64>, RemoteError> {
         let path = self.path(key);
         // The file opened is what is checked: no link followed, no FIFO waited on.
-        let mut f = match crate::store::fsx::open_regular(&path, libc::O_NOFOLLOW) {
+        let mut f = match crate::fsread::open_regular(&path, libc::O_NOFOLLOW) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::ELOOP) => {
@@ -165,7 +165,7 @@ fn home_file(var: &str, default: &str) -> Option<PathBuf> {
 
 /// `key = value` lines of one `[section]` of an AWS INI file.
 fn ini_section(path: &Path, section: &str) -> Option<std::collections::BTreeMap<String, String>> {
-    let text = crate::store::fsx::read_bounded_text(path, 1 << 20).ok()?;
+    let text = crate::fsread::read_bounded_text(path, 1 << 20).ok()?;
     let mut inside = false;
     let mut found = None;
     for line in text.lines() {

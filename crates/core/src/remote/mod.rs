@@ -151,7 +151,7 @@ pub fn config_path(workspace: &Path) -> PathBuf {
 /// never holding credentials (they come from the AWS variables and files).
 pub fn read_config(workspace: &Path) -> Result<WorkspaceConfig, RemoteError> {
     let path = config_path(workspace);
-    use crate::store::fsx::{read_bounded_text, BoundedFileError};
+    use crate::fsread::{read_bounded_text, BoundedFileError};
     let text = match read_bounded_text(&path, 1 << 20) {
         Ok(text) => text,
         Err(BoundedFileError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {

@@ -108,7 +108,7 @@ pub(crate) fn journals(records: &Path) -> Result<Vec<PathBuf>, StoreError> {
 /// A journal's bytes: a regular file (no link followed, no FIFO waited on) of bounded size.
 fn read_journal(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    let file = fsx::open_regular(path, libc::O_NOFOLLOW).map_err(|e| e.to_string())?;
+    let file = crate::fsread::open_regular(path, libc::O_NOFOLLOW).map_err(|e| e.to_string())?;
     let mut bytes = Vec::new();
     file.take(MAX_JOURNAL_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
     if bytes.len() as u64 > MAX_JOURNAL_BYTES {

@@ -387,7 +387,8 @@ fn examine(root: &Path) -> Result<Found, StoreError> {
     let marker = root.join(MARKER);
     match fs::symlink_metadata(&marker) {
         Ok(meta) if meta.is_file() && meta.len() <= 4096 => {
-            let bytes = fsx::read_bounded_file(&marker, 4096).map_err(|e| StoreError::Invalid(e.to_string()))?;
+            let bytes =
+                crate::fsread::read_bounded_file(&marker, 4096).map_err(|e| StoreError::Invalid(e.to_string()))?;
             let found: Marker = serde_json::from_slice(&bytes).map_err(|e| {
                 StoreError::Invalid(format!(
                     "{} is not a workspace marker ({e}); expected {{\"orchestrate_workspace\": {FORMAT}}}",

@@ -46,7 +46,7 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
 /// Hashes a regular file's bytes with blake3 (a FIFO or a device there is
 /// an error, never waited on).
 pub fn hash_file(path: &Path) -> Result<(String, u64), StoreError> {
-    let mut f = super::fsx::open_regular(path, 0).map_err(io(format!("opening {}", path.display())))?;
+    let mut f = crate::fsread::open_regular(path, 0).map_err(io(format!("opening {}", path.display())))?;
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 16];
     let mut size = 0u64;
