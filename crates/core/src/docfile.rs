@@ -10,7 +10,6 @@
 //! never read as 0.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -277,16 +276,16 @@ pub fn read_series(root: &Path, rel: &str, format: SeriesFormat) -> Result<Serie
 }
 
 fn read_text(root: &Path, rel: &str) -> Result<String, DocError> {
+    use crate::fsread::{read_opened, OpenedReadError};
     let file = crate::store::fsx::open_user_file(root, rel)?;
-    let meta = file.metadata().map_err(|source| DocError::Io { file: rel.to_string(), source })?;
-    if meta.len() > MAX_BYTES {
-        return Err(DocError::TooLarge { file: rel.to_string() });
-    }
-    let mut text = String::new();
-    file.take(MAX_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|source| DocError::NotText { file: rel.to_string(), source })?;
-    Ok(text)
+    let bytes = read_opened(file, MAX_BYTES).map_err(|e| match e {
+        OpenedReadError::TooLarge(_) => DocError::TooLarge { file: rel.to_string() },
+        OpenedReadError::Io(source) => DocError::Io { file: rel.to_string(), source },
+    })?;
+    String::from_utf8(bytes).map_err(|e| DocError::NotText {
+        file: rel.to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+    })
 }
 
 /// Adds one step's values; metrics seen before but absent here get a gap.

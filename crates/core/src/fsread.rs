@@ -42,8 +42,8 @@ pub fn read_bounded_file(path: &Path, max: u64) -> Result<Vec<u8>, BoundedFileEr
         _ => BoundedFileError::Io { path: path.to_path_buf(), source },
     })?;
     read_opened(file, max).map_err(|e| match e {
-        Opened::Over(bytes) => BoundedFileError::TooLarge { path: path.to_path_buf(), bytes, max },
-        Opened::Io(source) => BoundedFileError::Io { path: path.to_path_buf(), source },
+        OpenedReadError::TooLarge(bytes) => BoundedFileError::TooLarge { path: path.to_path_buf(), bytes, max },
+        OpenedReadError::Io(source) => BoundedFileError::Io { path: path.to_path_buf(), source },
     })
 }
 
@@ -55,23 +55,28 @@ pub fn read_bounded_text(path: &Path, max: u64) -> Result<String, BoundedFileErr
     })
 }
 
-enum Opened {
-    Over(u64),
+/// Why an opened file was not read whole.
+#[derive(Debug)]
+pub enum OpenedReadError {
+    /// Over the bound: its size before reading, or what the read found.
+    TooLarge(u64),
     Io(std::io::Error),
 }
 
-/// An opened regular file whole, refused past `max` bytes: by its size
-/// before reading, and by what the read found (a file that grew meanwhile).
-fn read_opened(file: File, max: u64) -> Result<Vec<u8>, Opened> {
+/// An opened file whole (one opened by [`open_regular`], or by a caller's
+/// own checks such as `fsx::open_user_file`), refused past `max` bytes: by
+/// its size before reading, and by what the read found (a file that grew
+/// meanwhile is never taken whole at `max + 1` bytes).
+pub fn read_opened(file: File, max: u64) -> Result<Vec<u8>, OpenedReadError> {
     use std::io::Read;
-    let len = file.metadata().map_err(Opened::Io)?.len();
+    let len = file.metadata().map_err(OpenedReadError::Io)?.len();
     if len > max {
-        return Err(Opened::Over(len));
+        return Err(OpenedReadError::TooLarge(len));
     }
     let mut bytes = Vec::with_capacity(len as usize);
-    file.take(max + 1).read_to_end(&mut bytes).map_err(Opened::Io)?;
+    file.take(max + 1).read_to_end(&mut bytes).map_err(OpenedReadError::Io)?;
     if bytes.len() as u64 > max {
-        return Err(Opened::Over(bytes.len() as u64));
+        return Err(OpenedReadError::TooLarge(bytes.len() as u64));
     }
     Ok(bytes)
 }
@@ -102,10 +107,10 @@ pub fn open_regular(path: &Path, flags: libc::c_int) -> std::io::Result<File> {
 /// or read without end, and a larger file is refused before it is read.
 pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     read_opened(open_regular(path, 0)?, max).map_err(|e| match e {
-        Opened::Over(bytes) => {
+        OpenedReadError::TooLarge(bytes) => {
             std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{bytes} bytes, over the {max} allowed here"))
         }
-        Opened::Io(e) => e,
+        OpenedReadError::Io(e) => e,
     })
 }
 

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::BufReader;
 use std::path::Path;
 
 use serde_json::Value;
@@ -139,15 +139,14 @@ fn jsonl(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, Stri
 }
 
 fn json(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if len > MAX_JSON_BYTES {
-        return Err(format!(
+    use crate::fsread::{read_opened, OpenedReadError};
+    let bytes = read_opened(file, MAX_JSON_BYTES).map_err(|e| match e {
+        OpenedReadError::TooLarge(len) => format!(
             "{rel} is {len} bytes, over the {} MiB a JSON array file may be; write it as JSON lines (.jsonl), read a row at a time",
             MAX_JSON_BYTES >> 20
-        ));
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_JSON_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{rel}: {e}"))?;
+        ),
+        OpenedReadError::Io(e) => format!("{rel}: {e}"),
+    })?;
     let text = std::str::from_utf8(&bytes).map_err(|e| format!("{rel} is not UTF-8 (at byte {})", e.valid_up_to()))?;
     let value: Value = serde_json::from_str(text).map_err(|e| format!("{rel} is not JSON: {e}"))?;
     let Value::Array(rows) = value else {

@@ -239,21 +239,22 @@ pub const MAX_SPEC_BYTES: u64 = 4 << 20;
 /// A spec file's text: a regular file (a FIFO, a device or a folder is said
 /// as such, not as "no such file"), at most [`MAX_SPEC_BYTES`], UTF-8.
 fn read_spec_text(path: &Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
-    if meta.is_dir() {
-        return Err("is a folder, not a spec file".into());
-    }
-    if !meta.is_file() {
-        return Err("is not a regular file (a FIFO, a device or a socket): a spec is a YAML file".into());
-    }
-    if meta.len() > MAX_SPEC_BYTES {
-        return Err(format!("is {} bytes, over the limit of {MAX_SPEC_BYTES} for a spec", meta.len()));
-    }
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_SPEC_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read: {e}"))?;
+    use crate::fsread::{open_regular, read_opened, OpenedReadError};
+    // Opened first, then checked on the descriptor: what is read is what was
+    // checked (a FIFO swapped in after a check by path would be waited on).
+    let file = open_regular(path, 0).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) => {
+            "is a folder, not a spec file".to_string()
+        }
+        std::io::ErrorKind::InvalidInput => {
+            "is not a regular file (a FIFO, a device or a socket): a spec is a YAML file".to_string()
+        }
+        _ => format!("cannot read: {e}"),
+    })?;
+    let bytes = read_opened(file, MAX_SPEC_BYTES).map_err(|e| match e {
+        OpenedReadError::TooLarge(n) => format!("is {n} bytes, over the limit of {MAX_SPEC_BYTES} for a spec"),
+        OpenedReadError::Io(e) => format!("cannot read: {e}"),
+    })?;
     String::from_utf8(bytes)
         .map_err(|e| format!("is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to()))
 }

@@ -24,8 +24,6 @@
 //! the workspace is open (a link or a file there is refused, as for every
 //! folder of the workspace); at most [`KEEP`] are kept, the oldest removed.
 
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -121,17 +119,8 @@ impl ParseCache {
         if !std::fs::symlink_metadata(&self.dir).is_ok_and(|m| m.is_dir()) {
             return None;
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(self.dir.join(name))
-            .ok()?;
-        let meta = file.metadata().ok()?;
-        if !meta.is_file() || meta.len() > MAX_ENTRY_BYTES {
-            return None;
-        }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.take(MAX_ENTRY_BYTES + 1).read_to_end(&mut bytes).ok()?;
+        let file = crate::fsread::open_regular(&self.dir.join(name), libc::O_NOFOLLOW).ok()?;
+        let bytes = crate::fsread::read_opened(file, MAX_ENTRY_BYTES).ok()?;
         let (sum, json) = bytes.split_at_checked(64)?;
         let json = json.strip_prefix(b"\n")?;
         if blake3::hash(json).to_hex().as_bytes() != sum {

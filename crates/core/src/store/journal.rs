@@ -107,14 +107,12 @@ pub(crate) fn journals(records: &Path) -> Result<Vec<PathBuf>, StoreError> {
 
 /// A journal's bytes: a regular file (no link followed, no FIFO waited on) of bounded size.
 fn read_journal(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let file = crate::fsread::open_regular(path, libc::O_NOFOLLOW).map_err(|e| e.to_string())?;
-    let mut bytes = Vec::new();
-    file.take(MAX_JOURNAL_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_JOURNAL_BYTES {
-        return Err(format!("over the limit of {MAX_JOURNAL_BYTES} bytes"));
-    }
-    Ok(bytes)
+    use crate::fsread::{open_regular, read_opened, OpenedReadError};
+    let file = open_regular(path, libc::O_NOFOLLOW).map_err(|e| e.to_string())?;
+    read_opened(file, MAX_JOURNAL_BYTES).map_err(|e| match e {
+        OpenedReadError::TooLarge(_) => format!("over the limit of {MAX_JOURNAL_BYTES} bytes"),
+        OpenedReadError::Io(e) => e.to_string(),
+    })
 }
 
 /// One line of a journal: its record, or why it is not one (a line cut
