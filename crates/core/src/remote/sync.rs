@@ -257,7 +257,8 @@ pub fn push(
         };
         match &u.listing {
             None => {
-                let size = std::fs::metadata(&u.path).map(|m| m.len()).unwrap_or(0);
+                // An object that cannot be read is an error here, not a size of 0.
+                let size = std::fs::metadata(&u.path).map_err(|e| format!("reading {}: {e}", u.path.display()))?.len();
                 send(&object_key(&u.hash), &u.path, size)
             }
             Some((files, bytes)) => {
