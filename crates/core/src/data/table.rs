@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read};
 use std::path::Path;
 
 use serde_json::Value;
@@ -161,9 +161,53 @@ fn json(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, Strin
         .collect()
 }
 
-fn csv_rows(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
-    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(file);
-    let headers = reader.byte_headers().map_err(|e| csv_error(rel, e))?.clone();
+/// What [`RowBounded`] says when a record passes its bound.
+const ROW_PAST_BOUND: &str = "a CSV record past its bound";
+
+/// The file as the CSV parser reads it, but never more than a row's bound
+/// (and the parser's read-ahead) past the start of the record it is parsing:
+/// the parser holds a whole record before it can be measured, so one endless
+/// row would otherwise be read into memory whole.
+struct RowBounded<R> {
+    inner: R,
+    read: u64,
+    record_start: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: Read> Read for RowBounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // The parser reads ahead 8 KiB at a time; 64 KiB of slack covers it.
+        let allowed = self.record_start.get() + MAX_ROW_BYTES as u64 + (64 << 10);
+        if self.read >= allowed {
+            return Err(std::io::Error::other(ROW_PAST_BOUND));
+        }
+        let cap = (allowed - self.read).min(buf.len() as u64) as usize;
+        let n = self.inner.read(&mut buf[..cap])?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+fn past_bound(e: &csv::Error) -> bool {
+    matches!(e.kind(), csv::ErrorKind::Io(io) if io.to_string() == ROW_PAST_BOUND)
+}
+
+fn csv_rows(file: impl Read, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
+    let record_start = std::rc::Rc::new(std::cell::Cell::new(0));
+    let bounded = RowBounded { inner: file, read: 0, record_start: record_start.clone() };
+    let mut reader = csv::ReaderBuilder::new().has_headers(true).flexible(false).from_reader(bounded);
+    let too_long = |n: usize| format!("{rel} row {n} is longer than {} MiB", MAX_ROW_BYTES >> 20);
+    let headers = reader
+        .byte_headers()
+        .map_err(|e| {
+            if past_bound(&e) {
+                format!("{rel}: the header row is longer than {} MiB", MAX_ROW_BYTES >> 20)
+            } else {
+                csv_error(rel, e)
+            }
+        })?
+        .clone();
+    record_start.set(reader.position().byte());
     let names: Vec<String> = headers
         .iter()
         .map(|h| String::from_utf8(h.to_vec()).map_err(|_| format!("{rel}: the header row is not UTF-8")))
@@ -182,10 +226,17 @@ fn csv_rows(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, S
     let mut out = Vec::new();
     let mut record = csv::ByteRecord::new();
     let mut n = 0;
-    while reader.read_byte_record(&mut record).map_err(|e| csv_error(rel, e))? {
+    while reader.read_byte_record(&mut record).map_err(|e| {
+        if past_bound(&e) {
+            too_long(n + 1)
+        } else {
+            csv_error(rel, e)
+        }
+    })? {
         n += 1;
+        record_start.set(reader.position().byte());
         if record.as_slice().len() > MAX_ROW_BYTES {
-            return Err(format!("{rel} row {n} is longer than {} MiB", MAX_ROW_BYTES >> 20));
+            return Err(too_long(n));
         }
         let mut values = BTreeMap::new();
         for (name, i) in &index {
@@ -276,4 +327,27 @@ fn parquet_rows(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow
         out.push(SourceRow { at: format!("{rel} row {n}"), values });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CSV parser holds a whole record before it can be measured: a file
+    /// of one endless row is refused once the row passes its bound, not held
+    /// in memory whole (before, this read without end).
+    #[test]
+    fn an_endless_csv_row_is_refused_at_its_bound_not_held_whole() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let endless = b"question,answer\n\"".chain(std::io::repeat(b'x'));
+            let _ = tx.send(csv_rows(endless, "endless.csv", &["question"]));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the row was read without end");
+        let e = got.unwrap_err();
+        assert!(e.contains("endless.csv row 1 is longer than 4 MiB"), "{e}");
+        // An endless header row too.
+        let e = csv_rows(std::io::repeat(b'h'), "header.csv", &["question"]).unwrap_err();
+        assert!(e.contains("header.csv: the header row is longer than 4 MiB"), "{e}");
+    }
 }
