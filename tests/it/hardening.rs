@@ -375,8 +375,7 @@ fn the_runs_kept_beside_the_index_are_never_opened_through_a_link() {
     }
     assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "keep");
     std::fs::remove_file(&runs).unwrap();
-    let c = std::ffi::CString::new(runs.as_os_str().as_encoded_bytes()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    common::mkfifo(&runs);
     let out = p.run_within(&["run", "s.yaml"], 30);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("cache.sqlite-runs is a symbolic link or not a regular file"), "{}", stderr(&out));
@@ -388,10 +387,7 @@ fn the_runs_kept_beside_the_index_are_never_opened_through_a_link() {
 #[test]
 fn a_fifo_where_a_params_file_or_a_dep_should_be_is_refused_not_waited_on() {
     let p = Project::new();
-    let mkfifo = |rel: &str| {
-        let c = std::ffi::CString::new(p.path().join(rel).into_os_string().into_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    };
+    let mkfifo = |rel: &str| common::mkfifo(&p.path().join(rel));
     p.write(
         "p.yaml",
         "name: p\nnodes:\n  t:\n    op: shell\n    params:\n      cmd: echo ${param:train.lr} > t.txt\n      \

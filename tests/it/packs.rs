@@ -611,9 +611,7 @@ fn a_fifo_in_a_pack_is_refused_at_once_never_waited_on() {
         let (p, dir) = frozen();
         let path = dir.join(file);
         let _ = std::fs::remove_file(&path);
-        let c = std::ffi::CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path this test owns.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        common::mkfifo(&path);
         let d = dir.to_str().unwrap();
         for cmd in [&["audit", d][..], &["pack", "verify", d]] {
             let out = p.run_within(cmd, 30);

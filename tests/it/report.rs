@@ -252,9 +252,7 @@ fn a_fifo_among_a_packs_artifacts_is_refused_by_report_and_compare_not_waited_on
         copy_tree(&pack, &copy);
         let fifo = copy.join(rel);
         std::fs::remove_file(&fifo).unwrap();
-        let c = std::ffi::CString::new(fifo.into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path this test owns.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        common::mkfifo(&fifo);
         let html = p.path().join("r.html");
         let (copy, original) = (copy.to_str().unwrap(), pack.to_str().unwrap());
         let name = rel.rsplit('/').next().unwrap();

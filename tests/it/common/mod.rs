@@ -197,3 +197,11 @@ nodes:
       series: ['runs/${matrix.env.LR}-${matrix.env.SEED}/log.jsonl']
       env: {SCALE: 1}
 "#;
+
+/// Makes a FIFO at `path` (a file someone planted where ours or theirs
+/// should be: opening it for reading waits for a writer, forever).
+pub fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path the test owns.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
