@@ -427,6 +427,21 @@ fn missing_credentials_are_a_usage_error_and_no_secret_is_written_anywhere() {
         let bytes = std::fs::read(&f).unwrap();
         assert!(!String::from_utf8_lossy(&bytes).contains("SECRET-s3cr3t"), "{}", f.display());
     }
+    // The user's own credentials file may be a link, as a dotfile manager
+    // makes it (the AWS CLI follows it too).
+    let real = p.write("dotfiles/aws-credentials", &p.read(".aws/credentials"));
+    std::fs::remove_file(p.path().join(".aws/credentials")).unwrap();
+    std::os::unix::fs::symlink(&real, p.path().join(".aws/credentials")).unwrap();
+    let out = p
+        .cmd(&["push", "chain.yaml"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("HOME", p.path())
+        .env("AWS_PROFILE", "team")
+        .env("AWS_ENDPOINT_URL", m.endpoint())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     // A config that is not what it should be names the file and the field.
     p.write(".orchestrate/config.yaml", "remote:\n  uri: s3://x/y\n");
     let out = p.run(&["push", "chain.yaml"]);

@@ -163,9 +163,11 @@ fn home_file(var: &str, default: &str) -> Option<PathBuf> {
     env(var).map(PathBuf::from).or_else(|| env("HOME").map(|h| PathBuf::from(h).join(default)))
 }
 
-/// `key = value` lines of one `[section]` of an AWS INI file.
+/// `key = value` lines of one `[section]` of an AWS INI file: the user's
+/// own file, so a link to it (a dotfile manager's) is followed, as the AWS CLI
+/// follows it; a FIFO or a file over 1 MiB is not read.
 fn ini_section(path: &Path, section: &str) -> Option<std::collections::BTreeMap<String, String>> {
-    let text = crate::fsread::read_bounded_text(path, 1 << 20).ok()?;
+    let text = crate::fsread::read_regular_text(path, 1 << 20).ok()?;
     let mut inside = false;
     let mut found = None;
     for line in text.lines() {
