@@ -442,6 +442,16 @@ fn missing_credentials_are_a_usage_error_and_no_secret_is_written_anywhere() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // One that cannot be read (here a FIFO, never waited on) is said as such,
+    // not as "no credentials".
+    std::fs::remove_file(p.path().join(".aws/credentials")).unwrap();
+    common::mkfifo(&p.path().join(".aws/credentials"));
+    let mut cmd = p.cmd(&["push", "chain.yaml"]);
+    cmd.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("HOME", p.path());
+    let out = cmd.env("AWS_PROFILE", "team").env("AWS_ENDPOINT_URL", m.endpoint()).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains(".aws/credentials cannot be read: not a regular file"), "{said}");
     // A config that is not what it should be names the file and the field.
     p.write(".orchestrate/config.yaml", "remote:\n  uri: s3://x/y\n");
     let out = p.run(&["push", "chain.yaml"]);

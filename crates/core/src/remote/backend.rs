@@ -165,9 +165,14 @@ fn home_file(var: &str, default: &str) -> Option<PathBuf> {
 
 /// `key = value` lines of one `[section]` of an AWS INI file: the user's
 /// own file, so a link to it (a dotfile manager's) is followed, as the AWS CLI
-/// follows it; a FIFO or a file over 1 MiB is not read.
-fn ini_section(path: &Path, section: &str) -> Option<std::collections::BTreeMap<String, String>> {
-    let text = crate::fsread::read_regular_text(path, 1 << 20).ok()?;
+/// follows it; a FIFO or a file over 1 MiB is not read. `Ok(None)`: no such
+/// file or section; `Err`: a file there that cannot be read, and why.
+fn ini_section(path: &Path, section: &str) -> std::io::Result<Option<std::collections::BTreeMap<String, String>>> {
+    let text = match crate::fsread::read_regular_text(path, 1 << 20) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let mut inside = false;
     let mut found = None;
     for line in text.lines() {
@@ -188,7 +193,7 @@ fn ini_section(path: &Path, section: &str) -> Option<std::collections::BTreeMap<
                 .insert(k.trim().to_string(), v.trim().to_string());
         }
     }
-    found
+    Ok(found)
 }
 
 fn profile() -> String {
@@ -205,7 +210,18 @@ fn credentials() -> Result<AwsCredentials, RemoteError> {
     }
     let profile = profile();
     let file = home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
-    if let Some(s) = file.as_deref().and_then(|f| ini_section(f, &profile)) {
+    let section = match file.as_deref().map(|f| ini_section(f, &profile)) {
+        Some(Ok(section)) => section,
+        // A file there that cannot be read is said as such, not as "no credentials".
+        Some(Err(e)) => {
+            return Err(RemoteError::Config(format!(
+                "the shared AWS credentials file {} cannot be read: {e}",
+                file.as_deref().map(|f| f.display().to_string()).unwrap_or_default()
+            )))
+        }
+        None => None,
+    };
+    if let Some(s) = section {
         if let (Some(key), Some(secret)) = (s.get("aws_access_key_id"), s.get("aws_secret_access_key")) {
             return Ok(AwsCredentials {
                 key: key.clone(),
@@ -225,18 +241,23 @@ fn credentials() -> Result<AwsCredentials, RemoteError> {
 /// profile's `region` in `~/.aws/config`, else us-east-1), and
 /// `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL` (else the profile's
 /// `endpoint_url`, else AWS's own endpoint for the region).
-fn region_and_endpoint() -> (String, Option<String>) {
+fn region_and_endpoint() -> Result<(String, Option<String>), RemoteError> {
     let profile = profile();
     let section = if profile == "default" { "default".to_string() } else { format!("profile {profile}") };
-    let config =
-        home_file("AWS_CONFIG_FILE", ".aws/config").and_then(|f| ini_section(&f, &section)).unwrap_or_default();
+    // A file there that cannot be read is said as such, never read as empty.
+    let config = match home_file("AWS_CONFIG_FILE", ".aws/config") {
+        Some(f) => ini_section(&f, &section)
+            .map_err(|e| RemoteError::Config(format!("the AWS config file {} cannot be read: {e}", f.display())))?
+            .unwrap_or_default(),
+        None => Default::default(),
+    };
     let region = env("AWS_REGION")
         .or_else(|| env("AWS_DEFAULT_REGION"))
         .or_else(|| config.get("region").cloned())
         .unwrap_or_else(|| "us-east-1".into());
     let endpoint =
         env("AWS_ENDPOINT_URL_S3").or_else(|| env("AWS_ENDPOINT_URL")).or_else(|| config.get("endpoint_url").cloned());
-    (region, endpoint)
+    Ok((region, endpoint))
 }
 
 /// How long a presigned request stays valid (a large part may take a while).
@@ -288,7 +309,7 @@ impl std::fmt::Debug for S3Backend {
 impl S3Backend {
     pub fn from_env(bucket: &str, prefix: &str) -> Result<S3Backend, RemoteError> {
         let credentials = credentials()?;
-        let (region, endpoint) = region_and_endpoint();
+        let (region, endpoint) = region_and_endpoint()?;
         // A custom endpoint (MinIO, moto, a gateway) is addressed by path; AWS by virtual host.
         let (url, style) = match &endpoint {
             Some(e) => (e.clone(), rusty_s3::UrlStyle::Path),
@@ -585,9 +606,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("credentials");
         std::fs::write(&f, "[default]\naws_access_key_id = A\naws_secret_access_key = B\n\n[team]\naws_access_key_id=C\naws_secret_access_key=D\naws_session_token=T\n").unwrap();
-        let s = ini_section(&f, "team").unwrap();
+        let s = ini_section(&f, "team").unwrap().unwrap();
         assert_eq!((s["aws_access_key_id"].as_str(), s["aws_session_token"].as_str()), ("C", "T"));
-        assert_eq!(ini_section(&f, "default").unwrap()["aws_secret_access_key"], "B");
-        assert!(ini_section(&f, "other").is_none());
+        assert_eq!(ini_section(&f, "default").unwrap().unwrap()["aws_secret_access_key"], "B");
+        assert!(ini_section(&f, "other").unwrap().is_none());
+        assert!(ini_section(&dir.path().join("absent"), "team").unwrap().is_none());
+        // A file there that cannot be read is an error, not "no such profile".
+        let e = ini_section(dir.path(), "team").unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 }
