@@ -413,15 +413,18 @@ fn missing_credentials_are_a_usage_error_and_no_secret_is_written_anywhere() {
     // A profile in the shared credentials file works, and the secret is nowhere in the workspace.
     p.write(".aws/credentials", "[team]\naws_access_key_id = KEYID123\naws_secret_access_key = SECRET-s3cr3t\n");
     p.write(".orchestrate/config.yaml", &format!("remote:\n  url: {URL}\n  jobs: 2\n"));
-    let out = p
-        .cmd(&["push", "chain.yaml"])
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env("HOME", p.path())
-        .env("AWS_PROFILE", "team")
-        .env("AWS_ENDPOINT_URL", m.endpoint())
-        .output()
-        .unwrap();
+    // `push` with the credentials of profile `team` of $HOME/.aws/credentials only.
+    let push_as_team = || {
+        p.cmd(&["push", "chain.yaml"])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env("HOME", p.path())
+            .env("AWS_PROFILE", "team")
+            .env("AWS_ENDPOINT_URL", m.endpoint())
+            .output()
+            .unwrap()
+    };
+    let out = push_as_team();
     assert!(ok(&out).starts_with("pushed 4 nodes"));
     for f in walk(&p.path().join(".orchestrate")) {
         let bytes = std::fs::read(&f).unwrap();
@@ -432,23 +435,13 @@ fn missing_credentials_are_a_usage_error_and_no_secret_is_written_anywhere() {
     let real = p.write("dotfiles/aws-credentials", &p.read(".aws/credentials"));
     std::fs::remove_file(p.path().join(".aws/credentials")).unwrap();
     std::os::unix::fs::symlink(&real, p.path().join(".aws/credentials")).unwrap();
-    let out = p
-        .cmd(&["push", "chain.yaml"])
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env("HOME", p.path())
-        .env("AWS_PROFILE", "team")
-        .env("AWS_ENDPOINT_URL", m.endpoint())
-        .output()
-        .unwrap();
+    let out = push_as_team();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     // One that cannot be read (here a FIFO, never waited on) is said as such,
     // not as "no credentials".
     std::fs::remove_file(p.path().join(".aws/credentials")).unwrap();
     common::mkfifo(&p.path().join(".aws/credentials"));
-    let mut cmd = p.cmd(&["push", "chain.yaml"]);
-    cmd.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_SECRET_ACCESS_KEY").env("HOME", p.path());
-    let out = cmd.env("AWS_PROFILE", "team").env("AWS_ENDPOINT_URL", m.endpoint()).output().unwrap();
+    let out = push_as_team();
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let said = stderr(&out);
     assert!(said.contains(".aws/credentials cannot be read: not a regular file"), "{said}");
