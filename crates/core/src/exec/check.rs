@@ -289,11 +289,8 @@ fn file_difference(output: &str, a: &Path, b: &Path) -> String {
         crate::train::state::first_difference_in_files(a, b, &[]).ok().flatten()
     } else {
         let json = |p: &Path| -> Option<serde_json::Value> {
-            let meta = std::fs::metadata(p).ok()?;
-            (meta.len() <= MAX_JSON_COMPARED)
-                .then(|| std::fs::read(p).ok())
-                .flatten()
-                .and_then(|b| serde_json::from_slice(&b).ok())
+            let bytes = crate::fsread::read_regular(p, MAX_JSON_COMPARED).ok()?;
+            serde_json::from_slice(&bytes).ok()
         };
         match (json(a), json(b)) {
             (Some(x), Some(y)) => crate::train::state::json_first_difference(&x, &y),
