@@ -27,21 +27,33 @@ pub enum BoundedFileError {
     TooLarge { path: PathBuf, bytes: u64, max: u64 },
 }
 
-/// Reads `path` whole if it is a regular file (a link is never followed) of
-/// at most `max` bytes. What is checked is the file opened (`O_NOFOLLOW`, then
-/// `fstat` on the descriptor), and the read stops past `max`, so a file
-/// swapped for a link, a FIFO or a larger file between a check and the read
-/// is never read: there is no such gap. A FIFO is refused without waiting.
-pub fn read_bounded_file(path: &Path, max: u64) -> Result<Vec<u8>, BoundedFileError> {
-    let file = open_regular(path, libc::O_NOFOLLOW).map_err(|source| match source.raw_os_error() {
+impl BoundedFileError {
+    /// Nothing there at all (for a reader to which an absent file means a default).
+    pub fn is_absent(&self) -> bool {
+        matches!(self, BoundedFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// Opens `path` if it is a regular file and not a link ([`open_regular`]
+/// with `O_NOFOLLOW`): a link, a FIFO, a device or a folder is `NotAFile`.
+pub fn open_no_link(path: &Path) -> Result<File, BoundedFileError> {
+    open_regular(path, libc::O_NOFOLLOW).map_err(|source| match source.raw_os_error() {
         // O_NOFOLLOW on a link fails with ELOOP.
         Some(libc::ELOOP) => BoundedFileError::NotAFile { path: path.to_path_buf() },
         _ if source.kind() == std::io::ErrorKind::InvalidInput => {
             BoundedFileError::NotAFile { path: path.to_path_buf() }
         }
         _ => BoundedFileError::Io { path: path.to_path_buf(), source },
-    })?;
-    read_opened(file, max).map_err(|e| match e {
+    })
+}
+
+/// Reads `path` whole if it is a regular file (a link is never followed) of
+/// at most `max` bytes. What is checked is the file opened (`O_NOFOLLOW`, then
+/// `fstat` on the descriptor), and the read stops past `max`, so a file
+/// swapped for a link, a FIFO or a larger file between a check and the read
+/// is never read: there is no such gap. A FIFO is refused without waiting.
+pub fn read_bounded_file(path: &Path, max: u64) -> Result<Vec<u8>, BoundedFileError> {
+    read_opened(open_no_link(path)?, max).map_err(|e| match e {
         OpenedReadError::TooLarge(bytes) => BoundedFileError::TooLarge { path: path.to_path_buf(), bytes, max },
         OpenedReadError::Io(source) => BoundedFileError::Io { path: path.to_path_buf(), source },
     })
@@ -121,6 +133,14 @@ pub fn read_regular_text(path: &Path, max: u64) -> std::io::Result<String> {
     })
 }
 
+/// Makes a FIFO at `path`, for tests of readers that must refuse one.
+#[cfg(test)]
+pub(crate) fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path the test owns.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,9 +168,7 @@ mod tests {
     fn a_fifo_is_refused_at_once_not_waited_on_for_a_writer() {
         let t = tempfile::tempdir().unwrap();
         let fifo = t.path().join("SHA256SUMS");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: mkfifo with a NUL-terminated path this test owns.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        mkfifo(&fifo);
         let (tx, rx) = std::sync::mpsc::channel();
         let path = fifo.clone();
         std::thread::spawn(move || tx.send(read_bounded_file(&path, 5).map_err(|e| e.to_string())));

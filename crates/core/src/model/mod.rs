@@ -339,9 +339,7 @@ mod tests {
     fn a_model_folders_files_are_regular_files_of_bounded_size() {
         let dir = tempfile::tempdir().unwrap();
         for name in ["config.json", "tokenizer.json"] {
-            let fifo = std::ffi::CString::new(dir.path().join(name).as_os_str().as_encoded_bytes()).unwrap();
-            // SAFETY: mkfifo with a NUL-terminated path.
-            assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+            crate::fsread::mkfifo(&dir.path().join(name));
         }
         std::fs::write(dir.path().join("model.safetensors.index.json"), "").unwrap();
         std::fs::File::create(dir.path().join("model.safetensors.index.json"))

@@ -282,7 +282,7 @@ pub fn verify_signature(dir: &Path, key: &PublicKey) -> Result<Signed, Vec<Strin
     let one = |m: String| vec![m];
     use crate::fsread::{read_bounded_file, BoundedFileError};
     let text = read_bounded_file(&path, MAX_SIGNATURE_BYTES).map_err(|e| match e {
-        BoundedFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+        e if e.is_absent() => {
             one(format!("unsigned: the pack has no {SIGNATURE_FILE} (`orchestrate pack sign` writes one)"))
         }
         BoundedFileError::Io { source, .. } => one(format!("{SIGNATURE_FILE}: {source}")),

@@ -96,13 +96,14 @@ impl Backend for DirBackend {
     fn get(&self, key: &str, max: u64, out: &mut dyn Write) -> Result<Option<u64>, RemoteError> {
         let path = self.path(key);
         // The file opened is what is checked: no link followed, no FIFO waited on.
-        let mut f = match crate::fsread::open_regular(&path, libc::O_NOFOLLOW) {
+        use crate::fsread::{open_no_link, BoundedFileError};
+        let mut f = match open_no_link(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput || e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(RemoteError::Refused(format!("{}: not a regular file", path.display())))
+            Err(e) if e.is_absent() => return Ok(None),
+            Err(BoundedFileError::Io { source, .. }) => {
+                return Err(transfer(format!("opening {}", path.display()))(source))
             }
-            Err(e) => return Err(transfer(format!("opening {}", path.display()))(e)),
+            Err(e) => return Err(RemoteError::Refused(e.to_string())),
         };
         bounded_copy(&mut f, out, max, &path.display().to_string()).map(Some)
     }
@@ -210,15 +211,11 @@ fn credentials() -> Result<AwsCredentials, RemoteError> {
     }
     let profile = profile();
     let file = home_file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
-    let section = match file.as_deref().map(|f| ini_section(f, &profile)) {
-        Some(Ok(section)) => section,
-        // A file there that cannot be read is said as such, not as "no credentials".
-        Some(Err(e)) => {
-            return Err(RemoteError::Config(format!(
-                "the shared AWS credentials file {} cannot be read: {e}",
-                file.as_deref().map(|f| f.display().to_string()).unwrap_or_default()
-            )))
-        }
+    // A file there that cannot be read is said as such, not as "no credentials".
+    let section = match file.as_deref() {
+        Some(f) => ini_section(f, &profile).map_err(|e| {
+            RemoteError::Config(format!("the shared AWS credentials file {} cannot be read: {e}", f.display()))
+        })?,
         None => None,
     };
     if let Some(s) = section {

@@ -154,9 +154,7 @@ pub fn read_config(workspace: &Path) -> Result<WorkspaceConfig, RemoteError> {
     use crate::fsread::{read_bounded_text, BoundedFileError};
     let text = match read_bounded_text(&path, 1 << 20) {
         Ok(text) => text,
-        Err(BoundedFileError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(WorkspaceConfig::default())
-        }
+        Err(e) if e.is_absent() => return Ok(WorkspaceConfig::default()),
         Err(BoundedFileError::NotAFile { .. } | BoundedFileError::TooLarge { .. }) => {
             return Err(RemoteError::Config(format!("{}: not a regular file of at most 1 MiB", path.display())))
         }

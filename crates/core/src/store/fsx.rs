@@ -255,8 +255,7 @@ mod tests {
     fn a_fifo_where_a_users_file_is_read_is_refused_without_waiting_for_a_writer() {
         let t = tempfile::tempdir().unwrap();
         let fifo = t.path().join("params.yaml");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        crate::fsread::mkfifo(&fifo);
         let (tx, rx) = std::sync::mpsc::channel();
         let root = t.path().to_path_buf();
         std::thread::spawn(move || {
