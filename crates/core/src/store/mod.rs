@@ -385,10 +385,10 @@ fn mark(root: &Path) -> Result<(), StoreError> {
 
 fn examine(root: &Path) -> Result<Found, StoreError> {
     let marker = root.join(MARKER);
-    match fs::symlink_metadata(&marker) {
-        Ok(meta) if meta.is_file() && meta.len() <= 4096 => {
-            let bytes =
-                crate::fsread::read_bounded_file(&marker, 4096).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    // Read first, checked on the file opened: one open on every command's start.
+    use crate::fsread::{read_bounded_file, BoundedFileError};
+    match read_bounded_file(&marker, 4096) {
+        Ok(bytes) => {
             let found: Marker = serde_json::from_slice(&bytes).map_err(|e| {
                 StoreError::Invalid(format!(
                     "{} is not a workspace marker ({e}); expected {{\"orchestrate_workspace\": {FORMAT}}}",
@@ -404,14 +404,16 @@ fn examine(root: &Path) -> Result<Found, StoreError> {
             }
             return Ok(Found::Marked);
         }
-        Ok(_) => {
+        Err(BoundedFileError::NotAFile { .. } | BoundedFileError::TooLarge { .. }) => {
             return Err(StoreError::Invalid(format!(
                 "{} is not a regular file of at most 4096 bytes: not a workspace marker (a link is never followed)",
                 marker.display()
             )))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(StoreError::Io { context: format!("reading {}", marker.display()), source: e }),
+        Err(e) if e.is_absent() => {}
+        Err(BoundedFileError::Io { source, .. }) => {
+            return Err(StoreError::Io { context: format!("reading {}", marker.display()), source })
+        }
     }
     let mut entries = match fs::read_dir(root) {
         Ok(entries) => entries,
