@@ -865,3 +865,127 @@ fn a_commands_sh_is_the_first_on_the_path_it_runs_with() {
     assert_eq!(std::fs::read_to_string(p.path().join("b.sh")).unwrap(), "nodes\n");
     assert_eq!(std::fs::read_to_string(p.path().join("b.txt")).unwrap(), "2\n");
 }
+
+/// Files the project holds: every path under `root`, with each file's bytes.
+fn tree_of(root: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                stack.push(path);
+                out.insert(format!("{rel}/"), Vec::new());
+            } else {
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Before, `outs: [.git]` validated, and `run` removed the project's whole
+/// git repository before the command ran (an out is removed whole); so did
+/// `outs: [.orchestrate]` with the store, and `outs: [p.yaml]` with the spec
+/// itself. DVC refuses such outs (`.git` is ignored, a dvc.yaml cannot be an
+/// out). Each is now refused by `validate`, `plan`, `run` and `checkout` with
+/// exit 2, naming the out and why, and nothing in the project is touched.
+#[test]
+fn an_out_that_is_version_control_our_store_or_the_spec_is_refused_and_nothing_is_removed() {
+    let p = Project::new();
+    p.write(".git/HEAD", "ref: refs/heads/main\n");
+    p.write("lib/vendored/.git/HEAD", "ref: refs/heads/main\n");
+    p.write(".dvc/config", "[core]\n");
+    p.write("conf/base.yaml", "name: base\nnodes: {}\n");
+    p.write(
+        "keep.yaml",
+        "name: keep\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'echo 1 > a.txt', outs: [a.txt]}\n",
+    );
+    assert_eq!(p.run(&["run", "keep.yaml"]).status.code(), Some(0));
+    let cases = [
+        (".git", "version control's folder"),
+        (".git/hooks", "version control's folder"),
+        ("lib/vendored/.git", "version control's folder"),
+        (".dvc", "DVC's folder"),
+        (".orchestrate", "orchestrate's own folder"),
+        ("./.orchestrate/objects", "orchestrate's own folder"),
+        ("p.yaml", "the spec file"),
+        ("conf/base.yaml", "the spec file"),
+        ("conf", "the spec file"),
+    ];
+    for (out, why) in cases {
+        let spec = format!(
+            "name: p\nextends: conf/base.yaml\nnodes:\n  w:\n    op: shell\n    params: {{cmd: 'mkdir -p x', outs: ['{out}']}}\n"
+        );
+        p.write("p.yaml", &spec);
+        let before = tree_of(p.path());
+        for verb in ["validate", "plan", "run", "checkout"] {
+            let o = p.run(&[verb, "p.yaml"]);
+            assert_eq!(o.status.code(), Some(2), "{verb} with out '{out}': {}{}", stdout(&o), stderr(&o));
+            let e = stderr(&o);
+            assert!(e.contains(&format!("out '{out}'")) && e.contains(why), "{verb} with out '{out}': {e}");
+        }
+        assert_eq!(tree_of(p.path()), before, "out '{out}': a file of the project changed");
+    }
+    // Other names are anyone's: `.github`, `git`, `x.git`.
+    for out in [".github/out.txt", "git", "x.git"] {
+        p.write("p.yaml", &format!("name: p\nnodes:\n  w:\n    op: shell\n    params: {{cmd: 'mkdir -p {out} && rmdir {out} && echo > {out}', outs: ['{out}']}}\n"));
+        let o = p.run(&["run", "p.yaml"]);
+        assert_eq!(o.status.code(), Some(0), "out '{out}': {}", stderr(&o));
+    }
+}
+
+/// Before, an out folder holding the workspace in use (`--workspace
+/// sub/ws`, or the default `.orchestrate` of a run started in a sub-folder)
+/// was removed whole with the store in it, and an out inside the workspace
+/// was written into the store. Both are refused (exit 2) before anything
+/// runs, by `run` and by `checkout`, and nothing is touched.
+#[test]
+fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed() {
+    let p = Project::new();
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p sub && echo 1 > sub/a.txt', outs: [sub]}\n",
+    );
+    assert_eq!(p.run(&["run", "p.yaml", "--workspace", "ws"]).status.code(), Some(0));
+    p.write("sub/a.txt", "edited\n");
+    let refused = |o: &std::process::Output, out: &str| {
+        assert_eq!(o.status.code(), Some(2), "{}{}", stdout(o), stderr(o));
+        assert!(stderr(o).contains(&format!("out '{out}'")) && stderr(o).contains("workspace"), "{}", stderr(o));
+    };
+    // A workspace inside the out: given, and the default of a run started inside it.
+    std::fs::create_dir_all(p.path().join("sub/deeper")).unwrap();
+    let before = tree_of(p.path());
+    for verb in ["run", "checkout"] {
+        refused(&p.run(&[verb, "p.yaml", "--workspace", "sub/ws"]), "sub");
+        let o = std::process::Command::new(common::bin())
+            .args([verb, "../../p.yaml"])
+            .current_dir(p.path().join("sub/deeper"))
+            .output()
+            .unwrap();
+        refused(&o, "sub");
+        let mut now = tree_of(p.path());
+        now.retain(|k, _| !k.starts_with("sub/ws/") && !k.starts_with("sub/deeper/.orchestrate/"));
+        assert_eq!(now, before, "{verb}: a file of the project changed");
+    }
+    // An out inside the workspace.
+    p.write(
+        "q.yaml",
+        "name: q\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p ws/objects/x', outs: [ws/objects]}\n",
+    );
+    let before = tree_of(p.path());
+    for verb in ["run", "checkout"] {
+        refused(&p.run(&[verb, "q.yaml", "--workspace", "ws"]), "ws/objects");
+        refused(&p.run(&[verb, "q.yaml", "--workspace", "./ws/"]), "ws/objects");
+    }
+    let mut now = tree_of(p.path());
+    now.retain(|k, _| !k.starts_with("ws/"));
+    let mut then = before.clone();
+    then.retain(|k, _| !k.starts_with("ws/"));
+    assert_eq!(now, then, "a file of the project changed");
+    let objects = |t: &std::collections::BTreeMap<String, Vec<u8>>| {
+        t.iter().filter(|(k, _)| k.starts_with("ws/objects/")).map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
+    };
+    assert_eq!(objects(&tree_of(p.path())), objects(&before), "the store's objects changed");
+}

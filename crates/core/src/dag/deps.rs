@@ -62,9 +62,9 @@ pub enum DepsError {
     TooManyFiles,
 }
 
-/// The folders a walk never enters: ours and version control's.
+/// The folders a walk never enters: ours and other tools' ([`reserved_folder`](crate::store::fsx::reserved_folder)).
 fn skipped_folder(name: &str) -> bool {
-    matches!(name, ".orchestrate" | ".git" | ".dvc" | ".snakemake")
+    crate::store::fsx::reserved_folder(name).is_some()
 }
 
 /// Files under `root/rel` (relative to `root`, sorted), links refused by name.

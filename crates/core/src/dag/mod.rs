@@ -283,6 +283,8 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         }
     }
 
+    refuse_outs_over_spec_files(spec, &writers, &nodes)?;
+
     for i in 0..nodes.len() {
         let def = &nodes[i].def;
         let mut inputs = BTreeMap::new();
@@ -537,6 +539,35 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
     };
     isolation::check(spec, &nodes, &order)?;
     Ok(Dag { graph, nodes, index, order })
+}
+
+/// Refuses an out that is, or is a folder holding, the spec file or a file
+/// it extends: removed before its command runs, the spec would be gone.
+fn refuse_outs_over_spec_files(
+    spec: &Spec,
+    writers: &HashMap<String, (usize, String)>,
+    nodes: &[DagNode],
+) -> Result<(), SpecError> {
+    let Ok(base) = spec.base_dir.canonicalize() else { return Ok(()) };
+    let mut outs: Vec<(&String, &usize)> = writers.iter().map(|(path, (n, _))| (path, n)).collect();
+    outs.sort();
+    for (out, &n) in outs {
+        let at = base.join(out);
+        if let Some(file) = spec.files.iter().find(|f| f.starts_with(&at)) {
+            let shown = file.strip_prefix(&base).unwrap_or(file);
+            let what = if *file == at { "is".to_string() } else { format!("holds {}, which is", shown.display()) };
+            return Err(SpecError::new(
+                SpecErrorKind::Constraint,
+                spec.sources.locate_value(&node_path(&nodes[n].def, &["params", "outs"])),
+                format!(
+                    "node '{}': out '{out}' {what} the spec file or a file it extends; an out is removed whole \
+                     before its command runs, so the spec would be deleted. Write the node's files elsewhere",
+                    nodes[n].def.id
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn resolve_node(

@@ -80,6 +80,7 @@ pub fn check(
     env: &EnvProvider,
     remote: Option<&crate::remote::Remote>,
 ) -> Result<Vec<CheckResult>, StoreError> {
+    super::refuse_outs_over_workspace(ws, spec, dag)?;
     let index = ws.index()?;
     let run_id = super::new_run_id();
     let cancel = AtomicBool::new(false);

@@ -121,6 +121,24 @@ impl node::NodeObserver for Observer<'_> {
     }
 }
 
+/// Refuses a DAG one of whose outs holds the workspace or lies inside it
+/// (`--workspace` inside an out, or a run started in an out's folder),
+/// before anything runs, restores or is removed.
+pub(crate) fn refuse_outs_over_workspace(ws: &Workspace, spec: &Spec, dag: &Dag) -> Result<(), StoreError> {
+    let mut shell = dag.nodes.iter().filter(|n| n.outputs.iter().any(|o| o.workspace_path.is_some())).peekable();
+    if shell.peek().is_none() {
+        return Ok(());
+    }
+    let beside = crate::store::fsx::OutsBeside::new(&spec.base_dir, ws.root())
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    for node in shell {
+        beside
+            .check(node.outputs.iter().filter_map(|o| o.workspace_path.as_ref()))
+            .map_err(|e| StoreError::Invalid(format!("node '{}': {e}", node.id())))?;
+    }
+    Ok(())
+}
+
 /// A fresh run id: UTC time and process id, readable and unique on a machine.
 pub fn new_run_id() -> String {
     let t = now_rfc3339().replace(['-', ':'], "");
@@ -203,6 +221,7 @@ pub fn run_with(
     reporter: &mut dyn Reporter,
 ) -> Result<RunResult, StoreError> {
     let started = Instant::now();
+    refuse_outs_over_workspace(ws, spec, dag)?;
     let run_id = new_run_id();
     // One syncfs when the run ends instead of fsyncs per node (see DeferredSync).
     let deferred = crate::store::objects::DeferredSync::start(ws.root());

@@ -400,6 +400,7 @@ pub fn checkout(
     dag: &Dag,
     env: &EnvProvider,
 ) -> Result<Vec<CheckedOut>, crate::store::StoreError> {
+    super::refuse_outs_over_workspace(ws, spec, dag)?;
     let index = ws.index()?;
     let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
     let mut missing_root: BTreeMap<usize, String> = BTreeMap::new();

@@ -82,6 +82,7 @@ impl std::fmt::Display for EnvValue {
 pub struct ShellOp;
 
 pub use crate::store::fsx::normalize_rel;
+use crate::store::fsx::reserved_folder;
 
 impl Op for ShellOp {
     fn name(&self) -> &'static str {
@@ -106,6 +107,21 @@ impl Op for ShellOp {
                         unknown_key: false,
                     });
                 }
+            }
+        }
+        // An out is removed whole before the command runs: never one of
+        // version control's folders, DVC's or ours, nor inside one.
+        for (i, out) in p.outs.iter().enumerate() {
+            let rel = normalize_rel(out).unwrap_or_default();
+            if let Some((name, whose)) = rel.split('/').find_map(|part| Some((part, reserved_folder(part)?))) {
+                return Err(ParamError {
+                    path: vec!["outs".into(), i.to_string()],
+                    message: format!(
+                        "out '{out}' is or lies inside {whose} ('{name}'); orchestrate never removes or writes it \
+                         (an out is removed whole before the command runs). Write the node's files elsewhere"
+                    ),
+                    unknown_key: false,
+                });
             }
         }
         for (file, keys) in &p.params_files {
@@ -205,7 +221,13 @@ impl Op for ShellOp {
         let command = substitute_params(&p.cmd, &p.params_files, ctx.params_values).map_err(OpError::Failed)?;
         // Stale outs from an earlier run must not pass for fresh ones: each is
         // removed whole, a folder with every file in it (DVC does the same).
-        for out in p.outs.iter().filter_map(|o| normalize_rel(o)) {
+        // Never the store's folder, nor a folder holding it (`run` refuses
+        // such a spec before any node starts; this holds for every caller).
+        let outs: Vec<String> = p.outs.iter().filter_map(|o| normalize_rel(o)).collect();
+        crate::store::fsx::OutsBeside::new(ctx.spec_dir, ctx.workspace)
+            .and_then(|beside| beside.check(&outs))
+            .map_err(|e| OpError::Failed(e.to_string()))?;
+        for out in outs {
             let path = ctx.spec_dir.join(&out);
             crate::store::fsx::remove_out(ctx.spec_dir, &out)
                 .map_err(|e| OpError::io(format!("removing stale out {}", path.display()), e))?;

@@ -224,6 +224,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<Spec, SpecError> {
     Ok(Spec {
         name: doc.name,
         path: path.to_path_buf(),
+        files: chain,
         base_dir: if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir },
         profile: opts.profile.clone(),
         executor: opts.executor.unwrap_or(doc.executor),

@@ -337,6 +337,10 @@ pub struct Spec {
     pub name: String,
     /// The spec file that was loaded.
     pub path: PathBuf,
+    /// The real paths of the spec file and of each file it extends: no
+    /// node's out may be one or hold one (an out is removed before its
+    /// command runs).
+    pub files: Vec<PathBuf>,
     /// Relative paths in params (files, deps, outs) are relative to this folder.
     pub base_dir: PathBuf,
     pub profile: Option<String>,

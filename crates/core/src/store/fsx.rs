@@ -206,6 +206,98 @@ pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, UserFileE
     }
 }
 
+/// Folders that belong to orchestrate or to another tool (version control,
+/// DVC, Snakemake), by name, with whose they are: a dep walk never enters
+/// one, and no node's out may be one or lie inside one (an out is removed
+/// whole before its command runs, as DVC removes it).
+pub fn reserved_folder(name: &str) -> Option<&'static str> {
+    match name {
+        ".orchestrate" => Some("orchestrate's own folder"),
+        ".git" | ".hg" | ".svn" | ".jj" => Some("version control's folder"),
+        ".dvc" => Some("DVC's folder"),
+        ".snakemake" => Some("Snakemake's folder"),
+        _ => None,
+    }
+}
+
+/// How a node's out lies against the workspace a command uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceOverlap {
+    /// The workspace is the out or inside it: removing the out removes the store.
+    Holds,
+    /// The out is inside the workspace: the node would write into the store.
+    Inside,
+}
+
+/// Whether the out `rel` (normalized, relative to the real folder
+/// `spec_dir`) holds the real folder `workspace` or lies inside it. Both
+/// folders are canonical paths (links resolved), and an out is never reached
+/// through a link ([`remove_out`] refuses one), so the comparison is lexical.
+pub fn out_overlap(spec_dir: &Path, rel: &str, workspace: &Path) -> Option<WorkspaceOverlap> {
+    let out = spec_dir.join(rel);
+    if workspace.starts_with(&out) {
+        Some(WorkspaceOverlap::Holds)
+    } else if out.starts_with(workspace) {
+        Some(WorkspaceOverlap::Inside)
+    } else {
+        None
+    }
+}
+
+/// An out that the workspace in use forbids.
+#[derive(Debug, thiserror::Error)]
+pub enum OutOverWorkspace {
+    #[error(
+        "out '{out}' holds the workspace in use ({}): removing the out before its command runs would remove the \
+         store with it. Use a workspace outside the node's outs (--workspace), or run from the spec's folder",
+        .workspace.display()
+    )]
+    Holds { out: String, workspace: PathBuf },
+    #[error(
+        "out '{out}' lies inside the workspace in use ({}): a node never writes into orchestrate's store. \
+         Declare an out outside it",
+        .workspace.display()
+    )]
+    Inside { out: String, workspace: PathBuf },
+    #[error("resolving {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The real paths of a spec's folder and of the workspace in use, to check
+/// outs against ([`out_overlap`]) without resolving either again per node.
+#[derive(Debug, Clone)]
+pub struct OutsBeside {
+    dir: PathBuf,
+    workspace: PathBuf,
+}
+
+impl OutsBeside {
+    pub fn new(spec_dir: &Path, workspace: &Path) -> Result<OutsBeside, OutOverWorkspace> {
+        let real = |path: &Path| {
+            path.canonicalize().map_err(|source| OutOverWorkspace::Io { path: path.to_path_buf(), source })
+        };
+        Ok(OutsBeside { dir: real(spec_dir)?, workspace: real(workspace)? })
+    }
+
+    /// Refuses the first of `outs` (normalized, relative to the spec's
+    /// folder) that holds the workspace or lies inside it.
+    pub fn check<'a>(&self, outs: impl IntoIterator<Item = &'a String>) -> Result<(), OutOverWorkspace> {
+        for out in outs {
+            let (out, workspace) = (out.clone(), self.workspace.clone());
+            match out_overlap(&self.dir, &out, &self.workspace) {
+                Some(WorkspaceOverlap::Holds) => return Err(OutOverWorkspace::Holds { out, workspace }),
+                Some(WorkspaceOverlap::Inside) => return Err(OutOverWorkspace::Inside { out, workspace }),
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Lexically normalizes a relative path (`./a/../b` → `b`) so deps and outs
 /// written differently still match; `None` if it escapes upward or is absolute.
 pub fn normalize_rel(path: &str) -> Option<String> {
@@ -232,6 +324,26 @@ pub fn normalize_rel(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_out_over_the_workspace_is_found_by_whole_folder_names_on_real_paths() {
+        let t = tempfile::tempdir().unwrap();
+        let (dir, ws) = (t.path().join("project"), t.path().join("project/sub/ws"));
+        fs::create_dir_all(&ws).unwrap();
+        assert_eq!(out_overlap(&dir, "sub", &ws), Some(WorkspaceOverlap::Holds));
+        assert_eq!(out_overlap(&dir, "sub/ws", &ws), Some(WorkspaceOverlap::Holds));
+        assert_eq!(out_overlap(&dir, "sub/ws/objects", &ws), Some(WorkspaceOverlap::Inside));
+        assert_eq!(out_overlap(&dir, "su", &ws), None, "a prefix of a name is another folder");
+        assert_eq!(out_overlap(&dir, "sub/wsx", &ws), None);
+        assert_eq!(out_overlap(&dir, "other", &ws), None);
+        // The spec's folder reached through a link, the workspace by its real path.
+        std::os::unix::fs::symlink(&dir, t.path().join("alias")).unwrap();
+        let beside = OutsBeside::new(&t.path().join("alias"), &ws).unwrap();
+        let e = beside.check([&"out".to_string(), &"sub".to_string()]).unwrap_err();
+        assert!(matches!(&e, OutOverWorkspace::Holds { out, .. } if out == "sub"), "{e}");
+        assert!(beside.check([&"out".to_string(), &"subway".to_string()]).is_ok());
+        assert!(matches!(OutsBeside::new(&t.path().join("absent"), &ws), Err(OutOverWorkspace::Io { .. })));
+    }
 
     #[test]
     fn own_dir_makes_real_folders_and_refuses_links_to_anything() {

@@ -1152,6 +1152,9 @@ impl Workspace {
             if !matches!(self.check_output(index, o, spec_dir)?, Checked::Differs(_)) {
                 continue;
             }
+            fsx::OutsBeside::new(spec_dir, &self.root)
+                .and_then(|beside| beside.check([&rel]))
+                .map_err(|e| StoreError::Invalid(format!("node '{}': {e}", node.node_id)))?;
             let dest = spec_dir.join(&rel);
             if let Some(link) = fsx::link_on_path(spec_dir, &rel).filter(|l| *l != dest) {
                 return Err(StoreError::Invalid(format!(
