@@ -989,3 +989,40 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
     };
     assert_eq!(objects(&tree_of(p.path())), objects(&before), "the store's objects changed");
 }
+
+/// Before, `a` writing `data` and `b` writing `data/sub` validated, and the
+/// two ran side by side: `a` removed `data` whole while `b` wrote into it,
+/// and whether `a`'s stored folder held `b`'s file depended on which
+/// finished first (it did here), so one key named different bytes from run
+/// to run. DVC refuses overlapping outs; so does `validate` now, naming both.
+#[test]
+fn overlapping_outs_are_refused_naming_both_nodes() {
+    let p = Project::new();
+    for (outs_a, outs_b, first, second) in [
+        ("[data]", "[data/sub]", "'data' (node 'a')", "'data/sub' (node 'b')"),
+        ("[data/sub/deep.txt]", "[./data/sub/]", "'data/sub' (node 'b')", "'data/sub/deep.txt' (node 'a')"),
+        ("[data, data/x.txt]", "[other]", "'data' (node 'a')", "'data/x.txt' (node 'a')"),
+    ] {
+        p.write(
+            "p.yaml",
+            &format!(
+                "name: p\nnodes:\n  a:\n    op: shell\n    params: {{cmd: 'true', outs: {outs_a}}}\n  \
+                 b:\n    op: shell\n    params: {{cmd: 'true', outs: {outs_b}}}\n"
+            ),
+        );
+        for verb in ["validate", "run"] {
+            let o = p.run(&[verb, "p.yaml"]);
+            assert_eq!(o.status.code(), Some(2), "{verb} {outs_a} {outs_b}: {}{}", stdout(&o), stderr(&o));
+            let e = stderr(&o);
+            assert!(e.contains(&format!("{first} holds {second}")), "{verb} {outs_a} {outs_b}: {e}");
+        }
+    }
+    // Siblings and names that only share a prefix do not overlap.
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'mkdir -p data/a && echo > data/a/x', outs: [data/a]}\n  \
+         b:\n    op: shell\n    params: {cmd: 'echo > data/ab', outs: [data/ab]}\n",
+    );
+    let o = p.run(&["run", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
