@@ -360,6 +360,26 @@ fn a_folder_remote_round_trips_and_its_lying_records_are_refused() {
             None,
         ),
         (original.clone(), "over the limit of 4", Some("4")),
+        // Before, a record could name any path inside the spec's folder, and
+        // `pull` wrote the node's bytes there when it was missing: a git
+        // hook, or a `sitecustomize.py` beside the user's scripts. The key
+        // does not cover where outputs go, so a record must list exactly the
+        // outputs the node declares here.
+        (
+            original.replace("\"workspace_path\": \"d.txt\"", "\"workspace_path\": \".git/hooks/pre-commit\""),
+            "goes to '.git/hooks/pre-commit' in the tree, but node 'd' declares it at 'd.txt'",
+            None,
+        ),
+        (
+            original.replace("\"workspace_path\": \"d.txt\"", "\"workspace_path\": \"sitecustomize.py\""),
+            "goes to 'sitecustomize.py' in the tree, but node 'd' declares it at 'd.txt'",
+            None,
+        ),
+        (
+            original.replace("\"name\": \"d.txt\"", "\"name\": \"e.txt\""),
+            "lists the outputs [e.txt], but node 'd' declares [d.txt]",
+            None,
+        ),
     ] {
         assert!(env.is_some() || lie != original, "the lie changed the record: {expected}");
         std::fs::write(&d, &lie).unwrap();
@@ -373,6 +393,9 @@ fn a_folder_remote_round_trips_and_its_lying_records_are_refused() {
         assert_eq!(out.status.code(), Some(1), "{lie}");
         assert!(stderr(&out).contains(expected), "{expected}: {}", stderr(&out));
         assert!(!fresh.path().join("d.txt").exists() && !Path::new("/outside.txt").exists());
+        for planted in [".git/hooks/pre-commit", "sitecustomize.py", "e.txt"] {
+            assert!(!fresh.path().join(planted).exists(), "{expected}: the pull wrote {planted}");
+        }
     }
     std::fs::write(&d, &original).unwrap();
 }

@@ -162,7 +162,8 @@ pub fn check(
         let mut cached = index.lookup(&key)?;
         if cached.is_none() {
             if let Some(remote) = remote {
-                match crate::remote::fetch_node(ws, &index, remote, &key, (&id, &spec.name), &spec.base_dir, &quiet) {
+                let local = crate::remote::LocalNode { id: &id, spec: &spec.name, outputs: &node.outputs };
+                match crate::remote::fetch_node(ws, &index, remote, &key, local, &spec.base_dir, &quiet) {
                     Ok(Some(_)) => {
                         from_remote = true;
                         cached = index.lookup(&key)?;

@@ -485,7 +485,7 @@ impl NodeJob<'_> {
     pub fn from_remote(&self, key: &Key) -> Result<Option<Outcome>, NotTaken> {
         let (false, Some(remote)) = (self.force, self.remote) else { return Ok(None) };
         let quiet = crate::remote::sync_progress_none();
-        let local = (self.node.id(), self.spec_name);
+        let local = crate::remote::LocalNode { id: self.node.id(), spec: self.spec_name, outputs: &self.node.outputs };
         match crate::remote::fetch_node(self.ws, self.index, remote, key, local, self.spec_dir, &quiet) {
             Ok(Some((node, verified))) => Ok(Some(Outcome::Cached {
                 key: key.clone(),

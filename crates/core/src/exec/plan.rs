@@ -515,13 +515,14 @@ pub fn pull_spec(
                     total.present += 1;
                     known.insert(id, cached.outputs);
                 }
-                Decision::Run(_) => keys.push((id, key)),
+                Decision::Run(_) => keys
+                    .push((crate::remote::LocalNode { id: node.id(), spec: &spec.name, outputs: &node.outputs }, key)),
             }
         }
         if keys.is_empty() {
             continue;
         }
-        let (t, done) = crate::remote::pull(ws, &index, remote, &keys, (&spec.name, &spec.base_dir), progress)?;
+        let (t, done) = crate::remote::pull(ws, &index, remote, &keys, &spec.base_dir, progress)?;
         total.nodes += t.nodes;
         total.objects += t.objects;
         total.bytes = t.bytes;

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use crate::trust::{SecretKey, TrustPolicy};
 
 pub use backend::{Backend, DirBackend, S3Backend};
-pub use sync::{fetch_node, pull, push, read_record, Progress, RemoteRecord, Transfer};
+pub use sync::{fetch_node, pull, push, read_record, LocalNode, Progress, RemoteRecord, Transfer};
 
 /// A progress that draws nothing (a node fetched during a run).
 pub fn sync_progress_none() -> Progress {

@@ -598,6 +598,49 @@ fn parse_listing(bytes: &[u8]) -> Result<Vec<ListedFile>, String> {
     Ok(out)
 }
 
+/// A node of the spec being run here, as a record fetched for it must match.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalNode<'a> {
+    /// Its id in this spec (the record is kept under it).
+    pub id: &'a str,
+    /// This spec's name.
+    pub spec: &'a str,
+    /// The outputs it declares: a record must list exactly these, in order,
+    /// each going where it declares in the tree.
+    pub outputs: &'a [crate::ops::OutputDecl],
+}
+
+impl LocalNode<'_> {
+    /// Refuses a record whose outputs are not the ones this node declares.
+    /// The key covers what a node read, not where its outputs go, so without
+    /// this a record could have `pull` write a node's bytes anywhere in the
+    /// spec's folder where no file is yet (a git hook, a `sitecustomize.py`).
+    fn check_outputs(&self, node: &CachedNode, what: &str) -> Result<(), RemoteError> {
+        let names = |it: &mut dyn Iterator<Item = &String>| it.cloned().collect::<Vec<_>>().join(", ");
+        let listed = names(&mut node.outputs.iter().map(|o| &o.name));
+        let declared = names(&mut self.outputs.iter().map(|o| &o.name));
+        if listed != declared {
+            return Err(RemoteError::Refused(format!(
+                "{what}: it lists the outputs [{listed}], but node '{}' declares [{declared}]; refused",
+                self.id
+            )));
+        }
+        for (o, d) in node.outputs.iter().zip(self.outputs) {
+            if o.workspace_path != d.workspace_path {
+                let at = |p: &Option<String>| p.as_deref().map_or("the store only".to_string(), |p| format!("'{p}'"));
+                return Err(RemoteError::Refused(format!(
+                    "{what}: output '{}' goes to {} in the tree, but node '{}' declares it at {}; refused",
+                    o.name,
+                    at(&o.workspace_path),
+                    self.id,
+                    at(&d.workspace_path)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Fetches a node by key: its record, then every object it names, then the
 /// record is committed locally (and outputs that live in the user's tree are
 /// written there when missing). `None` when the remote does not have it.
@@ -608,12 +651,13 @@ pub fn fetch_node(
     index: &Index,
     remote: &Remote,
     key: &Key,
-    local: (&str, &str),
+    local: LocalNode<'_>,
     spec_dir: &Path,
     progress: &Progress,
 ) -> Result<Option<(CachedNode, Verified)>, RemoteError> {
     let Some((mut node, verified)) = read_record(remote, key)? else { return Ok(None) };
-    (node.node_id, node.spec) = (local.0.to_string(), local.1.to_string());
+    local.check_outputs(&node, &format!("record {} on {}", key.short(), remote.url))?;
+    (node.node_id, node.spec) = (local.id.to_string(), local.spec.to_string());
     for o in &node.outputs {
         fetch_object(ws, remote, &node, o, progress)?;
     }
@@ -644,25 +688,32 @@ pub fn pull(
     ws: &Workspace,
     index: &Index,
     remote: &Remote,
-    keys: &[(String, Key)],
-    spec: (&str, &Path),
+    keys: &[(LocalNode<'_>, Key)],
+    spec_dir: &Path,
     progress: &Progress,
 ) -> Result<(Transfer, BTreeMap<String, CachedNode>), RemoteError> {
-    let (spec_name, spec_dir) = spec;
     let mut t = Transfer::default();
     let records = parallel(keys, remote.jobs, |(_, k)| read_record(remote, k));
     let mut found: Vec<CachedNode> = Vec::new();
-    for ((id, _), r) in keys.iter().zip(records) {
-        match r {
+    for ((local, key), r) in keys.iter().zip(records) {
+        let id = local.id;
+        let checked = r.and_then(|r| match r {
+            Some((n, verified)) => {
+                local.check_outputs(&n, &format!("record {} on {}", key.short(), remote.url))?;
+                Ok(Some((n, verified)))
+            }
+            None => Ok(None),
+        });
+        match checked {
             Ok(Some((mut n, verified))) => {
                 if let Some(why) = remote.trust.flagged(&verified) {
                     t.unverified.push(format!("{id}: {why}"));
                 }
                 progress.grow(n.outputs.iter().map(|o| o.object.size).sum());
-                (n.node_id, n.spec) = (id.clone(), spec_name.to_string());
+                (n.node_id, n.spec) = (id.to_string(), local.spec.to_string());
                 found.push(n);
             }
-            Ok(None) => t.missing.push(id.clone()),
+            Ok(None) => t.missing.push(id.to_string()),
             Err(e) => t.failed.push(format!("node '{id}': {e}")),
         }
     }
