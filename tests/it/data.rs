@@ -303,6 +303,85 @@ fn imported_test_labels_cannot_reach_training_even_through_a_file_another_node_w
     ));
 }
 
+/// Before, isolation followed only artifacts: a `role: training` node
+/// listing the very file `dataset.import` reads as the test split (`deps:
+/// [te.jsonl]`, a glob or a folder holding it) compiled, and so did an
+/// inference node reading a raw file full of answers. A file an import reads
+/// now carries that split's pages and labels, for every other node that
+/// reads it, and passes them on through what that node writes.
+#[test]
+fn the_raw_file_an_import_reads_as_test_data_is_test_data_for_every_other_reader() {
+    let rejected_here = |files: &[(&str, &str)], yaml: &str| -> String {
+        let p = Project::new();
+        for (rel, text) in files {
+            p.write(rel, text);
+        }
+        p.write("leak.yaml", yaml);
+        let out = p.run(&["validate", "leak.yaml"]);
+        assert_eq!(out.status.code(), Some(2), "expected a compile error: {}{yaml}", stdout(&out));
+        stderr(&out)
+    };
+    let raw = [("raw/tr.jsonl", ""), ("raw/te.jsonl", ""), ("raw/all.jsonl", "")];
+    let data = format!("name: leak\nnodes:\n{}", import_node("data", "{train: raw/tr.jsonl, test: raw/te.jsonl}", ""));
+    let user = |role: &str, deps: &str| {
+        format!("{data}  use:\n    op: shell\n    params: {{cmd: 'true', deps: {deps}, role: {role}}}\n")
+    };
+    for deps in ["[raw/te.jsonl]", "['raw/*.jsonl']", "[raw]", "['**/te.jsonl']"] {
+        let err = rejected_here(&raw, &user("training", deps));
+        assert!(
+            err.contains("a training node may not read test data: node 'use' (shell, role training) reads test")
+                && err.contains("'raw/te.jsonl', the file node 'data' imports as its test split"),
+            "{deps}: {err}"
+        );
+    }
+    // Any labels, for inference: the train file holds answers too.
+    let err = rejected_here(&raw, &user("inference", "[raw/tr.jsonl]"));
+    assert!(
+        err.contains("an inference node may not read labels")
+            && err.contains("'raw/tr.jsonl', the file node 'data' imports as its train split"),
+        "{err}"
+    );
+    // One file split by ratios holds every split.
+    let split = format!(
+        "name: leak\nnodes:\n  data:\n    op: dataset.import\n    params: {{file: raw/all.jsonl, ratios: {{train: 0.8, test: 0.2}}, {FIELDS}}}\n  \
+         use:\n    op: shell\n    params: {{cmd: 'true', deps: [raw/all.jsonl], role: training}}\n"
+    );
+    let err = rejected_here(&raw, &split);
+    assert!(err.contains("reads test") && err.contains("the file node 'data' splits into train, test"), "{err}");
+    // Laundered through a node with no role, and through a second import as train.
+    let laundered = format!(
+        "{data}  copy:\n    op: shell\n    params: {{cmd: 'cp raw/te.jsonl c.jsonl', deps: [raw/te.jsonl], outs: [c.jsonl]}}\n  \
+         use:\n    op: shell\n    params: {{cmd: 'true', deps: [c.jsonl], role: training}}\n"
+    );
+    let err = rejected_here(&raw, &laundered);
+    assert!(err.contains("through dep 'c.jsonl' ← 'copy:c.jsonl' (which derives from 'raw/te.jsonl, the file node 'data' imports as its test split')"), "{err}");
+    let again = format!(
+        "{data}{}  use:\n    op: shell\n    inputs: {{x: 'again:labels.train'}}\n    params: {{cmd: 'true', role: training}}\n",
+        import_node("again", "{train: raw/te.jsonl}", "")
+    );
+    let err = rejected_here(&raw, &again);
+    assert!(err.contains("reads test") && err.contains("'again:labels.train'"), "{err}");
+    // A file another node writes, imported as test.
+    let written = format!(
+        "name: leak\nnodes:\n  gen:\n    op: shell\n    params: {{cmd: 'true', outs: [gen/te.jsonl]}}\n{}  \
+         use:\n    op: shell\n    params: {{cmd: 'true', deps: [gen/te.jsonl], role: training}}\n",
+        import_node("data", "{train: raw/tr.jsonl, test: gen/te.jsonl}", "")
+    );
+    let err = rejected_here(&raw, &written);
+    assert!(err.contains("reads test") && err.contains("the file node 'data' imports as its test split"), "{err}");
+    // What stays allowed: training on the train file, scoring on anything,
+    // and the import itself reading both.
+    for (role, deps) in [("training", "[raw/tr.jsonl]"), ("scoring", "[raw]"), ("any", "[raw/te.jsonl]")] {
+        let p = Project::new();
+        for (rel, text) in raw {
+            p.write(rel, text);
+        }
+        p.write("ok.yaml", &user(role, deps));
+        let out = p.run(&["validate", "ok.yaml"]);
+        assert_eq!(out.status.code(), Some(0), "{role} {deps}: {}", stderr(&out));
+    }
+}
+
 /// Runs a one-node import spec expected to fail; returns stderr, after
 /// checking nothing was cached and the data file is unchanged.
 fn import_fails(p: &Project, file: &str, fields: &str) -> String {

@@ -13,12 +13,111 @@ use crate::spec::{Spec, SpecError, SpecErrorKind};
 /// Taints of one output, each with the `NODE:OUTPUT` it originally came from.
 type Taints = BTreeMap<Taint, String>;
 
+/// A file some node reads as data, as the others see it: the pages and
+/// labels it holds (each with how it came to hold them), and who imports it.
+struct Source {
+    taints: Taints,
+    reader: String,
+    /// `the file node 'data' imports as its test split`.
+    said: String,
+}
+
+/// Every file a node reads as a split's data ([`crate::ops::AnyOp::data_sources`]), by path.
+fn data_sources(nodes: &[DagNode]) -> BTreeMap<String, Vec<Source>> {
+    let mut sources: BTreeMap<String, Vec<Source>> = BTreeMap::new();
+    for node in nodes {
+        for s in node.op.data_sources(&node.params) {
+            let said = format!("the file node '{}' {}", node.def.id, s.how);
+            let origin = format!("{}, {said}", s.path);
+            let taints = s.taints.into_iter().map(|t| (t, origin.clone())).collect();
+            sources.entry(s.path).or_default().push(Source { taints, reader: node.def.id.clone(), said });
+        }
+    }
+    sources
+}
+
+/// How one dep of a node reaches files of the user's folder.
+enum Dep<'a> {
+    /// A file no node writes.
+    File(&'a str),
+    /// A folder no node writes, less what nodes write inside it.
+    Dir(&'a str, &'a [String]),
+    /// A glob's matches on disk.
+    Glob(&'a [String]),
+    /// A file or folder another node writes.
+    Written(&'a str),
+}
+
+impl Dep<'_> {
+    fn reads(&self, path: &str) -> bool {
+        let inside = |dir: &str| path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'));
+        match self {
+            Dep::File(f) => path == *f,
+            Dep::Dir(dir, skip) => inside(dir) && !skip.iter().any(|s| s == path),
+            Dep::Glob(matches) => matches.iter().any(|m| m == path),
+            Dep::Written(dep) => path == *dep || inside(dep),
+        }
+    }
+}
+
+/// The data files among what `node` reads from the user's folder (a file,
+/// a folder holding one, a glob matching one, or a dep another node writes),
+/// with the dep that reads each; the files it imports itself are left out.
+fn raw_reads<'a>(node: &'a DagNode, sources: &'a BTreeMap<String, Vec<Source>>) -> Vec<(&'a str, &'a str, &'a Source)> {
+    if sources.is_empty() {
+        return Vec::new();
+    }
+    let mut deps: Vec<(&str, Dep<'_>)> = node.files.iter().map(|f| (f.as_str(), Dep::File(f))).collect();
+    for t in &node.trees {
+        deps.push(match &t.kind {
+            super::deps::TreeKind::Dir { skip } => (t.name.as_str(), Dep::Dir(&t.name, skip)),
+            super::deps::TreeKind::Glob { matches } => (t.name.as_str(), Dep::Glob(matches)),
+        });
+    }
+    for dep in node.inputs.keys().filter_map(|i| i.strip_prefix(FILE_DEP_PREFIX)) {
+        deps.push((dep, Dep::Written(dep)));
+    }
+    let mut out = Vec::new();
+    for (dep, reach) in &deps {
+        for (path, list) in sources.iter().filter(|(path, _)| reach.reads(path)) {
+            out.extend(list.iter().filter(|s| s.reader != node.def.id).map(|s| (*dep, path.as_str(), s)));
+        }
+    }
+    out
+}
+
 pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), SpecError> {
+    let sources = data_sources(nodes);
     let mut outputs: BTreeMap<(String, String), Taints> = BTreeMap::new();
     for &pos in order {
         let node = &nodes[pos];
         let role = node.op.role(&node.params);
         let mut read: Taints = BTreeMap::new();
+        for (dep, path, source) in raw_reads(node, &sources) {
+            for (taint, origin) in &source.taints {
+                if let Some(why) = role.forbids(*taint) {
+                    let said = &source.said;
+                    let shown = if dep == path {
+                        format!("dep '{dep}', {said}")
+                    } else {
+                        format!("dep '{dep}' ('{path}', {said})")
+                    };
+                    let at: Vec<String> =
+                        ["nodes", node.def.base_id.as_str(), "params", "deps"].iter().map(|s| s.to_string()).collect();
+                    return Err(SpecError::new(
+                        SpecErrorKind::DataIsolation,
+                        spec.sources.locate_value(&at),
+                        format!(
+                            "{why}: node '{}' ({}, role {}) reads {taint} through {shown}",
+                            node.def.id,
+                            node.op.name(),
+                            role.as_str()
+                        ),
+                    ));
+                }
+                read.entry(*taint).or_insert_with(|| origin.clone());
+            }
+        }
         for (input, refs) in &node.inputs {
             for r in refs {
                 let taints = outputs.get(&(r.node.clone(), r.output.clone())).cloned().unwrap_or_default();

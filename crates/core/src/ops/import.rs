@@ -267,6 +267,30 @@ impl Op for DatasetImport {
     fn file_deps(&self, p: &Self::Params, _spec_dir: &std::path::Path) -> Vec<String> {
         p.sources().iter().filter_map(|(_, f)| super::shell::normalize_rel(f)).collect()
     }
+    fn data_sources(&self, p: &Self::Params) -> Vec<super::DataSource> {
+        let both = |s: Split| [super::Taint::Pages(s), super::Taint::Labels(s)];
+        p.sources()
+            .into_iter()
+            .filter_map(|(split, file)| {
+                let path = super::shell::normalize_rel(file)?;
+                Some(match split {
+                    Some(s) => super::DataSource {
+                        path,
+                        taints: both(s).to_vec(),
+                        how: format!("imports as its {} split", s.as_str()),
+                    },
+                    None => super::DataSource {
+                        path,
+                        taints: p.splits().into_iter().flat_map(both).collect(),
+                        how: format!(
+                            "splits into {}",
+                            p.splits().iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                        ),
+                    },
+                })
+            })
+            .collect()
+    }
     fn outputs(&self, p: &Self::Params) -> Vec<OutputDecl> {
         split_outputs(&p.splits())
     }

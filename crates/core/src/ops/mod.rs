@@ -95,6 +95,17 @@ impl Role {
 
 pub use crate::store::OutputKind;
 
+/// A file of the user's that a node reads as data ([`Op::data_sources`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataSource {
+    /// Relative to the spec's folder, normalized.
+    pub path: String,
+    /// The pages and labels it holds.
+    pub taints: Vec<Taint>,
+    /// How the node reads it, for errors: `imports as its test split`.
+    pub how: String,
+}
+
 /// An output an op promises to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputDecl {
@@ -300,6 +311,12 @@ pub trait Op: Send + Sync + 'static {
     fn params_files(&self, _params: &Self::Params) -> Vec<(String, Vec<String>)> {
         Vec::new()
     }
+    /// Files of the user's (relative to the spec's folder) this node reads
+    /// as a split's data, with what each holds and how to say so: any other
+    /// node that reads one reads those pages and labels.
+    fn data_sources(&self, _params: &Self::Params) -> Vec<DataSource> {
+        Vec::new()
+    }
     /// Interpreters the node runs programs with (`python3` of a reward
     /// program): each one's `--version` is in the key.
     fn interpreters(&self, _params: &Self::Params) -> Vec<String> {
@@ -370,6 +387,7 @@ pub trait AnyOp: Send + Sync {
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
+    fn data_sources(&self, params: &Params) -> Vec<DataSource>;
     fn interpreters(&self, params: &Params) -> Vec<String>;
     fn numerical(&self) -> bool;
     fn role(&self, params: &Params) -> Role;
@@ -414,6 +432,9 @@ impl<T: Op> AnyOp for T {
     }
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)> {
         Op::params_files(self, params.typed())
+    }
+    fn data_sources(&self, params: &Params) -> Vec<DataSource> {
+        Op::data_sources(self, params.typed())
     }
     fn interpreters(&self, params: &Params) -> Vec<String> {
         Op::interpreters(self, params.typed())
