@@ -82,12 +82,18 @@ pub fn path(ctx: &Ctx, args: PathArgs) -> Result<Status> {
     }
     let ws = Workspace::open_read_only(&ctx.workspace)?;
     let entries = plan::plan(ws.as_ref(), &spec, &dag, &BTreeSet::new(), &runtime::env_provider())?;
-    let cached = entries.iter().find(|e| e.node == node).and_then(|e| match &e.state {
-        PlanState::Cached { key } => Some(key.clone()),
-        _ => None,
-    });
+    // A restorable node's objects are in the store (only its outs in the tree differ).
+    let state = entries.iter().find(|e| e.node == node).map(|e| &e.state);
+    let (cached, why) = match state {
+        Some(PlanState::Cached { key } | PlanState::Restore { key, .. }) => (Some(key.clone()), String::new()),
+        Some(PlanState::Run { reason, .. }) => (None, format!(" (it would run: {reason})")),
+        Some(PlanState::CachedRemote { remote, .. }) => (None, format!(" here (the remote {remote} has it: pull it)")),
+        Some(PlanState::Pending { after }) => (None, format!(" (it waits on {}, which would run)", after.join(", "))),
+        Some(PlanState::Error { error }) => bail!("cannot tell whether '{node}' is cached: {error}"),
+        None => (None, String::new()),
+    };
     let (Some(ws), Some(key)) = (ws, cached) else {
-        eprintln!("'{node}' is not cached as the spec stands: run it first");
+        eprintln!("'{node}' is not cached as the spec stands{why}: run it first");
         return Ok(Status::Failed);
     };
     let record = ws.index()?.lookup(&key)?.ok_or_else(|| anyhow::anyhow!("cache row vanished for {key}"))?;

@@ -1026,3 +1026,28 @@ fn overlapping_outs_are_refused_naming_both_nodes() {
     let o = p.run(&["run", "p.yaml"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// Before, `path` said "'train' is not cached as the spec stands: run it
+/// first" whatever the reason: for a node whose store object is there but
+/// whose out was deleted from the tree (`plan` says `restore`), and with no
+/// reason when a param had changed. It now prints the store path of a
+/// restorable output, and says why a node would run.
+#[test]
+fn path_prints_a_restorable_output_and_says_why_a_node_would_run() {
+    let p = project();
+    assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
+    let stored = p.run(&["path", "p.yaml", "train:out"]);
+    assert_eq!(stored.status.code(), Some(0), "{}", stderr(&stored));
+    std::fs::remove_dir_all(p.path().join("out")).unwrap();
+    let again = p.run(&["path", "p.yaml", "train:out"]);
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(stdout(&again), stdout(&stored));
+    assert!(std::path::Path::new(stdout(&again).trim()).join("checkpoint-1/model.bin").is_file());
+    let changed = p.run(&["path", "p.yaml", "train:out", "--set", "nodes.train.params.env.LR=0.3"]);
+    assert_eq!(changed.status.code(), Some(1), "{}", stdout(&changed));
+    assert!(
+        stderr(&changed).contains("'train' is not cached as the spec stands (it would run: params.env.LR: 0.1 → 0.3)"),
+        "{}",
+        stderr(&changed)
+    );
+}
