@@ -1051,3 +1051,45 @@ fn path_prints_a_restorable_output_and_says_why_a_node_would_run() {
         stderr(&changed)
     );
 }
+
+/// Before, a dep folder holding a workspace (`--workspace data/ws` beside
+/// `deps: [data]`) hashed the store's own files into the key, so the node
+/// ran again on every run (`dep 'data': ws/cache.sqlite changed, ...`),
+/// and an out folder holding a workspace not in use (an earlier run started
+/// inside it) was removed whole with every result in it. A workspace is
+/// never data: a dep walk leaves it out, and an out holding one is not
+/// removed (the node fails, naming it).
+#[test]
+fn a_workspace_inside_a_dep_is_not_hashed_and_one_inside_an_out_is_never_removed() {
+    let p = Project::new();
+    p.write("data/x.txt", "x\n");
+    p.write("p.yaml", "name: p\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'cat data/x.txt > a.txt', deps: [data], outs: [a.txt]}\n");
+    assert_eq!(p.run(&["run", "p.yaml", "--workspace", "data/ws"]).status.code(), Some(0));
+    let again = p.run(&["run", "p.yaml", "--workspace", "data/ws", "--json"]);
+    assert_eq!(nodes_with(&events(&again), "cache_hit"), ["a"], "{}", stdout(&again));
+    p.write("data/x.txt", "y\n");
+    let changed = p.run(&["plan", "p.yaml", "--workspace", "data/ws"]);
+    assert!(stdout(&changed).contains("dep 'data': x.txt changed"), "{}", stdout(&changed));
+
+    // An out holding another workspace: made by a run started inside it.
+    p.write(
+        "exp/inner.yaml",
+        "name: inner\nnodes:\n  i:\n    op: shell\n    params: {cmd: 'echo 1 > i.txt', outs: [i.txt]}\n",
+    );
+    let inner = std::process::Command::new(common::bin())
+        .args(["run", "inner.yaml"])
+        .current_dir(p.path().join("exp"))
+        .output()
+        .unwrap();
+    assert_eq!(inner.status.code(), Some(0), "{}", stderr(&inner));
+    p.write(
+        "q.yaml",
+        "name: q\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p exp && echo > exp/new.txt', outs: [exp]}\n",
+    );
+    let before = tree_of(&p.path().join("exp"));
+    let o = p.run(&["run", "q.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let said = stdout(&o) + &stderr(&o);
+    assert!(said.contains("exp/.orchestrate") && said.contains("workspace"), "{said}");
+    assert_eq!(tree_of(&p.path().join("exp")), before, "a file under the out holding a workspace changed");
+}

@@ -75,9 +75,12 @@ pub fn walk(root: &Path, rel: &str, glob: Option<&globset::GlobMatcher>) -> Resu
     while let Some(dir_rel) = stack.pop() {
         let dir = if dir_rel.is_empty() { root.to_path_buf() } else { root.join(&dir_rel) };
         let listing = |source| DepsError::Io { doing: "listing", path: dir.clone(), source };
-        let entries = std::fs::read_dir(&dir).map_err(listing)?;
+        let entries = std::fs::read_dir(&dir).map_err(listing)?.collect::<Result<Vec<_>, _>>().map_err(listing)?;
+        // A workspace (of any name) is never data: its files are left out.
+        if entries.iter().any(|e| e.file_name() == crate::store::MARKER) && crate::store::is_workspace(&dir) {
+            continue;
+        }
         for entry in entries {
-            let entry = entry.map_err(listing)?;
             let name = entry.file_name().to_string_lossy().into_owned();
             let child = if dir_rel.is_empty() { name.clone() } else { format!("{dir_rel}/{name}") };
             let ty =

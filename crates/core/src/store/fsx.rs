@@ -168,11 +168,39 @@ pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
         Ok(m) if m.is_dir() => {
+            if let Some(ws) = workspace_within(&path)? {
+                return Err(std::io::Error::other(format!(
+                    "{} is an orchestrate workspace inside the out '{rel}': the out is not removed, so that store \
+                     is kept. Move the workspace out of the folder (or remove it yourself) and run again",
+                    ws.display()
+                )));
+            }
             super::objects::remove_any(&path).map_err(|e| std::io::Error::other(e.to_string()))?;
             Ok(true)
         }
         Ok(_) => std::fs::remove_file(&path).map(|()| true),
     }
+}
+
+/// The first orchestrate workspace ([`super::is_workspace`]) at or under the
+/// folder `dir`, links not followed: what removing the folder would destroy.
+pub fn workspace_within(dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        let mut marked = false;
+        for entry in std::fs::read_dir(&at)? {
+            let entry = entry?;
+            if entry.file_name() == super::MARKER {
+                marked = true;
+            } else if entry.file_type()?.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+        if marked && super::is_workspace(&at) {
+            return Ok(Some(at));
+        }
+    }
+    Ok(None)
 }
 
 /// Why a user's file was not opened; each names the file as the user wrote it.

@@ -329,6 +329,15 @@ enum Found {
     Foreign,
 }
 
+/// Whether `dir` is an orchestrate workspace: its marker is a regular file
+/// (never read through a link) that reads as one of ours, of any format.
+/// A workspace is never data: a dep walk leaves it out, and an out folder
+/// holding one is not removed.
+pub fn is_workspace(dir: &Path) -> bool {
+    crate::fsread::read_bounded_file(&dir.join(MARKER), 4096)
+        .is_ok_and(|bytes| serde_json::from_slice::<Marker>(&bytes).is_ok())
+}
+
 fn is_marker_tmp(name: &str) -> bool {
     name.starts_with(&format!(".{MARKER}.")) && name.ends_with(".tmp")
 }
