@@ -348,6 +348,11 @@ pub struct CheckoutArgs {
     /// Only these nodes and what they need.
     #[arg(value_name = "NODE")]
     pub targets: Vec<String>,
+    /// Replace outs whose bytes in the tree the store does not hold (edits
+    /// by hand, files added to a folder out); without it they are kept and
+    /// named, and the exit code is 1, as `dvc checkout` without --force.
+    #[arg(long, short = 'f')]
+    pub force: bool,
     #[arg(long)]
     pub json: bool,
 }

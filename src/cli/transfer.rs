@@ -60,12 +60,12 @@ pub fn pull(ctx: &Ctx, args: PullArgs) -> Result<Status> {
 
 /// `orchestrate checkout`: the outs in the tree made to match the store.
 pub fn checkout(ctx: &Ctx, args: CheckoutArgs) -> Result<Status> {
-    let CheckoutArgs { spec, targets, json } = args;
+    let CheckoutArgs { spec, targets, force, json } = args;
     let (spec, dag) = load(&spec, &ctx.registry)?;
     let (spec, dag, _) = select(spec, dag, targets, Vec::new())?;
     let ws = Workspace::open(&ctx.workspace)?;
-    let done = plan::checkout(&ws, &spec, &dag, &runtime::env_provider())?;
-    let (mut restored, mut missing) = (0usize, 0usize);
+    let done = plan::checkout(&ws, &spec, &dag, &runtime::env_provider(), force)?;
+    let (mut restored, mut missing, mut kept) = (0usize, 0usize, 0usize);
     for d in &done {
         if json {
             outln!("{}", serde_json::to_string(d)?);
@@ -78,6 +78,15 @@ pub fn checkout(ctx: &Ctx, args: CheckoutArgs) -> Result<Status> {
                     "restored    {node} {} ({})",
                     key.short(),
                     orchestrate_core::exec::node::files_and_bytes(*files, *bytes)
+                )
+            }
+            plan::CheckedOut::Kept { node, key, outs, .. } => {
+                kept += 1;
+                let outs: Vec<String> = outs.iter().map(|o| format!("out '{}': {}", o.path, o.changes)).collect();
+                format!(
+                    "kept        {node} {} ({}; the store does not have these bytes: --force replaces them)",
+                    key.short(),
+                    outs.join("; ")
                 )
             }
             plan::CheckedOut::Missing { node, reason } => {
@@ -94,9 +103,11 @@ pub fn checkout(ctx: &Ctx, args: CheckoutArgs) -> Result<Status> {
         }
     }
     if !json {
-        outln!("{restored} restored, {} up to date, {missing} not in the store", done.len() - restored - missing);
+        let up_to_date = done.len() - restored - missing - kept;
+        let kept = if kept > 0 { format!(", {kept} kept (edited; --force replaces)") } else { String::new() };
+        outln!("{restored} restored, {up_to_date} up to date, {missing} not in the store{kept}");
     }
-    Ok(if missing == 0 { Status::Ok } else { Status::Failed })
+    Ok(if missing == 0 && kept == 0 { Status::Ok } else { Status::Failed })
 }
 
 /// The remote of `push`, `pull` and `run --remote`: the URL given (empty:

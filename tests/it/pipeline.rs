@@ -383,7 +383,7 @@ fn gc_frees_exactly_the_unreferenced_objects_and_the_kept_spec_stays_a_full_cach
 
 /// `orchestrate checkout` (`dvc checkout`): before, there was no such command.
 #[test]
-fn checkout_restores_missing_and_edited_outs_from_the_store_without_running() {
+fn checkout_restores_missing_outs_and_keeps_edits_the_store_lacks_unless_forced() {
     let p = project();
     assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
     let model = p.read("out/checkpoint-1/model.bin");
@@ -396,10 +396,24 @@ fn checkout_restores_missing_and_edited_outs_from_the_store_without_running() {
     assert!(stdout(&out).contains("restored    prepare"), "{}", stdout(&out));
     assert!(p.path().join("data/prepared/train.jsonl").exists());
     assert_eq!(p.read("out/lr.txt"), "edited by hand\n", "a node outside the targets was touched");
+    // Edits the store does not hold are kept, as `dvc checkout` keeps them
+    // without --force: before, they were replaced without a word.
     let out = p.run(&["checkout", "p.yaml", "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let states: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(states[0]["state"], "up_to_date");
+    assert_eq!(states[1]["state"], "kept", "{states:?}");
+    assert_eq!(states[1]["outs"][0]["path"], "out", "{states:?}");
+    let changes = states[1]["outs"][0]["changes"].as_str().unwrap();
+    assert!(changes.contains("lr.txt changed") && changes.contains("extra.txt added"), "{changes}");
+    assert_eq!(p.read("out/lr.txt"), "edited by hand\n");
+    assert_eq!(p.read("out/extra.txt"), "not ours\n");
+    let text = p.run(&["checkout", "p.yaml"]);
+    assert_eq!(text.status.code(), Some(1));
+    assert!(stdout(&text).contains("kept        train") && stdout(&text).contains("--force"), "{}", stdout(&text));
+    let out = p.run(&["checkout", "p.yaml", "--json", "--force"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let states: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(states[1]["state"], "restored", "{states:?}");
     assert_eq!(p.read("out/lr.txt").trim(), "0.1");
     assert_eq!(p.read("out/checkpoint-1/model.bin"), model);
@@ -409,6 +423,12 @@ fn checkout_restores_missing_and_edited_outs_from_the_store_without_running() {
     let runs: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "checkout recorded or started a run");
     assert!(p.run(&["verify"]).status.success());
+    // Outs the store holds (another param's result) are replaced without --force.
+    assert_eq!(p.run(&["run", "p.yaml", "--set", "nodes.train.params.env.LR=0.2"]).status.code(), Some(0));
+    assert_eq!(p.read("out/lr.txt").trim(), "0.2");
+    let out = p.run(&["checkout", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(p.read("out/lr.txt").trim(), "0.1");
     // A key the store lacks: said, exit 1.
     let out = p.run(&["checkout", "p.yaml", "--set", "nodes.train.params.env.LR=0.3"]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));

@@ -384,6 +384,9 @@ pub enum CheckedOut {
     UpToDate { node: String, key: Key },
     /// Its outs were checked out of the store.
     Restored { node: String, key: Key, files: u64, bytes: u64 },
+    /// Outs whose bytes in the tree the store does not hold were left as
+    /// they are (`--force` replaces them); any others were checked out.
+    Kept { node: String, key: Key, outs: Vec<crate::store::KeptOut>, files: u64, bytes: u64 },
     /// Its key is not in the store (or its objects are not): it must run.
     Missing { node: String, reason: String },
     /// A node it reads is missing, so its key cannot be known.
@@ -393,12 +396,14 @@ pub enum CheckedOut {
 /// `orchestrate checkout SPEC [NODE...]` (`dvc checkout`): for each node in
 /// order, the key it has now; when that key is cached and its objects are
 /// present, its outs in the tree are made to match it (checked out of the
-/// store where missing or different). Nothing runs.
+/// store where missing or different). An out holding bytes the store does
+/// not have (an edit by hand) is kept unless `force`. Nothing runs.
 pub fn checkout(
     ws: &Workspace,
     spec: &Spec,
     dag: &Dag,
     env: &EnvProvider,
+    force: bool,
 ) -> Result<Vec<CheckedOut>, crate::store::StoreError> {
     super::refuse_outs_over_workspace(ws, spec, dag)?;
     let index = ws.index()?;
@@ -442,9 +447,18 @@ pub fn checkout(
             }
             Decision::Restore(cached, _) => {
                 let _lock = ws.lock_node(&cached.key, || {})?;
-                let (outputs, files, bytes) = ws.restore_outputs(&index, &cached, &spec.base_dir)?;
-                known.insert(id.clone(), outputs);
-                out.push(CheckedOut::Restored { node: id, key, files, bytes });
+                let r = if force {
+                    let (outputs, files, bytes) = ws.restore_outputs(&index, &cached, &spec.base_dir)?;
+                    crate::store::Restored { outputs, files, bytes, kept: Vec::new() }
+                } else {
+                    ws.restore_outputs_keeping_edits(&index, &cached, &spec.base_dir)?
+                };
+                known.insert(id.clone(), r.outputs);
+                out.push(if r.kept.is_empty() {
+                    CheckedOut::Restored { node: id, key, files: r.files, bytes: r.bytes }
+                } else {
+                    CheckedOut::Kept { node: id, key, outs: r.kept, files: r.files, bytes: r.bytes }
+                });
             }
             Decision::Run(reason) => {
                 missing_root.insert(pos, id.clone());

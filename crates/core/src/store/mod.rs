@@ -300,6 +300,37 @@ impl std::fmt::Debug for StagingRoot {
     }
 }
 
+/// Which outs a checkout replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replace {
+    /// Only those missing from the tree (`pull`).
+    Missing,
+    /// Missing ones, and those whose bytes in the tree the store holds (`checkout`).
+    Stored,
+    /// Every one that differs (`run`, and `checkout --force`).
+    All,
+}
+
+/// What a checkout of one node's outs did.
+#[derive(Debug, Clone)]
+pub struct Restored {
+    /// The node's outputs with the stat of each out checked out.
+    pub outputs: Vec<OutputRecord>,
+    /// Files and bytes checked out.
+    pub files: u64,
+    pub bytes: u64,
+    /// Outs left as they are: their bytes in the tree are not in the store.
+    pub kept: Vec<KeptOut>,
+}
+
+/// An out a checkout left alone, and how it differs from the store's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeptOut {
+    pub path: String,
+    /// `lr.txt changed, extra.txt added`, `size 4 → 15`.
+    pub changes: String,
+}
+
 /// The file that marks a folder as a workspace.
 pub const MARKER: &str = "workspace.json";
 
@@ -1129,7 +1160,8 @@ impl Workspace {
         node: &CachedNode,
         spec_dir: &Path,
     ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
-        self.restore_outputs_where(index, node, spec_dir, false)
+        let r = self.restore_outputs_where(index, node, spec_dir, Replace::All)?;
+        Ok((r.outputs, r.files, r.bytes))
     }
 
     /// [`Workspace::restore_outputs`] of the outs missing from the tree only
@@ -1140,7 +1172,42 @@ impl Workspace {
         node: &CachedNode,
         spec_dir: &Path,
     ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
-        self.restore_outputs_where(index, node, spec_dir, true)
+        let r = self.restore_outputs_where(index, node, spec_dir, Replace::Missing)?;
+        Ok((r.outputs, r.files, r.bytes))
+    }
+
+    /// [`Workspace::restore_outputs`], keeping every out whose bytes in the
+    /// tree the store does not hold (an edit by hand, a file added to a
+    /// folder out), as `dvc checkout` keeps them without `--force`: what
+    /// `checkout` does. Outs the store holds (another run's result) and
+    /// missing ones are checked out.
+    pub fn restore_outputs_keeping_edits(
+        &self,
+        index: &Index,
+        node: &CachedNode,
+        spec_dir: &Path,
+    ) -> Result<Restored, StoreError> {
+        self.restore_outputs_where(index, node, spec_dir, Replace::Stored)
+    }
+
+    /// Whether the out `rel`, which differs from its object, holds bytes the
+    /// store lacks: `Some(how it differs)` for an edit only the tree has.
+    fn unstored_edit(&self, index: &Index, rel: &str, spec_dir: &Path, problem: &OutputProblem) -> Option<String> {
+        let what = match problem {
+            OutputProblem::Modified { what, .. } => what.clone(),
+            OutputProblem::Unreadable { error, .. } => return Some(format!("it cannot be read: {error}")),
+            // Nothing there, no object to restore, or an edit already moved aside.
+            OutputProblem::Missing { .. } | OutputProblem::NotInStore { .. } | OutputProblem::ObjectEdited { .. } => {
+                return None
+            }
+        };
+        let path = spec_dir.join(rel);
+        let stored = match fs::symlink_metadata(&path) {
+            Ok(m) if m.is_dir() => self.hash_user_tree(index, &path).is_ok_and(|t| self.object_path(&t.hash).is_dir()),
+            Ok(m) if m.is_file() => self.hash_user_file(index, &path).is_ok_and(|h| self.object_path(&h).is_file()),
+            _ => false,
+        };
+        (!stored).then_some(what)
     }
 
     fn restore_outputs_where(
@@ -1148,18 +1215,22 @@ impl Workspace {
         index: &Index,
         node: &CachedNode,
         spec_dir: &Path,
-        missing_only: bool,
-    ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
+        replace: Replace,
+    ) -> Result<Restored, StoreError> {
         let types = objects::CacheType::from_env().map_err(|e| StoreError::Invalid(e.to_string()))?;
         let mut outputs = node.outputs.clone();
-        let (mut files, mut bytes) = (0u64, 0u64);
+        let (mut files, mut bytes, mut kept) = (0u64, 0u64, Vec::new());
         for o in &mut outputs {
             let Some(rel) = o.workspace_path.clone() else { continue };
-            if missing_only && fs::symlink_metadata(spec_dir.join(&rel)).is_ok() {
+            if replace == Replace::Missing && fs::symlink_metadata(spec_dir.join(&rel)).is_ok() {
                 continue;
             }
-            if !matches!(self.check_output(index, o, spec_dir)?, Checked::Differs(_)) {
-                continue;
+            let Checked::Differs(problem) = self.check_output(index, o, spec_dir)? else { continue };
+            if replace == Replace::Stored {
+                if let Some(changes) = self.unstored_edit(index, &rel, spec_dir, &problem) {
+                    kept.push(KeptOut { path: rel, changes });
+                    continue;
+                }
             }
             fsx::OutsBeside::new(spec_dir, &self.root)
                 .and_then(|beside| beside.check([&rel]))
@@ -1193,7 +1264,7 @@ impl Workspace {
         if !self.read_only {
             index.update_outputs(&node.key, &outputs)?;
         }
-        Ok((outputs, files, bytes))
+        Ok(Restored { outputs, files, bytes, kept })
     }
 
     /// How a folder in the user's tree differs from a stored folder object:
