@@ -369,6 +369,16 @@ fn the_raw_file_an_import_reads_as_test_data_is_test_data_for_every_other_reader
     );
     let err = rejected_here(&raw, &written);
     assert!(err.contains("reads test") && err.contains("the file node 'data' imports as its test split"), "{err}");
+    // A reward program's own files, read by train.grpo (a training node).
+    let reward = format!(
+        "{data}{OWN_MODEL}  grpo:\n    op: train.grpo\n    inputs: {{model: 'base:model', pages: 'data:pages.train', labels: 'data:labels.train'}}\n    params:\n      reward:\n        - {{name: peek, command: [python3, peek.py], files: [raw/te.jsonl]}}\n"
+    );
+    let err = rejected_here(&[("raw/tr.jsonl", ""), ("raw/te.jsonl", ""), ("peek.py", "")], &reward);
+    assert!(
+        err.contains("node 'grpo' (train.grpo, role training) reads test")
+            && err.contains("'raw/te.jsonl', the file node 'data' imports as its test split"),
+        "{err}"
+    );
     // What stays allowed: training on the train file, scoring on anything,
     // and the import itself reading both.
     for (role, deps) in [("training", "[raw/tr.jsonl]"), ("scoring", "[raw]"), ("any", "[raw/te.jsonl]")] {
