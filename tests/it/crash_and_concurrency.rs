@@ -432,3 +432,49 @@ fn two_runs_side_by_side_never_put_more_numerical_nodes_on_the_cpu_than_it_has_c
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as i32;
     assert!(most <= cores, "{most} numerical nodes ran at once on {cores} cores: {seen:?}");
 }
+
+/// Before, two runs of one spec with different params (two keys, so no node
+/// lock between them) wrote the same out folder side by side: the second
+/// removed `out` and wrote into it while the first was still running, and
+/// the first then stored `out` with the second's file in it under its own
+/// key (here `a.txt` said 0.2 under LR=0.1): a poisoned cache, which a push
+/// would have shared. An out of the tree is now held by one node at a time,
+/// across processes; the other waits, and says why.
+#[test]
+fn two_runs_writing_the_same_out_with_other_keys_take_turns_and_each_key_keeps_its_own_bytes() {
+    let p = Project::new();
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: 'mkdir -p out && echo \"$LR\" > out/a.txt && sleep 2 && echo \"$LR\" > out/b.txt'\n      outs: [out]\n      env: {LR: 0.1}\n",
+    );
+    let spawn = |lr: &str| {
+        p.cmd(&["run", "--json", "p.yaml", "--set", &format!("nodes.train.params.env.LR={lr}")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = spawn("0.1");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !p.path().join("out/a.txt").exists() {
+        assert!(std::time::Instant::now() < until, "the first run never wrote its out");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = spawn("0.2");
+    let (a, b) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
+    for out in [&a, &b] {
+        assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(out), common::stderr(out));
+    }
+    for lr in ["0.1", "0.2"] {
+        let path = p.run(&["path", "p.yaml", "train:out", "--set", &format!("nodes.train.params.env.LR={lr}")]);
+        assert_eq!(path.status.code(), Some(0), "{}", common::stderr(&path));
+        let stored = std::path::PathBuf::from(stdout(&path).trim());
+        for file in ["a.txt", "b.txt"] {
+            let text = std::fs::read_to_string(stored.join(file)).unwrap();
+            assert_eq!(text.trim(), lr, "LR={lr}: the stored {file} says {text:?}");
+        }
+    }
+    let waited: Vec<serde_json::Value> = common::events(&b).into_iter().filter(|e| e["event"] == "waiting").collect();
+    assert_eq!(waited.len(), 1, "{}", stdout(&b));
+    assert!(waited[0]["reason"].as_str().unwrap().contains("writing the out 'out'"), "{}", waited[0]);
+}

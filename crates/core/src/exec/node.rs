@@ -620,6 +620,7 @@ pub fn resolve(
 /// process running the same key is waited for).
 fn restore(job: &NodeJob<'_>, cached: &CachedNode) -> Result<Outcome, String> {
     let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
+    let _outs = job.lock_outs(|_| {}).map_err(|e| e.to_string())?;
     let (outputs, files, bytes) = job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
     Ok(Outcome::Cached {
         key: cached.key.clone(),
@@ -684,6 +685,21 @@ impl Executor for Local {
             // Refused or unreachable: said in the reason, and it runs here.
             Err(why) => reason = format!("{reason}; {why}"),
         }
+        // Its outs in the tree, which a run of another key may be writing (after
+        // the remote, whose checkout takes them itself).
+        let outs = job.lock_outs(|out| {
+            observer.waiting(
+                key,
+                &format!(
+                    "another orchestrate process is writing the out '{out}' (node '{}' with another key)",
+                    job.node.id()
+                ),
+            )
+        });
+        let _outs = match outs {
+            Ok(l) => l,
+            Err(e) => return run.failed(e.to_string()),
+        };
         let _slot = match (&job.env, job.cpu) {
             (Some(env), Some(slots)) if env.device == "cpu" => {
                 Some(slots.acquire(env.threads.unwrap_or(1), crate::runtime::cores()))
@@ -719,6 +735,12 @@ pub(crate) fn cached_valid(
 }
 
 impl NodeJob<'_> {
+    /// Holds this node's outs in the user's tree ([`Workspace::lock_outs`]).
+    pub(crate) fn lock_outs(&self, waiting: impl FnMut(&str)) -> Result<Option<crate::store::NodeLock>, StoreError> {
+        let outs = self.node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
+        self.ws.lock_outs(self.spec_dir, outs, waiting)
+    }
+
     /// [`cached_valid`] for this job's node: a re-check after waiting for someone else.
     pub(crate) fn cached_valid(
         &self,
@@ -846,6 +868,7 @@ fn publish_and_commit(
 /// them. `Ok(outputs)` are the re-executed ones.
 pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, RecheckError> {
     let _lock = job.ws.lock_node(&cached.key, || {})?;
+    let _outs = job.lock_outs(|_| {})?;
     // Its own log beside the run's, which stays as it was.
     let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
     let outputs = ran.and_then(|ran| publish_outputs(job, &ran.staging));

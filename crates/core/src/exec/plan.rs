@@ -447,6 +447,8 @@ pub fn checkout(
             }
             Decision::Restore(cached, _) => {
                 let _lock = ws.lock_node(&cached.key, || {})?;
+                let outs = node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
+                let _outs = ws.lock_outs(&spec.base_dir, outs, |_| {})?;
                 let r = if force {
                     let (outputs, files, bytes) = ws.restore_outputs(&index, &cached, &spec.base_dir)?;
                     crate::store::Restored { outputs, files, bytes, kept: Vec::new() }

@@ -677,6 +677,7 @@ fn land(ws: &Workspace, index: &Index, spec_dir: &Path, node: CachedNode) -> Res
 /// by the store's own checkout (cache types, no write through a link); an
 /// existing file or folder is left alone.
 fn checkout(ws: &Workspace, index: &Index, spec_dir: &Path, node: &CachedNode) -> Result<(), RemoteError> {
+    let _outs = ws.lock_outs(spec_dir, node.outputs.iter().filter_map(|o| o.workspace_path.as_ref()), |_| {})?;
     ws.restore_missing_outputs(index, node, spec_dir)?;
     Ok(())
 }

@@ -226,6 +226,10 @@ impl std::fmt::Debug for SpareIndex {
 /// The file whose bytes are the node locks ([`Workspace::lock_node`]).
 const NODE_LOCKS: &str = "nodes.lock";
 
+/// The locks on outs in the user's tree, one byte per out's real path
+/// (see [`Workspace::lock_outs`]).
+const OUT_LOCKS: &str = "outs.lock";
+
 /// Where in [`NODE_LOCKS`] a key's lock byte is: 60 bits of the key's blake3.
 fn node_lock_offset(key: &str) -> i64 {
     let hash = blake3::hash(key.as_bytes());
@@ -1123,6 +1127,43 @@ impl Workspace {
             fsx::lock_byte(&file, at, true).map_err(locking)?;
         }
         Ok(NodeLock { _file: file })
+    }
+
+    /// Holds the outs `outs` of the spec in `spec_dir` in the user's tree
+    /// for as long as the returned lock lives: while a node removes, writes
+    /// and stores them, or a checkout replaces them. Two runs of one spec
+    /// with other params (other keys, so no node lock between them) write
+    /// the same outs; without this the second removed and rewrote an out
+    /// while the first was still writing it, and the first stored the mix
+    /// under its own key. One byte of `locks/outs.lock` per out's real path
+    /// (as [`Workspace::lock_node`]), taken in order so two holders never
+    /// wait on each other; `waiting(out)` is called before waiting for one.
+    pub fn lock_outs<'a>(
+        &self,
+        spec_dir: &Path,
+        outs: impl IntoIterator<Item = &'a String>,
+        mut waiting: impl FnMut(&str),
+    ) -> Result<Option<NodeLock>, StoreError> {
+        let outs: Vec<&String> = outs.into_iter().collect();
+        if outs.is_empty() {
+            return Ok(None);
+        }
+        let dir = spec_dir.canonicalize().map_err(io(format!("resolving {}", spec_dir.display())))?;
+        let mut at: Vec<(i64, &String)> =
+            outs.into_iter().map(|o| (node_lock_offset(&dir.join(o).to_string_lossy()), o)).collect();
+        at.sort();
+        at.dedup_by_key(|(offset, _)| *offset);
+        let path = self.root.join("locks").join(OUT_LOCKS);
+        let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
+        for (offset, out) in at {
+            let locking =
+                |e| StoreError::Io { context: format!("locking {} (out '{out}')", path.display()), source: e };
+            if !fsx::lock_byte(&file, offset, false).map_err(locking)? {
+                waiting(out);
+                fsx::lock_byte(&file, offset, true).map_err(locking)?;
+            }
+        }
+        Ok(Some(NodeLock { _file: file }))
     }
 
     /// Publishes a file or a folder from the user's tree (copied; it stays
