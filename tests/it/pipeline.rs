@@ -1113,3 +1113,28 @@ fn a_workspace_inside_a_dep_is_not_hashed_and_one_inside_an_out_is_never_removed
     assert!(said.contains("exp/.orchestrate") && said.contains("workspace"), "{said}");
     assert_eq!(tree_of(&p.path().join("exp")), before, "a file under the out holding a workspace changed");
 }
+
+/// A checkout copies an out beside itself under a temporary name
+/// (`.NAME.orchestrate-PID-NANOS-N`) and renames it into place; killed in
+/// between, the copy stayed in the user's folder for good, where a folder
+/// or glob dep over that folder hashed it into its key. The next checkout
+/// of that out (under the out's lock, so no other process is writing one)
+/// removes such leftovers, and nothing else.
+#[test]
+fn a_checkout_left_half_done_by_a_killed_process_is_cleared_by_the_next_one() {
+    let p = project();
+    assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
+    p.write(".out.orchestrate-4194303-1700000000000000000-0/checkpoint-1/model.bin", "half\n");
+    p.write("data/.prepared.orchestrate-4194303-1700000000000000000-7", "half\n");
+    p.write(".out.orchestrate-notes", "mine\n");
+    p.write("data/.prepared.orchestrate-1-2", "mine\n");
+    std::fs::remove_dir_all(p.path().join("out")).unwrap();
+    std::fs::remove_dir_all(p.path().join("data/prepared")).unwrap();
+    let out = p.run(&["checkout", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(!p.path().join(".out.orchestrate-4194303-1700000000000000000-0").exists(), "a leftover copy stayed");
+    assert!(!p.path().join("data/.prepared.orchestrate-4194303-1700000000000000000-7").exists());
+    assert_eq!(p.read(".out.orchestrate-notes"), "mine\n");
+    assert_eq!(p.read("data/.prepared.orchestrate-1-2"), "mine\n");
+    assert!(p.path().join("out/checkpoint-1/model.bin").is_file());
+}

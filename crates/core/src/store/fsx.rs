@@ -135,6 +135,34 @@ pub fn is_staging_name(name: &str) -> bool {
     parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.len() <= 40 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The temporary name a checkout copies the out `dest` to before renaming
+/// it into place: `.NAME.orchestrate-SUFFIX` beside it.
+pub fn checkout_temp(dest: &Path, suffix: &str) -> PathBuf {
+    dest.with_file_name(format!(".{}.orchestrate-{suffix}", dest.file_name().unwrap_or_default().to_string_lossy()))
+}
+
+/// Removes copies of the out `dest` that a killed checkout left beside it
+/// ([`checkout_temp`] names with a staging suffix, and nothing else; a link
+/// is removed as a link). Call it holding the out's lock
+/// ([`super::Workspace::lock_outs`]): no live checkout is writing one then.
+pub fn remove_checkout_leftovers(dest: &Path) -> std::io::Result<()> {
+    let (Some(parent), Some(name)) = (dest.parent(), dest.file_name()) else { return Ok(()) };
+    let prefix = format!(".{}.orchestrate-", name.to_string_lossy());
+    let entries = match std::fs::read_dir(parent) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let entry_name = entry.file_name().to_string_lossy().into_owned();
+        if entry_name.strip_prefix(&prefix).is_some_and(is_staging_name) {
+            super::objects::remove_any(&entry.path()).map_err(|e| std::io::Error::other(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
 /// The first link on the way from `root` to `root/rel` (its folders and
 /// `rel` itself), if any: nothing is removed or written through one.
 pub fn link_on_path(root: &Path, rel: &str) -> Option<std::path::PathBuf> {

@@ -1286,11 +1286,9 @@ impl Workspace {
             if let Some(parent) = dest.parent() {
                 fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
             }
-            let tmp = dest.with_file_name(format!(
-                ".{}.orchestrate-{}",
-                dest.file_name().unwrap_or_default().to_string_lossy(),
-                objects::unique_suffix()
-            ));
+            // Copies a killed checkout left (every caller holds the out's lock).
+            fsx::remove_checkout_leftovers(&dest).map_err(io(format!("clearing old copies of {}", dest.display())))?;
+            let tmp = fsx::checkout_temp(&dest, &objects::unique_suffix());
             let copied = objects::copy_out(&self.object_path(&o.object.hash), &tmp, o.object.kind, &types);
             if let Err(e) = copied {
                 let _ = objects::remove_any(&tmp);
