@@ -86,6 +86,19 @@ fn raw_reads<'a>(node: &'a DagNode, sources: &'a BTreeMap<String, Vec<Source>>) 
     out
 }
 
+/// The error for a node that reads what its role forbids: `why`, then
+/// `what` it reads and how, located at `path` under the node.
+fn leak(spec: &Spec, node: &DagNode, path: &[&str], why: &str, what: String) -> SpecError {
+    let mut at: Vec<String> = vec!["nodes".into(), node.def.base_id.clone()];
+    at.extend(path.iter().map(|s| s.to_string()));
+    let role = node.op.role(&node.params);
+    SpecError::new(
+        SpecErrorKind::DataIsolation,
+        spec.sources.locate_value(&at),
+        format!("{why}: node '{}' ({}, role {}) reads {what}", node.def.id, node.op.name(), role.as_str()),
+    )
+}
+
 pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), SpecError> {
     let sources = data_sources(nodes);
     let mut outputs: BTreeMap<(String, String), Taints> = BTreeMap::new();
@@ -102,18 +115,7 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), Spec
                     } else {
                         format!("dep '{dep}' ('{path}', {said})")
                     };
-                    let at: Vec<String> =
-                        ["nodes", node.def.base_id.as_str(), "params", "deps"].iter().map(|s| s.to_string()).collect();
-                    return Err(SpecError::new(
-                        SpecErrorKind::DataIsolation,
-                        spec.sources.locate_value(&at),
-                        format!(
-                            "{why}: node '{}' ({}, role {}) reads {taint} through {shown}",
-                            node.def.id,
-                            node.op.name(),
-                            role.as_str()
-                        ),
-                    ));
+                    return Err(leak(spec, node, &["params", "deps"], why, format!("{taint} through {shown}")));
                 }
                 read.entry(*taint).or_insert_with(|| origin.clone());
             }
@@ -132,18 +134,7 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), Spec
                             Some(dep) => (vec!["params", "deps"], format!("dep '{dep}'")),
                             None => (vec!["inputs", input.as_str()], format!("input '{input}'")),
                         };
-                        let mut at: Vec<String> = vec!["nodes".into(), node.def.base_id.clone()];
-                        at.extend(path.iter().map(|s| s.to_string()));
-                        return Err(SpecError::new(
-                            SpecErrorKind::DataIsolation,
-                            spec.sources.locate_value(&at),
-                            format!(
-                                "{why}: node '{}' ({}, role {}) reads {taint} through {shown} ← '{r}'{through}",
-                                node.def.id,
-                                node.op.name(),
-                                role.as_str()
-                            ),
-                        ));
+                        return Err(leak(spec, node, &path, why, format!("{taint} through {shown} ← '{r}'{through}")));
                     }
                     read.entry(taint).or_insert(origin);
                 }

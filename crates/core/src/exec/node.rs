@@ -14,7 +14,7 @@ use crate::dag::key::{diff, EnvPart, HashInputs};
 use crate::dag::DagNode;
 use crate::ops::{InputArtifact, OutputKind, RunContext};
 use crate::store::{
-    now_rfc3339, CachedNode, FileStat, Index, OutputProblem, OutputRecord, SpecRef, StoreError, Workspace,
+    now_rfc3339, CachedNode, FileStat, Index, OutputProblem, OutputRecord, Replace, SpecRef, StoreError, Workspace,
 };
 
 /// The result of resolving one node.
@@ -621,12 +621,12 @@ pub fn resolve(
 fn restore(job: &NodeJob<'_>, cached: &CachedNode) -> Result<Outcome, String> {
     let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
     let _outs = job.lock_outs(|_| {}).map_err(|e| e.to_string())?;
-    let (outputs, files, bytes) = job.ws.restore_outputs(job.index, cached, job.spec_dir).map_err(|e| e.to_string())?;
+    let r = job.ws.restore_outputs(job.index, cached, job.spec_dir, Replace::All).map_err(|e| e.to_string())?;
     Ok(Outcome::Cached {
         key: cached.key.clone(),
-        outputs,
+        outputs: r.outputs,
         remote: None,
-        restored: Some(files_and_bytes(files, bytes)),
+        restored: Some(files_and_bytes(r.files, r.bytes)),
     })
 }
 
@@ -873,7 +873,7 @@ pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> R
     let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
     let outputs = ran.and_then(|ran| publish_outputs(job, &ran.staging));
     // The tree gets the cached outputs back whatever the re-execution wrote.
-    job.ws.restore_outputs(job.index, cached, job.spec_dir)?;
+    job.ws.restore_outputs(job.index, cached, job.spec_dir, Replace::All)?;
     outputs.map_err(RecheckError::Node)
 }
 

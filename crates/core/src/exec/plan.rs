@@ -10,7 +10,7 @@ use super::EnvProvider;
 use crate::dag::key::{diff, Change, HashInputs};
 use crate::dag::Dag;
 use crate::spec::Spec;
-use crate::store::{Index, OutputRecord, StoreError, Workspace};
+use crate::store::{Index, OutputRecord, Replace, StoreError, Workspace};
 
 /// What a run would do with one node.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -449,12 +449,8 @@ pub fn checkout(
                 let _lock = ws.lock_node(&cached.key, || {})?;
                 let outs = node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
                 let _outs = ws.lock_outs(&spec.base_dir, outs, |_| {})?;
-                let r = if force {
-                    let (outputs, files, bytes) = ws.restore_outputs(&index, &cached, &spec.base_dir)?;
-                    crate::store::Restored { outputs, files, bytes, kept: Vec::new() }
-                } else {
-                    ws.restore_outputs_keeping_edits(&index, &cached, &spec.base_dir)?
-                };
+                let replace = if force { Replace::All } else { Replace::Stored };
+                let r = ws.restore_outputs(&index, &cached, &spec.base_dir, replace)?;
                 known.insert(id.clone(), r.outputs);
                 out.push(if r.kept.is_empty() {
                     CheckedOut::Restored { node: id, key, files: r.files, bytes: r.bytes }

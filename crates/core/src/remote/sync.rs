@@ -678,7 +678,7 @@ fn land(ws: &Workspace, index: &Index, spec_dir: &Path, node: CachedNode) -> Res
 /// existing file or folder is left alone.
 fn checkout(ws: &Workspace, index: &Index, spec_dir: &Path, node: &CachedNode) -> Result<(), RemoteError> {
     let _outs = ws.lock_outs(spec_dir, node.outputs.iter().filter_map(|o| o.workspace_path.as_ref()), |_| {})?;
-    ws.restore_missing_outputs(index, node, spec_dir)?;
+    ws.restore_outputs(index, node, spec_dir, crate::store::Replace::Missing)?;
     Ok(())
 }
 

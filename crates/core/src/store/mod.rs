@@ -304,9 +304,9 @@ impl std::fmt::Debug for StagingRoot {
     }
 }
 
-/// Which outs a checkout replaces.
+/// Which outs a checkout replaces ([`Workspace::restore_outputs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Replace {
+pub enum Replace {
     /// Only those missing from the tree (`pull`).
     Missing,
     /// Missing ones, and those whose bytes in the tree the store holds (`checkout`).
@@ -1189,48 +1189,6 @@ impl Workspace {
         node.outputs.iter().filter(|o| o.stored()).all(|o| self.has_object(&o.object))
     }
 
-    /// Checks a cached node's outputs out of the store into the user's tree
-    /// where they are missing or differ (as `dvc checkout`): each is copied to
-    /// a temporary name beside it, then the old out is removed whole and the
-    /// copy renamed into place, so a crash leaves the old out or the new one.
-    /// Nothing is written through a link. Returns the outputs as now recorded,
-    /// and how many files and bytes were restored.
-    pub fn restore_outputs(
-        &self,
-        index: &Index,
-        node: &CachedNode,
-        spec_dir: &Path,
-    ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
-        let r = self.restore_outputs_where(index, node, spec_dir, Replace::All)?;
-        Ok((r.outputs, r.files, r.bytes))
-    }
-
-    /// [`Workspace::restore_outputs`] of the outs missing from the tree only
-    /// (what `pull` checks out: an existing file or folder is left alone).
-    pub fn restore_missing_outputs(
-        &self,
-        index: &Index,
-        node: &CachedNode,
-        spec_dir: &Path,
-    ) -> Result<(Vec<OutputRecord>, u64, u64), StoreError> {
-        let r = self.restore_outputs_where(index, node, spec_dir, Replace::Missing)?;
-        Ok((r.outputs, r.files, r.bytes))
-    }
-
-    /// [`Workspace::restore_outputs`], keeping every out whose bytes in the
-    /// tree the store does not hold (an edit by hand, a file added to a
-    /// folder out), as `dvc checkout` keeps them without `--force`: what
-    /// `checkout` does. Outs the store holds (another run's result) and
-    /// missing ones are checked out.
-    pub fn restore_outputs_keeping_edits(
-        &self,
-        index: &Index,
-        node: &CachedNode,
-        spec_dir: &Path,
-    ) -> Result<Restored, StoreError> {
-        self.restore_outputs_where(index, node, spec_dir, Replace::Stored)
-    }
-
     /// Whether the out `rel`, which differs from its object, holds bytes the
     /// store lacks: `Some(how it differs)` for an edit only the tree has.
     fn unstored_edit(&self, index: &Index, rel: &str, spec_dir: &Path, problem: &OutputProblem) -> Option<String> {
@@ -1251,7 +1209,18 @@ impl Workspace {
         (!stored).then_some(what)
     }
 
-    fn restore_outputs_where(
+    /// Checks a cached node's outputs out of the store into the user's tree
+    /// where they are missing or differ (as `dvc checkout`): each is copied to
+    /// a temporary name beside it, then the old out is removed whole and the
+    /// copy renamed into place, so a crash leaves the old out or the new one.
+    /// Nothing is written through a link. Returns the outputs as now recorded,
+    /// and how many files and bytes were restored.
+    ///
+    /// `replace` says which outs: every one that differs (`run`), only those
+    /// missing (`pull`), or also those whose bytes in the tree the store
+    /// holds, keeping edits it does not hold (`checkout`, as `dvc checkout`
+    /// keeps them without `--force`).
+    pub fn restore_outputs(
         &self,
         index: &Index,
         node: &CachedNode,
