@@ -948,6 +948,18 @@ fn an_out_that_is_version_control_our_store_or_the_spec_is_refused_and_nothing_i
         }
         assert_eq!(tree_of(p.path()), before, "out '{out}': a file of the project changed");
     }
+    // The spec reached through a link: the link is the user's spec too.
+    std::fs::create_dir_all(p.path().join("specs")).unwrap();
+    p.write(
+        "specs/real.yaml",
+        "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'true', outs: [linked.yaml]}\n",
+    );
+    std::os::unix::fs::symlink("specs/real.yaml", p.path().join("linked.yaml")).unwrap();
+    let before = tree_of(p.path());
+    let o = p.run(&["run", "linked.yaml"]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("out 'linked.yaml' is the spec file"), "{}", stderr(&o));
+    assert_eq!(tree_of(p.path()), before);
     // Other names are anyone's: `.github`, `git`, `x.git`.
     for out in [".github/out.txt", "git", "x.git"] {
         p.write("p.yaml", &format!("name: p\nnodes:\n  w:\n    op: shell\n    params: {{cmd: 'mkdir -p {out} && rmdir {out} && echo > {out}', outs: ['{out}']}}\n"));

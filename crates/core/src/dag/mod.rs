@@ -582,11 +582,14 @@ fn refuse_outs_over_spec_files(
     nodes: &[DagNode],
 ) -> Result<(), SpecError> {
     let Ok(base) = spec.base_dir.canonicalize() else { return Ok(()) };
+    // The real files, and the spec by the name it was given (a link to it is the user's too).
+    let mut files = spec.files.clone();
+    files.extend(spec.path.file_name().map(|name| base.join(name)));
     let mut outs: Vec<(&String, &usize)> = writers.iter().map(|(path, (n, _))| (path, n)).collect();
     outs.sort();
     for (out, &n) in outs {
         let at = base.join(out);
-        if let Some(file) = spec.files.iter().find(|f| f.starts_with(&at)) {
+        if let Some(file) = files.iter().find(|f| f.starts_with(&at)) {
             let shown = file.strip_prefix(&base).unwrap_or(file);
             let what = if *file == at { "is".to_string() } else { format!("holds {}, which is", shown.display()) };
             return Err(SpecError::new(
