@@ -478,3 +478,50 @@ fn two_runs_writing_the_same_out_with_other_keys_take_turns_and_each_key_keeps_i
     assert_eq!(waited.len(), 1, "{}", stdout(&b));
     assert!(waited[0]["reason"].as_str().unwrap().contains("writing the out 'out'"), "{}", waited[0]);
 }
+
+/// Before, Ctrl-C on a run that waited for another process (its node lock,
+/// or an out that run was writing) did nothing until that process finished
+/// its node, hours for a training node; the wait then ended in a cache hit
+/// and only then the interrupt. A wait now ends with the interrupt: the
+/// node is said as not started, the run is recorded as interrupted, exit 130.
+#[test]
+fn ctrl_c_ends_a_wait_for_another_process_at_once() {
+    for other in ["0.1", "0.2"] {
+        let p = Project::new();
+        p.write(
+            "p.yaml",
+            "name: p\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: 'mkdir -p out && echo \"$LR\" > out/a.txt && sleep 20 && echo \"$LR\" > out/b.txt'\n      outs: [out]\n      env: {LR: 0.1}\n",
+        );
+        let spawn = |lr: &str| {
+            p.cmd(&["run", "--json", "p.yaml", "--set", &format!("nodes.train.params.env.LR={lr}")])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let mut holder = spawn("0.1");
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while !p.path().join("out/a.txt").exists() {
+            assert!(std::time::Instant::now() < until, "the first run never wrote its out");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The same key (the node lock), or another key writing the same out.
+        let waiter = spawn(other);
+        std::thread::sleep(Duration::from_millis(800));
+        let asked = std::time::Instant::now();
+        assert!(std::process::Command::new("kill")
+            .args(["-INT", &waiter.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let out = waiter.wait_with_output().unwrap();
+        let took = asked.elapsed();
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert!(took < Duration::from_secs(5), "LR={other}: the waiting run took {took:?} to stop after Ctrl-C");
+        assert_eq!(out.status.code(), Some(130), "{}{}", stdout(&out), common::stderr(&out));
+        let ev = common::events(&out);
+        assert!(ev.iter().any(|e| e["event"] == "waiting"), "LR={other}: it never waited: {}", stdout(&out));
+        assert!(nodes_with(&ev, "cache_hit").is_empty() && nodes_with(&ev, "node_finished").is_empty(), "{ev:?}");
+    }
+}

@@ -619,7 +619,7 @@ pub fn resolve(
 /// Checks a cached node's outputs out of the store, under its node lock (a
 /// process running the same key is waited for).
 fn restore(job: &NodeJob<'_>, cached: &CachedNode) -> Result<Outcome, String> {
-    let _lock = job.ws.lock_node(&cached.key, || {}).map_err(|e| e.to_string())?;
+    let _lock = job.lock_key(&cached.key, || {}).map_err(|e| e.to_string())?;
     let _outs = job.lock_outs(|_| {}).map_err(|e| e.to_string())?;
     let r = job.ws.restore_outputs(job.index, cached, job.spec_dir, Replace::All).map_err(|e| e.to_string())?;
     Ok(Outcome::Cached {
@@ -661,7 +661,7 @@ pub struct Local;
 impl Executor for Local {
     fn execute(&self, job: &NodeJob<'_>, run: &ToRun<'_>, observer: &mut dyn NodeObserver) -> Outcome {
         let key = run.key;
-        let lock = job.ws.lock_node(key, || {
+        let lock = job.lock_key(key, || {
             observer.waiting(
                 key,
                 &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), key.short()),
@@ -669,6 +669,7 @@ impl Executor for Local {
         });
         let _lock = match lock {
             Ok(l) => l,
+            Err(e @ StoreError::Interrupted { .. }) => return Outcome::Skipped { because: e.to_string() },
             Err(e) => return run.failed(e.to_string()),
         };
         if !job.force {
@@ -698,6 +699,7 @@ impl Executor for Local {
         });
         let _outs = match outs {
             Ok(l) => l,
+            Err(e @ StoreError::Interrupted { .. }) => return Outcome::Skipped { because: e.to_string() },
             Err(e) => return run.failed(e.to_string()),
         };
         let _slot = match (&job.env, job.cpu) {
@@ -735,10 +737,23 @@ pub(crate) fn cached_valid(
 }
 
 impl NodeJob<'_> {
-    /// Holds this node's outs in the user's tree ([`Workspace::lock_outs`]).
+    /// Holds this node's outs in the user's tree ([`Workspace::lock_outs`]);
+    /// a wait ends when the run is interrupted.
     pub(crate) fn lock_outs(&self, waiting: impl FnMut(&str)) -> Result<Option<crate::store::NodeLock>, StoreError> {
         let outs = self.node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
-        self.ws.lock_outs(self.spec_dir, outs, waiting)
+        self.ws.lock_outs(self.spec_dir, outs, waiting, &|| self.stopped())
+    }
+
+    /// Holds this node's key ([`Workspace::lock_node_until`]); a wait ends
+    /// when the run is interrupted.
+    pub(crate) fn lock_key(&self, key: &str, waiting: impl FnOnce()) -> Result<crate::store::NodeLock, StoreError> {
+        self.ws.lock_node_until(key, waiting, &|| self.stopped())
+    }
+
+    /// Whether the run was interrupted (Ctrl-C, SIGTERM, SIGHUP): the
+    /// coordinator's flag, or the signal itself before it saw it.
+    fn stopped(&self) -> bool {
+        self.cancel.load(std::sync::atomic::Ordering::SeqCst) || super::signal::interrupted()
     }
 
     /// [`cached_valid`] for this job's node: a re-check after waiting for someone else.
@@ -867,7 +882,7 @@ fn publish_and_commit(
 /// cached one, and outputs in the user's tree are put back as the cache has
 /// them. `Ok(outputs)` are the re-executed ones.
 pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, RecheckError> {
-    let _lock = job.ws.lock_node(&cached.key, || {})?;
+    let _lock = job.lock_key(&cached.key, || {})?;
     let _outs = job.lock_outs(|_| {})?;
     // Its own log beside the run's, which stays as it was.
     let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));

@@ -88,6 +88,24 @@ pub fn lock_byte(file: &File, offset: i64, wait: bool) -> std::io::Result<bool> 
     }
 }
 
+/// [`lock_byte`] that waits by polling (every 1 ms at first, at most every
+/// 100 ms) so that `stop` can end the wait: `Ok(false)` when it did. A
+/// blocking wait cannot be ended from another thread (a signal reaches
+/// whichever thread it reaches, and an interrupted wait is resumed).
+pub fn lock_byte_until(file: &File, offset: i64, stop: &dyn Fn() -> bool) -> std::io::Result<bool> {
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        if lock_byte(file, offset, false)? {
+            return Ok(true);
+        }
+        if stop() {
+            return Ok(false);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
+}
+
 /// `O_NOFOLLOW`'s refusal (`ELOOP`, "too many levels of symbolic links") said as what it is.
 fn said(opened: std::io::Result<File>) -> std::io::Result<File> {
     opened.map_err(|e| {

@@ -97,6 +97,10 @@ pub enum StoreError {
     Invalid(String),
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// A wait for another process (a node's or an out's lock) ended by an
+    /// interrupt (Ctrl-C) before the lock was free.
+    #[error("interrupted while waiting for another orchestrate process ({waiting})")]
+    Interrupted { waiting: String },
 }
 
 pub use crate::record::{Key, KeyError};
@@ -1129,6 +1133,27 @@ impl Workspace {
         Ok(NodeLock { _file: file })
     }
 
+    /// [`Workspace::lock_node`], whose wait `stop` can end (a run's Ctrl-C):
+    /// then [`StoreError::Interrupted`].
+    pub fn lock_node_until(
+        &self,
+        key: &str,
+        waiting: impl FnOnce(),
+        stop: &dyn Fn() -> bool,
+    ) -> Result<NodeLock, StoreError> {
+        let path = self.root.join("locks").join(NODE_LOCKS);
+        let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
+        let at = node_lock_offset(key);
+        let locking = |e| StoreError::Io { context: format!("locking {} (node {key})", path.display()), source: e };
+        if !fsx::lock_byte(&file, at, false).map_err(locking)? {
+            waiting();
+            if !fsx::lock_byte_until(&file, at, stop).map_err(locking)? {
+                return Err(StoreError::Interrupted { waiting: format!("node key {}", &key[..key.len().min(12)]) });
+            }
+        }
+        Ok(NodeLock { _file: file })
+    }
+
     /// Holds the outs `outs` of the spec in `spec_dir` in the user's tree
     /// for as long as the returned lock lives: while a node removes, writes
     /// and stores them, or a checkout replaces them. Two runs of one spec
@@ -1138,11 +1163,13 @@ impl Workspace {
     /// under its own key. One byte of `locks/outs.lock` per out's real path
     /// (as [`Workspace::lock_node`]), taken in order so two holders never
     /// wait on each other; `waiting(out)` is called before waiting for one.
+    /// `stop` can end a wait (a run's Ctrl-C): then [`StoreError::Interrupted`].
     pub fn lock_outs<'a>(
         &self,
         spec_dir: &Path,
         outs: impl IntoIterator<Item = &'a String>,
         mut waiting: impl FnMut(&str),
+        stop: &dyn Fn() -> bool,
     ) -> Result<Option<NodeLock>, StoreError> {
         let outs: Vec<&String> = outs.into_iter().collect();
         if outs.is_empty() {
@@ -1160,7 +1187,9 @@ impl Workspace {
                 |e| StoreError::Io { context: format!("locking {} (out '{out}')", path.display()), source: e };
             if !fsx::lock_byte(&file, offset, false).map_err(locking)? {
                 waiting(out);
-                fsx::lock_byte(&file, offset, true).map_err(locking)?;
+                if !fsx::lock_byte_until(&file, offset, stop).map_err(locking)? {
+                    return Err(StoreError::Interrupted { waiting: format!("the out '{out}'") });
+                }
             }
         }
         Ok(Some(NodeLock { _file: file }))
