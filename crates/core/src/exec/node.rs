@@ -178,10 +178,17 @@ impl CpuSlots {
     /// Waits until `threads` of `cores` are free (a node asking for more than
     /// the machine has runs alone), and holds them.
     pub fn acquire(&self, threads: usize, cores: usize) -> CpuSlot<'_> {
+        self.acquire_until(threads, cores, &|| false).expect("a wait nothing stops ends with the slots")
+    }
+
+    /// [`CpuSlots::acquire`], whose wait `stop` ends (a run's Ctrl-C): `None`
+    /// then. Free slots are taken at once, whatever `stop` says.
+    pub fn acquire_until(&self, threads: usize, cores: usize, stop: &dyn Fn() -> bool) -> Option<CpuSlot<'_>> {
         let want = threads.clamp(1, cores.max(1));
         if let Some(dir) = &self.dir {
-            match self.lock_files(dir, want, cores.max(1)) {
-                Ok(files) => return CpuSlot { slots: self, local: 0, _files: files },
+            match self.lock_files(dir, want, cores.max(1), stop) {
+                Ok(Some(files)) => return Some(CpuSlot { slots: self, local: 0, _files: files }),
+                Ok(None) => return None,
                 Err(e) => eprintln!(
                     "note: the machine's CPU slots in {} cannot be used ({e}); this node counts this run's only",
                     dir.display()
@@ -190,15 +197,25 @@ impl CpuSlots {
         }
         let mut used = self.used.lock().expect("cpu slots");
         while *used + want > cores.max(1) {
-            used = self.freed.wait(used).expect("cpu slots");
+            if stop() {
+                return None;
+            }
+            used = self.freed.wait_timeout(used, SLOT_POLL).expect("cpu slots").0;
         }
         *used += want;
-        CpuSlot { slots: self, local: want, _files: Vec::new() }
+        Some(CpuSlot { slots: self, local: want, _files: Vec::new() })
     }
 
     /// Locks `want` of the `cores` slot files, all or none at a time (a node
-    /// never sits on part of what it needs while another waits for the rest).
-    fn lock_files(&self, dir: &Path, want: usize, cores: usize) -> std::io::Result<Vec<std::fs::File>> {
+    /// never sits on part of what it needs while another waits for the rest);
+    /// `None` when `stop` ends the wait.
+    fn lock_files(
+        &self,
+        dir: &Path,
+        want: usize,
+        cores: usize,
+        stop: &dyn Fn() -> bool,
+    ) -> std::io::Result<Option<Vec<std::fs::File>>> {
         // Opened once: a node that waits asks the same files again.
         let files = (0..cores)
             .map(|n| crate::store::fsx::open_lock(&dir.join(format!("slot-{n}"))))
@@ -213,16 +230,16 @@ impl CpuSlots {
                 }
                 if held.len() == want {
                     // The files not held close unlocked; the held ones stay locked until the slot drops.
-                    return Ok(files
-                        .into_iter()
-                        .enumerate()
-                        .filter(|(n, _)| held.contains(n))
-                        .map(|(_, f)| f)
-                        .collect());
+                    return Ok(Some(
+                        files.into_iter().enumerate().filter(|(n, _)| held.contains(n)).map(|(_, f)| f).collect(),
+                    ));
                 }
             }
             for &n in &held {
                 let _ = files[n].unlock();
+            }
+            if stop() {
+                return Ok(None);
             }
             std::thread::sleep(SLOT_POLL);
         }
@@ -704,7 +721,13 @@ impl Executor for Local {
         };
         let _slot = match (&job.env, job.cpu) {
             (Some(env), Some(slots)) if env.device == "cpu" => {
-                Some(slots.acquire(env.threads.unwrap_or(1), crate::runtime::cores()))
+                match slots.acquire_until(env.threads.unwrap_or(1), crate::runtime::cores(), &|| job.stopped()) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        let because = "interrupted while waiting for a CPU slot (other nodes held every core)";
+                        return Outcome::Skipped { because: because.to_string() };
+                    }
+                }
             }
             _ => None,
         };

@@ -396,3 +396,23 @@ fn why_a_cached_out_is_no_hit_is_a_typed_problem() {
     std::fs::remove_file(w.dir.path().join("o.txt")).unwrap();
     assert_eq!(problem(&index), OutputProblem::Missing { path: "o.txt".into() });
 }
+
+/// A wait for CPU slots that another process (or node) holds ends when the
+/// run is interrupted: before, Ctrl-C waited until those slots were free,
+/// as long as another run's training node took.
+#[test]
+fn a_wait_for_cpu_slots_ends_when_the_run_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = (super::node::CpuSlots::in_dir(dir.path().into()), super::node::CpuSlots::in_dir(dir.path().into()));
+    let own = super::node::CpuSlots::default();
+    for (holder, waiter) in [(&shared.0, &shared.1), (&own, &own)] {
+        let _held = holder.acquire(2, 2);
+        let asked = std::time::Instant::now();
+        let stop = || asked.elapsed() > std::time::Duration::from_millis(150);
+        let got = waiter.acquire_until(1, 2, &stop);
+        assert!(got.is_none(), "a slot was handed out while both were held");
+        assert!(asked.elapsed() < std::time::Duration::from_secs(2), "the wait went on: {:?}", asked.elapsed());
+    }
+    // Free slots are taken whatever `stop` says later.
+    assert!(own.acquire_until(2, 2, &|| true).is_some());
+}
