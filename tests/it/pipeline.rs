@@ -1006,10 +1006,17 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
         "q.yaml",
         "name: q\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p ws/objects/x', outs: [ws/objects]}\n",
     );
+    let remote = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", remote.path().display());
     let before = tree_of(p.path());
-    for verb in ["run", "checkout"] {
-        refused(&p.run(&[verb, "q.yaml", "--workspace", "ws"]), "ws/objects");
-        refused(&p.run(&[verb, "q.yaml", "--workspace", "./ws/"]), "ws/objects");
+    for verb in ["run", "checkout", "pull"] {
+        for ws in ["ws", "./ws/"] {
+            let mut args = vec![verb, "q.yaml", "--workspace", ws];
+            if verb == "pull" {
+                args.extend(["--remote", url.as_str()]);
+            }
+            refused(&p.run(&args), "ws/objects");
+        }
     }
     let mut now = tree_of(p.path());
     now.retain(|k, _| !k.starts_with("ws/"));

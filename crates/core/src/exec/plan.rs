@@ -480,6 +480,7 @@ pub fn pull_spec(
     remote: &crate::remote::Remote,
     progress: &crate::remote::Progress,
 ) -> Result<crate::remote::Transfer, crate::remote::RemoteError> {
+    super::refuse_outs_over_workspace(ws, spec, dag)?;
     let index = ws.index()?;
     let mut known: BTreeMap<String, Vec<OutputRecord>> = BTreeMap::new();
     let mut unresolved: BTreeSet<usize> = dag.order.iter().copied().collect();
