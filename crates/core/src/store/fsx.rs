@@ -283,9 +283,10 @@ pub fn open_user_file(root: &Path, rel: &str) -> Result<std::fs::File, UserFileE
 /// Folders that belong to orchestrate or to another tool (version control,
 /// DVC, Snakemake), by name, with whose they are: a dep walk never enters
 /// one, and no node's out may be one or lie inside one (an out is removed
-/// whole before its command runs, as DVC removes it).
+/// whole before its command runs, as DVC removes it). Case aside: on a
+/// case-insensitive disk (macOS's default) `.Git` is `.git`.
 pub fn reserved_folder(name: &str) -> Option<&'static str> {
-    match name {
+    match name.to_ascii_lowercase().as_str() {
         ".orchestrate" => Some("orchestrate's own folder"),
         ".git" | ".hg" | ".svn" | ".jj" => Some("version control's folder"),
         ".dvc" => Some("DVC's folder"),
@@ -398,6 +399,16 @@ pub fn normalize_rel(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_folders_are_known_by_whole_name_case_aside() {
+        for name in [".git", ".Git", ".GIT", ".orchestrate", ".DVC", ".snakemake", ".hg", ".svn", ".jj"] {
+            assert!(reserved_folder(name).is_some(), "{name}");
+        }
+        for name in [".github", "git", "x.git", ".gitignore", "orchestrate", ".dvcignore", ""] {
+            assert!(reserved_folder(name).is_none(), "{name}");
+        }
+    }
 
     #[test]
     fn an_out_over_the_workspace_is_found_by_whole_folder_names_on_real_paths() {
