@@ -241,6 +241,26 @@ fn node_lock_offset(key: &str) -> i64 {
     (u64::from_le_bytes(bytes) >> 4) as i64
 }
 
+/// Takes byte `at` of the lock file `file`. If another open of it holds the
+/// byte, `waiting` is called once (to say so), then this waits: blocked in
+/// the kernel when there is no `stop`, else polling until `stop` says to
+/// give up (`Ok(false)`; a blocked wait cannot be ended from another thread).
+fn take_lock_byte(
+    file: &fs::File,
+    at: i64,
+    waiting: impl FnOnce(),
+    stop: Option<&dyn Fn() -> bool>,
+) -> std::io::Result<bool> {
+    if fsx::lock_byte(file, at, false)? {
+        return Ok(true);
+    }
+    waiting();
+    match stop {
+        None => fsx::lock_byte(file, at, true),
+        Some(stop) => fsx::lock_byte_until(file, at, stop),
+    }
+}
+
 /// A held node lock; released on drop or when the process dies.
 pub struct NodeLock {
     _file: File,
@@ -1122,15 +1142,7 @@ impl Workspace {
     /// made per node (creating an inode was a sixth of a small node's own
     /// time on ext4) and never removed.
     pub fn lock_node(&self, key: &str, waiting: impl FnOnce()) -> Result<NodeLock, StoreError> {
-        let path = self.root.join("locks").join(NODE_LOCKS);
-        let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
-        let at = node_lock_offset(key);
-        let locking = |e| StoreError::Io { context: format!("locking {} (node {key})", path.display()), source: e };
-        if !fsx::lock_byte(&file, at, false).map_err(locking)? {
-            waiting();
-            fsx::lock_byte(&file, at, true).map_err(locking)?;
-        }
-        Ok(NodeLock { _file: file })
+        self.lock_node_with(key, waiting, None)
     }
 
     /// [`Workspace::lock_node`], whose wait `stop` can end (a run's Ctrl-C):
@@ -1141,15 +1153,21 @@ impl Workspace {
         waiting: impl FnOnce(),
         stop: &dyn Fn() -> bool,
     ) -> Result<NodeLock, StoreError> {
+        self.lock_node_with(key, waiting, Some(stop))
+    }
+
+    fn lock_node_with(
+        &self,
+        key: &str,
+        waiting: impl FnOnce(),
+        stop: Option<&dyn Fn() -> bool>,
+    ) -> Result<NodeLock, StoreError> {
         let path = self.root.join("locks").join(NODE_LOCKS);
         let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
-        let at = node_lock_offset(key);
-        let locking = |e| StoreError::Io { context: format!("locking {} (node {key})", path.display()), source: e };
-        if !fsx::lock_byte(&file, at, false).map_err(locking)? {
-            waiting();
-            if !fsx::lock_byte_until(&file, at, stop).map_err(locking)? {
-                return Err(StoreError::Interrupted { waiting: format!("node key {}", &key[..key.len().min(12)]) });
-            }
+        let taken = take_lock_byte(&file, node_lock_offset(key), waiting, stop)
+            .map_err(|e| StoreError::Io { context: format!("locking {} (node {key})", path.display()), source: e })?;
+        if !taken {
+            return Err(StoreError::Interrupted { waiting: format!("node key {}", &key[..key.len().min(12)]) });
         }
         Ok(NodeLock { _file: file })
     }
@@ -1183,13 +1201,12 @@ impl Workspace {
         let path = self.root.join("locks").join(OUT_LOCKS);
         let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
         for (offset, out) in at {
-            let locking =
-                |e| StoreError::Io { context: format!("locking {} (out '{out}')", path.display()), source: e };
-            if !fsx::lock_byte(&file, offset, false).map_err(locking)? {
-                waiting(out);
-                if !fsx::lock_byte_until(&file, offset, stop).map_err(locking)? {
-                    return Err(StoreError::Interrupted { waiting: format!("the out '{out}'") });
-                }
+            let taken = take_lock_byte(&file, offset, || waiting(out), Some(stop)).map_err(|e| StoreError::Io {
+                context: format!("locking {} (out '{out}')", path.display()),
+                source: e,
+            })?;
+            if !taken {
+                return Err(StoreError::Interrupted { waiting: format!("the out '{out}'") });
             }
         }
         Ok(Some(NodeLock { _file: file }))
