@@ -295,30 +295,6 @@ pub fn reserved_folder(name: &str) -> Option<&'static str> {
     }
 }
 
-/// How a node's out lies against the workspace a command uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WorkspaceOverlap {
-    /// The workspace is the out or inside it: removing the out removes the store.
-    Holds,
-    /// The out is inside the workspace: the node would write into the store.
-    Inside,
-}
-
-/// Whether the out `rel` (normalized, relative to the real folder
-/// `spec_dir`) holds the real folder `workspace` or lies inside it. Both
-/// folders are canonical paths (links resolved), and an out is never reached
-/// through a link ([`remove_out`] refuses one), so the comparison is lexical.
-pub fn out_overlap(spec_dir: &Path, rel: &str, workspace: &Path) -> Option<WorkspaceOverlap> {
-    let out = spec_dir.join(rel);
-    if workspace.starts_with(&out) {
-        Some(WorkspaceOverlap::Holds)
-    } else if out.starts_with(workspace) {
-        Some(WorkspaceOverlap::Inside)
-    } else {
-        None
-    }
-}
-
 /// An out that the workspace in use forbids.
 #[derive(Debug, thiserror::Error)]
 pub enum OutOverWorkspace {
@@ -343,7 +319,7 @@ pub enum OutOverWorkspace {
 }
 
 /// The real paths of a spec's folder and of the workspace in use, to check
-/// outs against ([`out_overlap`]) without resolving either again per node.
+/// outs against without resolving either again per node.
 #[derive(Debug, Clone)]
 pub struct OutsBeside {
     dir: PathBuf,
@@ -359,14 +335,18 @@ impl OutsBeside {
     }
 
     /// Refuses the first of `outs` (normalized, relative to the spec's
-    /// folder) that holds the workspace or lies inside it.
+    /// folder) that holds the workspace or lies inside it. Both folders are
+    /// real paths and an out is never reached through a link ([`remove_out`]
+    /// refuses one), so the comparison is lexical, by whole folder names.
     pub fn check<'a>(&self, outs: impl IntoIterator<Item = &'a String>) -> Result<(), OutOverWorkspace> {
         for out in outs {
+            let path = self.dir.join(out);
             let (out, workspace) = (out.clone(), self.workspace.clone());
-            match out_overlap(&self.dir, &out, &self.workspace) {
-                Some(WorkspaceOverlap::Holds) => return Err(OutOverWorkspace::Holds { out, workspace }),
-                Some(WorkspaceOverlap::Inside) => return Err(OutOverWorkspace::Inside { out, workspace }),
-                None => {}
+            if workspace.starts_with(&path) {
+                return Err(OutOverWorkspace::Holds { out, workspace });
+            }
+            if path.starts_with(&workspace) {
+                return Err(OutOverWorkspace::Inside { out, workspace });
             }
         }
         Ok(())
@@ -415,12 +395,14 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let (dir, ws) = (t.path().join("project"), t.path().join("project/sub/ws"));
         fs::create_dir_all(&ws).unwrap();
-        assert_eq!(out_overlap(&dir, "sub", &ws), Some(WorkspaceOverlap::Holds));
-        assert_eq!(out_overlap(&dir, "sub/ws", &ws), Some(WorkspaceOverlap::Holds));
-        assert_eq!(out_overlap(&dir, "sub/ws/objects", &ws), Some(WorkspaceOverlap::Inside));
-        assert_eq!(out_overlap(&dir, "su", &ws), None, "a prefix of a name is another folder");
-        assert_eq!(out_overlap(&dir, "sub/wsx", &ws), None);
-        assert_eq!(out_overlap(&dir, "other", &ws), None);
+        let beside = OutsBeside::new(&dir, &ws).unwrap();
+        let one = |out: &str| beside.check([&out.to_string()]);
+        assert!(matches!(one("sub"), Err(OutOverWorkspace::Holds { .. })));
+        assert!(matches!(one("sub/ws"), Err(OutOverWorkspace::Holds { .. })));
+        assert!(matches!(one("sub/ws/objects"), Err(OutOverWorkspace::Inside { .. })));
+        assert!(one("su").is_ok(), "a prefix of a name is another folder");
+        assert!(one("sub/wsx").is_ok());
+        assert!(one("other").is_ok());
         // The spec's folder reached through a link, the workspace by its real path.
         std::os::unix::fs::symlink(&dir, t.path().join("alias")).unwrap();
         let beside = OutsBeside::new(&t.path().join("alias"), &ws).unwrap();
