@@ -1276,6 +1276,9 @@ impl Workspace {
         let types = objects::CacheType::from_env().map_err(|e| StoreError::Invalid(e.to_string()))?;
         let mut outputs = node.outputs.clone();
         let (mut files, mut bytes, mut kept) = (0u64, 0u64, Vec::new());
+        // The real folders the outs are checked against, resolved once, for
+        // the first out that is replaced.
+        let mut beside: Option<fsx::OutsBeside> = None;
         for o in &mut outputs {
             let Some(rel) = o.workspace_path.clone() else { continue };
             if replace == Replace::Missing && fs::symlink_metadata(spec_dir.join(&rel)).is_ok() {
@@ -1288,9 +1291,11 @@ impl Workspace {
                     continue;
                 }
             }
-            fsx::OutsBeside::new(spec_dir, &self.root)
-                .and_then(|beside| beside.check([&rel]))
-                .map_err(|e| StoreError::Invalid(format!("node '{}': {e}", node.node_id)))?;
+            let refuse = |e| StoreError::Invalid(format!("node '{}': {e}", node.node_id));
+            if beside.is_none() {
+                beside = Some(fsx::OutsBeside::new(spec_dir, &self.root).map_err(refuse)?);
+            }
+            beside.as_ref().expect("resolved above").check([&rel]).map_err(refuse)?;
             let dest = spec_dir.join(&rel);
             if let Some(link) = fsx::link_on_path(spec_dir, &rel).filter(|l| *l != dest) {
                 return Err(StoreError::Invalid(format!(
