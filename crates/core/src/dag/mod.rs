@@ -42,6 +42,12 @@ impl DagNode {
     pub fn id(&self) -> &str {
         &self.def.id
     }
+
+    /// The paths (relative to the spec's folder) of the outputs this node
+    /// writes in the user's tree: a shell node's `outs`.
+    pub fn tree_outs(&self) -> impl Iterator<Item = &String> {
+        self.outputs.iter().filter_map(|o| o.workspace_path.as_ref())
+    }
 }
 
 /// The compiled pipeline.

@@ -125,16 +125,14 @@ impl node::NodeObserver for Observer<'_> {
 /// (`--workspace` inside an out, or a run started in an out's folder),
 /// before anything runs, restores or is removed.
 pub(crate) fn refuse_outs_over_workspace(ws: &Workspace, spec: &Spec, dag: &Dag) -> Result<(), StoreError> {
-    let mut shell = dag.nodes.iter().filter(|n| n.outputs.iter().any(|o| o.workspace_path.is_some())).peekable();
+    let mut shell = dag.nodes.iter().filter(|n| n.tree_outs().next().is_some()).peekable();
     if shell.peek().is_none() {
         return Ok(());
     }
     let beside = crate::store::fsx::OutsBeside::new(&spec.base_dir, ws.root())
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
     for node in shell {
-        beside
-            .check(node.outputs.iter().filter_map(|o| o.workspace_path.as_ref()))
-            .map_err(|e| StoreError::Invalid(format!("node '{}': {e}", node.id())))?;
+        beside.check(node.tree_outs()).map_err(|e| StoreError::Invalid(format!("node '{}': {e}", node.id())))?;
     }
     Ok(())
 }

@@ -763,8 +763,7 @@ impl NodeJob<'_> {
     /// Holds this node's outs in the user's tree ([`Workspace::lock_outs`]);
     /// a wait ends when the run is interrupted.
     pub(crate) fn lock_outs(&self, waiting: impl FnMut(&str)) -> Result<Option<crate::store::NodeLock>, StoreError> {
-        let outs = self.node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
-        self.ws.lock_outs(self.spec_dir, outs, waiting, &|| self.stopped())
+        self.ws.lock_outs(self.spec_dir, self.node.tree_outs(), waiting, &|| self.stopped())
     }
 
     /// Holds this node's key ([`Workspace::lock_node_until`]); a wait ends
@@ -799,7 +798,7 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         // The node failed after its command wrote its outs into the tree: left
         // there, they would pass for a finished node's (Snakemake removes them too).
         let mut removed = Vec::new();
-        for rel in job.node.outputs.iter().filter_map(|d| d.workspace_path.as_ref()) {
+        for rel in job.node.tree_outs() {
             if crate::store::fsx::remove_out(job.spec_dir, rel).unwrap_or(false) {
                 removed.push(rel.as_str());
             }

@@ -447,8 +447,7 @@ pub fn checkout(
             }
             Decision::Restore(cached, _) => {
                 let _lock = ws.lock_node(&cached.key, || {})?;
-                let outs = node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
-                let _outs = ws.lock_outs(&spec.base_dir, outs, |_| {}, &|| false)?;
+                let _outs = ws.lock_outs(&spec.base_dir, node.tree_outs(), |_| {}, &|| false)?;
                 let replace = if force { Replace::All } else { Replace::Stored };
                 let r = ws.restore_outputs(&index, &cached, &spec.base_dir, replace)?;
                 known.insert(id.clone(), r.outputs);

@@ -677,8 +677,7 @@ fn land(ws: &Workspace, index: &Index, spec_dir: &Path, node: CachedNode) -> Res
 /// by the store's own checkout (cache types, no write through a link); an
 /// existing file or folder is left alone.
 fn checkout(ws: &Workspace, index: &Index, spec_dir: &Path, node: &CachedNode) -> Result<(), RemoteError> {
-    let outs = node.outputs.iter().filter_map(|o| o.workspace_path.as_ref());
-    let _outs = ws.lock_outs(spec_dir, outs, |_| {}, &|| false)?;
+    let _outs = ws.lock_outs(spec_dir, node.tree_outs(), |_| {}, &|| false)?;
     ws.restore_outputs(index, node, spec_dir, crate::store::Replace::Missing)?;
     Ok(())
 }

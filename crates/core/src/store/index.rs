@@ -87,6 +87,14 @@ pub struct CachedNode {
     pub costs: Option<crate::costs::NodeCosts>,
 }
 
+impl CachedNode {
+    /// The paths (relative to the spec's folder) of the outputs recorded in
+    /// the user's tree: a shell node's `outs`.
+    pub fn tree_outs(&self) -> impl Iterator<Item = &String> {
+        self.outputs.iter().filter_map(|o| o.workspace_path.as_ref())
+    }
+}
+
 /// Which spec (by name) and profile a lookup is about.
 #[derive(Debug, Clone, Copy)]
 pub struct SpecRef<'a> {
