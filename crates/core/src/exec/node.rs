@@ -661,6 +661,15 @@ impl ToRun<'_> {
     pub fn failed(&self, error: String) -> Outcome {
         Outcome::Failed { key: Some(self.key.clone()), error, seconds: self.started.elapsed().as_secs_f64() }
     }
+
+    /// A lock this node waited for, or its outcome without it: skipped when
+    /// the run was interrupted during the wait, failed on any other error.
+    fn held<T>(&self, lock: Result<T, StoreError>) -> Result<T, Outcome> {
+        lock.map_err(|e| match e {
+            StoreError::Interrupted { .. } => Outcome::Skipped { because: e.to_string() },
+            e => self.failed(e.to_string()),
+        })
+    }
 }
 
 /// Where a node runs once the scheduler has decided it must: under its key,
@@ -684,10 +693,9 @@ impl Executor for Local {
                 &format!("another orchestrate process is running node '{}' (key {})", job.node.id(), key.short()),
             )
         });
-        let _lock = match lock {
+        let _lock = match run.held(lock) {
             Ok(l) => l,
-            Err(e @ StoreError::Interrupted { .. }) => return Outcome::Skipped { because: e.to_string() },
-            Err(e) => return run.failed(e.to_string()),
+            Err(outcome) => return outcome,
         };
         if !job.force {
             // The process we waited for may have completed it.
@@ -714,10 +722,9 @@ impl Executor for Local {
                 ),
             )
         });
-        let _outs = match outs {
+        let _outs = match run.held(outs) {
             Ok(l) => l,
-            Err(e @ StoreError::Interrupted { .. }) => return Outcome::Skipped { because: e.to_string() },
-            Err(e) => return run.failed(e.to_string()),
+            Err(outcome) => return outcome,
         };
         let _slot = match (&job.env, job.cpu) {
             (Some(env), Some(slots)) if env.device == "cpu" => {
