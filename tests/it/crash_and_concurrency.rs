@@ -433,6 +433,38 @@ fn two_runs_side_by_side_never_put_more_numerical_nodes_on_the_cpu_than_it_has_c
     assert!(most <= cores, "{most} numerical nodes ran at once on {cores} cores: {seen:?}");
 }
 
+/// A project whose one node writes `out/a.txt`, sleeps `pause` seconds,
+/// then writes `out/b.txt`, each saying its env `LR`.
+fn slow_out_writer(pause: u32) -> Project {
+    let p = Project::new();
+    p.write(
+        "p.yaml",
+        &format!(
+            "name: p\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: 'mkdir -p out && echo \"$LR\" > out/a.txt && sleep {pause} && echo \"$LR\" > out/b.txt'\n      outs: [out]\n      env: {{LR: 0.1}}\n"
+        ),
+    );
+    p
+}
+
+/// Starts `run --json` of [`slow_out_writer`]'s spec with `LR=lr`.
+fn spawn_with_lr(p: &Project, lr: &str) -> std::process::Child {
+    p.cmd(&["run", "--json", "p.yaml", "--set", &format!("nodes.train.params.env.LR={lr}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (30 s at most) until a run of [`slow_out_writer`]'s spec has
+/// written its first file, so it holds the node and its out.
+fn wait_for_first_file(p: &Project) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !p.path().join("out/a.txt").exists() {
+        assert!(std::time::Instant::now() < until, "the first run never wrote its out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Before, two runs of one spec with different params (two keys, so no node
 /// lock between them) wrote the same out folder side by side: the second
 /// removed `out` and wrote into it while the first was still running, and
@@ -442,25 +474,10 @@ fn two_runs_side_by_side_never_put_more_numerical_nodes_on_the_cpu_than_it_has_c
 /// across processes; the other waits, and says why.
 #[test]
 fn two_runs_writing_the_same_out_with_other_keys_take_turns_and_each_key_keeps_its_own_bytes() {
-    let p = Project::new();
-    p.write(
-        "p.yaml",
-        "name: p\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: 'mkdir -p out && echo \"$LR\" > out/a.txt && sleep 2 && echo \"$LR\" > out/b.txt'\n      outs: [out]\n      env: {LR: 0.1}\n",
-    );
-    let spawn = |lr: &str| {
-        p.cmd(&["run", "--json", "p.yaml", "--set", &format!("nodes.train.params.env.LR={lr}")])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let first = spawn("0.1");
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !p.path().join("out/a.txt").exists() {
-        assert!(std::time::Instant::now() < until, "the first run never wrote its out");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let second = spawn("0.2");
+    let p = slow_out_writer(2);
+    let first = spawn_with_lr(&p, "0.1");
+    wait_for_first_file(&p);
+    let second = spawn_with_lr(&p, "0.2");
     let (a, b) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
     for out in [&a, &b] {
         assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(out), common::stderr(out));
@@ -487,26 +504,11 @@ fn two_runs_writing_the_same_out_with_other_keys_take_turns_and_each_key_keeps_i
 #[test]
 fn ctrl_c_ends_a_wait_for_another_process_at_once() {
     for other in ["0.1", "0.2"] {
-        let p = Project::new();
-        p.write(
-            "p.yaml",
-            "name: p\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: 'mkdir -p out && echo \"$LR\" > out/a.txt && sleep 20 && echo \"$LR\" > out/b.txt'\n      outs: [out]\n      env: {LR: 0.1}\n",
-        );
-        let spawn = |lr: &str| {
-            p.cmd(&["run", "--json", "p.yaml", "--set", &format!("nodes.train.params.env.LR={lr}")])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        };
-        let mut holder = spawn("0.1");
-        let until = std::time::Instant::now() + Duration::from_secs(30);
-        while !p.path().join("out/a.txt").exists() {
-            assert!(std::time::Instant::now() < until, "the first run never wrote its out");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let p = slow_out_writer(20);
+        let mut holder = spawn_with_lr(&p, "0.1");
+        wait_for_first_file(&p);
         // The same key (the node lock), or another key writing the same out.
-        let waiter = spawn(other);
+        let waiter = spawn_with_lr(&p, other);
         std::thread::sleep(Duration::from_millis(800));
         let asked = std::time::Instant::now();
         assert!(std::process::Command::new("kill")
