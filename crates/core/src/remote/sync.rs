@@ -616,13 +616,14 @@ impl LocalNode<'_> {
     /// this a record could have `pull` write a node's bytes anywhere in the
     /// spec's folder where no file is yet (a git hook, a `sitecustomize.py`).
     fn check_outputs(&self, node: &CachedNode, what: &str) -> Result<(), RemoteError> {
-        let names = |it: &mut dyn Iterator<Item = &String>| it.cloned().collect::<Vec<_>>().join(", ");
-        let listed = names(&mut node.outputs.iter().map(|o| &o.name));
-        let declared = names(&mut self.outputs.iter().map(|o| &o.name));
+        let listed: Vec<&str> = node.outputs.iter().map(|o| o.name.as_str()).collect();
+        let declared: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
         if listed != declared {
             return Err(RemoteError::Refused(format!(
-                "{what}: it lists the outputs [{listed}], but node '{}' declares [{declared}]; refused",
-                self.id
+                "{what}: it lists the outputs [{}], but node '{}' declares [{}]; refused",
+                listed.join(", "),
+                self.id,
+                declared.join(", ")
             )));
         }
         for (o, d) in node.outputs.iter().zip(self.outputs) {
