@@ -374,7 +374,7 @@ struct Marker {
 }
 
 /// The folders of a workspace, all ours.
-const FOLDERS: [&str; 4] = ["objects", "tmp", "locks", "logs"];
+const FOLDERS: [&str; 5] = ["objects", "tmp", "locks", "logs", "records"];
 
 /// What a folder given as a workspace is.
 enum Found {
