@@ -631,6 +631,86 @@ nodes:
     assert!(text.contains("mse-low") && text.contains("PASS") && text.contains("FAIL"), "{text}");
 }
 
+/// A metric a diverged run writes as Python's `json.dump` does (`NaN`, not
+/// valid JSON but what Python, DVC and TRL read) fails its gate saying NaN,
+/// in the run and in the audit; another metric of the same file still
+/// passes. Before, the whole file did not read ("expected value at line 1
+/// column 18"), so the gate node failed instead of the gate; and YAML's
+/// `.nan` was said as `null`, which is not what the file says.
+#[test]
+fn a_metric_written_as_nan_fails_its_gate_saying_nan_in_the_run_and_the_audit() {
+    for (file, body) in [
+        ("metrics.json", r#"{\"eval\": {\"mse\": NaN, \"acc\": 0.5, \"peak\": -Infinity}}"#),
+        ("metrics.yaml", "eval:\\n  mse: .nan\\n  acc: 0.5\\n  peak: -.inf\\n"),
+    ] {
+        let p = Project::new();
+        p.write(
+            "s.yaml",
+            &format!(
+                "name: nan-gates\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: \"printf '{body}' > {file}\"\n      outs: [{file}]\n      metrics: [{file}]\n  gates:\n    op: gate\n    params: {{file: g.yaml}}\n"
+            ),
+        );
+        p.write(
+            "g.yaml",
+            &format!("name: own\ngates:\n  - name: mse-low\n    evidence: {{m: 'train:{file}'}}\n    check: {{field: m.eval.mse, at_most: 0.02}}\n  - name: acc-high\n    evidence: {{m: 'train:{file}'}}\n    check: {{field: m.eval.acc, at_least: 0.4}}\n  - name: peak-low\n    evidence: {{m: 'train:{file}'}}\n    check: {{field: m.eval.peak, at_most: 1}}\n"),
+        );
+        let out = p.run(&["run", "s.yaml"]);
+        let all = format!("{}{}", stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(1), "{file}: {all}");
+        assert!(all.contains("2 gate(s) failed"), "{file}: {all}");
+        let path = p.run(&["path", "s.yaml", "gates:gates.json"]);
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(stdout(&path).trim()).unwrap()).unwrap();
+        let results = report["results"].as_array().unwrap();
+        let detail = |name: &str| {
+            let r = results.iter().find(|r| r["name"] == name).unwrap();
+            (r["passed"].as_bool().unwrap(), r["detail"].as_str().unwrap().to_string())
+        };
+        let (passed, said) = detail("mse-low");
+        assert!(!passed && said.contains("m.eval.mse is NaN, not a number"), "{file}: {said}");
+        let (passed, said) = detail("peak-low");
+        assert!(!passed && said.contains("m.eval.peak is -inf, not a number"), "{file}: {said}");
+        assert!(detail("acc-high").0, "{file}: {results:?}");
+        // The audit reads the packed file the same way.
+        let out = p.run(&["pack", "freeze", "s.yaml", "--out", "pack"]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let out = p.run(&["audit", "pack"]);
+        let text = stdout(&out);
+        assert_eq!(out.status.code(), Some(1), "{file}: {text}{}", stderr(&out));
+        assert!(text.contains("m.eval.mse is NaN"), "{file}: {text}");
+        assert!(text.lines().any(|l| l.contains("acc-high") && l.contains("PASS")), "{file}: {text}");
+    }
+}
+
+/// A params file's value that JSON cannot hold (`.inf`, `-.inf`, `.nan`)
+/// was keyed as `null`, so changing `clip: .inf` to `clip: -.inf` (or to
+/// `null`) was a cache hit: the node's result for one value served for
+/// another. It is now refused, naming the file, the key and the value.
+#[test]
+fn a_params_value_a_key_cannot_hold_exactly_is_refused_not_keyed_as_null() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: k\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: 'cat params.yaml > out.txt'\n      params_files: {params.yaml: [train]}\n      outs: [out.txt]\n",
+    );
+    for (value, said) in [(".inf", "inf"), ("-.inf", "-inf"), (".nan", "NaN")] {
+        p.write("params.yaml", &format!("train:\n  lr: 0.1\n  clip: {value}\n"));
+        for cmd in ["validate", "run"] {
+            let out = p.run(&[cmd, "s.yaml"]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{cmd} with clip {value}: {}{err}", stdout(&out));
+            assert!(
+                err.contains("params.yaml") && err.contains(&format!("train.clip is {said}")),
+                "{cmd} with clip {value}: {err}"
+            );
+        }
+    }
+    p.write("params.yaml", "train:\n  lr: 0.1\n  clip: null\n");
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(p.read("out.txt"), "train:\n  lr: 0.1\n  clip: null\n");
+}
+
 /// `orchestrate` as a user the read-only mode of the store binds: this
 /// process's own user, or, for root (as in CI), uid 65534 through `setpriv`,
 /// with the project handed to it.

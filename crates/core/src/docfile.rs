@@ -51,6 +51,12 @@ pub enum DocError {
     Invalid { file: String, format: &'static str, reason: String },
     #[error("no key '{part}' under {at}{hint}")]
     NoKey { part: String, at: String, hint: String },
+    #[error(
+        "'{file}': {key} is {value}, which a node's key cannot hold exactly: JSON has no NaN or infinity, so \
+         .inf, -.inf, .nan and null would be one key and a result for one would be reused for another. Write a \
+         finite number, or a string your program parses"
+    )]
+    NonFinite { file: String, key: String, value: String },
     #[error("line {line}: {reason}")]
     Line { line: usize, reason: String },
     #[error("expected a 'step' column in the header row")]
@@ -120,16 +126,182 @@ fn name(f: Format) -> &'static str {
     }
 }
 
-/// Parses text of a format into a JSON value.
+/// Parses text of a format into a JSON value. A number JSON cannot hold
+/// (YAML's `.nan` and `.inf`, TOML's `nan` and `inf`, and the `NaN` and
+/// `Infinity` Python's `json.dump` writes) is kept as what it is
+/// ([`non_finite`]), never read as `null`.
 pub fn parse(format: Format, text: &str) -> Result<Value, DocError> {
     let syntax = |e: &dyn std::fmt::Display| DocError::Syntax(e.to_string());
     match format {
-        Format::Json => serde_json::from_str(text).map_err(|e| syntax(&e)),
-        Format::Yaml => serde_yaml_ng::from_str(text).map_err(|e| syntax(&e)),
+        Format::Json => serde_json::from_str(&python_json(text)).map_err(|e| syntax(&e)),
+        Format::Yaml => serde_yaml_ng::from_str::<Doc>(text).map(|d| d.0).map_err(|e| syntax(&e)),
         Format::Toml => {
             let v: toml::Value = toml::from_str(text).map_err(|e| syntax(&e))?;
-            serde_json::to_value(v).map_err(|e| syntax(&e))
+            toml_to_json(v).map_err(|e| syntax(&e))
         }
+    }
+}
+
+/// Where a parsed document holds a number JSON cannot (NaN, ±infinity): a
+/// string no text of the user's can hold as such (it starts with a NUL), so
+/// [`non_finite`] tells it apart and every reader says what the file says.
+const NON_FINITE: &str = "\u{0}orchestrate-non-finite:";
+
+fn non_finite_value(x: f64) -> Value {
+    let spelled = if x.is_nan() {
+        "NaN"
+    } else if x > 0.0 {
+        "inf"
+    } else {
+        "-inf"
+    };
+    format!("{NON_FINITE}{spelled}").into()
+}
+
+/// The number JSON cannot hold that a parsed value stands for, as people
+/// write it: `NaN`, `inf` or `-inf`.
+pub fn non_finite(v: &Value) -> Option<&str> {
+    v.as_str()?.strip_prefix(NON_FINITE)
+}
+
+/// A parsed value as people read it: a non-finite number as `NaN`, `inf`
+/// or `-inf`, anything else as JSON.
+pub fn shown(v: &Value) -> String {
+    non_finite(v).map_or_else(|| v.to_string(), str::to_string)
+}
+
+/// The first non-finite number in `v` ([`non_finite`]), with its dotted
+/// path under `at`.
+pub fn first_non_finite<'a>(v: &'a Value, at: &str) -> Option<(String, &'a str)> {
+    let under = |k: &str| if at.is_empty() { k.to_string() } else { format!("{at}.{k}") };
+    match v {
+        Value::Object(map) => map.iter().find_map(|(k, child)| first_non_finite(child, &under(k))),
+        Value::Array(items) => {
+            items.iter().enumerate().find_map(|(i, child)| first_non_finite(child, &under(&i.to_string())))
+        }
+        _ => non_finite(v).map(|spelled| (at.to_string(), spelled)),
+    }
+}
+
+/// Refuses the value `v` of a params file's key `key` if it holds a number
+/// JSON cannot hold: a key records params as JSON, where it would be `null`.
+pub fn exact_param(file: &str, key: &str, v: &Value) -> Result<(), DocError> {
+    match first_non_finite(v, key) {
+        Some((key, value)) => Err(DocError::NonFinite { file: file.to_string(), key, value: value.to_string() }),
+        None => Ok(()),
+    }
+}
+
+/// JSON as Python's `json` module writes and reads it: the bare `NaN`,
+/// `Infinity` and `-Infinity` it writes for non-finite floats become
+/// [`non_finite`] strings. Outside strings, valid JSON has no letters but
+/// those of `true`, `false` and `null`, so nothing valid is changed.
+fn python_json(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("NaN") && !text.contains("Infinity") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let (mut out, mut rest, mut in_string, mut escaped) = (String::with_capacity(text.len()), text, false, false);
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some((token, x)) =
+            [("-Infinity", f64::NEG_INFINITY), ("Infinity", f64::INFINITY), ("NaN", f64::NAN)]
+                .into_iter()
+                .find(|(token, _)| rest.starts_with(token))
+        {
+            out.push_str(&non_finite_value(x).to_string());
+            rest = &rest[token.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// TOML's value as JSON (as `serde_json::to_value` gives it), with its
+/// `nan` and `inf` kept ([`non_finite`]).
+fn toml_to_json(v: toml::Value) -> Result<Value, serde_json::Error> {
+    Ok(match v {
+        toml::Value::Float(x) if !x.is_finite() => non_finite_value(x),
+        toml::Value::Array(items) => items.into_iter().map(toml_to_json).collect::<Result<Vec<_>, _>>()?.into(),
+        toml::Value::Table(table) => table
+            .into_iter()
+            .map(|(k, v)| Ok((k, toml_to_json(v)?)))
+            .collect::<Result<serde_json::Map<_, _>, _>>()?
+            .into(),
+        other => serde_json::to_value(other)?,
+    })
+}
+
+/// A YAML document read as `serde_json::Value` reads one (the same visitor,
+/// case by case), except that a float JSON cannot hold is kept
+/// ([`non_finite`]) where serde_json makes it `null`.
+struct Doc(Value);
+
+impl<'de> Deserialize<'de> for Doc {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Doc, D::Error> {
+        d.deserialize_any(DocVisitor).map(Doc)
+    }
+}
+
+struct DocVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DocVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Self::Value, E> {
+        Self::Value::deserialize(serde::de::value::I128Deserializer::<E>::new(v))
+    }
+    fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Self::Value, E> {
+        Self::Value::deserialize(serde::de::value::U128Deserializer::<E>::new(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or_else(|| non_finite_value(v), Into::into))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(().into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(().into())
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        Doc::deserialize(d).map(|d| d.0)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Doc(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(items.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some((k, Doc(v))) = map.next_entry::<String, Doc>()? {
+            out.insert(k, v);
+        }
+        Ok(out.into())
     }
 }
 
@@ -218,6 +390,9 @@ pub fn flatten_metrics(doc: &Value) -> BTreeMap<String, MetricValue> {
                 let what = match other {
                     Value::Null => "null".to_string(),
                     Value::Bool(b) => format!("the boolean {b}"),
+                    Value::String(_) if non_finite(other).is_some() => {
+                        format!("{} is not a finite number", shown(other))
+                    }
                     Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
                         "nan" | "inf" | "-inf" | "infinity" | "-infinity" => format!("\"{s}\" is not a finite number"),
                         _ => format!("the string {s:?} is not a number"),
@@ -307,7 +482,7 @@ pub fn parse_json_lines(text: &str) -> Result<Series, DocError> {
         if line.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(line).map_err(|e| line_error(n, format!("not JSON: {e}")))?;
+        let v: Value = serde_json::from_str(&python_json(line)).map_err(|e| line_error(n, format!("not JSON: {e}")))?;
         let Some(obj) = v.as_object() else { return Err(line_error(n, "expected a JSON object per step")) };
         let step = match obj.get("step") {
             Some(Value::Number(x)) => x.as_f64().filter(|x| x.is_finite()),
@@ -406,6 +581,60 @@ mod tests {
             .contains("line 1: expected a numeric \"step\""));
         assert!(parse_csv("epoch,loss\n1,2\n").unwrap_err().to_string().contains("'step' column"));
         assert!(parse_csv("step,loss\n1\n").unwrap_err().to_string().contains("line 2: 1 fields, the header has 2"));
+    }
+
+    /// NaN and ±infinity read as what they are in every format (Python's
+    /// `json.dump` writes `NaN`, `Infinity`, `-Infinity`), never as `null`;
+    /// the same words inside a JSON string are text.
+    #[test]
+    fn numbers_json_cannot_hold_are_kept_in_every_format_and_never_null() {
+        let json = parse(
+            Format::Json,
+            r#"{"a": NaN, "b": [Infinity, -Infinity], "note": "NaN and \"Infinity\" \\", "c": null}"#,
+        )
+        .unwrap();
+        let yaml =
+            parse(Format::Yaml, "a: .nan\nb: [.inf, -.inf]\nnote: 'NaN and \"Infinity\" \\'\nc: null\n").unwrap();
+        let toml = parse(Format::Toml, "a = nan\nb = [inf, -inf]\nnote = 'NaN and \"Infinity\" \\'\n").unwrap();
+        for (format, doc) in [("json", &json), ("yaml", &yaml), ("toml", &toml)] {
+            let at = |k: &str| lookup(doc, k).unwrap();
+            assert_eq!(shown(at("a")), "NaN", "{format}");
+            assert_eq!(shown(at("b.0")), "inf", "{format}");
+            assert_eq!(shown(at("b.1")), "-inf", "{format}");
+            assert_eq!(at("note").as_str(), Some(r#"NaN and "Infinity" \"#), "{format}");
+            assert_eq!(first_non_finite(doc, "").map(|(k, v)| (k, v.to_string())), Some(("a".into(), "NaN".into())));
+            let flat = flatten_metrics(doc);
+            assert_eq!(flat["b.1"], MetricValue::Undefined("-inf is not a finite number".into()), "{format}");
+        }
+        assert_eq!(lookup(&json, "c").unwrap(), &Value::Null);
+        assert!(exact_param("p.yaml", "b", lookup(&yaml, "b").unwrap())
+            .unwrap_err()
+            .to_string()
+            .contains("b.0 is inf"));
+        assert!(exact_param("p.yaml", "note", lookup(&yaml, "note").unwrap()).is_ok());
+        // A step whose loss is NaN is a gap in the series, not a file that does not read.
+        let series = parse_json_lines("{\"step\": 1, \"loss\": 0.5}\n{\"step\": 2, \"loss\": NaN}\n").unwrap();
+        assert_eq!(series["loss"], vec![(1.0, Some(0.5)), (2.0, None)]);
+    }
+
+    /// Apart from what JSON cannot hold, YAML reads exactly as serde_json's
+    /// own `Value` reads it.
+    #[test]
+    fn yaml_reads_as_serde_json_reads_it() {
+        for text in [
+            "a: 1\nb: -2\nc: 2.5\nd: true\ne: ~\nf: text\ng: [1, {h: null}]\n",
+            "big: 18446744073709551615\nneg: -9223372036854775808\nhuge: 340282366920938463463374607431768211455\n",
+            "1: one\ntrue: two\n",
+            "base: &b {x: 1}\nmerged:\n  <<: *b\n  y: 2\n",
+            "tagged: !custom value\n",
+            "a: !!int 3\nq: '12'\nhex: 0x1F\nzero: 012\n",
+            "- a\n- [b, c]\n",
+            "",
+        ] {
+            let general = serde_yaml_ng::from_str::<Value>(text).map_err(|e| e.to_string());
+            let ours = parse(Format::Yaml, text).map_err(|e| e.to_string());
+            assert_eq!(ours, general, "{text:?}");
+        }
     }
 
     #[test]

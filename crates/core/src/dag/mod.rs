@@ -508,12 +508,15 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
                     SpecError::new(SpecErrorKind::MissingReference, at(), format!("node '{}': params file {m}", def.id))
                 })?;
                 for k in &keys {
-                    crate::docfile::lookup(&doc, k).map_err(|m| {
+                    let v = crate::docfile::lookup(&doc, k).map_err(|m| {
                         SpecError::new(
                             SpecErrorKind::MissingReference,
                             at(),
                             format!("node '{}': params file '{file}' has no key '{k}': {m}", def.id),
                         )
+                    })?;
+                    crate::docfile::exact_param(&file, k, v).map_err(|m| {
+                        SpecError::new(SpecErrorKind::Constraint, at(), format!("node '{}': params file {m}", def.id))
                     })?;
                 }
             }

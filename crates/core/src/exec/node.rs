@@ -375,6 +375,7 @@ pub fn hash_inputs(
                 path: spec_dir.join(file),
                 source: Box::new(source),
             })?;
+            crate::docfile::exact_param(file, k, v).map_err(|e| RecordError::ParamsFile(Box::new(e)))?;
             values.insert(k.clone(), v.clone());
         }
         params_files.insert(file.clone(), values);

@@ -302,7 +302,13 @@ pub fn evaluate(
         let (observed, label) = match (&c.field, &c.margin) {
             (Some(f), _) => (lookup(evidence, f)?.clone(), f.clone()),
             (None, Some(m)) => {
-                let num = |f: &str| lookup(evidence, f)?.as_f64().ok_or_else(|| format!("'{f}' is not a number"));
+                let num = |f: &str| {
+                    let v = lookup(evidence, f)?;
+                    v.as_f64().ok_or_else(|| match crate::docfile::non_finite(v) {
+                        Some(x) => format!("'{f}' is {x}, not a number"),
+                        None => format!("'{f}' is not a number"),
+                    })
+                };
                 (json!(num(&m.a)? - num(&m.b)?), format!("{} − {}", m.a, m.b))
             }
             (None, None) => return Err("no field".into()),
@@ -316,9 +322,10 @@ pub fn evaluate(
         if let Some(other) = &c.equals_field {
             let want = lookup(evidence, other)?;
             ok &= &observed == want;
-            clauses.push(format!("= {other} ({want})"));
+            clauses.push(format!("= {other} ({})", crate::docfile::shown(want)));
         }
-        let number = || observed.as_f64().ok_or_else(|| format!("{label} is {observed}, not a number"));
+        let shown = crate::docfile::shown(&observed);
+        let number = || observed.as_f64().ok_or_else(|| format!("{label} is {shown}, not a number"));
         if let Some(min) = c.at_least {
             ok &= number()? >= min;
             clauses.push(format!("≥ {min}"));
@@ -327,7 +334,7 @@ pub fn evaluate(
             ok &= number()? <= max;
             clauses.push(format!("≤ {max}"));
         }
-        Ok((ok, format!("{label} = {observed}, required {}", clauses.join(" and "))))
+        Ok((ok, format!("{label} = {shown}, required {}", clauses.join(" and "))))
     })();
     let (passed, detail) = match outcome {
         Ok(x) => x,
