@@ -178,18 +178,18 @@ fn a_training_param_outside_its_range_is_refused_at_validate() {
     let cases = [
         (sft, "lr", "-0.001", "greater than 0"),
         (sft, "lr", "0", "greater than 0"),
-        // NaN and infinities have no JSON form: refused as the wrong type.
-        (sft, "lr", ".nan", "expected f64"),
+        // NaN and infinities have no JSON form: refused as such, where written.
+        (sft, "lr", ".nan", "is .nan, a number JSON cannot hold"),
         (sft, "warmup_ratio", "1.5", "[0, 1]"),
         (sft, "max_grad_norm", "0", "greater than 0"),
         (grpo, "lr", "-0.001", "greater than 0"),
         (grpo, "lr", "0", "greater than 0"),
-        (grpo, "lr", ".nan", "expected f64"),
+        (grpo, "lr", ".nan", "is .nan, a number JSON cannot hold"),
         (grpo, "clip_eps", "1.5", "(0, 1)"),
         (grpo, "clip_eps", "0", "(0, 1)"),
         (grpo, "beta", "-0.02", "at least 0"),
         (grpo, "min_lr_ratio", "-0.1", "[0, 1]"),
-        (grpo, "weight_decay", ".inf", "expected f64"),
+        (grpo, "weight_decay", ".inf", "is .inf, a number JSON cannot hold"),
         (grpo, "weight_decay", "-0.01", "at least 0"),
         (grpo, "behavior_tolerance", "0", "greater than 0"),
         (grpo, "max_new_tokens", "0", "at least 1"),
@@ -285,4 +285,29 @@ fn a_param_below_a_bound_its_schema_states_is_refused_where_it_was_written() {
     let node = "node 'base@max_position_embeddings=256' (model.init): params.max_position_embeddings";
     assert!(err.contains(node), "{err}");
     assert!(err.contains("256 is less than the minimum of 320"), "{err}");
+}
+
+/// A number JSON cannot hold (`.inf`, `-.inf`, `.nan`) was read as `null`:
+/// in a value it was said as "null"; in a matrix `[.inf, -.inf]` was one id
+/// twice (`a@clip=null`); in a spec that `extends` another, or in `--set`,
+/// the null removed the key it set (a merge's null removes), so the run went
+/// on with the key unset. Each is now refused where it was written.
+#[test]
+fn a_number_json_cannot_hold_is_refused_where_it_was_written_never_read_as_null() {
+    let node = "  a:\n    op: shell\n    params:\n      cmd: 'echo $X > a.txt'\n      outs: [a.txt]\n";
+    let err = rejected(&format!("name: x\nnodes:\n{node}      env: {{X: .inf}}\n"), &[]);
+    assert!(err.contains("bad.yaml:8:") && err.contains("nodes.a.params.env.X is .inf"), "{err}");
+    let err = rejected(&format!("name: x\nnodes:\n{node}    matrix:\n      clip: [1, -.inf]\n"), &[]);
+    assert!(err.contains("bad.yaml:9:") && err.contains("nodes.a.matrix.clip.1 is -.inf"), "{err}");
+    let err = rejected(&format!("name: x\nnodes:\n{node}"), &["--set", "nodes.a.params.env.X=.NaN"]);
+    assert!(err.contains("--set nodes.a.params.env.X=.NaN") && err.contains("is .nan"), "{err}");
+    // A spec extending one that sets X: before, the run went on without X.
+    let p = Project::new();
+    p.write("base.yaml", &format!("name: x\nnodes:\n{node}      env: {{X: '1'}}\n"));
+    p.write("child.yaml", "extends: base.yaml\nnodes:\n  a:\n    params:\n      env: {X: -.inf}\n");
+    let out = p.run(&["run", "child.yaml"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("child.yaml:5:") && err.contains("nodes.a.params.env.X is -.inf"), "{err}");
+    assert!(!p.path().join("a.txt").exists(), "the node ran");
 }

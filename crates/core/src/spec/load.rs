@@ -71,6 +71,10 @@ impl Override {
         let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(value).map_err(|e| {
             SpecError::new(SpecErrorKind::Override, at.clone(), format!("value '{value}' is not valid YAML: {e}"))
         })?;
+        if let Some((inner, spelled)) = non_finite_at(&yaml) {
+            let full: Vec<String> = segments.iter().cloned().chain(inner).collect();
+            return Err(SpecError::new(SpecErrorKind::Override, at, non_finite_message(&full, spelled)));
+        }
         let value = serde_json::to_value(yaml)
             .map_err(|e| SpecError::new(SpecErrorKind::Override, at, format!("value '{value}': {e}")))?;
         Ok(Override { path: segments, raw: arg.to_string(), value })
@@ -376,6 +380,24 @@ fn parse_yaml(text: &str, display: &str) -> Result<Value, SpecError> {
             ));
         }
     };
+    if let Some((mut path, spelled)) = non_finite_at(&yaml) {
+        // The value's line, or that of the nearest key above it (a list item has none of its own).
+        let locator = Locator::new(text);
+        let full = path.clone();
+        let pos = loop {
+            if let Some(pos) = locator.value(&path) {
+                break Some(pos);
+            }
+            if path.pop().is_none() {
+                break None;
+            }
+        };
+        return Err(SpecError::new(
+            SpecErrorKind::WrongType,
+            Location::file(display.to_string(), pos),
+            non_finite_message(&full, spelled),
+        ));
+    }
     let mut yaml = yaml;
     yaml.apply_merge().map_err(|e| {
         SpecError::new(
@@ -391,6 +413,45 @@ fn parse_yaml(text: &str, display: &str) -> Result<Value, SpecError> {
             format!("unsupported YAML: {e}"),
         )
     })
+}
+
+/// The first number in a YAML document that JSON cannot hold (`.inf`,
+/// `-.inf`, `.nan`), with its path and how YAML writes it. Read into JSON
+/// it would be `null`: said as null, one matrix value with another, and, in
+/// a file that extends another or a `--set`, a merge's "remove this key".
+fn non_finite_at(yaml: &serde_yaml_ng::Value) -> Option<(Vec<String>, &'static str)> {
+    use serde_yaml_ng::Value as Yaml;
+    let under = |segment: String, v: &Yaml| {
+        non_finite_at(v).map(|(mut path, spelled)| {
+            path.insert(0, segment);
+            (path, spelled)
+        })
+    };
+    match yaml {
+        Yaml::Number(n) => match n.as_f64() {
+            Some(x) if x.is_nan() => Some((Vec::new(), ".nan")),
+            Some(x) if x.is_infinite() => Some((Vec::new(), if x > 0.0 { ".inf" } else { "-.inf" })),
+            _ => None,
+        },
+        Yaml::Sequence(items) => items.iter().enumerate().find_map(|(i, v)| under(i.to_string(), v)),
+        Yaml::Mapping(map) => map.iter().find_map(|(k, v)| {
+            let key = match k {
+                Yaml::String(s) => s.clone(),
+                other => serde_yaml_ng::to_string(other).unwrap_or_default().trim_end().to_string(),
+            };
+            under(key, v)
+        }),
+        Yaml::Tagged(tagged) => non_finite_at(&tagged.value),
+        _ => None,
+    }
+}
+
+fn non_finite_message(path: &[String], spelled: &str) -> String {
+    format!(
+        "{} is {spelled}, a number JSON cannot hold: the spec is read as JSON, where it would be null (and a null \
+         in a file that extends another, or in --set, removes the key it sets). Write a finite number, or a string",
+        path.join(".")
+    )
 }
 
 /// Merges `overlay` into `base`: mappings recursively, anything else replaced;
