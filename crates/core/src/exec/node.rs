@@ -665,10 +665,12 @@ impl ToRun<'_> {
 
     /// A lock this node waited for, or its outcome without it: skipped when
     /// the run was interrupted during the wait, failed on any other error.
-    fn held<T>(&self, lock: Result<T, StoreError>) -> Result<T, Outcome> {
-        lock.map_err(|e| match e {
-            StoreError::Interrupted { .. } => Outcome::Skipped { because: e.to_string() },
-            e => self.failed(e.to_string()),
+    fn held<T>(&self, lock: Result<T, StoreError>) -> Result<T, Box<Outcome>> {
+        lock.map_err(|e| {
+            Box::new(match e {
+                StoreError::Interrupted { .. } => Outcome::Skipped { because: e.to_string() },
+                e => self.failed(e.to_string()),
+            })
         })
     }
 }
@@ -696,7 +698,7 @@ impl Executor for Local {
         });
         let _lock = match run.held(lock) {
             Ok(l) => l,
-            Err(outcome) => return outcome,
+            Err(outcome) => return *outcome,
         };
         if !job.force {
             // The process we waited for may have completed it.
@@ -725,7 +727,7 @@ impl Executor for Local {
         });
         let _outs = match run.held(outs) {
             Ok(l) => l,
-            Err(outcome) => return outcome,
+            Err(outcome) => return *outcome,
         };
         let _slot = match (&job.env, job.cpu) {
             (Some(env), Some(slots)) if env.device == "cpu" => {
