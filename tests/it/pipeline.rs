@@ -682,6 +682,29 @@ fn a_metric_written_as_nan_fails_its_gate_saying_nan_in_the_run_and_the_audit() 
     }
 }
 
+/// A params file that shares values through YAML merge keys
+/// (`<<: *defaults`) reads as Python's `yaml.safe_load` and DVC read it.
+/// Before, `train.lr` coming from the merge was "no key 'lr' under 'train'".
+/// An edit of the merged-in value changes the node's key.
+#[test]
+fn a_params_file_with_yaml_merge_keys_reads_as_python_reads_it() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: k\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: 'echo ${param:train.lr} ${param:train.epochs} > out.txt'\n      params_files: {params.yaml: [train.lr, train.epochs]}\n      outs: [out.txt]\n",
+    );
+    let params = |lr: &str| format!("defaults: &defaults\n  lr: {lr}\n  epochs: 3\ntrain:\n  <<: *defaults\n  epochs: 5\n");
+    p.write("params.yaml", &params("0.1"));
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(p.read("out.txt"), "0.1 5\n");
+    p.write("params.yaml", &params("0.2"));
+    let out = p.run(&["run", "--json", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(nodes_with(&events(&out), "node_started"), ["a"], "{}", stdout(&out));
+    assert_eq!(p.read("out.txt"), "0.2 5\n");
+}
+
 /// A params file's value that JSON cannot hold (`.inf`, `-.inf`, `.nan`)
 /// was keyed as `null`, so changing `clip: .inf` to `clip: -.inf` (or to
 /// `null`) was a cache hit: the node's result for one value served for

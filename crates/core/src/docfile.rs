@@ -134,7 +134,12 @@ pub fn parse(format: Format, text: &str) -> Result<Value, DocError> {
     let syntax = |e: &dyn std::fmt::Display| DocError::Syntax(e.to_string());
     match format {
         Format::Json => serde_json::from_str(&python_json(text)).map_err(|e| syntax(&e)),
-        Format::Yaml => serde_yaml_ng::from_str::<Doc>(text).map(|d| d.0).map_err(|e| syntax(&e)),
+        Format::Yaml => {
+            // Merge keys (`<<: *defaults`) applied, as Python's and DVC's YAML readers apply them.
+            let mut yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(|e| syntax(&e))?;
+            yaml.apply_merge().map_err(|e| syntax(&e))?;
+            yaml_to_json(yaml).map_err(|e| syntax(&e))
+        }
         Format::Toml => {
             let v: toml::Value = toml::from_str(text).map_err(|e| syntax(&e))?;
             toml_to_json(v).map_err(|e| syntax(&e))
@@ -237,72 +242,35 @@ fn toml_to_json(v: toml::Value) -> Result<Value, serde_json::Error> {
     })
 }
 
-/// A YAML document read as `serde_json::Value` reads one (the same visitor,
-/// case by case), except that a float JSON cannot hold is kept
-/// ([`non_finite`]) where serde_json makes it `null`.
-struct Doc(Value);
-
-impl<'de> Deserialize<'de> for Doc {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Doc, D::Error> {
-        d.deserialize_any(DocVisitor).map(Doc)
-    }
-}
-
-struct DocVisitor;
-
-impl<'de> serde::de::Visitor<'de> for DocVisitor {
-    type Value = serde_json::Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any valid JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_i128<E: serde::de::Error>(self, v: i128) -> Result<Self::Value, E> {
-        Self::Value::deserialize(serde::de::value::I128Deserializer::<E>::new(v))
-    }
-    fn visit_u128<E: serde::de::Error>(self, v: u128) -> Result<Self::Value, E> {
-        Self::Value::deserialize(serde::de::value::U128Deserializer::<E>::new(v))
-    }
-    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(serde_json::Number::from_f64(v).map_or_else(|| non_finite_value(v), Into::into))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(v.into())
-    }
-    fn visit_none<E>(self) -> Result<Self::Value, E> {
-        Ok(().into())
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(().into())
-    }
-    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        Doc::deserialize(d).map(|d| d.0)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(Doc(v)) = seq.next_element()? {
-            items.push(v);
+/// A YAML value (merge keys applied) as JSON, as `serde_json::to_value`
+/// gives it (the spec's own reading: keys that are numbers or booleans
+/// become their text, a tagged value `{"!tag": value}`), except that a float
+/// JSON cannot hold is kept ([`non_finite`]) where that makes it `null`.
+fn yaml_to_json(v: serde_yaml_ng::Value) -> Result<Value, serde_json::Error> {
+    use serde_yaml_ng::Value as Yaml;
+    Ok(match v {
+        Yaml::Number(n) if n.as_f64().is_some_and(|x| !x.is_finite()) => {
+            non_finite_value(n.as_f64().unwrap_or(f64::NAN))
         }
-        Ok(items.into())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut out = serde_json::Map::new();
-        while let Some((k, Doc(v))) = map.next_entry::<String, Doc>()? {
-            out.insert(k, v);
+        Yaml::Sequence(items) => items.into_iter().map(yaml_to_json).collect::<Result<Vec<_>, _>>()?.into(),
+        Yaml::Mapping(map) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in map {
+                let key = match serde_json::to_value(&k)? {
+                    Value::String(s) => s,
+                    key @ (Value::Number(_) | Value::Bool(_)) => key.to_string(),
+                    _ => return Err(serde::ser::Error::custom("key must be a string")),
+                };
+                out.insert(key, yaml_to_json(v)?);
+            }
+            out.into()
         }
-        Ok(out.into())
-    }
+        Yaml::Tagged(tagged) => {
+            let tagged = *tagged;
+            serde_json::Map::from_iter([(tagged.tag.to_string(), yaml_to_json(tagged.value)?)]).into()
+        }
+        other => serde_json::to_value(other)?,
+    })
 }
 
 /// The value at a dotted key (`train.lr`) of a document; a list element is
@@ -617,24 +585,31 @@ mod tests {
         assert_eq!(series["loss"], vec![(1.0, Some(0.5)), (2.0, None)]);
     }
 
-    /// Apart from what JSON cannot hold, YAML reads exactly as serde_json's
-    /// own `Value` reads it.
+    /// Apart from what JSON cannot hold, a YAML file reads as the spec's
+    /// own YAML is read (merge keys applied, as Python's and DVC's readers
+    /// apply them): the same value, or an error where that fails.
     #[test]
-    fn yaml_reads_as_serde_json_reads_it() {
+    fn yaml_reads_as_the_spec_reads_it_merge_keys_applied() {
         for text in [
             "a: 1\nb: -2\nc: 2.5\nd: true\ne: ~\nf: text\ng: [1, {h: null}]\n",
-            "big: 18446744073709551615\nneg: -9223372036854775808\nhuge: 340282366920938463463374607431768211455\n",
-            "1: one\ntrue: two\n",
-            "base: &b {x: 1}\nmerged:\n  <<: *b\n  y: 2\n",
+            "big: 18446744073709551615\nneg: -9223372036854775808\n",
+            "huge: 340282366920938463463374607431768211455\n",
+            "1: one\ntrue: two\n2.5: three\n",
+            "base: &b {x: 1, z: 0}\nmerged:\n  <<: *b\n  y: 2\n  z: 3\n",
             "tagged: !custom value\n",
             "a: !!int 3\nq: '12'\nhex: 0x1F\nzero: 012\n",
             "- a\n- [b, c]\n",
             "",
         ] {
-            let general = serde_yaml_ng::from_str::<Value>(text).map_err(|e| e.to_string());
-            let ours = parse(Format::Yaml, text).map_err(|e| e.to_string());
-            assert_eq!(ours, general, "{text:?}");
+            let spec_reads = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text).ok().and_then(|mut v| {
+                v.apply_merge().ok()?;
+                serde_json::to_value(v).ok()
+            });
+            assert_eq!(parse(Format::Yaml, text).ok(), spec_reads, "{text:?}");
         }
+        let merged = parse(Format::Yaml, "base: &b {x: 1, z: 0}\nmerged:\n  <<: *b\n  z: 3\n").unwrap();
+        assert_eq!(lookup(&merged, "merged.x").unwrap(), &Value::from(1));
+        assert_eq!(lookup(&merged, "merged.z").unwrap(), &Value::from(3));
     }
 
     #[test]
