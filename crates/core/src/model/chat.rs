@@ -45,6 +45,13 @@ impl TemplateChoice {
     }
 }
 
+/// What one render of a model's chat template may spend (minijinja's fuel:
+/// an instruction, or about 64 bytes of data, per unit): 10 million, about a
+/// second of a looping template or 640 MB of text. A real template spends a
+/// few hundred plus the messages' length (a 4 MiB statement, the largest a
+/// page holds, about 70 thousand).
+pub const CHAT_TEMPLATE_FUEL: u64 = 10_000_000;
+
 /// A template that cannot be read or rendered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -143,6 +150,10 @@ impl ChatTemplate {
             .build()
             .map_err(|e| ChatError(e.to_string()))?;
         env.set_syntax(syntax);
+        // The template comes from a model folder, so from outside: each render
+        // has a budget (instructions, and about 64 bytes of data per unit) and
+        // fails past it, never looping or growing for ever.
+        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |message: String| -> Result<String, minijinja::Error> {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
@@ -241,6 +252,33 @@ mod tests {
         let t = ChatTemplate::from_jinja("{{ raise_exception('no system role') }}", "", "", "x.json").unwrap();
         assert!(t.render("", "u").unwrap_err().0.contains("no system role"));
         assert!(ChatTemplate::from_jinja("{% if %}", "", "", "bad.json").unwrap_err().0.contains("bad.json"));
+    }
+
+    /// A model folder's chat template is a program from outside: one that
+    /// loops without end (here 10^10 steps; `range` alone stops at 10^5) or
+    /// builds an endless string rendered for ever and grew without bound.
+    /// A render now has a budget and fails naming the template; a real
+    /// template with a 4 MiB statement stays far inside it.
+    #[test]
+    fn a_chat_template_that_would_run_for_ever_fails_naming_the_template() {
+        let render = |text: &'static str, user: String| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let t = ChatTemplate::from_jinja(text, "", "", "hostile/tokenizer_config.json").unwrap();
+                let _ = tx.send(t.render("s", &user));
+            });
+            rx.recv_timeout(std::time::Duration::from_secs(20)).expect("the render ended within 20 s")
+        };
+        for hostile in [
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+            "{% set s = namespace(t='x') %}{% for a in range(100000) %}{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t }}",
+        ] {
+            let e = render(hostile, "u".into()).unwrap_err();
+            assert!(e.0.contains("hostile/tokenizer_config.json") && e.0.contains("fuel"), "{e}");
+        }
+        let big = "y".repeat(4 << 20);
+        let rendered = render(CHATML_TEMPLATE, big.clone()).unwrap();
+        assert!(rendered == chat_prompt("s", &big), "a 4 MiB statement rendered as {} bytes", rendered.len());
     }
 
     #[test]
