@@ -693,7 +693,8 @@ fn a_params_file_with_yaml_merge_keys_reads_as_python_reads_it() {
         "s.yaml",
         "name: k\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: 'echo ${param:train.lr} ${param:train.epochs} > out.txt'\n      params_files: {params.yaml: [train.lr, train.epochs]}\n      outs: [out.txt]\n",
     );
-    let params = |lr: &str| format!("defaults: &defaults\n  lr: {lr}\n  epochs: 3\ntrain:\n  <<: *defaults\n  epochs: 5\n");
+    let params =
+        |lr: &str| format!("defaults: &defaults\n  lr: {lr}\n  epochs: 3\ntrain:\n  <<: *defaults\n  epochs: 5\n");
     p.write("params.yaml", &params("0.1"));
     let out = p.run(&["run", "s.yaml"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

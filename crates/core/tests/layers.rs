@@ -300,7 +300,7 @@ const JSON_VALUE_USES: &[(&str, usize)] = &[
     ("core/src/ops/mod.rs", 7),
     // Canonical encoding and gate paths.
     ("core/src/canonical.rs", 7),
-    ("core/src/gate/mod.rs", 7),
+    ("core/src/gate/mod.rs", 9),
     ("core/src/ops/gate.rs", 3),
     // The user's own documents: params and metrics files, imported rows, a
     // problem as a reward program reads it.

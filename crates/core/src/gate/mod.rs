@@ -290,6 +290,26 @@ fn lookup<'a>(evidence: &'a BTreeMap<String, Value>, field: &str) -> Result<&'a 
     Ok(cur)
 }
 
+/// Whether two JSON values are equal as Python's `==` finds them: numbers by
+/// value (`0.0` equals `0`; two integers exactly, past 2^53 too), lists and
+/// objects element by element, anything else as JSON (`true` is not `1`).
+fn same_value(a: &Value, b: &Value) -> bool {
+    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
+        let int = |n: &serde_json::Number| n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from));
+        return match (int(x), int(y)) {
+            (Some(i), Some(j)) => i == j,
+            _ => x.as_f64() == y.as_f64(),
+        };
+    }
+    if let (Some(x), Some(y)) = (a.as_array(), b.as_array()) {
+        return x.len() == y.len() && x.iter().zip(y).all(|(u, v)| same_value(u, v));
+    }
+    if let (Some(x), Some(y)) = (a.as_object(), b.as_object()) {
+        return x.len() == y.len() && x.iter().all(|(k, u)| y.get(k).is_some_and(|v| same_value(u, v)));
+    }
+    a == b
+}
+
 /// Evaluates one gate on loaded evidence (alias → JSON). A gate whose evidence
 /// lacks the field, or is not a number where one is needed, fails with that detail.
 pub fn evaluate(
@@ -316,12 +336,12 @@ pub fn evaluate(
         let mut clauses = Vec::new();
         let mut ok = true;
         if let Some(want) = &c.equals {
-            ok &= &observed == want;
+            ok &= same_value(&observed, want);
             clauses.push(format!("= {want}"));
         }
         if let Some(other) = &c.equals_field {
             let want = lookup(evidence, other)?;
-            ok &= &observed == want;
+            ok &= same_value(&observed, want);
             clauses.push(format!("= {other} ({})", crate::docfile::shown(want)));
         }
         let shown = crate::docfile::shown(&observed);
@@ -394,5 +414,38 @@ mod tests {
         assert!(!evaluate(&gate("{margin: {a: r.on, b: r.off}, at_least: -0.01}"), &ev, &h).passed);
         let missing = evaluate(&gate("{field: r.nope, equals: 1}"), &ev, &h);
         assert!(!missing.passed && missing.detail.contains("not found"));
+    }
+
+    /// `equals` compares numbers as numbers, as Python's `==` does: a
+    /// metric a program wrote as `0.0` (what `json.dump` writes for a float)
+    /// equals a gate's `0`. Before, JSON's 0.0 and 0 differed, so such a
+    /// gate failed ("m.errors = 0.0, required = 0") in the run and the audit.
+    #[test]
+    fn equals_compares_numbers_as_numbers_in_lists_and_objects_too() {
+        let ev: BTreeMap<String, Value> = [(
+            "m".to_string(),
+            json!({"errors": 0.0, "acc": 1.0, "n": 200, "big": 9007199254740993u64, "list": [1.0, 2], "obj": {"a": 3.0}, "t": true}),
+        )]
+        .into();
+        let h = BTreeMap::new();
+        for (check, passes) in [
+            ("{field: m.errors, equals: 0}", true),
+            ("{field: m.acc, equals: 1}", true),
+            ("{field: m.n, equals: 200.0}", true),
+            ("{field: m.list, equals: [1, 2.0]}", true),
+            ("{field: m.obj, equals: {a: 3}}", true),
+            ("{field: m.n, equals_field: m.n}", true),
+            ("{field: m.acc, equals: 0.999}", false),
+            ("{field: m.list, equals: [1, 2, 3]}", false),
+            ("{field: m.obj, equals: {a: 3, b: 1}}", false),
+            ("{field: m.t, equals: 1}", false),
+            ("{field: m.errors, equals: '0'}", false),
+            // Integers past 2^53 are compared exactly, not through a float.
+            ("{field: m.big, equals: 9007199254740992}", false),
+            ("{field: m.big, equals: 9007199254740993}", true),
+        ] {
+            let r = evaluate(&gate(check), &ev, &h);
+            assert_eq!(r.passed, passes, "{check}: {}", r.detail);
+        }
     }
 }
