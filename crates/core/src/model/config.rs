@@ -260,20 +260,30 @@ impl ModelConfig {
         }
     }
 
-    /// The number of unique parameters (a tied LM head counts once).
+    /// The number of unique parameters (a tied LM head counts once). A config
+    /// comes from outside: a count past 2^64 is `u64::MAX`, never wrapped.
     pub fn parameter_count(&self) -> u64 {
-        let (h, i, v) = (self.hidden_size as u64, self.intermediate_size as u64, self.vocab_size as u64);
-        let q_dim = (self.num_attention_heads * self.head_dim()) as u64;
-        let kv_dim = (self.kv_heads() * self.head_dim()) as u64;
-        let qkv_bias = if self.qkv_bias() { q_dim + 2 * kv_dim } else { 0 };
+        self.checked_parameter_count().unwrap_or(u64::MAX)
+    }
+
+    fn checked_parameter_count(&self) -> Option<u64> {
+        let n = |x: usize| u64::try_from(x).ok();
+        let (h, i, v) = (n(self.hidden_size)?, n(self.intermediate_size)?, n(self.vocab_size)?);
+        let head_dim = n(self.head_dim())?;
+        let q_dim = n(self.num_attention_heads)?.checked_mul(head_dim)?;
+        let kv_dim = n(self.kv_heads())?.checked_mul(head_dim)?;
+        let qkv_bias = if self.qkv_bias() { q_dim.checked_add(kv_dim.checked_mul(2)?)? } else { 0 };
         let o_bias = if self.o_bias() { h } else { 0 };
-        let attention = h * q_dim + 2 * h * kv_dim + q_dim * h + qkv_bias + o_bias;
-        let qk_norm = if self.qk_norm() { 2 * self.head_dim() as u64 } else { 0 };
-        let mlp = 3 * h * i + if self.mlp_has_bias() { 2 * i + h } else { 0 };
-        let norms = 2 * h;
-        let layers = self.num_hidden_layers as u64 * (attention + qk_norm + mlp + norms);
-        let head = if self.tied() { 0 } else { v * h };
-        v * h + layers + h + head
+        let attention =
+            [h.checked_mul(q_dim)?, h.checked_mul(kv_dim)?.checked_mul(2)?, q_dim.checked_mul(h)?, qkv_bias, o_bias];
+        let qk_norm = if self.qk_norm() { head_dim.checked_mul(2)? } else { 0 };
+        let mlp_bias = if self.mlp_has_bias() { i.checked_mul(2)?.checked_add(h)? } else { 0 };
+        let mlp = h.checked_mul(i)?.checked_mul(3)?.checked_add(mlp_bias)?;
+        let norms = h.checked_mul(2)?;
+        let layer = attention.into_iter().chain([qk_norm, mlp, norms]).try_fold(0u64, u64::checked_add)?;
+        let layers = n(self.num_hidden_layers)?.checked_mul(layer)?;
+        let head = if self.tied() { 0 } else { v.checked_mul(h)? };
+        [v.checked_mul(h)?, layers, h, head].into_iter().try_fold(0u64, u64::checked_add)
     }
 
     /// The config as written to `config.json`.
@@ -302,6 +312,19 @@ mod tests {
         assert_eq!(c.parameter_count(), 494_032_768);
         assert_eq!(c.head_dim(), 64);
         assert_eq!(c.rope_theta(), 1_000_000.0);
+    }
+
+    /// A config from outside with dimensions whose product passes 2^64: its
+    /// count saturates (so it can never equal what weight files hold, and
+    /// `model.import` refuses it) instead of overflowing, which panicked in a
+    /// debug build and wrapped around to any number in release.
+    #[test]
+    fn a_config_whose_count_passes_2_to_the_64_saturates_never_wraps() {
+        let huge = QWEN25_05B
+            .replace("\"hidden_size\": 896", "\"hidden_size\": 60129542144")
+            .replace("\"intermediate_size\": 4864", "\"intermediate_size\": 8589934592");
+        let c = ModelConfig::from_json(&huge).unwrap();
+        assert_eq!(c.parameter_count(), u64::MAX);
     }
 
     #[test]
