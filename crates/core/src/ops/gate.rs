@@ -50,7 +50,10 @@ impl Op for GateOp {
         Self::NAME
     }
     fn version(&self) -> u32 {
-        1
+        // 2: `equals` compares numbers by value (0.0 equals 0), and evidence
+        // holding NaN or an infinity is read (a gate over it fails saying so)
+        // instead of failing the node: the same inputs give other results.
+        2
     }
     fn summary(&self) -> &'static str {
         "evaluates pre-registered gates (gates/*.yaml) over node outputs"
