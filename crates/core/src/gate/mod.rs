@@ -256,9 +256,23 @@ pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     if file.gates.len() > MAX_GATES {
         return Err(GateError::TooMany { path: path.to_path_buf(), count: file.gates.len() });
     }
-    for g in &file.gates {
+    // The same text with NaN and infinities kept (read into `Check`, `equals`
+    // would hold them as null).
+    let marked = crate::docfile::parse(crate::docfile::Format::Yaml, &text).ok();
+    for (i, g) in file.gates.iter().enumerate() {
         let bad = |problem: String| GateError::Gate { path: path.to_path_buf(), gate: g.name.clone(), problem };
         let c = &g.check;
+        let equals = marked.as_ref().and_then(|m| m.get("gates")?.get(i)?.get("check")?.get("equals"));
+        if let Some((_, value)) = equals.and_then(|v| crate::docfile::first_non_finite(v, "")) {
+            return Err(bad(format!(
+                "check.equals holds {value}, which JSON cannot hold: it would be compared as null. Write a finite number"
+            )));
+        }
+        for (name, bound) in [("at_least", c.at_least), ("at_most", c.at_most)] {
+            if bound.is_some_and(f64::is_nan) {
+                return Err(bad(format!("check.{name} is NaN, which no value is {name}. Write a number")));
+            }
+        }
         if c.field.is_some() == c.margin.is_some() {
             return Err(bad("give exactly one of check.field and check.margin".into()));
         }
@@ -414,6 +428,32 @@ mod tests {
         assert!(!evaluate(&gate("{margin: {a: r.on, b: r.off}, at_least: -0.01}"), &ev, &h).passed);
         let missing = evaluate(&gate("{field: r.nope, equals: 1}"), &ev, &h);
         assert!(!missing.passed && missing.detail.contains("not found"));
+    }
+
+    /// A criterion written as NaN or an infinity: `equals: .nan` read as
+    /// JSON was `equals: null` (so a metric written as null passed it), and
+    /// `at_least: .nan` could never pass. Both are refused naming the gate.
+    #[test]
+    fn a_criterion_json_cannot_hold_is_refused_naming_the_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.yaml");
+        for (check, said) in [
+            ("{field: m.loss, equals: .nan}", "check.equals"),
+            ("{field: m.loss, equals: [1, -.inf]}", "check.equals"),
+            ("{field: m.loss, at_least: .nan}", "check.at_least"),
+            ("{field: m.loss, at_most: .NaN}", "check.at_most"),
+        ] {
+            std::fs::write(
+                &path,
+                format!("name: own\ngates:\n  - name: loss-ok\n    evidence: {{m: 'n:o'}}\n    check: {check}\n"),
+            )
+            .unwrap();
+            let e = read_gate_file(&path).expect_err(check).to_string();
+            assert!(e.contains("loss-ok") && e.contains(said), "{check}: {e}");
+        }
+        // An infinite bound is a bound: at_most: .inf holds for every finite value.
+        std::fs::write(&path, "name: own\ngates:\n  - name: loss-ok\n    evidence: {m: 'n:o'}\n    check: {field: m.loss, at_most: .inf}\n").unwrap();
+        assert!(read_gate_file(&path).is_ok());
     }
 
     /// `equals` compares numbers as numbers, as Python's `==` does: a
