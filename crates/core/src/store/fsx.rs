@@ -341,12 +341,14 @@ impl OutsBeside {
     pub fn check<'a>(&self, outs: impl IntoIterator<Item = &'a String>) -> Result<(), OutOverWorkspace> {
         for out in outs {
             let path = self.dir.join(out);
-            let (out, workspace) = (out.clone(), self.workspace.clone());
-            if workspace.starts_with(&path) {
-                return Err(OutOverWorkspace::Holds { out, workspace });
-            }
-            if path.starts_with(&workspace) {
-                return Err(OutOverWorkspace::Inside { out, workspace });
+            let holds = self.workspace.starts_with(&path);
+            if holds || path.starts_with(&self.workspace) {
+                let (out, workspace) = (out.clone(), self.workspace.clone());
+                return Err(if holds {
+                    OutOverWorkspace::Holds { out, workspace }
+                } else {
+                    OutOverWorkspace::Inside { out, workspace }
+                });
             }
         }
         Ok(())
