@@ -45,6 +45,35 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[-x2, x1], -1)
 }
 
+/// Refuses a config whose FP32 weights alone pass this machine's memory (RAM
+/// and swap, from `/proc/meminfo`): libtorch's allocator would fail, and tch
+/// panics on that, or the kernel's OOM killer would end the process while the
+/// weights are written. Where the memory cannot be read, nothing is checked.
+fn check_fits_in_memory(config: &ModelConfig) -> Result<()> {
+    let Some(memory) = machine_memory_bytes() else { return Ok(()) };
+    let count = config.parameter_count();
+    let bytes = count.saturating_mul(4);
+    if bytes > memory {
+        bail!(
+            "the config implies {count} parameters, {:.1} GiB in FP32, more than this machine's {:.1} GiB of memory \
+             (RAM and swap)",
+            bytes as f64 / (1u64 << 30) as f64,
+            memory as f64 / (1u64 << 30) as f64
+        );
+    }
+    Ok(())
+}
+
+/// MemTotal plus SwapTotal, in bytes; `None` off Linux or when unreadable.
+fn machine_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find_map(|l| l.strip_prefix(name))?;
+        line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?.checked_mul(1024)
+    };
+    Some(field("MemTotal:")?.saturating_add(field("SwapTotal:").unwrap_or(0)))
+}
+
 /// cos and sin of shape (batch, 1, seq, head_dim) for explicit positions.
 pub struct Rotary {
     inv_freq: Tensor,
@@ -207,6 +236,9 @@ impl CausalLm {
     /// A model with freshly created (default-initialised) weights.
     pub fn new(config: &ModelConfig, device: Device) -> Result<Self> {
         config.check()?;
+        if device == Device::Cpu {
+            check_fits_in_memory(config)?;
+        }
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let m = &root / "model";
@@ -254,6 +286,19 @@ impl CausalLm {
     /// every weight must be present with its shape, and no unknown weight may be left over.
     pub fn load(folder: &HfFolder, device: Device) -> Result<Self> {
         let config = folder.config()?;
+        // Every weight is allocated from the config before one is read, so a
+        // config that implies more than the files hold (edited by hand, or
+        // from outside) is refused first: what is allocated is bounded by the
+        // files' own sizes. (More than the config implies is allowed here: a
+        // tied model may store its head; a weight left over is refused below.)
+        let stored = folder.stored_parameter_count()?;
+        if config.parameter_count() > stored {
+            bail!(
+                "{}: config.json implies {} parameters, but the weight files hold {stored} parameters",
+                folder.dir.display(),
+                config.parameter_count()
+            );
+        }
         let model = CausalLm::new(&config, device)?;
         let mut vars = model.vs.variables();
         let mut seen = std::collections::BTreeSet::new();

@@ -283,6 +283,36 @@ fn loading_refuses_a_wrong_shape_or_a_missing_weight() {
 }
 
 #[test]
+fn a_config_that_implies_more_parameters_than_its_weights_hold_is_refused_before_anything_is_allocated() {
+    let _serial = serial();
+    let model = tiny_model(6);
+    let dir = tempfile::tempdir().unwrap();
+    model.save(dir.path()).unwrap();
+    // A config edited by hand (or from outside) to sizes the files do not hold:
+    // 2 layers × 3 × 64 × 2^40 FP32 weights, far past any machine's memory.
+    let mut config = tiny_config(96);
+    config.intermediate_size = 1 << 40;
+    std::fs::write(dir.path().join("config.json"), config.to_json()).unwrap();
+    let err = CausalLm::load(&HfFolder { dir: dir.path().to_path_buf() }, Device::Cpu).err().unwrap().to_string();
+    let stored = model.vs.variables().values().map(|t| t.numel() as u64).sum::<u64>();
+    assert!(err.contains("config.json"), "{err}");
+    assert!(err.contains(&format!("the weight files hold {stored} parameters")), "{err}");
+    assert!(err.contains(&config.parameter_count().to_string()), "{err}");
+}
+
+#[test]
+fn a_config_whose_weights_cannot_fit_in_this_machines_memory_is_refused_not_a_panic() {
+    let _serial = serial();
+    let mut config = tiny_config(96);
+    config.intermediate_size = 1 << 40;
+    let err = CausalLm::new(&config, Device::Cpu).err().unwrap().to_string();
+    assert!(err.contains(&format!("{} parameters", config.parameter_count())), "{err}");
+    assert!(err.contains("memory"), "{err}");
+    // A config that fits is built as before.
+    assert!(CausalLm::new(&tiny_config(96), Device::Cpu).is_ok());
+}
+
+#[test]
 fn transformers_loads_what_we_write_and_computes_the_same_logits() {
     let dir = tempfile::tempdir().unwrap();
     let model = {
