@@ -50,7 +50,9 @@ pub struct Gate {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Check {
-    /// The value checked (or use `margin`).
+    /// The value checked (or use `margin`): `alias.key.0.key`, a dotted path
+    /// (array indices are numbers); a segment in double quotes is one key
+    /// whole, dots and all (`m."eval.acc"`).
     #[serde(default)]
     pub field: Option<String>,
     /// `a − b`, for non-inferiority margins.
@@ -273,6 +275,14 @@ pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
                 return Err(bad(format!("check.{name} is NaN, which no value is {name}. Write a number")));
             }
         }
+        let paths = [("check.field", c.field.as_ref()), ("check.equals_field", c.equals_field.as_ref())]
+            .into_iter()
+            .chain(c.margin.iter().flat_map(|m| [("check.margin.a", Some(&m.a)), ("check.margin.b", Some(&m.b))]));
+        for (name, path) in paths {
+            if let Some(problem) = path.and_then(|p| field_segments(p).err()) {
+                return Err(bad(format!("{name}: {problem}")));
+            }
+        }
         if c.field.is_some() == c.margin.is_some() {
             return Err(bad("give exactly one of check.field and check.margin".into()));
         }
@@ -288,12 +298,56 @@ pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     Ok(file)
 }
 
+/// The segments of a field path: `alias.key.0.key`, split at each dot, where
+/// a segment written in double quotes is taken whole (`m."eval.acc"` names
+/// the key `eval.acc`; `\"` and `\\` inside quotes are a quote and a
+/// backslash), as JMESPath quotes an identifier.
+fn field_segments(field: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut chars = field.chars().peekable();
+    loop {
+        let mut segment = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    None => return Err(format!("'{field}' has a quote that is not closed")),
+                    Some('"') => break,
+                    Some('\\') => match chars.next() {
+                        Some(c @ ('"' | '\\')) => segment.push(c),
+                        _ => return Err(format!("'{field}': inside quotes, a backslash escapes only '\"' or '\\'")),
+                    },
+                    Some(c) => segment.push(c),
+                }
+            }
+            if !matches!(chars.peek(), None | Some('.')) {
+                return Err(format!("'{field}': a quoted segment is followed by something other than '.'"));
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c == '.' {
+                    break;
+                }
+                segment.push(c);
+                chars.next();
+            }
+            if segment.is_empty() {
+                return Err(format!("'{field}' has an empty segment (a key that is empty is written \"\")"));
+            }
+        }
+        out.push(segment);
+        if chars.next().is_none() {
+            return Ok(out);
+        }
+    }
+}
+
 /// Looks up `alias.path` in the loaded evidence.
 fn lookup<'a>(evidence: &'a BTreeMap<String, Value>, field: &str) -> Result<&'a Value, String> {
-    let mut parts = field.split('.');
-    let alias = parts.next().unwrap_or_default();
+    let segments = field_segments(field)?;
+    let (alias, path) = segments.split_first().expect("a path has a segment");
     let mut cur = evidence.get(alias).ok_or_else(|| format!("no evidence '{alias}'"))?;
-    for p in parts {
+    for p in path {
         cur = match cur {
             Value::Array(items) => p.parse::<usize>().ok().and_then(|i| items.get(i)),
             Value::Object(map) => map.get(p),
@@ -454,6 +508,48 @@ mod tests {
         // An infinite bound is a bound: at_most: .inf holds for every finite value.
         std::fs::write(&path, "name: own\ngates:\n  - name: loss-ok\n    evidence: {m: 'n:o'}\n    check: {field: m.loss, at_most: .inf}\n").unwrap();
         assert!(read_gate_file(&path).is_ok());
+    }
+
+    /// A metric whose own name holds a dot (`{"eval.acc": 0.5}`, as a tool
+    /// that flattens its metrics writes) is named by quoting that segment:
+    /// `m."eval.acc"`. Before, a field was split at every dot, so no path
+    /// could name it and its gate failed "not found".
+    #[test]
+    fn a_quoted_segment_names_a_key_that_holds_dots() {
+        let ev: BTreeMap<String, Value> =
+            [("m".to_string(), json!({"eval.acc": 0.5, "eval": {"acc": 0.1}, "a\"b": 2, "": 3}))].into();
+        let h = BTreeMap::new();
+        for (check, passes) in [
+            (r#"{field: 'm."eval.acc"', at_least: 0.4}"#, true),
+            ("{field: m.eval.acc, at_least: 0.4}", false),
+            (r#"{field: 'm."eval".acc', equals: 0.1}"#, true),
+            (r#"{field: '"m"."eval.acc"', equals_field: 'm."eval.acc"'}"#, true),
+            (r#"{margin: {a: 'm."eval.acc"', b: m.eval.acc}, at_least: 0.39}"#, true),
+            (r#"{field: 'm."a\"b"', equals: 2}"#, true),
+            (r#"{field: 'm.""', equals: 3}"#, true),
+        ] {
+            let r = evaluate(&gate(check), &ev, &h);
+            assert_eq!(r.passed, passes, "{check}: {}", r.detail);
+        }
+        // A path that cannot be read is refused when the gate file is read, naming the gate.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.yaml");
+        for (check, said) in [
+            (r#"{field: 'm."eval.acc', at_least: 0}"#, "check.field"),
+            (r#"{field: 'm."eval"acc', at_least: 0}"#, "check.field"),
+            ("{field: m..acc, at_least: 0}", "check.field"),
+            ("{field: m.acc., at_least: 0}", "check.field"),
+            (r#"{field: m.acc, equals_field: 'm."n'}"#, "check.equals_field"),
+            (r#"{margin: {a: m.a, b: 'm."b'}, at_least: 0}"#, "check.margin.b"),
+        ] {
+            std::fs::write(
+                &path,
+                format!("name: own\ngates:\n  - name: acc-ok\n    evidence: {{m: 'n:o'}}\n    check: {check}\n"),
+            )
+            .unwrap();
+            let e = read_gate_file(&path).expect_err(check).to_string();
+            assert!(e.contains("acc-ok") && e.contains(said), "{check}: {e}");
+        }
     }
 
     /// `equals` compares numbers as numbers, as Python's `==` does: a

@@ -53,7 +53,9 @@ impl Op for GateOp {
         // 2: `equals` compares numbers by value (0.0 equals 0), and evidence
         // holding NaN or an infinity is read (a gate over it fails saying so)
         // instead of failing the node: the same inputs give other results.
-        2
+        // 3: a field path's double-quoted segment names a key whole
+        // (`m."eval.acc"`), and an empty segment is refused.
+        3
     }
     fn summary(&self) -> &'static str {
         "evaluates pre-registered gates (gates/*.yaml) over node outputs"
