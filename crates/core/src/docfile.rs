@@ -333,7 +333,16 @@ impl std::fmt::Display for MetricValue {
 /// A metrics document flattened: every leaf at its dotted path (`eval.mse`),
 /// numbers as numbers, anything else (a string, a bool, null, an empty list
 /// or object) undefined with the reason. Lists are indexed (`per_class.0`).
+/// Two leaves whose paths read the same (a key `eval.mse` beside `mse` under
+/// `eval`) are one name for two values: that name is undefined, saying so.
 pub fn flatten_metrics(doc: &Value) -> BTreeMap<String, MetricValue> {
+    fn put(out: &mut BTreeMap<String, MetricValue>, name: &str, value: MetricValue) {
+        if out.insert(name.to_string(), value).is_some() {
+            let why =
+                format!("two values in the file have the name '{name}' (a key holding dots, and the same path nested)");
+            out.insert(name.to_string(), MetricValue::Undefined(why));
+        }
+    }
     fn walk(prefix: &str, v: &Value, out: &mut BTreeMap<String, MetricValue>) {
         let at = |k: &str| if prefix.is_empty() { k.to_string() } else { format!("{prefix}.{k}") };
         match v {
@@ -352,7 +361,7 @@ pub fn flatten_metrics(doc: &Value) -> BTreeMap<String, MetricValue> {
                     Some(x) if x.is_finite() => MetricValue::Number(x),
                     _ => MetricValue::Undefined(format!("{n} is not a finite number")),
                 };
-                out.insert(prefix.to_string(), value);
+                put(out, prefix, value);
             }
             other => {
                 let what = match other {
@@ -369,7 +378,7 @@ pub fn flatten_metrics(doc: &Value) -> BTreeMap<String, MetricValue> {
                     Value::Object(_) => "an empty object".to_string(),
                     Value::Number(_) => unreachable!(),
                 };
-                out.insert(prefix.to_string(), MetricValue::Undefined(what));
+                put(out, prefix, MetricValue::Undefined(what));
             }
         }
     }
@@ -648,6 +657,29 @@ mod tests {
         assert!(matches!(&m["per.1"], MetricValue::Undefined(w) if w.contains("boolean")));
         let nan = parse(Format::Yaml, "loss: .nan\n").unwrap();
         assert_eq!(flatten_metrics(&nan).get("loss").and_then(MetricValue::number), None);
+    }
+
+    /// Two values whose dotted names are the same (a key `eval.mse` beside
+    /// `mse` under `eval`) were one metric: the one flattened last replaced
+    /// the other, so `compare` showed a number the file holds twice over
+    /// without a word. Both are now undefined, saying why.
+    #[test]
+    fn two_values_flattened_to_one_name_are_undefined_not_one_of_them() {
+        for text in [
+            r#"{"eval.mse": 0.5, "eval": {"mse": 0.1}, "acc": 1}"#,
+            r#"{"eval": {"mse": 0.1}, "eval.mse": 0.5, "acc": 1}"#,
+        ] {
+            let m = flatten_metrics(&parse(Format::Json, text).unwrap());
+            assert!(
+                matches!(&m["eval.mse"], MetricValue::Undefined(w) if w.contains("two values") && w.contains("'eval.mse'")),
+                "{text}: {:?}",
+                m["eval.mse"]
+            );
+            assert_eq!(m["acc"], MetricValue::Number(1.0));
+        }
+        // The same name three times over is still one undefined metric.
+        let m = flatten_metrics(&parse(Format::Json, r#"{"a.b.c": 1, "a": {"b.c": 2, "b": {"c": 3}}}"#).unwrap());
+        assert!(matches!(&m["a.b.c"], MetricValue::Undefined(_)), "{:?}", m["a.b.c"]);
     }
 
     #[test]
