@@ -682,6 +682,37 @@ fn a_metric_written_as_nan_fails_its_gate_saying_nan_in_the_run_and_the_audit() 
     }
 }
 
+/// Gate evidence past the audit's bound (64 MiB) is read neither by the
+/// run nor by the audit, so the two agree. Before, the run's gate node read
+/// any size into memory and passed, and `audit` of the frozen pack then
+/// failed the same gate ("over the limit"): the audit contradicted the run.
+#[test]
+fn gate_evidence_past_the_audits_bound_fails_in_the_run_as_in_the_audit() {
+    let p = Project::new();
+    let over = orchestrate_core::pack::MAX_EVIDENCE_BYTES + 1;
+    p.write(
+        "s.yaml",
+        &format!(
+            "name: big-evidence\nnodes:\n  train:\n    op: shell\n    params:\n      cmd: \"printf '{{\\\"ok\\\": true}}' > m.json && head -c {over} /dev/zero | tr '\\\\0' ' ' >> m.json\"\n      outs: [m.json]\n  gates:\n    op: gate\n    params: {{file: g.yaml}}\n"
+        ),
+    );
+    p.write(
+        "g.yaml",
+        "name: own\ngates:\n  - name: ok\n    evidence: {m: 'train:m.json'}\n    check: {field: m.ok, equals: true}\n",
+    );
+    let out = p.run(&["run", "s.yaml"]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(std::fs::metadata(p.path().join("m.json")).unwrap().len(), over + 12, "{all}");
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("over the limit"), "{all}");
+    let out = p.run(&["pack", "freeze", "s.yaml", "--out", "pack", "--max-output-bytes", &(2 * over).to_string()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = p.run(&["audit", "pack"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    assert!(text.contains("over the limit"), "{text}");
+}
+
 /// A params file that shares values through YAML merge keys
 /// (`<<: *defaults`) reads as Python's `yaml.safe_load` and DVC read it.
 /// Before, `train.lr` coming from the merge was "no key 'lr' under 'train'".

@@ -342,6 +342,16 @@ fn field_segments(field: &str) -> Result<Vec<String>, String> {
     }
 }
 
+/// Gate evidence larger than this is read neither by a gate node nor by an
+/// audit (evidence is metrics and tables, kilobytes to megabytes): the gate
+/// fails, saying so, in the run and in the audit alike.
+pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
+
+/// The detail of a gate whose evidence is over [`MAX_EVIDENCE_BYTES`].
+pub fn evidence_too_large(reference: &str) -> String {
+    format!("cannot evaluate: evidence {reference} is over the limit of {MAX_EVIDENCE_BYTES} bytes")
+}
+
 /// Looks up `alias.path` in the loaded evidence.
 fn lookup<'a>(evidence: &'a BTreeMap<String, Value>, field: &str) -> Result<&'a Value, String> {
     let segments = field_segments(field)?;

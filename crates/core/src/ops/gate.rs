@@ -93,23 +93,42 @@ impl Op for GateOp {
         let failed = |e: crate::gate::GateError| OpError::Failed(e.to_string());
         let path = crate::gate::gate_file_path(ctx.spec_dir, &p.file).map_err(failed)?;
         let file = read_gate_file(&path).map_err(failed)?;
-        let mut loaded: BTreeMap<String, (Value, String)> = BTreeMap::new();
+        // Each reference's value, or why it is not read: evidence over the
+        // bound an audit reads fails its gates here as it does there.
+        let mut loaded: BTreeMap<String, (Result<Value, String>, String)> = BTreeMap::new();
         for (name, artifacts) in ctx.inputs {
             let Some(reference) = name.strip_prefix("evidence:") else { continue };
             let a = &artifacts[0];
-            let text = std::fs::read_to_string(&a.path)
-                .map_err(|e| OpError::io(format!("reading evidence {reference}"), e))?;
-            let v = parse_evidence(reference, &text).map_err(|e| OpError::Failed(e.to_string()))?;
-            loaded.insert(reference.to_string(), (v, a.hash.clone()));
+            let value = match crate::fsread::read_bounded_text(&a.path, crate::gate::MAX_EVIDENCE_BYTES) {
+                Ok(text) => Ok(parse_evidence(reference, &text).map_err(|e| OpError::Failed(e.to_string()))?),
+                Err(crate::fsread::BoundedFileError::TooLarge { .. }) => {
+                    Err(crate::gate::evidence_too_large(reference))
+                }
+                Err(e) => return Err(OpError::Failed(format!("reading evidence {reference}: {e}"))),
+            };
+            loaded.insert(reference.to_string(), (value, a.hash.clone()));
         }
         let results: Vec<_> = file
             .gates
             .iter()
             .map(|g| {
-                let evidence = g.evidence.iter().map(|(alias, r)| (alias.clone(), loaded[r].0.clone())).collect();
                 let hashes =
                     g.evidence.iter().map(|(alias, r)| (alias.clone(), (r.clone(), loaded[r].1.clone()))).collect();
-                evaluate(g, &evidence, &hashes)
+                let evidence: Result<BTreeMap<_, _>, _> = g
+                    .evidence
+                    .iter()
+                    .map(|(alias, r)| loaded[r].0.as_ref().map(|v| (alias.clone(), v.clone())))
+                    .collect();
+                match evidence {
+                    Ok(evidence) => evaluate(g, &evidence, &hashes),
+                    Err(detail) => crate::gate::GateResult {
+                        name: g.name.clone(),
+                        description: g.description.clone(),
+                        passed: false,
+                        detail: detail.clone(),
+                        evidence: hashes,
+                    },
+                }
             })
             .collect();
         let report = crate::gate::GateReport::new(file.name.clone(), results.clone());

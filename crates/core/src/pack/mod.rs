@@ -682,9 +682,7 @@ fn agree(manifest: &Manifest, listed: &BTreeMap<String, String>, problems: &mut 
     }
 }
 
-/// Gate evidence larger than this is not read by an audit (evidence is metrics
-/// and tables, kilobytes to megabytes).
-pub const MAX_EVIDENCE_BYTES: u64 = 64 << 20;
+pub use crate::gate::MAX_EVIDENCE_BYTES;
 
 /// Re-evaluates every gate from the pack's own files and definitions.
 pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
@@ -703,9 +701,7 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
                 let text = match file.map(|p| fsread::read_bounded_text(&p, MAX_EVIDENCE_BYTES)) {
                     Some(Ok(text)) => text,
                     Some(Err(BoundedFileError::TooLarge { .. })) => {
-                        unreadable = Some(format!(
-                            "cannot evaluate: evidence {reference} is over the limit of {MAX_EVIDENCE_BYTES} bytes"
-                        ));
+                        unreadable = Some(crate::gate::evidence_too_large(reference));
                         break;
                     }
                     None | Some(Err(_)) => {
