@@ -334,7 +334,20 @@ pub fn run_with(
                         };
                         let job = shared.job(&index, node, &upstream, env);
                         let mut observer = Observer { tx: &msg_tx, node: node.id().to_string() };
-                        let outcome = node::resolve(&job, executor, &mut observer, record);
+                        // A panic in a node's code (a defect of ours) fails
+                        // that node, and this thread goes on to the next job:
+                        // the run never waits for a report that cannot come.
+                        let resolved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            node::resolve(&job, executor, &mut observer, record)
+                        }));
+                        let outcome = resolved.unwrap_or_else(|panic| Outcome::Failed {
+                            key: None,
+                            error: format!(
+                                "orchestrate's own code panicked while running this node: {} (a bug: please report it)",
+                                panic_message(panic.as_ref())
+                            ),
+                            seconds: 0.0,
+                        });
                         let _ = msg_tx.send(Msg::Done(pos, outcome));
                     }
                 });
@@ -601,6 +614,16 @@ pub fn run_with(
     let unrecorded = index.finish_run(&run_id, status, &summary, &rows, &log, unstarted).err().map(|e| e.to_string());
     synced?;
     Ok(RunResult { run_id, stats, outcomes: result, unrecorded, interrupted, dropped_states, drop_errors })
+}
+
+/// The message a panic was raised with (`panic!("…")` or an unwrap's), or
+/// a placeholder for a payload of another type.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@ struct EchoParams {
     text: String,
     #[serde(default)]
     fail: bool,
+    /// Panics instead of returning, as a defect in an op's code would.
+    #[serde(default)]
+    panic: bool,
 }
 
 /// Writes `text` and then every input's bytes to its output `out`; fails when asked to.
@@ -47,6 +50,9 @@ impl Op for Echo {
         self.runs.fetch_add(1, Ordering::SeqCst);
         if p.fail {
             return Err(OpError::Failed("asked to fail".into()));
+        }
+        if p.panic {
+            panic!("asked to panic");
         }
         let mut bytes = p.text.clone().into_bytes();
         for artifacts in ctx.inputs.values() {
@@ -217,6 +223,42 @@ fn a_failure_skips_the_subtree_and_a_rerun_says_in_which_run_it_failed() {
         matches!(&handed[0].1, DirtyReason::FailedIn { error, .. } if error.contains("asked to fail")),
         "{handed:?}"
     );
+}
+
+/// A panic in a node's code (a defect of ours: an index out of range, an
+/// unwrap) fails that node, naming the panic, and the run ends as after any
+/// failure. Before, the job thread died without reporting, and the run
+/// waited for it for ever ("interrupted or running" in `status`).
+#[test]
+fn a_panic_in_a_node_fails_that_node_and_the_run_ends() {
+    let w = World::new();
+    let spec = "name: t\nnodes:\n  a:\n    op: test.echo\n    params: {text: 'A', panic: true}\n  b:\n    op: test.echo\n    inputs: {x: 'a:out'}\n    params: {text: 'B'}\n  c:\n    op: test.echo\n    params: {text: 'C'}\n";
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let _ = tx.send(w.run(spec, &[]).1);
+        });
+        let outcomes = match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(o) => o,
+            Err(_) => {
+                eprintln!("the run still waited after 60 s on a node whose code panicked");
+                std::process::abort();
+            }
+        };
+        assert!(
+            matches!(&outcomes["a"], Outcome::Failed { error, .. } if error.contains("panicked") && error.contains("asked to panic")),
+            "{:?}",
+            outcomes["a"]
+        );
+        assert!(
+            matches!(&outcomes["b"], Outcome::Skipped { because } if because == "'a' failed"),
+            "{:?}",
+            outcomes["b"]
+        );
+        assert!(matches!(&outcomes["c"], Outcome::Ran { .. }), "{:?}", outcomes["c"]);
+        let index = w.ws.index().unwrap();
+        assert_eq!(index.recent_runs(1).unwrap()[0].status, "failed");
+    });
 }
 
 #[test]
