@@ -713,6 +713,58 @@ fn gate_evidence_past_the_audits_bound_fails_in_the_run_as_in_the_audit() {
     assert!(text.contains("over the limit"), "{text}");
 }
 
+/// A gate file edited while the run is under way, after the spec compiled
+/// (so its evidence became the node's inputs) and before the gate node ran,
+/// now names evidence the node was not given. Before, the gate op indexed
+/// its inputs by the new reference and panicked, and the run waited for the
+/// dead job for ever. Now the gate node fails naming the file and the
+/// reference, and says to run again; the next run evaluates the new file.
+#[test]
+fn a_gate_file_edited_during_the_run_fails_its_node_naming_the_change() {
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: edited-gates\nnodes:\n  a:\n    op: shell\n    params:\n      cmd: \"touch started; until [ -e go ]; do sleep 0.05; done; echo '{\\\"x\\\": 1}' > m.json\"\n      outs: [m.json]\n  b:\n    op: shell\n    params:\n      cmd: \"echo '{\\\"x\\\": 2}' > n.json\"\n      outs: [n.json]\n  g:\n    op: gate\n    params: {file: g.yaml}\n",
+    );
+    let one = "name: own\ngates:\n  - name: a\n    evidence: {m: 'a:m.json'}\n    check: {field: m.x, equals: 1}\n";
+    p.write("g.yaml", one);
+    let child = p
+        .cmd(&["run", "s.yaml"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !p.path().join("started").exists() {
+        assert!(std::time::Instant::now() < until, "node a never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    p.write(
+        "g.yaml",
+        &format!("{one}  - name: b\n    evidence: {{m: 'b:n.json'}}\n    check: {{field: m.x, equals: 2}}\n"),
+    );
+    p.write("go", "");
+    let pid = child.id();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !waiter.is_finished() {
+        if std::time::Instant::now() > until {
+            let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+            panic!("the run still waited after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = waiter.join().unwrap();
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("g.yaml") && all.contains("b:n.json") && all.contains("run again"), "{all}");
+    assert!(!all.contains("panicked"), "{all}");
+    // The next run compiles the file as it now is and evaluates both gates.
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("| b | PASS"), "{}", stdout(&out));
+}
+
 /// A params file that shares values through YAML merge keys
 /// (`<<: *defaults`) reads as Python's `yaml.safe_load` and DVC read it.
 /// Before, `train.lr` coming from the merge was "no key 'lr' under 'train'".

@@ -17,8 +17,7 @@ use crate::ops::{AnyOp, OutputDecl, Params, Registry};
 use crate::spec::parsed::ParseCache;
 use crate::spec::{did_you_mean, schema, NodeDef, OutputRef, Spec, SpecError, SpecErrorKind};
 
-/// Name of the input that a file dep produced by another node becomes.
-pub const FILE_DEP_PREFIX: &str = "dep:";
+pub use crate::ops::FILE_DEP_PREFIX;
 
 /// A node ready to schedule.
 #[derive(Clone)]

@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufReader, Read};
-use std::path::Path;
 
 use serde_json::Value;
 
@@ -61,23 +60,16 @@ pub struct SourceRow {
 /// Why a data file's rows did not read.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    /// The file was not opened (a link, missing, not a regular file).
-    #[error(transparent)]
-    Open(#[from] crate::store::fsx::UserFileError),
     /// Its content: the message names the file, the row and the column.
     #[error("{0}")]
     Invalid(String),
 }
 
-/// Reads the rows of `root/rel`, keeping the columns `columns`. A column
-/// asked for that a row lacks is an error naming the file, row and column
-/// (a `null` value is kept as null: the caller decides).
-pub fn read(root: &Path, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, TableError> {
-    read_file(crate::store::fsx::open_user_file(root, rel)?, rel, format, columns)
-}
-
-/// [`read`] of a file already opened (and checked) by the caller, such as a
-/// Hub download re-hashed against its announced hash; `rel` names it in errors.
+/// Reads the rows of a file the caller opened (and checked: a user's file
+/// through `fsx::open_user_file`, a Hub download re-hashed against its
+/// announced hash), keeping the columns `columns`; `rel` names it in errors.
+/// A column asked for that a row lacks is an error naming the file, row and
+/// column (a `null` value is kept as null: the caller decides).
 pub fn read_file(file: File, rel: &str, format: TableFormat, columns: &[&str]) -> Result<Vec<SourceRow>, TableError> {
     match format {
         TableFormat::Jsonl => jsonl(file, rel, columns),

@@ -64,6 +64,60 @@ impl Op for Echo {
     }
 }
 
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReadDepParams {
+    file: String,
+    /// Append to the file after the key was computed, before reading it, as
+    /// an edit during the run would.
+    #[serde(default)]
+    edit: bool,
+    /// Read it as a stream through an open file, then check that file
+    /// (as `dataset.import` parses a table), instead of reading it whole.
+    #[serde(default)]
+    stream: bool,
+}
+
+/// Reads its file dep itself (as the gate op reads its gate file) into `out`.
+struct ReadDep;
+
+impl Op for ReadDep {
+    fn name(&self) -> &'static str {
+        "test.readdep"
+    }
+    fn version(&self) -> u32 {
+        1
+    }
+    fn summary(&self) -> &'static str {
+        "a fake op that reads a file dep"
+    }
+    type Params = ReadDepParams;
+    fn file_deps(&self, p: &Self::Params, _spec_dir: &Path) -> Vec<String> {
+        vec![p.file.clone()]
+    }
+    fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
+        vec![OutputDecl::file("out")]
+    }
+    fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
+        let path = ctx.spec_dir.join(&p.file);
+        if p.edit {
+            let mut text = std::fs::read_to_string(&path).unwrap();
+            text.push_str(" edited");
+            std::fs::write(&path, text).unwrap();
+        }
+        let bytes = if p.stream {
+            let mut file = std::fs::File::open(&path).unwrap();
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes).unwrap();
+            ctx.check_keyed_open_file(&p.file, &file)?;
+            bytes
+        } else {
+            ctx.read_keyed_file(&p.file, &path, 1 << 20)?
+        };
+        std::fs::write(ctx.output_path("out"), bytes).map_err(|e| OpError::io("writing out", e))
+    }
+}
+
 /// Local execution, recording each node it was handed and why.
 #[derive(Default)]
 struct Recording {
@@ -109,6 +163,7 @@ impl World {
         let spec = crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads");
         let mut registry = Registry::builtin();
         registry.register(Arc::new(Echo { runs: Arc::clone(&self.runs) }));
+        registry.register(Arc::new(ReadDep));
         let dag = compile(&spec, &registry).expect("the spec compiles");
         (spec, dag)
     }
@@ -259,6 +314,31 @@ fn a_panic_in_a_node_fails_that_node_and_the_run_ends() {
         let index = w.ws.index().unwrap();
         assert_eq!(index.recent_runs(1).unwrap()[0].status, "failed");
     });
+}
+
+/// An op that reads a file dep itself gets the bytes its key holds, or an
+/// error: a file edited after the key was computed and before the op read
+/// it would otherwise give a result stored under a key naming other bytes.
+#[test]
+fn a_file_dep_an_op_reads_itself_must_hold_the_bytes_its_key_was_computed_with() {
+    for stream in [false, true] {
+        let w = World::new();
+        std::fs::write(w.dir.path().join("crit.txt"), "criteria").unwrap();
+        let spec = |edit: bool| {
+            format!("name: t\nnodes:\n  r:\n    op: test.readdep\n    params: {{file: crit.txt, edit: {edit}, stream: {stream}}}\n")
+        };
+        let (_, outcomes) = w.run(&spec(false), &[]);
+        assert_eq!(w.output(&outcomes["r"]), "criteria");
+        let (_, outcomes) = w.run(&spec(true), &[]);
+        assert!(
+            matches!(&outcomes["r"], Outcome::Failed { error, .. } if error.contains("'crit.txt' changed while the run was under way")),
+            "stream {stream}: {:?}",
+            outcomes["r"]
+        );
+        // Run again: the key now holds the edited bytes, and they are read.
+        let (_, outcomes) = w.run(&spec(false), &[]);
+        assert_eq!(w.output(&outcomes["r"]), "criteria edited");
+    }
 }
 
 #[test]

@@ -253,14 +253,20 @@ pub fn bounded_error(message: &str) -> String {
 pub fn read_gate_file(path: &Path) -> Result<GateFile, GateError> {
     // A gate file may come from a pack (hostile input): a regular file, bounded.
     let text = crate::fsread::read_bounded_text(path, MAX_GATE_FILE_BYTES)?;
-    let file: GateFile = serde_yaml_ng::from_str(&text)
+    parse_gate_file(path, &text)
+}
+
+/// A gate file's text, read from `path` (which errors name), checked as
+/// [`read_gate_file`] checks it.
+pub fn parse_gate_file(path: &Path, text: &str) -> Result<GateFile, GateError> {
+    let file: GateFile = serde_yaml_ng::from_str(text)
         .map_err(|e| GateError::NotAGateFile { path: path.to_path_buf(), reason: bounded_error(&e.to_string()) })?;
     if file.gates.len() > MAX_GATES {
         return Err(GateError::TooMany { path: path.to_path_buf(), count: file.gates.len() });
     }
     // The same text with NaN and infinities kept (read into `Check`, `equals`
     // would hold them as null).
-    let marked = crate::docfile::parse(crate::docfile::Format::Yaml, &text).ok();
+    let marked = crate::docfile::parse(crate::docfile::Format::Yaml, text).ok();
     for (i, g) in file.gates.iter().enumerate() {
         let bad = |problem: String| GateError::Gate { path: path.to_path_buf(), gate: g.name.clone(), problem };
         let c = &g.check;

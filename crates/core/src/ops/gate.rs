@@ -92,7 +92,23 @@ impl Op for GateOp {
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let failed = |e: crate::gate::GateError| OpError::Failed(e.to_string());
         let path = crate::gate::gate_file_path(ctx.spec_dir, &p.file).map_err(failed)?;
-        let file = read_gate_file(&path).map_err(failed)?;
+        // The bytes the key holds, read once: an edit during the run is an
+        // error, never a verdict of other criteria under this key.
+        let bytes = ctx.read_keyed_file(&p.file, &path, crate::gate::MAX_GATE_FILE_BYTES)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| OpError::Failed(format!("{}: not UTF-8 text: {}", path.display(), e.utf8_error())))?;
+        let file = crate::gate::parse_gate_file(&path, &text).map_err(failed)?;
+        // The evidence became this node's inputs when the spec compiled; a
+        // file edited since may name other evidence.
+        for r in file.gates.iter().flat_map(|g| g.evidence.values()) {
+            if !ctx.inputs.contains_key(&evidence_input(r)) {
+                return Err(OpError::Failed(format!(
+                    "{}: the gate file names evidence {r}, which was not among this node's inputs when the spec \
+                     compiled (the file changed during the run); run again",
+                    path.display()
+                )));
+            }
+        }
         // Each reference's value, or why it is not read: evidence over the
         // bound an audit reads fails its gates here as it does there.
         let mut loaded: BTreeMap<String, (Result<Value, String>, String)> = BTreeMap::new();

@@ -302,9 +302,13 @@ impl Op for DatasetImport {
         for (split, file) in p.sources() {
             let rel = super::shell::normalize_rel(file)
                 .ok_or_else(|| failed(format!("'{file}': not inside the spec's folder")))?;
+            let format = format_of(p.format, file).map_err(failed)?;
+            let opened = crate::store::fsx::open_user_file(ctx.spec_dir, &rel).map_err(|e| failed(e.to_string()))?;
+            let again = opened.try_clone().map_err(|e| failed(format!("'{rel}': {e}")))?;
             let rows =
-                crate::data::table::read(ctx.spec_dir, &rel, format_of(p.format, file).map_err(failed)?, &columns)
-                    .map_err(|e| failed(e.to_string()))?;
+                crate::data::table::read_file(opened, &rel, format, &columns).map_err(|e| failed(e.to_string()))?;
+            // The rows are from the bytes the key holds, or the node fails.
+            ctx.check_keyed_open_file(&rel, &again)?;
             match split {
                 Some(s) => {
                     by_split.insert(s, rows);

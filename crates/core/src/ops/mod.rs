@@ -169,6 +169,10 @@ pub struct RunContext<'a> {
     pub workspace: &'a Path,
     /// This node's key.
     pub key: &'a crate::store::Key,
+    /// The blake3 of each file dep of the user's folder (relative to the
+    /// spec's folder) that its key was computed with: what
+    /// [`RunContext::read_keyed_file`] checks an op's own read against.
+    pub files: &'a BTreeMap<String, String>,
     /// The values of its params-file keys that its key was computed with
     /// (file → dotted key → value), for `${param:KEY}` in a command.
     pub params_values: &'a BTreeMap<String, BTreeMap<String, Value>>,
@@ -187,6 +191,47 @@ impl RunContext<'_> {
     /// The path a store-only output must be written to.
     pub fn output_path(&self, name: &str) -> PathBuf {
         self.staging.join(name)
+    }
+
+    /// Reads a file dep (`rel`, relative to the spec's folder, at `path`) that
+    /// the op reads itself, up to `max` bytes, and checks that its bytes are
+    /// those this node's key was computed with: a file edited after the key
+    /// and before this read would otherwise give a result stored under a key
+    /// that names other bytes. A dep another node writes is checked against
+    /// that node's output.
+    pub fn read_keyed_file(&self, rel: &str, path: &Path, max: u64) -> Result<Vec<u8>, OpError> {
+        let keyed = self.keyed_hash(rel)?;
+        let bytes = crate::fsread::read_bounded_file(path, max)
+            .map_err(|e| OpError::Failed(format!("reading '{rel}': {e}")))?;
+        same_as_keyed(rel, keyed, blake3::hash(&bytes))?;
+        Ok(bytes)
+    }
+
+    /// After an op has read a file dep (`rel`) through `file` (parsed it as
+    /// a stream, say), checks that the file it read holds the bytes this
+    /// node's key was computed with, as [`RunContext::read_keyed_file`]
+    /// does: the open file is hashed from its start again. A file edited
+    /// before it was opened, or while it was read, is an error.
+    pub fn check_keyed_open_file(&self, rel: &str, mut file: &std::fs::File) -> Result<(), OpError> {
+        use std::io::Seek;
+        let keyed = self.keyed_hash(rel)?;
+        let io = |e: std::io::Error| OpError::Failed(format!("reading '{rel}' again to check it: {e}"));
+        file.rewind().map_err(io)?;
+        let mut hasher = blake3::Hasher::new();
+        std::io::copy(&mut file, &mut hasher).map_err(io)?;
+        same_as_keyed(rel, keyed, hasher.finalize())
+    }
+
+    /// The hash this node's key holds for file dep `rel`: of the user's file,
+    /// or of the output of another node that writes it.
+    fn keyed_hash(&self, rel: &str) -> Result<&str, OpError> {
+        let keyed = self
+            .files
+            .get(rel)
+            .or_else(|| self.inputs.get(&format!("{FILE_DEP_PREFIX}{rel}")).and_then(|a| a.first()).map(|a| &a.hash));
+        keyed
+            .map(String::as_str)
+            .ok_or_else(|| OpError::Failed(format!("'{rel}' is not among the files this node's key was computed with")))
     }
 
     /// Writes a store-only output whole. A link planted at its name in
@@ -225,6 +270,24 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, OpError> {
             serde_json::from_str(l).map_err(|e| OpError::Failed(format!("{} line {}: {e}", path.display(), i + 1)))
         })
         .collect()
+}
+
+/// The prefix of the input name that a file dep another node writes
+/// becomes (`dep:data/prepared.jsonl`).
+pub const FILE_DEP_PREFIX: &str = "dep:";
+
+/// The error for a file dep whose bytes, as an op read them, are not those
+/// its node's key was computed with.
+fn same_as_keyed(rel: &str, keyed: &str, now: blake3::Hash) -> Result<(), OpError> {
+    let now = now.to_hex();
+    if now.as_str() == keyed {
+        return Ok(());
+    }
+    Err(OpError::Failed(format!(
+        "'{rel}' changed while the run was under way: this node's key holds it as {}, it now reads as {}; run again",
+        &keyed[..keyed.len().min(12)],
+        &now.as_str()[..12]
+    )))
 }
 
 pub use crate::canonical::required;
