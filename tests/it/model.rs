@@ -193,6 +193,28 @@ fn a_missing_model_folder_says_how_to_get_the_weights() {
     assert!(err.contains("no/such/qwen: no such folder") && err.contains("huggingface-cli download"), "{err}");
 }
 
+/// A Hugging Face cache snapshot is links into the cache's blobs, and
+/// `model.import` reads no link (a spec could otherwise copy any file a link
+/// reaches into the store, and `push` would share it). The docs said the
+/// folder's files were read through links; the error said only "a symbolic
+/// link or a special file". It now says what to use instead: `model.hub`,
+/// which reads that cache (offline too), or a `--local-dir` download.
+#[test]
+fn model_import_of_a_cache_snapshot_of_links_says_to_use_model_hub() {
+    let p = Project::new();
+    std::fs::create_dir_all(p.path().join("blobs")).unwrap();
+    std::fs::create_dir_all(p.path().join("snap")).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        p.write(&format!("blobs/{f}"), "{}");
+        std::os::unix::fs::symlink(format!("../blobs/{f}"), p.path().join("snap").join(f)).unwrap();
+    }
+    p.write("import.yaml", "name: imp\nnodes:\n  qwen:\n    op: model.import\n    params: {path: snap}\n");
+    let out = p.run(&["validate", "import.yaml"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("symbolic link") && err.contains("model.hub") && err.contains("--local-dir"), "{err}");
+}
+
 #[test]
 fn model_import_checks_the_parameter_count_and_copies_the_folder() {
     let (p, dir) = built();

@@ -462,15 +462,19 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
                     trees.push(deps::TreeDep { name: dep, kind: deps::TreeKind::Dir { skip } });
                 }
                 Ok(m) if m.is_file() => files.push(dep),
-                Ok(_) => {
+                Ok(m) => {
+                    let instead = match nodes[i].op.linked_dep_help() {
+                        Some(help) if m.file_type().is_symlink() => format!(" ({help})"),
+                        _ => String::new(),
+                    };
                     return Err(dep_error(
                         SpecErrorKind::MissingReference,
                         format!(
-                            "node '{}': dep '{dep}' ({}) is a symbolic link or a special file; deps are read from real files and folders only",
+                            "node '{}': dep '{dep}' ({}) is a symbolic link or a special file; deps are read from real files and folders only{instead}",
                             def.id,
                             path.display()
                         ),
-                    ))
+                    ));
                 }
                 Err(_) => {
                     let near = deps::neighbours(&spec.base_dir, &dep);

@@ -397,6 +397,12 @@ pub trait Op: Send + Sync + 'static {
     fn printed_output(&self) -> Option<&'static str> {
         None
     }
+    /// What to do instead, said when a file dep of this op is a symbolic
+    /// link, which no dep may be (`model.import`: a Hugging Face cache
+    /// snapshot is links; `model.hub` reads it).
+    fn linked_dep_help(&self) -> Option<&'static str> {
+        None
+    }
     fn run(&self, params: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError>;
 }
 
@@ -455,6 +461,7 @@ pub trait AnyOp: Send + Sync {
     fn numerical(&self) -> bool;
     fn role(&self, params: &Params) -> Role;
     fn printed_output(&self) -> Option<&'static str>;
+    fn linked_dep_help(&self) -> Option<&'static str>;
     fn run(&self, params: &Params, ctx: &RunContext<'_>) -> Result<(), OpError>;
 }
 
@@ -510,6 +517,9 @@ impl<T: Op> AnyOp for T {
     }
     fn printed_output(&self) -> Option<&'static str> {
         Op::printed_output(self)
+    }
+    fn linked_dep_help(&self) -> Option<&'static str> {
+        Op::linked_dep_help(self)
     }
     fn run(&self, params: &Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         Op::run(self, params.typed(), ctx)

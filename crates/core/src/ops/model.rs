@@ -285,6 +285,13 @@ impl Op for ModelImport {
             .filter_map(|f| f.strip_prefix(&dir).ok().map(|rel| Path::new(&p.path).join(rel).display().to_string()))
             .collect()
     }
+    fn linked_dep_help(&self) -> Option<&'static str> {
+        Some(
+            "a Hugging Face cache snapshot is links into the cache: use model.hub with its repo and revision, which \
+             reads that cache (offline too, with HF_HUB_OFFLINE=1), or download real files with \
+             `huggingface-cli download REPO --local-dir DIR`",
+        )
+    }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         let dir = ctx.spec_dir.join(&p.path);
         if let Some(revision) = &p.revision {
