@@ -297,7 +297,22 @@ impl Op for ModelImport {
         if let Some(revision) = &p.revision {
             check_revision(&dir, revision)?;
         }
-        check_and_copy(&dir, &import_files(&dir), p.parameters, &ctx.output_path("model"))
+        let files = import_files(&dir);
+        let out = ctx.output_path("model");
+        check_and_copy(&dir, &files, p.parameters, &out)?;
+        // What is stored is what the key holds: each copy is checked against
+        // its file's blake3 in the key (an edit during the run fails here).
+        for f in &files {
+            let (Ok(rel), Some(name)) = (f.strip_prefix(&dir), f.file_name()) else {
+                return Err(failed(format!("{}: not a file of {}", f.display(), dir.display())));
+            };
+            let keyed = Path::new(&p.path).join(rel).display().to_string();
+            let copy = out.join(name);
+            let opened =
+                std::fs::File::open(&copy).map_err(|e| OpError::io(format!("reading {}", copy.display()), e))?;
+            ctx.check_keyed_open_file(&keyed, &opened)?;
+        }
+        Ok(())
     }
 }
 
