@@ -486,6 +486,36 @@ fn bad_data_files_fail_naming_the_file_row_and_field_and_cache_nothing() {
     assert!(err.contains("fake.parquet is not a readable Parquet file"), "{err}");
 }
 
+/// A Parquet float that is NaN or infinite (pandas writes a missing number
+/// as NaN) in a mapped column is named as what it is. Before, it was read as
+/// JSON `null`, and refused as "a null answer", or as a problem field
+/// "missing or null", though the file holds a number there.
+#[test]
+fn a_nan_in_a_parquet_column_is_refused_as_nan_not_as_null() {
+    let p = Project::new();
+    for (bad, said) in [("NaN", "NaN"), ("Infinity", "inf"), ("-Infinity", "-inf")] {
+        let python = std::env::var("ORCHESTRATE_PYTHON").expect("ORCHESTRATE_PYTHON (source .setup/env.sh)");
+        let rows = format!(
+            "[{{\"question\": \"a\", \"answer\": 1.5, \"level\": \"easy\"}}, {{\"question\": \"b\", \"answer\": {bad}, \"level\": \"easy\"}}]"
+        );
+        p.write("rows.json", &rows);
+        let script = "import json, sys\nimport pyarrow as pa, pyarrow.parquet as pq\npq.write_table(pa.Table.from_pylist(json.load(open(sys.argv[1]))), sys.argv[2])\n";
+        let out = std::process::Command::new(python)
+            .args([
+                "-c",
+                script,
+                p.path().join("rows.json").to_str().unwrap(),
+                p.path().join("nan.parquet").to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pyarrow: {}", String::from_utf8_lossy(&out.stderr));
+        let err = import_fails(&p, "nan.parquet", "fields: {prompt: question, answer: answer}");
+        assert!(err.contains(&format!("nan.parquet row 2: column 'answer' is {said}")), "{bad}: {err}");
+        assert!(!err.contains("null"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn a_data_file_through_a_link_or_outside_the_spec_folder_is_refused() {
     let p = Project::new();

@@ -257,6 +257,22 @@ fn csv_error(rel: &str, e: csv::Error) -> String {
     }
 }
 
+/// A Parquet float as JSON. NaN and the infinities (what pandas writes for a
+/// missing number) have no JSON form: one is refused naming what it is,
+/// never read as `null`, which the file does not hold.
+fn finite(rel: &str, n: usize, column: &str, x: f64) -> Result<Value, String> {
+    serde_json::Number::from_f64(x).map(Value::Number).ok_or_else(|| {
+        let what = if x.is_nan() {
+            "NaN"
+        } else if x > 0.0 {
+            "inf"
+        } else {
+            "-inf"
+        };
+        format!("{rel} row {n}: column '{column}' is {what}, which no field of a problem can be (a missing number?)")
+    })
+}
+
 fn parquet_rows(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow>, String> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     use parquet::record::Field;
@@ -299,8 +315,8 @@ fn parquet_rows(file: File, rel: &str, columns: &[&str]) -> Result<Vec<SourceRow
                 Field::UShort(x) => Value::from(*x),
                 Field::UInt(x) => Value::from(*x),
                 Field::ULong(x) => Value::from(*x),
-                Field::Float(x) => serde_json::Number::from_f64(f64::from(*x)).map_or(Value::Null, Value::Number),
-                Field::Double(x) => serde_json::Number::from_f64(*x).map_or(Value::Null, Value::Number),
+                Field::Float(x) => finite(rel, n, name, f64::from(*x))?,
+                Field::Double(x) => finite(rel, n, name, *x)?,
                 Field::Str(s) => {
                     size += s.len();
                     Value::String(s.clone())
