@@ -169,6 +169,16 @@ pub fn non_finite(v: &Value) -> Option<&str> {
     v.as_str()?.strip_prefix(NON_FINITE)
 }
 
+/// The number a [`non_finite`] value stands for: NaN or an infinity.
+pub fn non_finite_number(v: &Value) -> Option<f64> {
+    match non_finite(v)? {
+        "NaN" => Some(f64::NAN),
+        "inf" => Some(f64::INFINITY),
+        "-inf" => Some(f64::NEG_INFINITY),
+        _ => None,
+    }
+}
+
 /// A parsed value as people read it: a non-finite number as `NaN`, `inf`
 /// or `-inf`, anything else as JSON.
 pub fn shown(v: &Value) -> String {

@@ -304,8 +304,8 @@ const JSON_VALUE_USES: &[(&str, usize)] = &[
     ("core/src/ops/gate.rs", 3),
     // The user's own documents: params and metrics files, imported rows, a
     // problem as a reward program reads it.
-    ("core/src/docfile.rs", 36),
-    ("core/src/data/table.rs", 24),
+    ("core/src/docfile.rs", 37),
+    ("core/src/data/table.rs", 22),
     ("core/src/ops/import.rs", 16),
     ("core/src/data/verifier.rs", 13),
     ("core/src/data/rows.rs", 3),

@@ -376,8 +376,15 @@ fn lookup<'a>(evidence: &'a BTreeMap<String, Value>, field: &str) -> Result<&'a 
 
 /// Whether two JSON values are equal as Python's `==` finds them: numbers by
 /// value (`0.0` equals `0`; two integers exactly, past 2^53 too), lists and
-/// objects element by element, anything else as JSON (`true` is not `1`).
+/// objects element by element, NaN equal to nothing (itself included) and
+/// an infinity to the same infinity, anything else as JSON (`true` is not `1`).
 fn same_value(a: &Value, b: &Value) -> bool {
+    match (crate::docfile::non_finite_number(a), crate::docfile::non_finite_number(b)) {
+        // f64's `==`: NaN equals nothing, an infinity only itself.
+        (Some(x), Some(y)) => return x == y,
+        (Some(_), None) | (None, Some(_)) => return false,
+        (None, None) => {}
+    }
     if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
         let int = |n: &serde_json::Number| n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from));
         return match (int(x), int(y)) {
@@ -524,6 +531,32 @@ mod tests {
         // An infinite bound is a bound: at_most: .inf holds for every finite value.
         std::fs::write(&path, "name: own\ngates:\n  - name: loss-ok\n    evidence: {m: 'n:o'}\n    check: {field: m.loss, at_most: .inf}\n").unwrap();
         assert!(read_gate_file(&path).is_ok());
+    }
+
+    /// NaN equals nothing, itself included, as in Python (`float('nan') ==
+    /// float('nan')` is False): a diverged run whose `matched` and `total`
+    /// are both NaN does not pass `matched equals_field total`. Before, the
+    /// two NaNs, kept as one marker, compared equal and the gate passed.
+    /// An infinity equals the same infinity, as in Python.
+    #[test]
+    fn nan_equals_nothing_not_even_nan() {
+        let doc = crate::docfile::parse(
+            crate::docfile::Format::Json,
+            r#"{"a": NaN, "b": NaN, "i": Infinity, "j": Infinity, "k": -Infinity, "l": [NaN], "m": [NaN]}"#,
+        )
+        .unwrap();
+        let ev: BTreeMap<String, Value> = [("m".to_string(), doc)].into();
+        let h = BTreeMap::new();
+        for (check, passes) in [
+            ("{field: m.a, equals_field: m.b}", false),
+            ("{field: m.a, equals_field: m.a}", false),
+            ("{field: m.l, equals_field: m.m}", false),
+            ("{field: m.i, equals_field: m.j}", true),
+            ("{field: m.i, equals_field: m.k}", false),
+        ] {
+            let r = evaluate(&gate(check), &ev, &h);
+            assert_eq!(r.passed, passes, "{check}: {}", r.detail);
+        }
     }
 
     /// A metric whose own name holds a dot (`{"eval.acc": 0.5}`, as a tool

@@ -54,7 +54,8 @@ impl Op for GateOp {
         // holding NaN or an infinity is read (a gate over it fails saying so)
         // instead of failing the node: the same inputs give other results.
         // 3: a field path's double-quoted segment names a key whole
-        // (`m."eval.acc"`), and an empty segment is refused.
+        // (`m."eval.acc"`), an empty segment is refused, and NaN equals
+        // nothing in `equals_field` (two NaNs compared equal).
         3
     }
     fn summary(&self) -> &'static str {
