@@ -7,7 +7,7 @@ use super::exit::Status;
 use super::shared::*;
 use super::*;
 use orchestrate_core::ops::Registry;
-use orchestrate_core::store::{write_atomic, Workspace};
+use orchestrate_core::store::{write_user_file, Workspace};
 use orchestrate_core::view::{self, compare, group, RunView, Side};
 
 /// `orchestrate report`: one self-contained HTML file.
@@ -25,9 +25,9 @@ pub fn report(ctx: &Ctx, args: ReportArgs) -> Result<Status> {
         .iter()
         .map(|t| compare_side(&ctx.workspace, t, profile.as_deref(), &ctx.registry))
         .collect::<Result<Vec<_>>>()?;
-    // Never a half-written report.
+    // Never a half-written report file; a FIFO or device is written into.
     let write =
-        |html: String| write_atomic(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()));
+        |html: String| write_user_file(&out, html.as_bytes()).with_context(|| format!("writing {}", out.display()));
     match (sides.as_slice(), &group_by) {
         ([one], None) => {
             write(view::html::render(&one.view))?;

@@ -411,3 +411,48 @@ fn a_fifo_where_a_params_file_or_a_dep_should_be_is_refused_not_waited_on() {
     assert!(stderr(&out).contains("input.txt"), "{}", stderr(&out));
     assert!(!p.path().join("t.txt").exists());
 }
+
+/// `report --out` at a special file (a FIFO, a device such as `/dev/null`,
+/// or a link to one such as `/dev/stdout`) writes into it, as `cp` and a
+/// shell's `>` do. Before, the report was written beside it and renamed over
+/// it: `report --out /dev/null` run as root replaced the machine's
+/// `/dev/null` with a regular file (it broke every later test here that ran
+/// a command as another user). A regular file is still replaced whole.
+#[test]
+fn a_report_written_to_a_special_file_writes_into_it_and_never_replaces_it() {
+    use std::os::unix::fs::FileTypeExt;
+    let p = Project::new();
+    p.write("s.yaml", "name: s\nnodes:\n  a:\n    op: shell\n    params: {cmd: 'echo 1 > a.txt', outs: [a.txt]}\n");
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    for out in ["pipe", "link"] {
+        let fifo = p.path().join("pipe");
+        let _ = std::fs::remove_file(&fifo);
+        let _ = std::fs::remove_file(p.path().join("link"));
+        common::mkfifo(&fifo);
+        std::os::unix::fs::symlink("pipe", p.path().join("link")).unwrap();
+        // The reader: blocks until a writer opens the FIFO, then reads to its end.
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+        };
+        let done = p.run_within(&["report", "--out", out], 60);
+        assert_eq!(done.status.code(), Some(0), "{out}: {}", stderr(&done));
+        let kind = std::fs::symlink_metadata(&fifo).unwrap().file_type();
+        assert!(kind.is_fifo(), "{out}: the FIFO was replaced by a {kind:?}");
+        assert!(std::fs::symlink_metadata(p.path().join("link")).unwrap().file_type().is_symlink(), "{out}");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !reader.is_finished() {
+            assert!(std::time::Instant::now() < until, "{out}: nothing was written into the FIFO");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(reader.join().unwrap().contains("</html>"), "{out}: the FIFO's reader got no report");
+    }
+    // A folder is refused; a regular file is replaced by the report.
+    std::fs::create_dir(p.path().join("dir")).unwrap();
+    let out = p.run(&["report", "--out", "dir"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is a folder"), "{}", stderr(&out));
+    p.write("old.html", "old");
+    assert_eq!(p.run(&["report", "--out", "old.html"]).status.code(), Some(0));
+    assert!(p.read("old.html").contains("</html>"));
+}

@@ -164,6 +164,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     fs::rename(&tmp, path)
 }
 
+/// Writes a file the user named on the command line (`report --out FILE`).
+/// A regular file, a link to one, or nothing there: replaced whole through
+/// [`write_atomic`] (never half-written). A special file (a FIFO, a device
+/// such as `/dev/null`, or a link to one such as `/dev/stdout`): written
+/// into, as `cp` and a shell's `>` write, never replaced, which as root
+/// would swap the machine's `/dev/null` for a regular file. A folder: an error.
+pub fn write_user_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    match fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(std::io::Error::other(format!("{} is a folder; name a file", path.display()))),
+        Ok(m) if !m.is_file() => fs::OpenOptions::new().write(true).open(path)?.write_all(bytes),
+        _ => write_atomic(path, bytes),
+    }
+}
+
 /// The last `lines` lines of a file, reading at most its last `max_bytes`
 /// (logs can be large); `None` if it cannot be read.
 pub fn last_lines(path: &Path, max_bytes: u64, lines: usize) -> Option<Vec<String>> {
