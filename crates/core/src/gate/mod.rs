@@ -88,6 +88,14 @@ pub struct GateResult {
     pub evidence: BTreeMap<String, (String, String)>,
 }
 
+impl GateResult {
+    /// A gate that could not be evaluated (its evidence unread), which fails
+    /// saying why: in the run and in the audit alike.
+    pub fn unevaluated(gate: &Gate, detail: String, evidence: BTreeMap<String, (String, String)>) -> Self {
+        GateResult { name: gate.name.clone(), description: gate.description.clone(), passed: false, detail, evidence }
+    }
+}
+
 /// What the `gate` op writes as `gates.json`, and what `run` and `audit` read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -138,13 +138,7 @@ impl Op for GateOp {
                     .collect();
                 match evidence {
                     Ok(evidence) => evaluate(g, &evidence, &hashes),
-                    Err(detail) => crate::gate::GateResult {
-                        name: g.name.clone(),
-                        description: g.description.clone(),
-                        passed: false,
-                        detail: detail.clone(),
-                        evidence: hashes,
-                    },
+                    Err(detail) => crate::gate::GateResult::unevaluated(g, detail.clone(), hashes),
                 }
             })
             .collect();

@@ -732,13 +732,7 @@ pub fn audit_gates(dir: &Path) -> Result<Vec<GateResult>, PackError> {
             }
             // Missing evidence fails the gate (verify names the missing file); it is not an error.
             results.push(match unreadable {
-                Some(detail) => GateResult {
-                    name: gate.name.clone(),
-                    description: gate.description.clone(),
-                    passed: false,
-                    detail,
-                    evidence: hashes,
-                },
+                Some(detail) => GateResult::unevaluated(gate, detail, hashes),
                 None => evaluate(gate, &loaded, &hashes),
             });
         }
