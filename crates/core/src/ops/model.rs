@@ -250,6 +250,12 @@ const IMPORTED: [&str; 7] = [
     "model.safetensors.index.json",
 ];
 
+/// The name a file of the imported folder has among the node's file deps
+/// (the folder as the spec names it, then the file): what its key holds.
+fn keyed_name(path: &str, dir: &Path, file: &Path) -> Option<String> {
+    file.strip_prefix(dir).ok().map(|rel| Path::new(path).join(rel).display().to_string())
+}
+
 fn import_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = IMPORTED.iter().map(|f| dir.join(f)).filter(|p| p.is_file()).collect();
     if let Ok(folder) = (HfFolder { dir: dir.to_path_buf() }).weight_files() {
@@ -280,10 +286,7 @@ impl Op for ModelImport {
     fn file_deps(&self, p: &Self::Params, spec_dir: &Path) -> Vec<String> {
         // The folder's content is in the key: every file that loading reads.
         let dir = spec_dir.join(&p.path);
-        import_files(&dir)
-            .iter()
-            .filter_map(|f| f.strip_prefix(&dir).ok().map(|rel| Path::new(&p.path).join(rel).display().to_string()))
-            .collect()
+        import_files(&dir).iter().filter_map(|f| keyed_name(&p.path, &dir, f)).collect()
     }
     fn linked_dep_help(&self) -> Option<&'static str> {
         Some(
@@ -303,10 +306,9 @@ impl Op for ModelImport {
         // What is stored is what the key holds: each copy is checked against
         // its file's blake3 in the key (an edit during the run fails here).
         for f in &files {
-            let (Ok(rel), Some(name)) = (f.strip_prefix(&dir), f.file_name()) else {
+            let (Some(keyed), Some(name)) = (keyed_name(&p.path, &dir, f), f.file_name()) else {
                 return Err(failed(format!("{}: not a file of {}", f.display(), dir.display())));
             };
-            let keyed = Path::new(&p.path).join(rel).display().to_string();
             let copy = out.join(name);
             let opened =
                 std::fs::File::open(&copy).map_err(|e| OpError::io(format!("reading {}", copy.display()), e))?;
