@@ -45,8 +45,9 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[-x2, x1], -1)
 }
 
-/// Refuses a config whose FP32 weights alone pass this machine's memory (RAM
-/// and swap, from `/proc/meminfo`): libtorch's allocator would fail, and tch
+/// Refuses a config whose FP32 weights alone pass the memory this process
+/// may use (RAM and swap from `/proc/meminfo`, or the container's cgroup
+/// limit where that is lower): libtorch's allocator would fail, and tch
 /// panics on that, or the kernel's OOM killer would end the process while the
 /// weights are written. Where the memory cannot be read, nothing is checked.
 fn check_fits_in_memory(config: &ModelConfig) -> Result<()> {
@@ -55,8 +56,8 @@ fn check_fits_in_memory(config: &ModelConfig) -> Result<()> {
     let bytes = count.saturating_mul(4);
     if bytes > memory {
         bail!(
-            "the config implies {count} parameters, {:.1} GiB in FP32, more than this machine's {:.1} GiB of memory \
-             (RAM and swap)",
+            "the config implies {count} parameters, {:.1} GiB in FP32, more than the {:.1} GiB of memory this \
+             process may use (RAM and swap, within its cgroup's limit)",
             bytes as f64 / (1u64 << 30) as f64,
             memory as f64 / (1u64 << 30) as f64
         );
@@ -64,14 +65,32 @@ fn check_fits_in_memory(config: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
-/// MemTotal plus SwapTotal, in bytes; `None` off Linux or when unreadable.
+/// MemTotal plus SwapTotal, in bytes, or less where the cgroup this process
+/// runs in limits its memory (v2's `memory.max`, v1's
+/// `memory.limit_in_bytes`, each where `/proc/self/cgroup` places it or at the
+/// mount's top as a container sees it); `None` off Linux or when unreadable.
 fn machine_memory_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = text.lines().find_map(|l| l.strip_prefix(name))?;
         line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?.checked_mul(1024)
     };
-    Some(field("MemTotal:")?.saturating_add(field("SwapTotal:").unwrap_or(0)))
+    let machine = field("MemTotal:")?.saturating_add(field("SwapTotal:").unwrap_or(0));
+    let mut limits = Vec::new();
+    for line in std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default().lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        if controllers.is_empty() {
+            limits.push(format!("/sys/fs/cgroup{path}/memory.max"));
+            limits.push("/sys/fs/cgroup/memory.max".to_string());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            limits.push(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"));
+            limits.push("/sys/fs/cgroup/memory/memory.limit_in_bytes".to_string());
+        }
+    }
+    // "max" (no limit) reads as no number; v1 says "no limit" with a huge one.
+    let lowest = limits.iter().filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok()).min();
+    Some(lowest.map_or(machine, |limit| machine.min(limit)))
 }
 
 /// cos and sin of shape (batch, 1, seq, head_dim) for explicit positions.
