@@ -93,6 +93,30 @@ fn freeze_verify_and_audit_pass_and_sha256sum_accepts_the_pack() {
     assert!(manifest["nodes"].as_array().unwrap().iter().all(|n| n["key"].as_str().unwrap().len() == 64));
 }
 
+/// A store object whose bytes no longer hash to its name (edited in place,
+/// or rotted on disk, at the same size, so the plan still finds it cached)
+/// is refused when a pack is frozen, naming the output. Before, the pack was
+/// frozen with the damaged bytes, sealed in SHA256SUMS, beside a manifest
+/// naming the object's original blake3.
+#[test]
+fn a_damaged_store_object_is_never_frozen_into_a_pack() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = Project::new();
+    p.write("s.yaml", SPEC);
+    p.write("gates.yaml", GATES);
+    p.run_json(&["s.yaml"], 0);
+    let object = std::path::PathBuf::from(stdout(&p.run(&["path", "s.yaml", "gates:gates.json"])).trim());
+    let text = std::fs::read_to_string(&object).unwrap();
+    assert!(text.contains("\"all_passed\": true"), "{text}");
+    std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&object, text.replace("\"all_passed\": true", "\"all_passed\": tru3")).unwrap();
+    let out = p.run(&["pack", "freeze", "s.yaml", "--out", "packs/v1"]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{}{err}", stdout(&out));
+    assert!(err.contains("gates.json") && err.contains("gates") && err.contains("verify"), "{err}");
+    assert!(!p.path().join("packs/v1").exists(), "a refused freeze left a pack");
+}
+
 #[test]
 fn freezing_into_an_existing_pack_is_refused() {
     let (p, _) = frozen();

@@ -265,6 +265,18 @@ pub fn freeze(
                 }
                 if omitted.is_none() {
                     copy_object(&ws.object_path(&o.object.hash), &tmp.join(&path))?;
+                    // What is packed is what the record names: a damaged
+                    // object (edited in place, rotted) is never sealed.
+                    if crate::store::objects::intact(&tmp.join(&path), &o.object.hash, o.object.kind)? != Some(true) {
+                        return Err(PackError::Refused(format!(
+                            "output '{}' of node '{}' in the store no longer hashes to its name {}: it was damaged \
+                             after it was stored. Run `orchestrate verify`, which moves it aside, then run the node \
+                             again and freeze",
+                            o.name,
+                            node.id(),
+                            &o.object.hash[..12]
+                        )));
+                    }
                     packed.insert((node.id().to_string(), o.name.clone()), path.clone());
                 }
                 outs.push(PackedOutput {
