@@ -270,11 +270,13 @@ pub fn freeze(
                     if crate::store::objects::intact(&tmp.join(&path), &o.object.hash, o.object.kind)? != Some(true) {
                         return Err(PackError::Refused(format!(
                             "output '{}' of node '{}' in the store no longer hashes to its name {}: it was damaged \
-                             after it was stored. Run `orchestrate verify`, which moves it aside, then run the node \
-                             again and freeze",
+                             after it was stored (`orchestrate verify` lists every such object). Run \
+                             `orchestrate run {} --force {}`, which stores it again, then freeze",
                             o.name,
                             node.id(),
-                            &o.object.hash[..12]
+                            &o.object.hash[..12],
+                            spec.path.display(),
+                            node.id()
                         )));
                     }
                     packed.insert((node.id().to_string(), o.name.clone()), path.clone());
