@@ -137,6 +137,23 @@ pub struct HashInputs {
     pub env: Option<EnvPart>,
 }
 
+/// The prefix of the input name that a file dep another node writes
+/// becomes (`dep:data/prepared.jsonl`).
+pub const FILE_DEP_PREFIX: &str = "dep:";
+
+impl HashInputs {
+    /// The blake3 this record keys for file dep `rel` (relative to the spec's
+    /// folder): of the user's file, or of the output of the node that writes
+    /// it. What an op that reads the file itself, and a pack that copies it,
+    /// check their bytes against.
+    pub fn file_dep_hash(&self, rel: &str) -> Option<&str> {
+        self.files
+            .get(rel)
+            .or_else(|| self.inputs.get(&format!("{FILE_DEP_PREFIX}{rel}")).and_then(|h| h.first()))
+            .map(String::as_str)
+    }
+}
+
 const DOMAIN: &str = "orchestrate.node-key.v1\n";
 
 #[cfg(test)]

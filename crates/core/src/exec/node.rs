@@ -867,7 +867,7 @@ fn run_op(job: &NodeJob<'_>, record: &HashInputs, key: &Key, log_path: &Path) ->
         workspace: job.ws.root(),
         key,
         threads: job.env.as_ref().and_then(|e| e.threads),
-        files: &record.files,
+        record,
         params_values: &record.params_files,
         costs: &costs,
         summary: &summary,

@@ -169,10 +169,9 @@ pub struct RunContext<'a> {
     pub workspace: &'a Path,
     /// This node's key.
     pub key: &'a crate::store::Key,
-    /// The blake3 of each file dep of the user's folder (relative to the
-    /// spec's folder) that its key was computed with: what
+    /// The record its key was computed from: the file deps' blake3 that
     /// [`RunContext::read_keyed_file`] checks an op's own read against.
-    pub files: &'a BTreeMap<String, String>,
+    pub record: &'a crate::record::HashInputs,
     /// The values of its params-file keys that its key was computed with
     /// (file → dotted key → value), for `${param:KEY}` in a command.
     pub params_values: &'a BTreeMap<String, BTreeMap<String, Value>>,
@@ -222,15 +221,10 @@ impl RunContext<'_> {
         same_as_keyed(rel, keyed, hasher.finalize())
     }
 
-    /// The hash this node's key holds for file dep `rel`: of the user's file,
-    /// or of the output of another node that writes it.
+    /// The hash this node's key holds for file dep `rel`.
     fn keyed_hash(&self, rel: &str) -> Result<&str, OpError> {
-        let keyed = self
-            .files
-            .get(rel)
-            .or_else(|| self.inputs.get(&format!("{FILE_DEP_PREFIX}{rel}")).and_then(|a| a.first()).map(|a| &a.hash));
-        keyed
-            .map(String::as_str)
+        self.record
+            .file_dep_hash(rel)
             .ok_or_else(|| OpError::Failed(format!("'{rel}' is not among the files this node's key was computed with")))
     }
 
@@ -272,9 +266,7 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, OpError> {
         .collect()
 }
 
-/// The prefix of the input name that a file dep another node writes
-/// becomes (`dep:data/prepared.jsonl`).
-pub const FILE_DEP_PREFIX: &str = "dep:";
+pub use crate::record::FILE_DEP_PREFIX;
 
 /// The error for a file dep whose bytes, as an op read them, are not those
 /// its node's key was computed with.

@@ -307,11 +307,8 @@ pub fn freeze(
                 // The definition packed is the one the gate node evaluated:
                 // the bytes its record keys (a file edited since the plan
                 // above would give the audit other criteria).
-                let keyed = cached.record.files.get(file).or_else(|| {
-                    cached.record.inputs.get(&format!("{}{file}", crate::ops::FILE_DEP_PREFIX)).and_then(|h| h.first())
-                });
                 let (copied, _) = crate::store::hash_file(&tmp.join(&pack_gate))?;
-                if keyed != Some(&copied) {
+                if cached.record.file_dep_hash(file) != Some(copied.as_str()) {
                     return Err(PackError::Refused(format!(
                         "gate file {file} of node '{}' is not the one its cached result was evaluated with (it changed \
                          while the pack was frozen?): run `orchestrate run {}` again, then freeze",
