@@ -153,14 +153,18 @@ pub fn parse(format: Format, text: &str) -> Result<Value, DocError> {
 const NON_FINITE: &str = "\u{0}orchestrate-non-finite:";
 
 fn non_finite_value(x: f64) -> Value {
-    let spelled = if x.is_nan() {
+    format!("{NON_FINITE}{}", non_finite_spelled(x)).into()
+}
+
+/// A number JSON cannot hold as people write it: `NaN`, `inf` or `-inf`.
+pub fn non_finite_spelled(x: f64) -> &'static str {
+    if x.is_nan() {
         "NaN"
     } else if x > 0.0 {
         "inf"
     } else {
         "-inf"
-    };
-    format!("{NON_FINITE}{spelled}").into()
+    }
 }
 
 /// The number JSON cannot hold that a parsed value stands for, as people

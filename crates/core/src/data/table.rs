@@ -262,13 +262,7 @@ fn csv_error(rel: &str, e: csv::Error) -> String {
 /// never read as `null`, which the file does not hold.
 fn finite(rel: &str, n: usize, column: &str, x: f64) -> Result<Value, String> {
     serde_json::Number::from_f64(x).map(Value::Number).ok_or_else(|| {
-        let what = if x.is_nan() {
-            "NaN"
-        } else if x > 0.0 {
-            "inf"
-        } else {
-            "-inf"
-        };
+        let what = crate::docfile::non_finite_spelled(x);
         format!("{rel} row {n}: column '{column}' is {what}, which no field of a problem can be (a missing number?)")
     })
 }
