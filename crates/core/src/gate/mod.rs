@@ -492,6 +492,16 @@ pub fn table(results: &[GateResult]) -> String {
 mod tests {
     use super::*;
 
+    /// A gate file holding one gate, `name`, with this check, as
+    /// [`read_gate_file`] reads it from disk.
+    fn one_gate_file(name: &str, check: &str) -> Result<GateFile, GateError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.yaml");
+        let text = format!("name: own\ngates:\n  - name: {name}\n    evidence: {{m: 'n:o'}}\n    check: {check}\n");
+        std::fs::write(&path, text).unwrap();
+        read_gate_file(&path)
+    }
+
     fn gate(check: &str) -> Gate {
         serde_yaml_ng::from_str(&format!("name: g\nevidence: {{r: 'n:o'}}\ncheck: {check}\n")).unwrap()
     }
@@ -520,25 +530,17 @@ mod tests {
     /// `at_least: .nan` could never pass. Both are refused naming the gate.
     #[test]
     fn a_criterion_json_cannot_hold_is_refused_naming_the_gate() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("g.yaml");
         for (check, said) in [
             ("{field: m.loss, equals: .nan}", "check.equals"),
             ("{field: m.loss, equals: [1, -.inf]}", "check.equals"),
             ("{field: m.loss, at_least: .nan}", "check.at_least"),
             ("{field: m.loss, at_most: .NaN}", "check.at_most"),
         ] {
-            std::fs::write(
-                &path,
-                format!("name: own\ngates:\n  - name: loss-ok\n    evidence: {{m: 'n:o'}}\n    check: {check}\n"),
-            )
-            .unwrap();
-            let e = read_gate_file(&path).expect_err(check).to_string();
+            let e = one_gate_file("loss-ok", check).expect_err(check).to_string();
             assert!(e.contains("loss-ok") && e.contains(said), "{check}: {e}");
         }
         // An infinite bound is a bound: at_most: .inf holds for every finite value.
-        std::fs::write(&path, "name: own\ngates:\n  - name: loss-ok\n    evidence: {m: 'n:o'}\n    check: {field: m.loss, at_most: .inf}\n").unwrap();
-        assert!(read_gate_file(&path).is_ok());
+        assert!(one_gate_file("loss-ok", "{field: m.loss, at_most: .inf}").is_ok());
     }
 
     /// NaN equals nothing, itself included, as in Python (`float('nan') ==
@@ -589,8 +591,6 @@ mod tests {
             assert_eq!(r.passed, passes, "{check}: {}", r.detail);
         }
         // A path that cannot be read is refused when the gate file is read, naming the gate.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("g.yaml");
         for (check, said) in [
             (r#"{field: 'm."eval.acc', at_least: 0}"#, "check.field"),
             (r#"{field: 'm."eval"acc', at_least: 0}"#, "check.field"),
@@ -599,12 +599,7 @@ mod tests {
             (r#"{field: m.acc, equals_field: 'm."n'}"#, "check.equals_field"),
             (r#"{margin: {a: m.a, b: 'm."b'}, at_least: 0}"#, "check.margin.b"),
         ] {
-            std::fs::write(
-                &path,
-                format!("name: own\ngates:\n  - name: acc-ok\n    evidence: {{m: 'n:o'}}\n    check: {check}\n"),
-            )
-            .unwrap();
-            let e = read_gate_file(&path).expect_err(check).to_string();
+            let e = one_gate_file("acc-ok", check).expect_err(check).to_string();
             assert!(e.contains("acc-ok") && e.contains(said), "{check}: {e}");
         }
     }
