@@ -458,11 +458,7 @@ fn spawn_with_lr(p: &Project, lr: &str) -> std::process::Child {
 /// Waits (30 s at most) until a run of [`slow_out_writer`]'s spec has
 /// written its first file, so it holds the node and its out.
 fn wait_for_first_file(p: &Project) {
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    while !p.path().join("out/a.txt").exists() {
-        assert!(std::time::Instant::now() < until, "the first run never wrote its out");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_for("out/a.txt", 30, "the first run never wrote its out");
 }
 
 /// Before, two runs of one spec with different params (two keys, so no node

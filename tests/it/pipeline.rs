@@ -344,11 +344,7 @@ fn gc_frees_exactly_the_unreferenced_objects_and_the_kept_spec_stays_a_full_cach
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let t = std::time::Instant::now();
-    while !p.path().join("held.txt").exists() {
-        assert!(t.elapsed() < std::time::Duration::from_secs(20), "the held run never started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    p.wait_for("held.txt", 20, "the held run never started");
     let refused = p.run(&["gc", "s.yaml"]);
     assert_ne!(refused.status.code(), Some(0));
     assert!(stderr(&refused).contains("another orchestrate process"), "{}", stderr(&refused));
@@ -564,11 +560,7 @@ fn after_an_interrupted_force_the_next_run_restores_the_outs_instead_of_running(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let t = std::time::Instant::now();
-    while !p.path().join("ckpt/w.bin").exists() {
-        assert!(t.elapsed() < std::time::Duration::from_secs(20), "the forced node never started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    p.wait_for("ckpt/w.bin", 20, "the forced node never started");
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
     let out = child.wait_with_output().unwrap();
@@ -734,27 +726,13 @@ fn a_gate_file_edited_during_the_run_fails_its_node_naming_the_change() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !p.path().join("started").exists() {
-        assert!(std::time::Instant::now() < until, "node a never started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    p.wait_for("started", 30, "node a never started");
     p.write(
         "g.yaml",
         &format!("{one}  - name: b\n    evidence: {{m: 'b:n.json'}}\n    check: {{field: m.x, equals: 2}}\n"),
     );
     p.write("go", "");
-    let pid = child.id();
-    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !waiter.is_finished() {
-        if std::time::Instant::now() > until {
-            let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
-            panic!("the run still waited after 60 s");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let out = waiter.join().unwrap();
+    let out = common::output_within(child, 60, "the run");
     let all = format!("{}{}", stdout(&out), stderr(&out));
     assert_eq!(out.status.code(), Some(1), "{all}");
     assert!(all.contains("g.yaml") && all.contains("b:n.json") && all.contains("run again"), "{all}");

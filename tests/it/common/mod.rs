@@ -50,22 +50,23 @@ impl Project {
     /// `orchestrate ARGS` run to its end, or killed and failed after `secs`:
     /// for a command that must not wait (on a FIFO, a lock) forever.
     pub fn run_within(&self, args: &[&str], secs: u64) -> Output {
-        let mut child = self
+        let child = self
             .cmd(args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("orchestrate starts");
+        output_within(child, secs, &format!("{args:?}"))
+    }
+
+    /// Waits until the file `rel` exists (a command's marker that it has
+    /// started), failing the test naming `what` after `secs`.
+    pub fn wait_for(&self, rel: &str, secs: u64, what: &str) {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-        while child.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > until {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                panic!("{args:?} still waited after {secs} s");
-            }
+        while !self.path().join(rel).exists() {
+            assert!(std::time::Instant::now() < until, "{what}: no {rel} after {secs} s");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        child.wait_with_output().unwrap()
     }
 
     /// `orchestrate run --json ARGS`, asserting the exit code; returns the events.
@@ -88,6 +89,21 @@ impl Project {
 /// past the harness's capture, as `SKIPPED: ...`: scripts/test.sh counts
 /// these lines as skipped in its closing line, never as passed. The caller
 /// returns right after.
+/// A spawned command's output once it ends, or the command killed and the
+/// test failed naming `what` after `secs`: for a run that must not wait for ever.
+pub fn output_within(mut child: std::process::Child, secs: u64, what: &str) -> Output {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{what} still waited after {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 pub fn skip(what: &str, why: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED: {what} ({why})");
