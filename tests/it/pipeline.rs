@@ -1298,6 +1298,57 @@ fn a_workspace_inside_a_dep_is_not_hashed_and_one_inside_an_out_is_never_removed
     assert_eq!(tree_of(&p.path().join("exp")), before, "a file under the out holding a workspace changed");
 }
 
+/// Before, an out folder holding a repository of its own (`vendor/.git`: a
+/// clone, a submodule, `git init` by hand) was removed whole before the
+/// command ran, with the repository's history: `outs: [.git]` was refused,
+/// a folder holding one was not. Such an out is never removed now, by `run`
+/// or by `checkout --force`; the node fails naming the folder, and nothing
+/// under it changes. An out that a command fills with one is refused when it
+/// is stored, so no stored out ever holds one that a later run would keep.
+#[test]
+fn an_out_holding_a_repository_is_never_removed_or_stored() {
+    let p = Project::new();
+    p.write("p.yaml", "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p vendor && echo new > vendor/out.txt', outs: [vendor]}\n");
+    // Folders, and a submodule's `.git` file (its history is elsewhere; the checkout is the user's).
+    for (repo, file) in [(".git", "HEAD"), (".hg", "store"), (".jj", "repo"), (".dvc", "config"), (".git", "")] {
+        std::fs::remove_dir_all(p.path().join("vendor")).ok();
+        let at = if file.is_empty() { format!("vendor/{repo}") } else { format!("vendor/{repo}/{file}") };
+        p.write(&at, "gitdir: ../.git/modules/vendor\n");
+        p.write("vendor/lib.c", "mine\n");
+        let before = tree_of(p.path());
+        let o = p.run(&["run", "p.yaml"]);
+        assert_eq!(o.status.code(), Some(1), "{repo}: {}{}", stdout(&o), stderr(&o));
+        let said = stdout(&o) + &stderr(&o);
+        assert!(said.contains(&format!("vendor/{repo}")) && said.contains("not removed"), "{repo}: {said}");
+        let mut now = tree_of(p.path());
+        now.retain(|k, _| !k.starts_with(".orchestrate/"));
+        let mut then = before;
+        then.retain(|k, _| !k.starts_with(".orchestrate/"));
+        assert_eq!(now, then, "{repo}: a file under the out holding a repository changed");
+    }
+    // Stored without one, then a repository made inside it by hand: `run`
+    // (which puts a cached out back) and `checkout --force` keep it.
+    std::fs::remove_dir_all(p.path().join("vendor")).unwrap();
+    assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
+    p.write("vendor/.git/HEAD", "history\n");
+    for args in [&["run", "p.yaml"][..], &["checkout", "p.yaml", "--force"][..]] {
+        let o = p.run(args);
+        assert_ne!(o.status.code(), Some(0), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        let said = stdout(&o) + &stderr(&o);
+        assert!(said.contains("vendor/.git") && said.contains("not removed"), "{args:?}: {said}");
+        assert_eq!(std::fs::read_to_string(p.path().join("vendor/.git/HEAD")).unwrap(), "history\n", "{args:?}");
+    }
+    // A command that fills its out with one fails the node, naming it.
+    std::fs::remove_dir_all(p.path().join("vendor")).unwrap();
+    p.write("q.yaml", "name: q\nnodes:\n  c:\n    op: shell\n    params: {cmd: 'mkdir -p clone/.git && echo x > clone/.git/HEAD', outs: [clone]}\n");
+    let o = p.run(&["run", "q.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let said = stdout(&o) + &stderr(&o);
+    assert!(said.contains("clone/.git") && said.contains("version control"), "{said}");
+    let plan = stdout(&p.run(&["plan", "q.yaml"]));
+    assert!(plan.contains("0 cached, 1 to run"), "the refused out was cached: {plan}");
+}
+
 /// A checkout copies an out beside itself under a temporary name
 /// (`.NAME.orchestrate-PID-NANOS-N`) and renames it into place; killed in
 /// between, the copy stayed in the user's folder for good, where a folder

@@ -945,6 +945,7 @@ fn publish_outputs(job: &NodeJob<'_>, staging: &crate::store::Staging) -> Result
             Some(rel) => {
                 let path = job.spec_dir.join(rel);
                 let before = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
+                refuse_kept(rel, &path)?;
                 let object = job.ws.publish_copy(&path, staging).map_err(|e| e.to_string())?;
                 let after = FileStat::of(&path).map_err(|e| format!("output '{rel}': {e}"))?;
                 if before != after {
@@ -975,6 +976,24 @@ fn publish_outputs(job: &NodeJob<'_>, staging: &crate::store::Staging) -> Result
         outputs.push(published);
     }
     Ok(outputs)
+}
+
+/// Refuses to store a folder out holding what no out may hold (a
+/// repository's `.git`, a workspace: [`crate::store::fsx::Kept`]): the next
+/// run could not remove the out whole before its command, and would fail.
+fn refuse_kept(rel: &str, path: &std::path::Path) -> Result<(), String> {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    match crate::store::fsx::kept_within(path) {
+        Ok(None) => Ok(()),
+        Ok(Some(kept)) => Err(format!(
+            "output '{rel}': {kept}; an out holding one is not stored, since an out is removed whole before its \
+             command runs and this one never is. Leave it out of the out (copy the files without it, or remove it \
+             at the end of the command)"
+        )),
+        Err(e) => Err(format!("output '{rel}': reading {}: {e}", path.display())),
+    }
 }
 
 /// What a checkout restored, as people read it: `1 file, 22 B`, `4 files, 1.1 GB`.

@@ -214,11 +214,11 @@ pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
         Ok(m) if m.is_dir() => {
-            if let Some(ws) = workspace_within(&path)? {
+            if let Some(kept) = kept_within(&path)? {
                 return Err(std::io::Error::other(format!(
-                    "{} is an orchestrate workspace inside the out '{rel}': the out is not removed, so that store \
-                     is kept. Move the workspace out of the folder (or remove it yourself) and run again",
-                    ws.display()
+                    "{kept} inside the out '{rel}': the out is not removed, so {} is kept. Move it out of the \
+                     folder (or remove the folder yourself) and run again",
+                    kept.what()
                 )));
             }
             super::objects::remove_any(&path).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -228,22 +228,62 @@ pub fn remove_out(root: &Path, rel: &str) -> std::io::Result<bool> {
     }
 }
 
-/// The first orchestrate workspace ([`super::is_workspace`]) at or under the
-/// folder `dir`, links not followed: what removing the folder would destroy.
-pub fn workspace_within(dir: &Path) -> std::io::Result<Option<PathBuf>> {
+/// What a folder holds that removing it whole would destroy and that is
+/// never an out's to remove: a workspace, or another tool's folder (a
+/// repository's `.git`, a submodule's `.git` file, `.dvc`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// An orchestrate workspace ([`super::is_workspace`]).
+    Workspace(PathBuf),
+    /// A name [`reserved_folder`] gives to a tool: whose it is.
+    Reserved { path: PathBuf, whose: &'static str },
+}
+
+impl Kept {
+    /// What keeping it keeps, for a message.
+    pub fn what(&self) -> &'static str {
+        match self {
+            Kept::Workspace(_) => "that store",
+            Kept::Reserved { .. } => "what it holds",
+        }
+    }
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kept::Workspace(at) => write!(f, "{} is an orchestrate workspace", at.display()),
+            Kept::Reserved { path, whose } => write!(f, "{} is {whose}", path.display()),
+        }
+    }
+}
+
+/// The first [`Kept`] at or under the folder `dir`, links not followed:
+/// what removing the folder would destroy that no out may hold.
+pub fn kept_within(dir: &Path) -> std::io::Result<Option<Kept>> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(at) = stack.pop() {
         let mut marked = false;
+        let mut reserved = None;
         for entry in std::fs::read_dir(&at)? {
             let entry = entry?;
-            if entry.file_name() == super::MARKER {
+            let name = entry.file_name();
+            if name == super::MARKER {
                 marked = true;
+            } else if let Some(whose) = name.to_str().and_then(reserved_folder) {
+                reserved.get_or_insert((entry.path(), whose));
             } else if entry.file_type()?.is_dir() {
                 stack.push(entry.path());
             }
         }
         if marked && super::is_workspace(&at) {
-            return Ok(Some(at));
+            return Ok(Some(Kept::Workspace(at)));
+        }
+        if let Some((path, whose)) = reserved {
+            if super::is_workspace(&path) {
+                return Ok(Some(Kept::Workspace(path)));
+            }
+            return Ok(Some(Kept::Reserved { path, whose }));
         }
     }
     Ok(None)
