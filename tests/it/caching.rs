@@ -272,6 +272,34 @@ fn run_check_finds_a_nondeterministic_node_and_changes_nothing() {
     assert!(stderr(&out).contains("not cached  det: key"), "{}", stderr(&out));
 }
 
+/// Before, `run --check` on a node whose folder out held the researcher's
+/// own notes (a file added after the run) and a hand edit removed both
+/// without a word: the re-execution removes the outs, and the cached ones
+/// were put back. A check changes nothing: such a node is not re-executed,
+/// the check fails saying which out holds what, and every byte stays. Bytes
+/// the store holds (a deleted out) are put back as before.
+#[test]
+fn run_check_never_removes_bytes_the_store_lacks() {
+    let p = Project::new();
+    p.write(
+        "spec.yaml",
+        "name: check\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p res && echo 42 > res/score.txt', outs: [res]}\n  \
+         x:\n    op: shell\n    params: {cmd: 'echo 1 > x.txt', outs: [x.txt]}\n",
+    );
+    p.run_json(&["spec.yaml"], 0);
+    p.write("res/notes.md", "my analysis of the run\n");
+    p.write("res/score.txt", "43\n");
+    std::fs::remove_file(p.path().join("x.txt")).unwrap();
+    let out = p.run(&["run", "spec.yaml", "--check"]);
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{}\nstderr:\n{}", stdout(&out), stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("out 'res' holds bytes the store lacks") && err.contains("notes.md"), "{err}");
+    assert!(stdout(&out).contains("reproduced  x "), "{}", stdout(&out));
+    assert_eq!(p.read("res/notes.md"), "my analysis of the run\n", "the researcher's notes were removed");
+    assert_eq!(p.read("res/score.txt"), "43\n", "the hand edit was replaced");
+    assert_eq!(p.read("x.txt"), "1\n", "a missing out is put back");
+}
+
 /// (Issue #34.) `plan`'s "why" compares a node with the last record of the
 /// same node in the same spec and profile, not with whatever ran last under
 /// that id (another profile here).

@@ -917,6 +917,13 @@ fn publish_and_commit(
 pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> Result<Vec<OutputRecord>, RecheckError> {
     let _lock = job.lock_key(&cached.key, || {})?;
     let _outs = job.lock_outs(|_| {})?;
+    // The re-execution removes the outs in the tree, and the cached ones are
+    // put back: bytes there the store lacks would be lost, so such a node is
+    // not re-executed (nothing was checked).
+    let kept = job.ws.unstored_edits(job.index, cached, job.spec_dir)?;
+    if !kept.is_empty() {
+        return Err(RecheckError::Edited(kept));
+    }
     // Its own log beside the run's, which stays as it was.
     let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
     let outputs = ran.and_then(|ran| publish_outputs(job, &ran.staging));
@@ -935,6 +942,14 @@ pub enum RecheckError {
     /// (the message is the one a run would give).
     #[error("{0}")]
     Node(String),
+    /// Outs in the tree hold bytes the store lacks, which the re-execution
+    /// would remove: the node was not re-executed.
+    #[error(
+        "not re-executed: {}; the re-execution would remove them (it removes the outs, and the cached ones are \
+         put back). Move them aside, or drop them with `checkout --force`, and check again",
+        .0.iter().map(|k| format!("out '{}' holds bytes the store lacks ({})", k.path, k.changes)).collect::<Vec<_>>().join("; ")
+    )]
+    Edited(Vec<crate::store::KeptOut>),
 }
 
 /// Stores the outputs a node's op left (in staging, or in the user's tree) by content.

@@ -1270,6 +1270,27 @@ impl Workspace {
         (!stored).then_some(what)
     }
 
+    /// The cached node's outs whose bytes in the tree the store does not
+    /// hold (a hand edit, a file added to a folder out): what replacing the
+    /// outs would lose, as a checkout without `--force` keeps them.
+    pub fn unstored_edits(
+        &self,
+        index: &Index,
+        node: &CachedNode,
+        spec_dir: &Path,
+    ) -> Result<Vec<KeptOut>, StoreError> {
+        let mut kept = Vec::new();
+        for o in &node.outputs {
+            let Some(rel) = &o.workspace_path else { continue };
+            if let Checked::Differs(problem) = self.check_output(index, &mut o.clone(), spec_dir)? {
+                if let Some(changes) = self.unstored_edit(index, rel, spec_dir, &problem) {
+                    kept.push(KeptOut { path: rel.clone(), changes });
+                }
+            }
+        }
+        Ok(kept)
+    }
+
     /// Checks a cached node's outputs out of the store into the user's tree
     /// where they are missing or differ (as `dvc checkout`): each is copied to
     /// a temporary name beside it, then the old out is removed whole and the
