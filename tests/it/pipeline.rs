@@ -86,6 +86,44 @@ fn a_folder_dep_no_node_writes_is_hashed_as_a_tree_and_its_changed_files_are_nam
     assert!(text.contains("val.jsonl removed"), "{text}");
 }
 
+/// Before, a researcher's `deps: [src]` beside `python3 src/train.py`
+/// (which imports `src/model.py`) ran the node twice for every edit of the
+/// code: its run wrote `src/__pycache__/model.cpython-*.pyc`, which the next
+/// `plan` found added (or changed) in the dep, and ran the training again.
+/// Python's bytecode cache is written by Python from the `.py` files the key
+/// holds, so a folder or glob dep leaves `__pycache__` out, as it leaves out
+/// `.git`; an edit of the source still runs the node, once.
+#[test]
+fn pythons_bytecode_cache_in_a_folder_dep_does_not_run_the_node_again() {
+    let p = Project::new();
+    p.write("src/model.py", "def f():\n    return 3\n");
+    p.write(
+        "src/train.py",
+        "import sys\nsys.path.insert(0, 'src')\nimport model\nopen('out.txt', 'w').write(str(model.f()))\n",
+    );
+    p.write(
+        "p.yaml",
+        "name: py\nnodes:\n  train:\n    op: shell\n    params: {cmd: python3 src/train.py, deps: [src], outs: [out.txt]}\n  \
+         glob:\n    op: shell\n    params: {cmd: 'cat src/*.py > g.txt', deps: ['src/**'], outs: [g.txt]}\n",
+    );
+    let run = |p: &Project| {
+        // Python writes its bytecode cache unless told not to (this machine's environment does).
+        let o = p.cmd(&["run", "p.yaml"]).env_remove("PYTHONDONTWRITEBYTECODE").output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    };
+    let plan = |p: &Project| stdout(&p.run(&["plan", "p.yaml"]));
+    run(&p);
+    assert!(p.path().join("src/__pycache__").is_dir(), "python3 wrote no bytecode cache, so this test shows nothing");
+    assert!(plan(&p).contains("2 cached, 0 to run"), "{}", plan(&p));
+    // Another size: Python takes a .pyc as current by its source's size and modification second.
+    p.write("src/model.py", "def f():\n    return 42\n");
+    let text = plan(&p);
+    assert!(text.contains("dep 'src': model.py changed") && text.contains("0 cached, 2 to run"), "{text}");
+    run(&p);
+    assert_eq!(p.read("out.txt"), "42");
+    assert!(plan(&p).contains("2 cached, 0 to run"), "{}", plan(&p));
+}
+
 #[test]
 fn a_glob_dep_expands_sorted_into_the_key_and_one_matching_nothing_is_an_error() {
     let p = Project::new();

@@ -62,9 +62,13 @@ pub enum DepsError {
     TooManyFiles,
 }
 
-/// The folders a walk never enters: ours and other tools' ([`reserved_folder`](crate::store::fsx::reserved_folder)).
+/// The folders a walk never enters: ours and other tools'
+/// ([`reserved_folder`](crate::store::fsx::reserved_folder)), and Python's
+/// bytecode cache, which Python writes itself from the `.py` files beside it
+/// (that the key holds) when it imports them: in the key, every run of a
+/// node importing from its own dep would change the dep it ran from.
 fn skipped_folder(name: &str) -> bool {
-    crate::store::fsx::reserved_folder(name).is_some()
+    crate::store::fsx::reserved_folder(name).is_some() || name == "__pycache__"
 }
 
 /// Files under `root/rel` (relative to `root`, sorted), links refused by name.
