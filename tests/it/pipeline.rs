@@ -781,6 +781,68 @@ fn a_gate_file_edited_during_the_run_fails_its_node_naming_the_change() {
     assert!(stdout(&out).contains("| b | PASS"), "{}", stdout(&out));
 }
 
+/// Before, a dep edited while its node's command ran (a file, a file of a
+/// folder dep, a key of a params file the script reads itself) was stored
+/// under the key computed before the edit: the key named bytes the command
+/// may never have read, and the next run ran the node again on the edit, or,
+/// for an edit undone meanwhile, never. Such a node fails now, naming what
+/// changed, and nothing is stored under that key (as Bazel keeps an action
+/// whose inputs changed while it ran out of its cache); the next run runs it
+/// on the bytes as they are. A file added to a folder dep is not a change:
+/// the key never held it.
+#[test]
+fn a_dep_edited_while_its_node_ran_fails_the_node_and_nothing_is_stored_under_the_key() {
+    let p = Project::new();
+    p.write("data/x.txt", "one\n");
+    p.write("src/a.txt", "a\n");
+    p.write("params.yaml", "train: {lr: 0.1}\n");
+    p.write(
+        "s.yaml",
+        "name: edits\nnodes:\n  w:\n    op: shell\n    params:\n      cmd: \"touch started; until [ -e go ]; do sleep 0.05; done; rm -f started go; cat data/x.txt src/a.txt params.yaml > out.txt\"\n      deps: [data/x.txt, src]\n      params_files: {params.yaml: [train.lr]}\n      outs: [out.txt]\n",
+    );
+    let edits: [(&str, &str, &str); 3] = [
+        ("data/x.txt", "two\n", "dep 'data/x.txt' changed"),
+        ("src/a.txt", "b\n", "dep 'src': a.txt changed"),
+        ("params.yaml", "train: {lr: 0.2}\n", "params.yaml:train.lr: 0.1 → 0.2"),
+    ];
+    for (round, (file, edit, said)) in edits.into_iter().enumerate() {
+        // A key not yet cached, so the node runs.
+        p.write("src/round.txt", &format!("{round}\n"));
+        let child = p
+            .cmd(&["run", "s.yaml"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        p.wait_for("started", 30, "the node never started");
+        p.write(file, edit);
+        p.write("src/new.txt", "added meanwhile\n");
+        p.write("go", "");
+        let out = common::output_within(child, 60, "the run");
+        let all = format!("{}{}", stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(1), "{file}: {all}");
+        assert!(all.contains(said) && all.contains("while the node ran"), "{file}: {all}");
+        assert!(!all.contains("src': new.txt"), "{file}: an added file is not a change: {all}");
+        std::fs::remove_file(p.path().join("src/new.txt")).unwrap();
+        // Run again: the bytes as they now are, stored under their own key.
+        let again = p.cmd(&["run", "s.yaml"]).spawn().unwrap();
+        p.wait_for("started", 30, "the node never started again");
+        p.write("go", "");
+        let out = common::output_within(again, 60, "the second run");
+        assert_eq!(out.status.code(), Some(0), "{file}: {}{}", stdout(&out), stderr(&out));
+        assert!(p.read("out.txt").contains(edit.trim_end()), "{file}: {}", p.read("out.txt"));
+    }
+    // A command that writes its own dep can never be cached truthfully: said so.
+    p.write("t.yaml", "name: own\nnodes:\n  v:\n    op: shell\n    params: {cmd: 'echo more >> data/x.txt; echo > v.txt', deps: [data/x.txt], outs: [v.txt]}\n");
+    let out = p.run(&["run", "t.yaml"]);
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("changed while the node ran (dep 'data/x.txt' changed)") && all.contains("writes only its outs"),
+        "{all}"
+    );
+}
+
 /// A params file that shares values through YAML merge keys
 /// (`<<: *defaults`) reads as Python's `yaml.safe_load` and DVC read it.
 /// Before, `train.lr` coming from the merge was "no key 'lr' under 'train'".

@@ -804,7 +804,8 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
     let started = Instant::now();
     let mut ran = run_op(job, record, key, &job.ws.log_path(key))?;
     let summary = ran.summary.take();
-    let outputs = publish_and_commit(job, key, record, ran, started).map_err(|why| {
+    let outputs = deps_unchanged(job, record).and_then(|()| publish_and_commit(job, key, record, ran, started));
+    let outputs = outputs.map_err(|why| {
         // The node failed after its command wrote its outs into the tree: left
         // there, they would pass for a finished node's (Snakemake removes them too).
         let mut removed = Vec::new();
@@ -820,6 +821,64 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
         }
     })?;
     Ok((outputs, summary))
+}
+
+/// Refuses a node whose deps changed while it ran: each file the key holds
+/// (a file dep, a file of a folder or glob dep) and each params-file key the
+/// key holds, checked against the key's (a file re-hashed only if its stat
+/// changed). The outputs came from bytes the key may not name, so they are
+/// not stored under it, as Bazel keeps an action whose inputs changed while
+/// it ran out of its cache. A file added to a folder dep is not a change
+/// here: the key never held it (the command may have written it, as Python
+/// writes `__pycache__`), and the next `plan` sees it.
+fn deps_unchanged(job: &NodeJob<'_>, record: &HashInputs) -> Result<(), String> {
+    let node = job.node;
+    let mut now = record.clone();
+    let hash = |path: &std::path::Path| -> Option<String> {
+        std::fs::symlink_metadata(path)
+            .is_ok_and(|m| m.is_file())
+            .then(|| job.ws.hash_user_file(job.index, path).ok())?
+    };
+    now.files.retain(|rel, h| match hash(&job.spec_dir.join(rel)) {
+        Some(current) => {
+            *h = current;
+            true
+        }
+        None => false,
+    });
+    for tree in &node.trees {
+        let Some(files) = now.trees.get_mut(&tree.name) else { continue };
+        let base = match tree.kind {
+            crate::dag::deps::TreeKind::Dir { .. } => job.spec_dir.join(&tree.name),
+            crate::dag::deps::TreeKind::Glob { .. } => job.spec_dir.to_path_buf(),
+        };
+        files.retain(|rel, h| match hash(&base.join(rel)) {
+            Some(current) => {
+                *h = current;
+                true
+            }
+            None => false,
+        });
+    }
+    for (file, values) in now.params_files.iter_mut() {
+        let doc = crate::docfile::read(job.spec_dir, file).ok();
+        values.retain(|k, v| match doc.as_ref().and_then(|d| crate::docfile::lookup(d, k).ok()) {
+            Some(current) => {
+                *v = current.clone();
+                true
+            }
+            None => false,
+        });
+    }
+    let changes = crate::dag::key::diff(record, &now);
+    if changes.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "its deps changed while the node ran ({}): its key holds them as they were before, so its outputs are not \
+         stored under it. Run again (a node reads its deps and writes only its outs)",
+        crate::dag::key::describe(&changes)
+    ))
 }
 
 /// Runs the node's op (its inputs checked first) into a new staging folder,
@@ -926,7 +985,7 @@ pub fn recheck(job: &NodeJob<'_>, record: &HashInputs, cached: &CachedNode) -> R
     }
     // Its own log beside the run's, which stays as it was.
     let ran = run_op(job, record, &cached.key, &job.ws.check_log_path(&cached.key));
-    let outputs = ran.and_then(|ran| publish_outputs(job, &ran.staging));
+    let outputs = ran.and_then(|ran| deps_unchanged(job, record).and_then(|()| publish_outputs(job, &ran.staging)));
     // The tree gets the cached outputs back whatever the re-execution wrote.
     job.ws.restore_outputs(job.index, cached, job.spec_dir, Replace::All)?;
     outputs.map_err(RecheckError::Node)
