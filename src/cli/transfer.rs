@@ -72,13 +72,13 @@ pub fn checkout(ctx: &Ctx, args: CheckoutArgs) -> Result<Status> {
         }
         let line = match d {
             plan::CheckedOut::UpToDate { node, key } => format!("up to date  {node} {}", key.short()),
-            plan::CheckedOut::Restored { node, key, files, bytes } => {
+            plan::CheckedOut::Restored { node, key, files, bytes, moved } => {
                 restored += 1;
-                format!(
-                    "restored    {node} {} ({})",
-                    key.short(),
-                    orchestrate_core::exec::node::files_and_bytes(*files, *bytes)
-                )
+                let mut what = orchestrate_core::exec::node::files_and_bytes(*files, *bytes);
+                for m in moved {
+                    what.push_str(&format!("; {m}"));
+                }
+                format!("restored    {node} {} ({what})", key.short())
             }
             plan::CheckedOut::Kept { node, key, outs, .. } => {
                 kept += 1;

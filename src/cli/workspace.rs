@@ -186,6 +186,13 @@ fn gc(
             human(plan.dropped_states.iter().map(|d| d.3).sum())
         );
     }
+    if plan.trash_entries > 0 {
+        outln!(
+            "{verb} the trash: {} sets of outs that runs and checkouts moved aside, whose bytes the store lacked ({})",
+            plan.trash_entries,
+            human(plan.trash_bytes)
+        );
+    }
     outln!(
         "{verb} {} results and {} objects ({}; records and logs {}); kept {} results of {} runs and {} objects ({})",
         plan.removed_nodes.len(),

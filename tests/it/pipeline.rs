@@ -1398,6 +1398,71 @@ fn a_workspace_inside_a_dep_is_not_hashed_and_one_inside_an_out_is_never_removed
     assert_eq!(tree_of(&p.path().join("exp")), before, "a file under the out holding a workspace changed");
 }
 
+/// The files in the workspace's trash: each one's path under its set of
+/// outs, and its text.
+fn trash_files(p: &Project) -> Vec<(String, String)> {
+    let trash = p.path().join(".orchestrate/trash");
+    let mut found: Vec<(String, String)> = tree_of(&trash)
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with('/'))
+        .map(|(k, v)| (k.split_once('/').unwrap().1.to_string(), String::from_utf8(v).unwrap()))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Before, an out was removed whole before its node ran and before a cached
+/// out was put back, whatever it held: a folder of the researcher's own at
+/// that path (`res/precious.csv`, there before the first run), notes added to
+/// a results folder, a hand edit, each gone without a copy (as `dvc repro`
+/// removes them). Bytes the store lacks are never removed now: they are
+/// moved into the workspace's trash, the run says where, and `gc` empties
+/// it. An out as its node's last record left it is the store's, and goes.
+#[test]
+fn an_out_holding_bytes_the_store_lacks_is_moved_to_the_trash_never_removed() {
+    let p = Project::new();
+    p.write("p.yaml", "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p res && echo 42 > res/score.txt', outs: [res]}\n");
+    p.write("res/precious.csv", "mine\n");
+    let o = p.run(&["run", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("out 'res' held bytes the store lacks: moved to"), "{}", stdout(&o));
+    assert_eq!(trash_files(&p), [("res/precious.csv".to_string(), "mine\n".to_string())]);
+    assert!(!p.path().join("res/precious.csv").exists() && p.read("res/score.txt") == "42\n");
+
+    // A file added to the folder: `run` puts the cached out back, the notes go to the trash.
+    p.write("res/notes.md", "my analysis\n");
+    let events = p.run_json(&["p.yaml"], 0);
+    let hit = events.iter().find(|e| e["event"] == "cache_hit").expect("a cache hit");
+    assert_eq!(hit["moved"][0]["path"], "res", "{hit}");
+    assert!(std::path::Path::new(hit["moved"][0]["to"].as_str().unwrap()).join("notes.md").is_file(), "{hit}");
+    assert!(!p.path().join("res/notes.md").exists());
+
+    // A hand edit replaced by `checkout --force`.
+    p.write("res/score.txt", "43\n");
+    let o = p.run(&["checkout", "p.yaml", "--force"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("moved to"), "{}", stdout(&o));
+    assert_eq!(p.read("res/score.txt"), "42\n");
+    let mut found: Vec<String> = trash_files(&p).into_iter().map(|(f, text)| format!("{f}={text}")).collect();
+    found.sort();
+    let mut want =
+        ["res/precious.csv=mine\n", "res/notes.md=my analysis\n", "res/score.txt=42\n", "res/score.txt=43\n"];
+    want.sort();
+    assert_eq!(found, want, "every replaced byte the store lacked is in the trash");
+
+    // The out as the node left it goes, and nothing more is moved.
+    let before = trash_files(&p).len();
+    let o = p.run(&["run", "p.yaml", "--force", "w"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(!stdout(&o).contains("moved to"), "{}", stdout(&o));
+    assert_eq!(trash_files(&p).len(), before);
+
+    let o = p.run(&["gc", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("removed the trash: 3 sets of outs"), "{}", stdout(&o));
+    assert!(!p.path().join(".orchestrate/trash").exists());
+}
+
 /// Before, an out folder holding a repository of its own (`vendor/.git`: a
 /// clone, a submodule, `git init` by hand) was removed whole before the
 /// command ran, with the repository's history: `outs: [.git]` was refused,

@@ -30,6 +30,10 @@ pub enum Event {
         /// (missing or different there): how many files and bytes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         restored: Option<String>,
+        /// Outs so replaced whose bytes the store lacked, and where in the
+        /// workspace's trash they were moved (never removed).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        moved: Vec<crate::store::MovedOut>,
     },
     /// Another process holds this node; this run waits for it.
     Waiting {

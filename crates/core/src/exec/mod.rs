@@ -429,7 +429,7 @@ pub fn run_with(
             pending -= 1;
             let id = dag.nodes[pos].id().to_string();
             match &outcome {
-                Outcome::Cached { key, outputs: outs, remote, restored } => {
+                Outcome::Cached { key, outputs: outs, remote, restored, moved } => {
                     stats.cached += 1;
                     outputs.insert(id.clone(), outs.clone());
                     emit(
@@ -438,6 +438,7 @@ pub fn run_with(
                             key: key.clone(),
                             from: remote.clone(),
                             restored: restored.clone(),
+                            moved: moved.clone(),
                         },
                         reporter,
                         &mut log,

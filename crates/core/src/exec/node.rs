@@ -28,6 +28,8 @@ pub enum Outcome {
         /// Its outputs in the user's tree were missing or differed and were
         /// checked out of the store: what was restored (`2 files, 16 B`).
         restored: Option<String>,
+        /// Outs so replaced whose bytes the store lacked, moved into the trash.
+        moved: Vec<crate::store::MovedOut>,
     },
     Ran {
         key: Key,
@@ -513,6 +515,7 @@ impl NodeJob<'_> {
                     None => remote.url.to_string(),
                 }),
                 restored: None,
+                moved: Vec::new(),
             })),
             Ok(None) => Ok(None),
             Err(source) => Err(NotTaken { url: remote.url.to_string(), source }),
@@ -587,7 +590,9 @@ pub fn early(job: &NodeJob<'_>) -> Early {
     let key = record.key();
     let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
     match decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force) {
-        Ok(Decision::Hit(outputs)) => Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None }),
+        Ok(Decision::Hit(outputs)) => {
+            Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None, moved: Vec::new() })
+        }
         Ok(decision) => Early::Decided(Box::new(Decided { record, key, decision })),
         // An error is for `resolve` to report, as it would have.
         Err(_) => Early::Unknown,
@@ -619,7 +624,7 @@ pub fn resolve(
         }
     };
     match decision {
-        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None, restored: None },
+        Ok(Decision::Hit(outputs)) => Outcome::Cached { key, outputs, remote: None, restored: None, moved: Vec::new() },
         Ok(Decision::Restore(cached, why)) => match restore(job, &cached) {
             Ok(outcome) => outcome,
             Err(e) => {
@@ -645,6 +650,7 @@ fn restore(job: &NodeJob<'_>, cached: &CachedNode) -> Result<Outcome, String> {
         outputs: r.outputs,
         remote: None,
         restored: Some(files_and_bytes(r.files, r.bytes)),
+        moved: r.moved,
     })
 }
 
@@ -703,7 +709,7 @@ impl Executor for Local {
         if !job.force {
             // The process we waited for may have completed it.
             if let Ok(Ok(outputs)) = job.cached_valid(key) {
-                return Outcome::Cached { key: key.clone(), outputs, remote: None, restored: None };
+                return Outcome::Cached { key: key.clone(), outputs, remote: None, restored: None, moved: Vec::new() };
             }
         }
         // A local miss: the shared remote cache may have it (`run --remote`).
@@ -741,6 +747,12 @@ impl Executor for Local {
             }
             _ => None,
         };
+        // What stands at its outs and the store lacks is moved aside, never
+        // removed (the op removes its outs before it runs).
+        match set_aside_unstored_outs(job) {
+            Ok(moved) => moved.iter().for_each(|m| reason.push_str(&format!("; {m}"))),
+            Err(e) => return run.failed(e.to_string()),
+        }
         observer.started(key, &reason);
         match run_and_publish(job, run.record, key) {
             Ok((outputs, summary)) => Outcome::Ran {
@@ -753,6 +765,25 @@ impl Executor for Local {
             Err(e) => run.failed(e),
         }
     }
+}
+
+/// Moves into the workspace's trash each of the node's outs in the tree
+/// whose bytes the store lacks ([`Workspace::set_aside_unstored`]), checked
+/// against the node's latest record of its outs. Called under the outs' lock.
+fn set_aside_unstored_outs(job: &NodeJob<'_>) -> Result<Vec<crate::store::MovedOut>, StoreError> {
+    let there: Vec<&String> =
+        job.node.tree_outs().filter(|rel| std::fs::symlink_metadata(job.spec_dir.join(rel)).is_ok()).collect();
+    if there.is_empty() {
+        return Ok(Vec::new());
+    }
+    let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
+    let last = job.index.latest_for_node(job.node.id(), spec)?;
+    let mut moved = Vec::new();
+    for rel in there {
+        let recorded = last.as_ref().and_then(|n| n.outputs.iter().find(|o| o.workspace_path.as_ref() == Some(rel)));
+        moved.extend(job.ws.set_aside_unstored(job.index, job.spec_dir, rel, recorded)?);
+    }
+    Ok(moved)
 }
 
 /// `Ok(Ok(outputs))` on a valid hit, `Ok(Err(Some(problem)))` if cached but stale, `Ok(Err(None))` if absent.

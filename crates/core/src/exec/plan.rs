@@ -382,8 +382,16 @@ pub fn dropped_needed(
 pub enum CheckedOut {
     /// Its outs in the tree already match its cached outputs.
     UpToDate { node: String, key: Key },
-    /// Its outs were checked out of the store.
-    Restored { node: String, key: Key, files: u64, bytes: u64 },
+    /// Its outs were checked out of the store; `moved`: outs replaced
+    /// (`--force`) whose bytes the store lacked, moved into the trash.
+    Restored {
+        node: String,
+        key: Key,
+        files: u64,
+        bytes: u64,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        moved: Vec<crate::store::MovedOut>,
+    },
     /// Outs whose bytes in the tree the store does not hold were left as
     /// they are (`--force` replaces them); any others were checked out.
     Kept { node: String, key: Key, outs: Vec<crate::store::KeptOut>, files: u64, bytes: u64 },
@@ -452,7 +460,7 @@ pub fn checkout(
                 let r = ws.restore_outputs(&index, &cached, &spec.base_dir, replace)?;
                 known.insert(id.clone(), r.outputs);
                 out.push(if r.kept.is_empty() {
-                    CheckedOut::Restored { node: id, key, files: r.files, bytes: r.bytes }
+                    CheckedOut::Restored { node: id, key, files: r.files, bytes: r.bytes, moved: r.moved }
                 } else {
                     CheckedOut::Kept { node: id, key, outs: r.kept, files: r.files, bytes: r.bytes }
                 });

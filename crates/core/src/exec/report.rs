@@ -45,8 +45,9 @@ pub fn describe(event: &Event) -> Option<String> {
         Event::NodeStarted { node, key, reason } => {
             format!("running  {} {} ({})", e(node), short(key), el(reason))
         }
-        Event::CacheHit { node, key, restored: Some(what), .. } => {
-            format!("restored {} {} ({} checked out of the store)", e(node), short(key), e(what))
+        Event::CacheHit { node, key, restored: Some(what), moved, .. } => {
+            let moved: String = moved.iter().map(|m| format!("; {}", e(&m.to_string()))).collect();
+            format!("restored {} {} ({} checked out of the store{moved})", e(node), short(key), e(what))
         }
         Event::CacheHit { node, key, from: None, .. } => format!("cached   {} {}", e(node), short(key)),
         Event::CacheHit { node, key, from: Some(remote), .. } => {

@@ -68,6 +68,11 @@ pub struct GcPlan {
     /// Logs and node records removed (their bytes are in `removed_other_bytes`).
     pub removed_files: usize,
     pub removed_other_bytes: u64,
+    /// The trash ([`Workspace::trash_dir`]): outs that runs and checkouts
+    /// moved aside rather than remove (the bytes the store lacked). gc
+    /// empties it whole.
+    pub trash_entries: usize,
+    pub trash_bytes: u64,
 }
 
 impl GcPlan {
@@ -217,6 +222,11 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
         result.removed_other_bytes += ws.record_bytes(&keys)?;
     }
     result.removed_objects.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.hash.cmp(&b.hash)));
+    let trash = ws.trash_dir();
+    if std::fs::symlink_metadata(&trash).is_ok_and(|m| m.is_dir()) {
+        result.trash_entries = std::fs::read_dir(&trash).map_err(io(&trash))?.count();
+        result.trash_bytes = size_of(&trash)?.0;
+    }
     Ok(result)
 }
 
@@ -259,7 +269,8 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
             [record, log, check_log, Workspace::checkpoint_dir(ws.root(), k.as_str())]
         })
         .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)))
-        .chain((!keys.is_empty()).then(|| ws.records_dir()));
+        .chain((!keys.is_empty()).then(|| ws.records_dir()))
+        .chain((plan.trash_entries > 0).then(|| ws.trash_dir()));
     for path in doomed {
         refuse_link(ws, &path)?;
     }
@@ -285,6 +296,9 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     }
     for o in &plan.removed_objects {
         objects::remove_any(&ws.object_path(&o.hash))?;
+    }
+    if plan.trash_entries > 0 {
+        objects::remove_any(&ws.trash_dir())?;
     }
     remove_legacy_locks(ws)?;
     Ok(plan)

@@ -364,6 +364,23 @@ pub struct Restored {
     pub bytes: u64,
     /// Outs left as they are: their bytes in the tree are not in the store.
     pub kept: Vec<KeptOut>,
+    /// Outs replaced whose bytes the store lacked, and where they were moved.
+    pub moved: Vec<MovedOut>,
+}
+
+/// An out whose bytes the store lacked, moved into the workspace's trash
+/// before its place was taken (never removed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MovedOut {
+    pub path: String,
+    pub to: PathBuf,
+}
+
+impl std::fmt::Display for MovedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "out '{}' held bytes the store lacks: moved to {}", self.path, self.to.display())
+    }
 }
 
 /// An out a checkout left alone, and how it differs from the store's.
@@ -376,6 +393,9 @@ pub struct KeptOut {
 
 /// The file that marks a folder as a workspace.
 pub const MARKER: &str = "workspace.json";
+
+/// The workspace's folder of outs set aside ([`Workspace::trash_dir`]).
+pub const TRASH: &str = "trash";
 
 /// The workspace format this build reads and writes.
 pub const FORMAT: u32 = 1;
@@ -972,6 +992,12 @@ impl Workspace {
         self.root.join("damaged")
     }
 
+    /// Where outs holding bytes the store lacks are moved instead of being
+    /// removed ([`Workspace::set_aside_unstored`]); `gc` empties it.
+    pub fn trash_dir(&self) -> PathBuf {
+        self.root.join(TRASH)
+    }
+
     /// Checks that an object's bytes still hash to its name before anyone
     /// reads it. A damaged object is moved aside into [`Workspace::damaged_dir`]
     /// (so its producer's cache entry no longer checks out and it re-runs) and
@@ -1261,13 +1287,72 @@ impl Workspace {
                 return None
             }
         };
-        let path = spec_dir.join(rel);
-        let stored = match fs::symlink_metadata(&path) {
-            Ok(m) if m.is_dir() => self.hash_user_tree(index, &path).is_ok_and(|t| self.object_path(&t.hash).is_dir()),
-            Ok(m) if m.is_file() => self.hash_user_file(index, &path).is_ok_and(|h| self.object_path(&h).is_file()),
+        (!self.holds_bytes_of(index, &spec_dir.join(rel))).then_some(what)
+    }
+
+    /// Whether the store holds the bytes of the file or folder at `path`
+    /// (hashed through the stat cache); not for anything else, or unreadable.
+    fn holds_bytes_of(&self, index: &Index, path: &Path) -> bool {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => self.hash_user_tree(index, path).is_ok_and(|t| self.object_path(&t.hash).is_dir()),
+            Ok(m) if m.is_file() => self.hash_user_file(index, path).is_ok_and(|h| self.object_path(&h).is_file()),
             _ => false,
-        };
-        (!stored).then_some(what)
+        }
+    }
+
+    /// Before an out is removed for its node to run: if what stands at
+    /// `spec_dir/rel` holds bytes the store lacks (a folder of the user's
+    /// own, a hand edit, a file added to a folder out), it is moved into
+    /// the workspace's trash instead, and where is returned. `last` is the
+    /// node's latest record of that out: an out still as it recorded is the
+    /// store's, found by stat alone. A link, and a folder holding what no out
+    /// may hold ([`fsx::kept_within`]), are left to [`fsx::remove_out`], which
+    /// removes a link as a link and refuses the rest.
+    pub fn set_aside_unstored(
+        &self,
+        index: &Index,
+        spec_dir: &Path,
+        rel: &str,
+        last: Option<&OutputRecord>,
+    ) -> Result<Option<MovedOut>, StoreError> {
+        let path = spec_dir.join(rel);
+        let Ok(meta) = fs::symlink_metadata(&path) else { return Ok(None) };
+        if fsx::link_on_path(spec_dir, rel).is_some() || !(meta.is_dir() || meta.is_file()) {
+            return Ok(None);
+        }
+        if meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some() {
+            return Ok(None);
+        }
+        if let Some(out) = last.filter(|o| o.workspace_path.as_deref() == Some(rel)) {
+            if matches!(self.check_output(index, &mut out.clone(), spec_dir)?, Checked::Same) {
+                return Ok(None);
+            }
+        }
+        if self.holds_bytes_of(index, &path) {
+            return Ok(None);
+        }
+        self.move_to_trash(spec_dir, rel).map(Some)
+    }
+
+    /// Moves `spec_dir/rel` to `trash/<time>-<pid>-<n>/rel` in the workspace
+    /// (a rename: the workspace must be on the same filesystem).
+    fn move_to_trash(&self, spec_dir: &Path, rel: &str) -> Result<MovedOut, StoreError> {
+        static MOVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let stamp = now_rfc3339().replace(['-', ':'], "").trim_end_matches('Z').replace('.', "");
+        let n = MOVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let to = self.trash_dir().join(format!("{stamp}-{}-{n}", std::process::id())).join(rel);
+        let parent = to.parent().expect("a path in the trash has a parent");
+        fsx::own_dir(&self.trash_dir())?;
+        fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
+        fs::rename(spec_dir.join(rel), &to).map_err(|e| {
+            StoreError::Invalid(format!(
+                "out '{rel}' holds bytes the store lacks, which are never removed, and they could not be moved \
+                 into {} ({e}; the workspace must be on the same filesystem as the spec's folder). Move them away \
+                 yourself and run again",
+                self.trash_dir().display()
+            ))
+        })?;
+        Ok(MovedOut { path: rel.to_string(), to })
     }
 
     /// The cached node's outs whose bytes in the tree the store does not
@@ -1311,7 +1396,7 @@ impl Workspace {
     ) -> Result<Restored, StoreError> {
         let types = objects::CacheType::from_env().map_err(|e| StoreError::Invalid(e.to_string()))?;
         let mut outputs = node.outputs.clone();
-        let (mut files, mut bytes, mut kept) = (0u64, 0u64, Vec::new());
+        let (mut files, mut bytes, mut kept, mut moved) = (0u64, 0u64, Vec::new(), Vec::new());
         // The real folders the outs are checked against, resolved once, for
         // the first out that is replaced.
         let mut beside: Option<fsx::OutsBeside> = None;
@@ -1321,8 +1406,9 @@ impl Workspace {
                 continue;
             }
             let Checked::Differs(problem) = self.check_output(index, o, spec_dir)? else { continue };
+            let unstored = self.unstored_edit(index, &rel, spec_dir, &problem);
             if replace == Replace::Stored {
-                if let Some(changes) = self.unstored_edit(index, &rel, spec_dir, &problem) {
+                if let Some(changes) = unstored {
                     kept.push(KeptOut { path: rel, changes });
                     continue;
                 }
@@ -1350,7 +1436,31 @@ impl Workspace {
                 let _ = objects::remove_any(&tmp);
                 return Err(e);
             }
-            fsx::remove_out(spec_dir, &rel).map_err(io(format!("removing {}", dest.display())))?;
+            // Bytes only the tree has are moved into the trash, never removed.
+            let aside = match unstored {
+                Some(_) if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_file() || m.is_dir()) => {
+                    let is_kept = fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir())
+                        && fsx::kept_within(&dest).map_err(io(format!("reading {}", dest.display())))?.is_some();
+                    if is_kept {
+                        Ok(None)
+                    } else {
+                        self.move_to_trash(spec_dir, &rel).map(Some)
+                    }
+                }
+                _ => Ok(None),
+            };
+            match aside {
+                Ok(Some(m)) => moved.push(m),
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = objects::remove_any(&tmp);
+                    return Err(e);
+                }
+            }
+            if let Err(e) = fsx::remove_out(spec_dir, &rel) {
+                let _ = objects::remove_any(&tmp);
+                return Err(io(format!("removing {}", dest.display()))(e));
+            }
             fs::rename(&tmp, &dest).map_err(io(format!("renaming {} to {}", tmp.display(), dest.display())))?;
             o.stat = FileStat::of(&dest).ok();
             files += o.object.files;
@@ -1359,7 +1469,7 @@ impl Workspace {
         if !self.read_only {
             index.update_outputs(&node.key, &outputs)?;
         }
-        Ok(Restored { outputs, files, bytes, kept })
+        Ok(Restored { outputs, files, bytes, kept, moved })
     }
 
     /// How a folder in the user's tree differs from a stored folder object:

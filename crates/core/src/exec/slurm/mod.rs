@@ -220,7 +220,9 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
         let (job_id, adopted) = match submitted {
             Ok(Submission::Submitted(id)) => (id, false),
             Ok(Submission::Adopted(id)) => (id, true),
-            Ok(Submission::Cached(outputs)) => return Outcome::Cached { key, outputs, remote: None, restored: None },
+            Ok(Submission::Cached(outputs)) => {
+                return Outcome::Cached { key, outputs, remote: None, restored: None, moved: Vec::new() }
+            }
             Err(e) => return to_run.failed(e),
         };
         if adopted {
@@ -276,7 +278,7 @@ fn execute(run: &SlurmRun<'_>, job: &NodeJob<'_>, to_run: &ToRun<'_>, observer: 
                     job: Some(format!("Slurm job {job_id} on {}", r.host)),
                     summary: r.summary.clone(),
                 },
-                Some(outputs) => Outcome::Cached { key, outputs, remote: None, restored: None },
+                Some(outputs) => Outcome::Cached { key, outputs, remote: None, restored: None, moved: Vec::new() },
                 None => to_run.failed(format!(
                     "Slurm job {job_id} on {} reports the node {}, but this coordinator finds no valid cache entry \
                          for it: do the coordinator and the compute nodes share the workspace {}?",
