@@ -1036,7 +1036,8 @@ pub enum RecheckError {
     /// would remove: the node was not re-executed.
     #[error(
         "not re-executed: {}; the re-execution would remove them (it removes the outs, and the cached ones are \
-         put back). Move them aside, or drop them with `checkout --force`, and check again",
+         put back). Move them aside, or `checkout --force` (which moves them into the workspace's trash), and check \
+         again",
         .0.iter().map(|k| format!("out '{}' holds bytes the store lacks ({})", k.path, k.changes)).collect::<Vec<_>>().join("; ")
     )]
     Edited(Vec<crate::store::KeptOut>),
