@@ -235,6 +235,13 @@ pub fn du(root: &std::path::Path, limit: usize, json: bool) -> Result<Status> {
         usage.unreferenced_objects,
         human(usage.unreferenced_bytes)
     );
+    if usage.trash_entries > 0 {
+        outln!(
+            "trash: {} sets of outs moved aside, whose bytes the store lacked, {} (`orchestrate gc` removes them)",
+            usage.trash_entries,
+            human(usage.trash_bytes)
+        );
+    }
     Ok(Status::Ok)
 }
 

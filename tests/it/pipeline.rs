@@ -1457,6 +1457,8 @@ fn an_out_holding_bytes_the_store_lacks_is_moved_to_the_trash_never_removed() {
     assert!(!stdout(&o).contains("moved to"), "{}", stdout(&o));
     assert_eq!(trash_files(&p).len(), before);
 
+    let du = stdout(&p.run(&["du"]));
+    assert!(du.contains("trash: 3 sets of outs moved aside"), "{du}");
     let o = p.run(&["gc", "p.yaml"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("removed the trash: 3 sets of outs"), "{}", stdout(&o));

@@ -222,11 +222,7 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
         result.removed_other_bytes += ws.record_bytes(&keys)?;
     }
     result.removed_objects.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.hash.cmp(&b.hash)));
-    let trash = ws.trash_dir();
-    if std::fs::symlink_metadata(&trash).is_ok_and(|m| m.is_dir()) {
-        result.trash_entries = std::fs::read_dir(&trash).map_err(io(&trash))?.count();
-        result.trash_bytes = size_of(&trash)?.0;
-    }
+    (result.trash_entries, result.trash_bytes) = trash_usage(ws)?;
     Ok(result)
 }
 
@@ -380,6 +376,18 @@ pub struct DiskUsage {
     /// Objects no cache row names (what `gc` removes whatever it keeps).
     pub unreferenced_objects: usize,
     pub unreferenced_bytes: u64,
+    /// The trash: sets of outs moved aside, and their bytes (`gc` empties it).
+    pub trash_entries: usize,
+    pub trash_bytes: u64,
+}
+
+/// The trash's sets of outs and bytes (none where it is absent or a link).
+fn trash_usage(ws: &Workspace) -> Result<(usize, u64), StoreError> {
+    let trash = ws.trash_dir();
+    if !std::fs::symlink_metadata(&trash).is_ok_and(|m| m.is_dir()) {
+        return Ok((0, 0));
+    }
+    Ok((std::fs::read_dir(&trash).map_err(io(&trash))?.count(), size_of(&trash)?.0))
 }
 
 pub fn disk_usage(ws: &Workspace) -> Result<DiskUsage, StoreError> {
@@ -404,7 +412,10 @@ pub fn disk_usage(ws: &Workspace) -> Result<DiskUsage, StoreError> {
         .collect();
     nodes.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (&a.spec, &a.node).cmp(&(&b.spec, &b.node))));
     let unreferenced: Vec<&StoredObject> = stored.values().filter(|o| !named.contains(&o.hash)).collect();
+    let (trash_entries, trash_bytes) = trash_usage(ws)?;
     Ok(DiskUsage {
+        trash_entries,
+        trash_bytes,
         nodes,
         objects: stored.len(),
         bytes: stored.values().map(|o| o.bytes).sum(),
