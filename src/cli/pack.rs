@@ -36,6 +36,7 @@ fn freeze(
     out: &std::path::Path,
     opts: orchestrate_core::pack::FreezeOptions,
 ) -> Result<Status> {
+    orchestrate_core::store::fsx::refuse_inside_workspace(out, "a pack")?;
     let (spec, dag) = load(spec, &ctx.registry)?;
     let Some(ws) = Workspace::open_read_only(&ctx.workspace)? else {
         bail!("no workspace at {}: run the spec first", ctx.workspace.display());

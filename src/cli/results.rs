@@ -7,12 +7,14 @@ use super::exit::Status;
 use super::shared::*;
 use super::*;
 use orchestrate_core::ops::Registry;
+use orchestrate_core::store::fsx::refuse_inside_workspace;
 use orchestrate_core::store::{write_user_file, Workspace};
 use orchestrate_core::view::{self, compare, group, RunView, Side};
 
 /// `orchestrate report`: one self-contained HTML file.
 pub fn report(ctx: &Ctx, args: ReportArgs) -> Result<Status> {
     let ReportArgs { targets, out, group_by, profile } = args;
+    refuse_inside_workspace(&out, "a report")?;
     let named = if targets.is_empty() {
         let ws = Workspace::open_read_only(&ctx.workspace)?.with_context(|| {
             format!("no workspace at {}: name a run, a spec or a pack folder", ctx.workspace.display())
@@ -73,6 +75,7 @@ pub fn compare(ctx: &Ctx, args: CompareArgs) -> Result<Status> {
 /// `orchestrate export tensorboard`: a run's or a pack's curves as event files.
 pub fn export(ctx: &Ctx, cmd: ExportCommand) -> Result<Status> {
     let ExportCommand::Tensorboard { target, dir, profile } = cmd;
+    refuse_inside_workspace(&dir, "an export")?;
     let side = compare_side(&ctx.workspace, &target, profile.as_deref(), &ctx.registry)?;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let done = view::tensorboard::export(&side.view, &dir, now)?;

@@ -28,6 +28,7 @@ pub fn schema(ctx: &Ctx, args: SchemaArgs) -> Result<Status> {
     match out {
         None => out!("{text}"),
         Some(dir) => {
+            orchestrate_core::store::fsx::refuse_inside_workspace(&dir, "a schema")?;
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let mut files = vec![(schema::SCHEMA_FILE, text)];
             files.extend(schema::data_schemas());

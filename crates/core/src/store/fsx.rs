@@ -289,6 +289,45 @@ pub fn kept_within(dir: &Path) -> std::io::Result<Option<Kept>> {
     Ok(None)
 }
 
+/// A path the user named for a command's own output (`report --out`, an
+/// export or pack folder) that lies in an orchestrate workspace.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{} lies inside the orchestrate workspace {}: {what} is never written into a workspace (it would replace \
+     the store's objects or index). Write it elsewhere",
+    .path.display(),
+    .workspace.display()
+)]
+pub struct InsideWorkspace {
+    pub path: PathBuf,
+    pub workspace: PathBuf,
+    pub what: &'static str,
+}
+
+/// Refuses `path` (to be written, and perhaps not there yet) when it, or a
+/// folder above it, is an orchestrate workspace ([`super::is_workspace`]),
+/// by real paths: the nearest part of it that exists is resolved, links and
+/// `..` included. `what` names the output for the message.
+pub fn refuse_inside_workspace(path: &Path, what: &'static str) -> Result<(), InsideWorkspace> {
+    let mut existing = path.to_path_buf();
+    while std::fs::symlink_metadata(&existing).is_err() {
+        match existing.parent() {
+            Some(p) if !p.as_os_str().is_empty() => existing = p.to_path_buf(),
+            _ => {
+                existing = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    let Ok(real) = existing.canonicalize() else { return Ok(()) };
+    for dir in real.ancestors() {
+        if super::is_workspace(dir) {
+            return Err(InsideWorkspace { path: path.to_path_buf(), workspace: dir.to_path_buf(), what });
+        }
+    }
+    Ok(())
+}
+
 /// Why a user's file was not opened; each names the file as the user wrote it.
 #[derive(Debug, thiserror::Error)]
 pub enum UserFileError {
