@@ -823,6 +823,12 @@ fn a_dep_edited_while_its_node_ran_fails_the_node_and_nothing_is_stored_under_th
         assert_eq!(out.status.code(), Some(1), "{file}: {all}");
         assert!(all.contains(said) && all.contains("while the node ran"), "{file}: {all}");
         assert!(!all.contains("src': new.txt"), "{file}: an added file is not a change: {all}");
+        // The command's complete outs are kept, out of the way.
+        assert!(all.contains("its outs were moved into the workspace's trash"), "{file}: {all}");
+        assert!(!p.path().join("out.txt").exists(), "{file}");
+        let kept =
+            tree_of(&p.path().join(".orchestrate/trash")).into_keys().filter(|k| k.ends_with("/out.txt")).count();
+        assert_eq!(kept, round + 1, "{file}: the outs of each such run are in the trash");
         std::fs::remove_file(p.path().join("src/new.txt")).unwrap();
         // Run again: the bytes as they now are, stored under their own key.
         let again = p.cmd(&["run", "s.yaml"]).spawn().unwrap();

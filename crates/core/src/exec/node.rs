@@ -835,8 +835,23 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
     let started = Instant::now();
     let mut ran = run_op(job, record, key, &job.ws.log_path(key))?;
     let summary = ran.summary.take();
-    let outputs = deps_unchanged(job, record).and_then(|()| publish_and_commit(job, key, record, ran, started));
-    let outputs = outputs.map_err(|why| {
+    if let Err(why) = deps_unchanged(job, record) {
+        // Complete outputs, of bytes the key does not name: kept, out of the way.
+        let mut moved = Vec::new();
+        for rel in job.node.tree_outs() {
+            match job.ws.move_out_to_trash(job.spec_dir, rel) {
+                Ok(Some(m)) => moved.push(m.to.display().to_string()),
+                Ok(None) => {}
+                Err(e) => return Err(format!("{why} ({e})")),
+            }
+        }
+        return Err(if moved.is_empty() {
+            why
+        } else {
+            format!("{why} (its outs were moved into the workspace's trash: {})", moved.join(", "))
+        });
+    }
+    let outputs = publish_and_commit(job, key, record, ran, started).map_err(|why| {
         // The node failed after its command wrote its outs into the tree: left
         // there, they would pass for a finished node's (Snakemake removes them too).
         let mut removed = Vec::new();

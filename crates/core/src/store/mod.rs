@@ -1334,6 +1334,22 @@ impl Workspace {
         self.move_to_trash(spec_dir, rel).map(Some)
     }
 
+    /// Moves the out `spec_dir/rel` into the workspace's trash whatever it
+    /// holds (complete outputs a node may not store, kept for the user);
+    /// `None` where nothing, a link, or a folder holding what no out may
+    /// hold stands there.
+    pub fn move_out_to_trash(&self, spec_dir: &Path, rel: &str) -> Result<Option<MovedOut>, StoreError> {
+        let path = spec_dir.join(rel);
+        let Ok(meta) = fs::symlink_metadata(&path) else { return Ok(None) };
+        if fsx::link_on_path(spec_dir, rel).is_some() || !(meta.is_dir() || meta.is_file()) {
+            return Ok(None);
+        }
+        if meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some() {
+            return Ok(None);
+        }
+        self.move_to_trash(spec_dir, rel).map(Some)
+    }
+
     /// Moves `spec_dir/rel` to `trash/<time>-<pid>-<n>/rel` in the workspace
     /// (a rename: the workspace must be on the same filesystem).
     fn move_to_trash(&self, spec_dir: &Path, rel: &str) -> Result<MovedOut, StoreError> {
