@@ -880,31 +880,22 @@ fn run_and_publish(job: &NodeJob<'_>, record: &HashInputs, key: &Key) -> Result<
 fn deps_unchanged(job: &NodeJob<'_>, record: &HashInputs) -> Result<(), String> {
     let node = job.node;
     let mut now = record.clone();
-    let hash = |path: &std::path::Path| -> Option<String> {
-        std::fs::symlink_metadata(path)
+    // The file's hash now in `h`; `false` (the entry goes) where it is gone.
+    let refresh = |path: &std::path::Path, h: &mut String| -> bool {
+        let now = std::fs::symlink_metadata(path)
             .is_ok_and(|m| m.is_file())
-            .then(|| job.ws.hash_user_file(job.index, path).ok())?
+            .then(|| job.ws.hash_user_file(job.index, path).ok())
+            .flatten();
+        now.map(|current| *h = current).is_some()
     };
-    now.files.retain(|rel, h| match hash(&job.spec_dir.join(rel)) {
-        Some(current) => {
-            *h = current;
-            true
-        }
-        None => false,
-    });
+    now.files.retain(|rel, h| refresh(&job.spec_dir.join(rel), h));
     for tree in &node.trees {
         let Some(files) = now.trees.get_mut(&tree.name) else { continue };
         let base = match tree.kind {
             crate::dag::deps::TreeKind::Dir { .. } => job.spec_dir.join(&tree.name),
             crate::dag::deps::TreeKind::Glob { .. } => job.spec_dir.to_path_buf(),
         };
-        files.retain(|rel, h| match hash(&base.join(rel)) {
-            Some(current) => {
-                *h = current;
-                true
-            }
-            None => false,
-        });
+        files.retain(|rel, h| refresh(&base.join(rel), h));
     }
     for (file, values) in now.params_files.iter_mut() {
         let doc = crate::docfile::read(job.spec_dir, file).ok();

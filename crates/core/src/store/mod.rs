@@ -1305,9 +1305,8 @@ impl Workspace {
     /// own, a hand edit, a file added to a folder out), it is moved into
     /// the workspace's trash instead, and where is returned. `last` is the
     /// node's latest record of that out: an out still as it recorded is the
-    /// store's, found by stat alone. A link, and a folder holding what no out
-    /// may hold ([`fsx::kept_within`]), are left to [`fsx::remove_out`], which
-    /// removes a link as a link and refuses the rest.
+    /// store's, found by stat alone. What is not [`Workspace::movable`] is
+    /// left where it is.
     pub fn set_aside_unstored(
         &self,
         index: &Index,
@@ -1315,12 +1314,7 @@ impl Workspace {
         rel: &str,
         last: Option<&OutputRecord>,
     ) -> Result<Option<MovedOut>, StoreError> {
-        let path = spec_dir.join(rel);
-        let Ok(meta) = fs::symlink_metadata(&path) else { return Ok(None) };
-        if fsx::link_on_path(spec_dir, rel).is_some() || !(meta.is_dir() || meta.is_file()) {
-            return Ok(None);
-        }
-        if meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some() {
+        if !Self::movable(spec_dir, rel)? {
             return Ok(None);
         }
         if let Some(out) = last.filter(|o| o.workspace_path.as_deref() == Some(rel)) {
@@ -1328,7 +1322,7 @@ impl Workspace {
                 return Ok(None);
             }
         }
-        if self.holds_bytes_of(index, &path) {
+        if self.holds_bytes_of(index, &spec_dir.join(rel)) {
             return Ok(None);
         }
         self.move_to_trash(spec_dir, rel).map(Some)
@@ -1336,18 +1330,25 @@ impl Workspace {
 
     /// Moves the out `spec_dir/rel` into the workspace's trash whatever it
     /// holds (complete outputs a node may not store, kept for the user);
-    /// `None` where nothing, a link, or a folder holding what no out may
-    /// hold stands there.
+    /// `None` where it is not [`Workspace::movable`].
     pub fn move_out_to_trash(&self, spec_dir: &Path, rel: &str) -> Result<Option<MovedOut>, StoreError> {
-        let path = spec_dir.join(rel);
-        let Ok(meta) = fs::symlink_metadata(&path) else { return Ok(None) };
-        if fsx::link_on_path(spec_dir, rel).is_some() || !(meta.is_dir() || meta.is_file()) {
-            return Ok(None);
-        }
-        if meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some() {
+        if !Self::movable(spec_dir, rel)? {
             return Ok(None);
         }
         self.move_to_trash(spec_dir, rel).map(Some)
+    }
+
+    /// Whether an out in the tree is one to move into the trash: a file or a
+    /// folder is there, no link on its way, and (a folder) it holds nothing
+    /// no out may hold ([`fsx::kept_within`]). Those are left to
+    /// [`fsx::remove_out`], which removes a link as a link and refuses the rest.
+    fn movable(spec_dir: &Path, rel: &str) -> Result<bool, StoreError> {
+        let path = spec_dir.join(rel);
+        let Ok(meta) = fs::symlink_metadata(&path) else { return Ok(false) };
+        if fsx::link_on_path(spec_dir, rel).is_some() || !(meta.is_dir() || meta.is_file()) {
+            return Ok(false);
+        }
+        Ok(!(meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some()))
     }
 
     /// Moves `spec_dir/rel` to `trash/<time>-<pid>-<n>/rel` in the workspace
@@ -1454,16 +1455,8 @@ impl Workspace {
             }
             // Bytes only the tree has are moved into the trash, never removed.
             let aside = match unstored {
-                Some(_) if fs::symlink_metadata(&dest).is_ok_and(|m| m.is_file() || m.is_dir()) => {
-                    let is_kept = fs::symlink_metadata(&dest).is_ok_and(|m| m.is_dir())
-                        && fsx::kept_within(&dest).map_err(io(format!("reading {}", dest.display())))?.is_some();
-                    if is_kept {
-                        Ok(None)
-                    } else {
-                        self.move_to_trash(spec_dir, &rel).map(Some)
-                    }
-                }
-                _ => Ok(None),
+                Some(_) => self.move_out_to_trash(spec_dir, &rel),
+                None => Ok(None),
             };
             match aside {
                 Ok(Some(m)) => moved.push(m),
