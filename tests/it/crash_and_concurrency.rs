@@ -308,6 +308,25 @@ fn project_on_a_small_disk() -> Option<(Project, Unmount)> {
     Some((p, unmount))
 }
 
+/// An out holding bytes the store lacks is moved into the workspace's trash,
+/// a rename: with the workspace on another filesystem (`--workspace`
+/// elsewhere, the project here on a tmpfs) it cannot be, and the node fails
+/// saying so, with every byte of the out where it was; never removed.
+#[test]
+fn an_out_the_store_lacks_is_never_removed_when_the_trash_is_on_another_filesystem() {
+    let Some((p, _unmount)) = project_on_a_small_disk() else { return };
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ws = elsewhere.path().join("ws");
+    p.write("s.yaml", "name: s\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p res && echo 42 > res/score.txt', outs: [res]}\n");
+    p.write("res/precious.csv", "mine\n");
+    let out = p.run(&["run", "s.yaml", "--workspace", ws.to_str().unwrap()]);
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{}{err}", stdout(&out));
+    assert!(err.contains("could not be moved") && err.contains("same filesystem"), "{err}");
+    assert_eq!(p.read("res/precious.csv"), "mine\n");
+    assert!(!p.path().join("res/score.txt").exists(), "the command ran");
+}
+
 #[test]
 fn a_full_disk_fails_the_node_with_its_reason_keeps_the_log_and_exits_1() {
     let Some((p, _unmount)) = project_on_a_small_disk() else { return };
