@@ -308,23 +308,60 @@ fn project_on_a_small_disk() -> Option<(Project, Unmount)> {
     Some((p, unmount))
 }
 
-/// An out holding bytes the store lacks is moved into the workspace's trash,
-/// a rename: with the workspace on another filesystem (`--workspace`
-/// elsewhere, the project here on a tmpfs) it cannot be, and the node fails
-/// saying so, with every byte of the out where it was; never removed.
+/// An out holding bytes the store lacks is moved into the workspace's trash:
+/// a rename, and with the workspace on another filesystem (`--workspace`
+/// elsewhere, the project here on a tmpfs) a copy and then the removal, as
+/// `mv` does. A link in it cannot be copied: the node fails saying so, with
+/// every byte of the out where it was. Never removed without a copy.
 #[test]
-fn an_out_the_store_lacks_is_never_removed_when_the_trash_is_on_another_filesystem() {
+fn an_out_the_store_lacks_is_copied_into_a_trash_on_another_filesystem_before_it_goes() {
     let Some((p, _unmount)) = project_on_a_small_disk() else { return };
     let elsewhere = tempfile::tempdir().unwrap();
     let ws = elsewhere.path().join("ws");
     p.write("s.yaml", "name: s\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p res && echo 42 > res/score.txt', outs: [res]}\n");
     p.write("res/precious.csv", "mine\n");
-    let out = p.run(&["run", "s.yaml", "--workspace", ws.to_str().unwrap()]);
+    p.write("res/sub/deeper.csv", "mine too\n");
+    std::os::unix::fs::symlink("precious.csv", p.path().join("res/link")).unwrap();
+    let run = || p.run(&["run", "s.yaml", "--workspace", ws.to_str().unwrap()]);
+    let out = run();
     let err = common::stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{}{err}", stdout(&out));
-    assert!(err.contains("could not be moved") && err.contains("same filesystem"), "{err}");
-    assert_eq!(p.read("res/precious.csv"), "mine\n");
+    assert!(err.contains("could not be moved") && err.contains("res/link"), "{err}");
+    assert_eq!((p.read("res/precious.csv"), p.read("res/sub/deeper.csv")), ("mine\n".into(), "mine too\n".into()));
     assert!(!p.path().join("res/score.txt").exists(), "the command ran");
+    let trash = ws.join("trash");
+    let copied = std::fs::read_dir(&trash).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(copied, 0, "a partial copy stayed in the trash: {:?}", walk_files(&trash));
+
+    std::fs::remove_file(p.path().join("res/link")).unwrap();
+    let out = run();
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), common::stderr(&out));
+    assert!(stdout(&out).contains("moved to"), "{}", stdout(&out));
+    let kept = walk_files(&trash);
+    assert!(
+        kept.iter().any(|f| f.ends_with("res/precious.csv")) && kept.iter().any(|f| f.ends_with("res/sub/deeper.csv")),
+        "{kept:?}"
+    );
+    assert_eq!(p.read("res/score.txt"), "42\n");
+    assert!(!p.path().join("res/precious.csv").exists());
+}
+
+/// Every file under `dir`, as paths.
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
 }
 
 #[test]

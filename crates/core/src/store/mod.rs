@@ -1351,24 +1351,46 @@ impl Workspace {
         Ok(!(meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some()))
     }
 
-    /// Moves `spec_dir/rel` to `trash/<time>-<pid>-<n>/rel` in the workspace
-    /// (a rename: the workspace must be on the same filesystem).
+    /// Moves `spec_dir/rel` to `trash/<time>-<pid>-<n>/rel` in the workspace:
+    /// a rename, or, with the workspace on another filesystem, a copy (links
+    /// and special files refused, the copy removed) and then the removal, as
+    /// `mv` does.
     fn move_to_trash(&self, spec_dir: &Path, rel: &str) -> Result<MovedOut, StoreError> {
         static MOVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let stamp = now_rfc3339().replace(['-', ':'], "").trim_end_matches('Z').replace('.', "");
         let n = MOVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let to = self.trash_dir().join(format!("{stamp}-{}-{n}", std::process::id())).join(rel);
+        let set = self.trash_dir().join(format!("{stamp}-{}-{n}", std::process::id()));
+        let to = set.join(rel);
         let parent = to.parent().expect("a path in the trash has a parent");
         fsx::own_dir(&self.trash_dir())?;
         fs::create_dir_all(parent).map_err(io(format!("creating {}", parent.display())))?;
-        fs::rename(spec_dir.join(rel), &to).map_err(|e| {
+        let from = spec_dir.join(rel);
+        let refused = |e: &dyn std::fmt::Display| {
             StoreError::Invalid(format!(
                 "out '{rel}' holds bytes the store lacks, which are never removed, and they could not be moved \
-                 into {} ({e}; the workspace must be on the same filesystem as the spec's folder). Move them away \
-                 yourself and run again",
+                 into {} ({e}). Move them away yourself and run again",
                 self.trash_dir().display()
             ))
-        })?;
+        };
+        match fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                let kind = if fs::symlink_metadata(&from).is_ok_and(|m| m.is_dir()) {
+                    OutputKind::Dir
+                } else {
+                    OutputKind::File
+                };
+                if let Err(e) = objects::copy_out(&from, &to, kind, &[objects::CacheType::Copy]) {
+                    let _ = objects::remove_any(&set);
+                    return Err(refused(&e));
+                }
+                objects::remove_any(&from)?;
+            }
+            Err(e) => {
+                let _ = objects::remove_any(&set);
+                return Err(refused(&e));
+            }
+        }
         Ok(MovedOut { path: rel.to_string(), to })
     }
 
