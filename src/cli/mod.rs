@@ -58,7 +58,7 @@ pub struct TransferArgs {
     #[arg(long, value_name = "URL")]
     pub remote: Option<String>,
     /// Parallel transfers (default: the config's `remote.jobs`, else 8).
-    #[arg(long, short = 'j', value_name = "N")]
+    #[arg(long, short = 'j', value_name = "N", value_parser = at_least_one)]
     pub jobs: Option<usize>,
     /// The summary as JSON.
     #[arg(long)]
@@ -261,7 +261,7 @@ pub struct RunArgs {
     #[arg(value_name = "NODE")]
     pub targets: Vec<String>,
     /// Run at most N nodes at once (with Slurm: jobs queued or running).
-    #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N")]
+    #[arg(long, short = 'j', default_value_t = default_jobs(), value_name = "N", value_parser = at_least_one)]
     pub jobs: usize,
     /// Run this node even if it is cached (repeatable); a matrix node's
     /// written id (`grpo`) names every expansion (`grpo@seed=0`, ...).
@@ -679,6 +679,15 @@ pub enum Finish {
 
 fn default_jobs() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// A count of at least 1 (`--jobs`): 0 is refused, not read as 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("expected a count of at least 1 (0 would run nothing; there is no 'unlimited')".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("expected a whole number of at least 1 ({e})")),
+    }
 }
 
 /// Parses arguments and runs the command.

@@ -519,3 +519,26 @@ fn nothing_a_command_writes_for_the_user_goes_into_a_workspace() {
     let o = p.run(&["verify"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
+
+/// Before, `run -j 0` ran with one job and `push -j 0` (or `remote.jobs:
+/// 0` in the workspace config) with one transfer, without a word: a user who meant "no limit" (as `xargs -P 0`) or made a
+/// typo got neither. A count of 0 is refused as a usage error (exit 2),
+/// naming the option and what it takes, and nothing runs.
+#[test]
+fn a_job_count_of_zero_is_refused_naming_the_option() {
+    let p = Project::new();
+    p.write("s.yaml", ONE);
+    for args in [&["run", "s.yaml", "-j", "0"][..], &["run", "s.yaml", "--jobs", "0"], &["push", "s.yaml", "-j", "0"]] {
+        let o = p.run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}{}", stdout(&o), stderr(&o));
+        assert!(stderr(&o).contains("'0'") && stderr(&o).contains("--jobs"), "{args:?}: {}", stderr(&o));
+    }
+    assert!(!p.path().join("a.txt").exists(), "a node ran");
+    // The workspace config's `remote.jobs: 0` likewise, naming the file and field.
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    let remote = tempfile::tempdir().unwrap();
+    p.write(".orchestrate/config.yaml", &format!("remote:\n  url: file://{}\n  jobs: 0\n", remote.path().display()));
+    let o = p.run(&["push", "s.yaml"]);
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("config.yaml: field remote.jobs"), "{}", stderr(&o));
+}

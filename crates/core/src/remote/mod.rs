@@ -137,9 +137,9 @@ impl WorkspaceConfig {
 pub struct RemoteConfig {
     /// `s3://bucket/prefix` or `file:///path`.
     pub url: String,
-    /// Parallel transfers (default 8).
+    /// Parallel transfers (default 8); 0 is refused, not read as 1.
     #[serde(default)]
-    pub jobs: Option<usize>,
+    pub jobs: Option<std::num::NonZeroUsize>,
 }
 
 /// The workspace config file: `WORKSPACE/config.yaml`.
@@ -177,7 +177,7 @@ pub fn resolve(cli: Option<&str>, config: &WorkspaceConfig) -> Result<Option<(Re
         }
     }
     match &config.remote {
-        Some(r) => Ok(Some((RemoteUrl::parse(&r.url)?, r.jobs))),
+        Some(r) => Ok(Some((RemoteUrl::parse(&r.url)?, r.jobs.map(std::num::NonZeroUsize::get)))),
         None => Ok(None),
     }
 }
