@@ -457,25 +457,6 @@ fn a_report_written_to_a_special_file_writes_into_it_and_never_replaces_it() {
     assert!(p.read("old.html").contains("</html>"));
 }
 
-/// A tree of files: every path under `root` and its bytes.
-fn files_under(root: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if path.is_dir() {
-                stack.push(path);
-                out.insert(format!("{rel}/"), Vec::new());
-            } else {
-                out.insert(rel, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
-
 /// Before, a file or folder the user names for a command's own output
 /// (`report --out`, `export tensorboard DIR`, `pack freeze --out`, `schema
 /// --out`) was written wherever it pointed, the workspace included:
@@ -491,12 +472,12 @@ fn nothing_a_command_writes_for_the_user_goes_into_a_workspace() {
     assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
     // Another workspace beside it, of another name.
     assert_eq!(p.run(&["run", "s.yaml", "--workspace", "other"]).status.code(), Some(0));
-    let object = files_under(&p.path().join(".orchestrate/objects"))
+    let object = common::tree_of(&p.path().join(".orchestrate/objects"))
         .into_keys()
         .find(|k| k.ends_with("score.txt"))
         .expect("a stored file");
     let object = format!(".orchestrate/objects/{object}");
-    let before = (files_under(&p.path().join(".orchestrate")), files_under(&p.path().join("other")));
+    let before = (common::tree_of(&p.path().join(".orchestrate")), common::tree_of(&p.path().join("other")));
     let attempts: [&[&str]; 8] = [
         &["report", "--out", &object],
         &["report", "--out", ".orchestrate/cache.sqlite"],
@@ -512,7 +493,7 @@ fn nothing_a_command_writes_for_the_user_goes_into_a_workspace() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}{}", stdout(&o), stderr(&o));
         assert!(stderr(&o).contains("inside the orchestrate workspace"), "{args:?}: {}", stderr(&o));
     }
-    let after = (files_under(&p.path().join(".orchestrate")), files_under(&p.path().join("other")));
+    let after = (common::tree_of(&p.path().join(".orchestrate")), common::tree_of(&p.path().join("other")));
     let changed: Vec<&String> = after.0.keys().filter(|k| before.0.get(*k) != after.0.get(*k)).collect();
     assert!(changed.iter().all(|k| k.starts_with("specs/") || k.starts_with("cache.sqlite")), "{changed:?}");
     assert_eq!(after.1.keys().collect::<Vec<_>>(), before.1.keys().collect::<Vec<_>>(), "the other workspace");

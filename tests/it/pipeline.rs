@@ -826,8 +826,10 @@ fn a_dep_edited_while_its_node_ran_fails_the_node_and_nothing_is_stored_under_th
         // The command's complete outs are kept, out of the way.
         assert!(all.contains("its outs were moved into the workspace's trash"), "{file}: {all}");
         assert!(!p.path().join("out.txt").exists(), "{file}");
-        let kept =
-            tree_of(&p.path().join(".orchestrate/trash")).into_keys().filter(|k| k.ends_with("/out.txt")).count();
+        let kept = common::tree_of(&p.path().join(".orchestrate/trash"))
+            .into_keys()
+            .filter(|k| k.ends_with("/out.txt"))
+            .count();
         assert_eq!(kept, round + 1, "{file}: the outs of each such run are in the trash");
         std::fs::remove_file(p.path().join("src/new.txt")).unwrap();
         // Run again: the bytes as they now are, stored under their own key.
@@ -1157,25 +1159,6 @@ fn a_commands_sh_is_the_first_on_the_path_it_runs_with() {
     assert_eq!(std::fs::read_to_string(p.path().join("b.txt")).unwrap(), "2\n");
 }
 
-/// Files the project holds: every path under `root`, with each file's bytes.
-fn tree_of(root: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let path = e.unwrap().path();
-            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if path.is_dir() {
-                stack.push(path);
-                out.insert(format!("{rel}/"), Vec::new());
-            } else {
-                out.insert(rel, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    out
-}
-
 /// Before, `outs: [.git]` validated, and `run` removed the project's whole
 /// git repository before the command ran (an out is removed whole); so did
 /// `outs: [.orchestrate]` with the store, and `outs: [p.yaml]` with the spec
@@ -1210,14 +1193,14 @@ fn an_out_that_is_version_control_our_store_or_the_spec_is_refused_and_nothing_i
             "name: p\nextends: conf/base.yaml\nnodes:\n  w:\n    op: shell\n    params: {{cmd: 'mkdir -p x', outs: ['{out}']}}\n"
         );
         p.write("p.yaml", &spec);
-        let before = tree_of(p.path());
+        let before = common::tree_of(p.path());
         for verb in ["validate", "plan", "run", "checkout"] {
             let o = p.run(&[verb, "p.yaml"]);
             assert_eq!(o.status.code(), Some(2), "{verb} with out '{out}': {}{}", stdout(&o), stderr(&o));
             let e = stderr(&o);
             assert!(e.contains(&format!("out '{out}'")) && e.contains(why), "{verb} with out '{out}': {e}");
         }
-        assert_eq!(tree_of(p.path()), before, "out '{out}': a file of the project changed");
+        assert_eq!(common::tree_of(p.path()), before, "out '{out}': a file of the project changed");
     }
     // The spec reached through a link: the link is the user's spec too.
     std::fs::create_dir_all(p.path().join("specs")).unwrap();
@@ -1226,11 +1209,11 @@ fn an_out_that_is_version_control_our_store_or_the_spec_is_refused_and_nothing_i
         "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'true', outs: [linked.yaml]}\n",
     );
     std::os::unix::fs::symlink("specs/real.yaml", p.path().join("linked.yaml")).unwrap();
-    let before = tree_of(p.path());
+    let before = common::tree_of(p.path());
     let o = p.run(&["run", "linked.yaml"]);
     assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
     assert!(stderr(&o).contains("out 'linked.yaml' is the spec file"), "{}", stderr(&o));
-    assert_eq!(tree_of(p.path()), before);
+    assert_eq!(common::tree_of(p.path()), before);
     // Other names are anyone's: `.github`, `git`, `x.git`.
     for out in [".github/out.txt", "git", "x.git"] {
         p.write("p.yaml", &format!("name: p\nnodes:\n  w:\n    op: shell\n    params: {{cmd: 'mkdir -p {out} && rmdir {out} && echo > {out}', outs: ['{out}']}}\n"));
@@ -1259,7 +1242,7 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
     };
     // A workspace inside the out: given, and the default of a run started inside it.
     std::fs::create_dir_all(p.path().join("sub/deeper")).unwrap();
-    let before = tree_of(p.path());
+    let before = common::tree_of(p.path());
     for verb in ["run", "checkout"] {
         refused(&p.run(&[verb, "p.yaml", "--workspace", "sub/ws"]), "sub");
         let o = std::process::Command::new(common::bin())
@@ -1268,7 +1251,7 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
             .output()
             .unwrap();
         refused(&o, "sub");
-        let mut now = tree_of(p.path());
+        let mut now = common::tree_of(p.path());
         now.retain(|k, _| !k.starts_with("sub/ws/") && !k.starts_with("sub/deeper/.orchestrate/"));
         assert_eq!(now, before, "{verb}: a file of the project changed");
     }
@@ -1279,7 +1262,7 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
     );
     let remote = tempfile::tempdir().unwrap();
     let url = format!("file://{}", remote.path().display());
-    let before = tree_of(p.path());
+    let before = common::tree_of(p.path());
     for verb in ["run", "checkout", "pull"] {
         for ws in ["ws", "./ws/"] {
             let mut args = vec![verb, "q.yaml", "--workspace", ws];
@@ -1289,7 +1272,7 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
             refused(&p.run(&args), "ws/objects");
         }
     }
-    let mut now = tree_of(p.path());
+    let mut now = common::tree_of(p.path());
     now.retain(|k, _| !k.starts_with("ws/"));
     let mut then = before.clone();
     then.retain(|k, _| !k.starts_with("ws/"));
@@ -1297,7 +1280,7 @@ fn an_out_holding_or_inside_the_workspace_is_refused_before_anything_is_removed(
     let objects = |t: &std::collections::BTreeMap<String, Vec<u8>>| {
         t.iter().filter(|(k, _)| k.starts_with("ws/objects/")).map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
     };
-    assert_eq!(objects(&tree_of(p.path())), objects(&before), "the store's objects changed");
+    assert_eq!(objects(&common::tree_of(p.path())), objects(&before), "the store's objects changed");
 }
 
 /// Before, `a` writing `data` and `b` writing `data/sub` validated, and the
@@ -1396,19 +1379,19 @@ fn a_workspace_inside_a_dep_is_not_hashed_and_one_inside_an_out_is_never_removed
         "q.yaml",
         "name: q\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'mkdir -p exp && echo > exp/new.txt', outs: [exp]}\n",
     );
-    let before = tree_of(&p.path().join("exp"));
+    let before = common::tree_of(&p.path().join("exp"));
     let o = p.run(&["run", "q.yaml"]);
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     let said = stdout(&o) + &stderr(&o);
     assert!(said.contains("exp/.orchestrate") && said.contains("workspace"), "{said}");
-    assert_eq!(tree_of(&p.path().join("exp")), before, "a file under the out holding a workspace changed");
+    assert_eq!(common::tree_of(&p.path().join("exp")), before, "a file under the out holding a workspace changed");
 }
 
 /// The files in the workspace's trash: each one's path under its set of
 /// outs, and its text.
 fn trash_files(p: &Project) -> Vec<(String, String)> {
     let trash = p.path().join(".orchestrate/trash");
-    let mut found: Vec<(String, String)> = tree_of(&trash)
+    let mut found: Vec<(String, String)> = common::tree_of(&trash)
         .into_iter()
         .filter(|(k, _)| !k.ends_with('/'))
         .map(|(k, v)| (k.split_once('/').unwrap().1.to_string(), String::from_utf8(v).unwrap()))
@@ -1488,12 +1471,12 @@ fn an_out_holding_a_repository_is_never_removed_or_stored() {
         let at = if file.is_empty() { format!("vendor/{repo}") } else { format!("vendor/{repo}/{file}") };
         p.write(&at, "gitdir: ../.git/modules/vendor\n");
         p.write("vendor/lib.c", "mine\n");
-        let before = tree_of(p.path());
+        let before = common::tree_of(p.path());
         let o = p.run(&["run", "p.yaml"]);
         assert_eq!(o.status.code(), Some(1), "{repo}: {}{}", stdout(&o), stderr(&o));
         let said = stdout(&o) + &stderr(&o);
         assert!(said.contains(&format!("vendor/{repo}")) && said.contains("not removed"), "{repo}: {said}");
-        let mut now = tree_of(p.path());
+        let mut now = common::tree_of(p.path());
         now.retain(|k, _| !k.starts_with(".orchestrate/"));
         let mut then = before;
         then.retain(|k, _| !k.starts_with(".orchestrate/"));

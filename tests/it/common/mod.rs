@@ -221,3 +221,22 @@ pub fn mkfifo(path: &std::path::Path) {
     // SAFETY: mkfifo with a NUL-terminated path the test owns.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
 }
+
+/// Every path under `root` (a folder as `NAME/`, a file with its bytes), links followed.
+pub fn tree_of(root: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let path = e.unwrap().path();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                stack.push(path);
+                out.insert(format!("{rel}/"), Vec::new());
+            } else {
+                out.insert(rel, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
