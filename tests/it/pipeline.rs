@@ -1505,10 +1505,36 @@ fn an_out_holding_a_repository_is_never_removed_or_stored() {
     assert!(plan.contains("0 cached, 1 to run"), "the refused out was cached: {plan}");
 }
 
+/// Before, the copy a killed checkout left beside an out
+/// (`.NAME.orchestrate-PID-NANOS-N`, a file or a folder) was hashed into
+/// the key of every folder or glob dep over that folder until the next
+/// checkout of that out, so nodes reading the folder ran again for a file
+/// that is orchestrate's own, never data (`dep 'data': .prepared.orchestrate-…
+/// added`). A dep walk leaves such names out, as it leaves out a workspace;
+/// a file of the user's that only looks alike still counts.
+#[test]
+fn a_copy_a_killed_checkout_left_is_never_part_of_a_dep() {
+    let p = Project::new();
+    p.write("data/raw.csv", "1\n");
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  count:\n    op: shell\n    params: {cmd: 'ls -a data | wc -l > n.txt', deps: [data], outs: [n.txt]}\n  \
+         glob:\n    op: shell\n    params: {cmd: 'cat data/raw.csv > g.txt', deps: ['data/**'], outs: [g.txt]}\n",
+    );
+    assert_eq!(p.run(&["run", "p.yaml"]).status.code(), Some(0));
+    p.write("data/.prepared.orchestrate-4194303-1700000000000000000-7", "half\n");
+    p.write("data/.model.orchestrate-4194303-1700000000000000001-8/w.bin", "half\n");
+    let plan = stdout(&p.run(&["plan", "p.yaml"]));
+    assert!(plan.contains("2 cached, 0 to run"), "{plan}");
+    p.write("data/.prepared.orchestrate-notes", "mine\n");
+    let plan = stdout(&p.run(&["plan", "p.yaml"]));
+    assert!(plan.contains("dep 'data': .prepared.orchestrate-notes added"), "{plan}");
+}
+
 /// A checkout copies an out beside itself under a temporary name
 /// (`.NAME.orchestrate-PID-NANOS-N`) and renames it into place; killed in
-/// between, the copy stayed in the user's folder for good, where a folder
-/// or glob dep over that folder hashed it into its key. The next checkout
+/// between, the copy stayed in the user's folder for good (a dep walk
+/// leaves it out, test above, but it takes space). The next checkout
 /// of that out (under the out's lock, so no other process is writing one)
 /// removes such leftovers, and nothing else.
 #[test]

@@ -86,6 +86,11 @@ pub fn walk(root: &Path, rel: &str, glob: Option<&globset::GlobMatcher>) -> Resu
         }
         for entry in entries {
             let name = entry.file_name().to_string_lossy().into_owned();
+            // A checkout's copy of an out on its way into place (or left by a
+            // killed one) is orchestrate's own, never data.
+            if crate::store::fsx::is_checkout_temp_name(&name) {
+                continue;
+            }
             let child = if dir_rel.is_empty() { name.clone() } else { format!("{dir_rel}/{name}") };
             let ty =
                 entry.file_type().map_err(|source| DepsError::Io { doing: "reading", path: entry.path(), source })?;

@@ -159,6 +159,14 @@ pub fn checkout_temp(dest: &Path, suffix: &str) -> PathBuf {
     dest.with_file_name(format!(".{}.orchestrate-{suffix}", dest.file_name().unwrap_or_default().to_string_lossy()))
 }
 
+/// Whether `name` is one [`checkout_temp`] gives (`.NAME.orchestrate-`
+/// and a staging suffix): a copy of an out on its way into place, or left
+/// by a killed checkout, never the user's data.
+pub fn is_checkout_temp_name(name: &str) -> bool {
+    name.starts_with('.')
+        && name.rsplit_once(".orchestrate-").is_some_and(|(stem, suffix)| stem.len() > 1 && is_staging_name(suffix))
+}
+
 /// Removes copies of the out `dest` that a killed checkout left beside it
 /// ([`checkout_temp`] names with a staging suffix, and nothing else; a link
 /// is removed as a link). Call it holding the out's lock
