@@ -1305,8 +1305,8 @@ impl Workspace {
     /// own, a hand edit, a file added to a folder out), it is moved into
     /// the workspace's trash instead, and where is returned. `last` is the
     /// node's latest record of that out: an out still as it recorded is the
-    /// store's, found by stat alone. What is not [`Workspace::movable`] is
-    /// left where it is.
+    /// store's, found by stat alone (before anything else walks or hashes
+    /// it). What is not [`Workspace::movable`] is left where it is.
     pub fn set_aside_unstored(
         &self,
         index: &Index,
@@ -1314,7 +1314,7 @@ impl Workspace {
         rel: &str,
         last: Option<&OutputRecord>,
     ) -> Result<Option<MovedOut>, StoreError> {
-        if !Self::movable(spec_dir, rel)? {
+        if !Self::stands(spec_dir, rel) {
             return Ok(None);
         }
         if let Some(out) = last.filter(|o| o.workspace_path.as_deref() == Some(rel)) {
@@ -1322,7 +1322,7 @@ impl Workspace {
                 return Ok(None);
             }
         }
-        if self.holds_bytes_of(index, &spec_dir.join(rel)) {
+        if !Self::movable(spec_dir, rel)? || self.holds_bytes_of(index, &spec_dir.join(rel)) {
             return Ok(None);
         }
         self.move_to_trash(spec_dir, rel).map(Some)
@@ -1343,12 +1343,19 @@ impl Workspace {
     /// no out may hold ([`fsx::kept_within`]). Those are left to
     /// [`fsx::remove_out`], which removes a link as a link and refuses the rest.
     fn movable(spec_dir: &Path, rel: &str) -> Result<bool, StoreError> {
-        let path = spec_dir.join(rel);
-        let Ok(meta) = fs::symlink_metadata(&path) else { return Ok(false) };
-        if fsx::link_on_path(spec_dir, rel).is_some() || !(meta.is_dir() || meta.is_file()) {
+        if !Self::stands(spec_dir, rel) {
             return Ok(false);
         }
-        Ok(!(meta.is_dir() && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some()))
+        let path = spec_dir.join(rel);
+        let folder = fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+        Ok(!(folder && fsx::kept_within(&path).map_err(io(format!("reading {}", path.display())))?.is_some()))
+    }
+
+    /// Whether a file or a folder stands at `spec_dir/rel`, with no link on
+    /// its way: the cheap half of [`Workspace::movable`], without a walk.
+    fn stands(spec_dir: &Path, rel: &str) -> bool {
+        let meta = fs::symlink_metadata(spec_dir.join(rel));
+        meta.is_ok_and(|m| m.is_dir() || m.is_file()) && fsx::link_on_path(spec_dir, rel).is_none()
     }
 
     /// Moves `spec_dir/rel` to `trash/<time>-<pid>-<n>/rel` in the workspace:
@@ -1677,7 +1684,9 @@ impl Workspace {
             let what = format!("size {} → {}", out.object.size, stat.size);
             return Ok(Checked::Differs(OutputProblem::Modified { path: rel.clone(), what }));
         }
-        let (h, _) = hash_file(&path)?;
+        // Through the stat cache: whether the store holds these bytes (a
+        // restore's or a run's next question, `holds_bytes_of`) is then a lookup.
+        let h = self.hash_user_file(index, &path)?;
         if h != out.object.hash {
             let what = "content changed".to_string();
             return Ok(Checked::Differs(OutputProblem::Modified { path: rel.clone(), what }));
