@@ -531,6 +531,54 @@ fn two_runs_writing_the_same_out_with_other_keys_take_turns_and_each_key_keeps_i
     assert!(waited[0]["reason"].as_str().unwrap().contains("writing the out 'out'"), "{}", waited[0]);
 }
 
+/// Before, the outs lock was a byte in each workspace's own lock file, so two
+/// runs of one spec with two workspaces (`--workspace a`, `--workspace b`: two
+/// researchers' sweeps, or a scratch workspace beside the main one) wrote the
+/// same out side by side, and each stored the mix under its own key. The out
+/// is now held machine-wide too (a lock file in the user's machine folder,
+/// beside the CPU slots): the second run waits for the first, whichever
+/// workspace each uses, and each stores its own bytes.
+#[test]
+fn two_runs_with_two_workspaces_writing_the_same_out_take_turns() {
+    let p = slow_out_writer(2);
+    let locks = tempfile::tempdir().unwrap();
+    let spawn = |ws: &str, lr: &str| {
+        p.cmd(&["run", "--json", "--workspace", ws, "p.yaml", "--set", &format!("nodes.train.params.env.LR={lr}")])
+            .env("ORCHESTRATE_CPU_SLOTS_DIR", locks.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = spawn("ws-a", "0.1");
+    wait_for_first_file(&p);
+    let second = spawn("ws-b", "0.2");
+    let (a, b) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
+    for out in [&a, &b] {
+        assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(out), common::stderr(out));
+    }
+    for (ws, lr) in [("ws-a", "0.1"), ("ws-b", "0.2")] {
+        let path = p.run(&[
+            "path",
+            "--workspace",
+            ws,
+            "p.yaml",
+            "train:out",
+            "--set",
+            &format!("nodes.train.params.env.LR={lr}"),
+        ]);
+        assert_eq!(path.status.code(), Some(0), "{}", common::stderr(&path));
+        let stored = std::path::PathBuf::from(stdout(&path).trim());
+        for file in ["a.txt", "b.txt"] {
+            let text = std::fs::read_to_string(stored.join(file)).unwrap();
+            assert_eq!(text.trim(), lr, "{ws} (LR={lr}): the stored {file} says {text:?}");
+        }
+    }
+    let waited: Vec<serde_json::Value> = common::events(&b).into_iter().filter(|e| e["event"] == "waiting").collect();
+    assert_eq!(waited.len(), 1, "{}", stdout(&b));
+    assert!(waited[0]["reason"].as_str().unwrap().contains("writing the out 'out'"), "{}", waited[0]);
+}
+
 /// Before, Ctrl-C on a run that waited for another process (its node lock,
 /// or an out that run was writing) did nothing until that process finished
 /// its node, hours for a training node; the wait then ended in a cache hit

@@ -80,7 +80,7 @@ pub struct NodeJob<'a> {
 ///
 /// Across processes: a core is a lock file (`slot-N`) in a folder every
 /// orchestrate process of this user on this machine shares
-/// ([`cpu_slots_dir`]), held with `flock` while the node runs, so two runs
+/// ([`crate::store::fsx::machine_dir`]), held with `flock` while the node runs, so two runs
 /// side by side never put more numerical nodes on the CPU than it has cores;
 /// the kernel releases a killed process's locks. Where that folder cannot be
 /// used, the slots are this process's own (said once on stderr).
@@ -110,65 +110,14 @@ pub struct CpuSlot<'a> {
     _files: Vec<std::fs::File>,
 }
 
-/// Where the machine's CPU slot files are: `ORCHESTRATE_CPU_SLOTS_DIR`, else
-/// `orchestrate-cpu-UID` in the temp folder, made with mode 0700. One that is
-/// a link, not a folder or not this user's is not used (`Err` says why).
-pub fn cpu_slots_dir() -> Result<PathBuf, SlotsDirError> {
-    // SAFETY: getuid cannot fail and touches no memory.
-    let uid = unsafe { libc::getuid() };
-    checked_slots_dir(match std::env::var_os("ORCHESTRATE_CPU_SLOTS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => std::env::temp_dir().join(format!("orchestrate-cpu-{uid}")),
-    })
-}
-
-/// `dir`, made if absent, if it is a folder of this user's (never a link).
-pub(crate) fn checked_slots_dir(dir: PathBuf) -> Result<PathBuf, SlotsDirError> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    // SAFETY: getuid cannot fail and touches no memory.
-    let uid = unsafe { libc::getuid() };
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(source) => return Err(SlotsDirError::Io { dir, source }),
-    }
-    let meta = match std::fs::symlink_metadata(&dir) {
-        Ok(meta) => meta,
-        Err(source) => return Err(SlotsDirError::Io { dir, source }),
-    };
-    if !meta.is_dir() {
-        return Err(SlotsDirError::NotAFolder { dir });
-    }
-    if meta.uid() != uid {
-        return Err(SlotsDirError::NotOurs { dir });
-    }
-    Ok(dir)
-}
-
-/// Why the machine's CPU slot folder is not used.
-#[derive(Debug, thiserror::Error)]
-pub enum SlotsDirError {
-    #[error("{}: {source}", .dir.display())]
-    Io {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{} is not a folder (a link is never followed)", .dir.display())]
-    NotAFolder { dir: PathBuf },
-    #[error("{} belongs to another user", .dir.display())]
-    NotOurs { dir: PathBuf },
-}
-
 impl CpuSlots {
     /// The slots every orchestrate process of this user on this machine shares.
+    /// Where the machine's folder cannot be used, they are this run's own
+    /// ([`crate::store::fsx::machine_dir`] says so once).
     pub fn machine() -> CpuSlots {
-        match cpu_slots_dir() {
-            Ok(dir) => CpuSlots::in_dir(dir),
-            Err(why) => {
-                eprintln!("note: CPU slots are this run's own, not shared with other runs on this machine: {why}");
-                CpuSlots::default()
-            }
+        match crate::store::fsx::machine_dir() {
+            Some(dir) => CpuSlots::in_dir(dir.to_path_buf()),
+            None => CpuSlots::default(),
         }
     }
 

@@ -401,8 +401,8 @@ fn the_machines_cpu_slots_bound_the_nodes_of_every_process_together() {
     // A folder that is a link is not used.
     let link = dir.path().join("link");
     std::os::unix::fs::symlink(dir.path(), &link).unwrap();
-    assert!(super::node::checked_slots_dir(link).unwrap_err().to_string().contains("not a folder"));
-    assert_eq!(super::node::checked_slots_dir(dir.path().join("new")).unwrap(), dir.path().join("new"), "made");
+    assert!(crate::store::fsx::checked_machine_dir(link).unwrap_err().to_string().contains("not a folder"));
+    assert_eq!(crate::store::fsx::checked_machine_dir(dir.path().join("new")).unwrap(), dir.path().join("new"), "made");
 }
 
 #[test]

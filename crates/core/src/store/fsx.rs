@@ -54,6 +54,71 @@ fn refused_link(path: &Path) -> StoreError {
     ))
 }
 
+/// The folder of locks every orchestrate process of this user on this
+/// machine shares, whatever workspace it uses: the CPU slots (`slot-N`) and
+/// the outs lock (`outs.lock`, see [`super::Workspace::lock_outs`]).
+/// `ORCHESTRATE_CPU_SLOTS_DIR`, else `orchestrate-cpu-UID` in the temp
+/// folder, made with mode 0700. Found once per process; `None` where it cannot
+/// be used (a link, not a folder, another user's), said once on stderr: then
+/// the slots and out locks are this process's and its workspace's own.
+pub fn machine_dir() -> Option<&'static Path> {
+    static DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        // SAFETY: getuid cannot fail and touches no memory.
+        let uid = unsafe { libc::getuid() };
+        let dir = match std::env::var_os("ORCHESTRATE_CPU_SLOTS_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => std::env::temp_dir().join(format!("orchestrate-cpu-{uid}")),
+        };
+        checked_machine_dir(dir)
+            .map_err(|why| {
+                eprintln!(
+                    "note: CPU slots and out locks are this run's own, not shared with other runs on this machine: {why}"
+                )
+            })
+            .ok()
+    })
+    .as_deref()
+}
+
+/// `dir`, made if absent, if it is a folder of this user's (never a link).
+pub fn checked_machine_dir(dir: PathBuf) -> Result<PathBuf, MachineDirError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    match fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(MachineDirError::Io { dir, source }),
+    }
+    let meta = match fs::symlink_metadata(&dir) {
+        Ok(meta) => meta,
+        Err(source) => return Err(MachineDirError::Io { dir, source }),
+    };
+    if !meta.is_dir() {
+        return Err(MachineDirError::NotAFolder { dir });
+    }
+    if meta.uid() != uid {
+        return Err(MachineDirError::NotOurs { dir });
+    }
+    Ok(dir)
+}
+
+/// Why the machine's folder of locks is not used.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineDirError {
+    #[error("{}: {source}", .dir.display())]
+    Io {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a folder (a link is never followed)", .dir.display())]
+    NotAFolder { dir: PathBuf },
+    #[error("{} belongs to another user", .dir.display())]
+    NotOurs { dir: PathBuf },
+}
+
 /// Opens (creating it if needed) a lock file without truncating it and
 /// without following a link there.
 pub fn open_lock(path: &Path) -> std::io::Result<File> {

@@ -278,7 +278,7 @@ fn take_lock_byte(
 
 /// A held node lock; released on drop or when the process dies.
 pub struct NodeLock {
-    _file: File,
+    _files: Vec<File>,
 }
 
 /// A staging folder for one node's in-flight outputs, inside its process's
@@ -1210,7 +1210,7 @@ impl Workspace {
         if !taken {
             return Err(StoreError::Interrupted { waiting: format!("node key {}", &key[..key.len().min(12)]) });
         }
-        Ok(NodeLock { _file: file })
+        Ok(NodeLock { _files: vec![file] })
     }
 
     /// Holds the outs `outs` of the spec in `spec_dir` in the user's tree
@@ -1220,8 +1220,13 @@ impl Workspace {
     /// the same outs; without this the second removed and rewrote an out
     /// while the first was still writing it, and the first stored the mix
     /// under its own key. One byte of `locks/outs.lock` per out's real path
-    /// (as [`Workspace::lock_node`]), taken in order so two holders never
-    /// wait on each other; `waiting(out)` is called before waiting for one.
+    /// (as [`Workspace::lock_node`]), and the same byte of `outs.lock` in the
+    /// machine's folder ([`fsx::machine_dir`]): the first holds the out across
+    /// the machines that share this workspace (Slurm jobs), the second across
+    /// the workspaces of this machine (`--workspace a` and `--workspace b`
+    /// over one spec wrote the same out side by side before). Taken in order,
+    /// so two holders never wait on each other; `waiting(out)` is called once
+    /// before waiting for an out.
     /// `stop` can end a wait (a run's Ctrl-C): then [`StoreError::Interrupted`].
     pub fn lock_outs<'a>(
         &self,
@@ -1239,18 +1244,33 @@ impl Workspace {
             outs.into_iter().map(|o| (node_lock_offset(&dir.join(o).to_string_lossy()), o)).collect();
         at.sort();
         at.dedup_by_key(|(offset, _)| *offset);
-        let path = self.root.join("locks").join(OUT_LOCKS);
-        let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
+        let mut files = Vec::with_capacity(2);
+        for path in [Some(self.root.join("locks").join(OUT_LOCKS)), fsx::machine_dir().map(|d| d.join(OUT_LOCKS))]
+            .into_iter()
+            .flatten()
+        {
+            let file = fsx::open_lock(&path).map_err(io(format!("opening {}", path.display())))?;
+            files.push((path, file));
+        }
         for (offset, out) in at {
-            let taken = take_lock_byte(&file, offset, || waiting(out), Some(stop)).map_err(|e| StoreError::Io {
-                context: format!("locking {} (out '{out}')", path.display()),
-                source: e,
-            })?;
-            if !taken {
-                return Err(StoreError::Interrupted { waiting: format!("the out '{out}'") });
+            // This workspace's byte, then the machine's: in one order for every holder.
+            let mut said = false;
+            for (path, file) in &files {
+                let say = || {
+                    if !std::mem::replace(&mut said, true) {
+                        waiting(out)
+                    }
+                };
+                let taken = take_lock_byte(file, offset, say, Some(stop)).map_err(|e| StoreError::Io {
+                    context: format!("locking {} (out '{out}')", path.display()),
+                    source: e,
+                })?;
+                if !taken {
+                    return Err(StoreError::Interrupted { waiting: format!("the out '{out}'") });
+                }
             }
         }
-        Ok(Some(NodeLock { _file: file }))
+        Ok(Some(NodeLock { _files: files.into_iter().map(|(_, f)| f).collect() }))
     }
 
     /// Publishes a file or a folder from the user's tree (copied; it stays
