@@ -340,14 +340,7 @@ pub fn run_with(
                         let resolved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             node::resolve(&job, executor, &mut observer, record)
                         }));
-                        let outcome = resolved.unwrap_or_else(|panic| Outcome::Failed {
-                            key: None,
-                            error: format!(
-                                "orchestrate's own code panicked while running this node: {} (a bug: please report it)",
-                                panic_message(panic.as_ref())
-                            ),
-                            seconds: 0.0,
-                        });
+                        let outcome = resolved.unwrap_or_else(|panic| panicked(panic.as_ref()));
                         let _ = msg_tx.send(Msg::Done(pos, outcome));
                     }
                 });
@@ -374,9 +367,14 @@ pub fn run_with(
                 // Hits decided one after another read one snapshot (ended
                 // below before this thread waits, and by any write).
                 index_here.batch_reads()?;
-                node::early(&shared.job(index_here, node, &upstream, None))
+                // A panic here (a defect of ours, keying this node) fails
+                // this node alone, as in a job thread.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    node::early(&shared.job(index_here, node, &upstream, None))
+                }))
+                .unwrap_or_else(|panic| node::Early::Done(panicked(panic.as_ref())))
             };
-            if let node::Early::Hit(outcome) = early {
+            if let node::Early::Done(outcome) = early {
                 decided.push_back((pos, outcome));
                 return Ok(());
             }
@@ -619,12 +617,18 @@ pub fn run_with(
 
 /// The message a panic was raised with (`panic!("…")` or an unwrap's), or
 /// a placeholder for a payload of another type.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
+/// The outcome of a node whose code (ours) panicked, naming the panic.
+fn panicked(payload: &(dyn std::any::Any + Send)) -> Outcome {
+    let message = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_string())
+        .unwrap_or_else(|| "a panic without a message".to_string());
+    Outcome::Failed {
+        key: None,
+        error: format!("orchestrate's own code panicked on this node: {message} (a bug: please report it)"),
+        seconds: 0.0,
+    }
 }
 
 #[cfg(test)]

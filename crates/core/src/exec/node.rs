@@ -494,8 +494,9 @@ const EARLY_FILE_BYTES: u64 = 16 << 20;
 /// What the scheduler's thread learnt of a ready node before handing it to a
 /// job thread ([`early`]).
 pub enum Early {
-    /// Cached, and its outputs are valid: nothing to run, lock or wait for.
-    Hit(Outcome),
+    /// Decided here: cached, and its outputs are valid (nothing to run, lock
+    /// or wait for); or failed, our own code having panicked while keying it.
+    Done(Outcome),
     /// Not a plain hit: what was decided, so nothing is computed twice
     /// (checking the cache has effects: an object found corrupt is set aside,
     /// and a second check would give another reason).
@@ -540,7 +541,7 @@ pub fn early(job: &NodeJob<'_>) -> Early {
     let spec = SpecRef { name: job.spec_name, profile: job.spec_profile };
     match decide(job.ws, job.index, job.spec_dir, spec, job.node.id(), &record, &key, job.force) {
         Ok(Decision::Hit(outputs)) => {
-            Early::Hit(Outcome::Cached { key, outputs, remote: None, restored: None, moved: Vec::new() })
+            Early::Done(Outcome::Cached { key, outputs, remote: None, restored: None, moved: Vec::new() })
         }
         Ok(decision) => Early::Decided(Box::new(Decided { record, key, decision })),
         // An error is for `resolve` to report, as it would have.

@@ -25,6 +25,10 @@ struct EchoParams {
     /// Panics instead of returning, as a defect in an op's code would.
     #[serde(default)]
     panic: bool,
+    /// Panics while the node is keyed (asked for its interpreters), which
+    /// the scheduler's own thread does for a node it can decide at once.
+    #[serde(default)]
+    panic_keying: bool,
 }
 
 /// Writes `text` and then every input's bytes to its output `out`; fails when asked to.
@@ -45,6 +49,12 @@ impl Op for Echo {
     type Params = EchoParams;
     fn outputs(&self, _params: &Self::Params) -> Vec<OutputDecl> {
         vec![OutputDecl::file("out")]
+    }
+    fn interpreters(&self, p: &Self::Params) -> Vec<String> {
+        if p.panic_keying {
+            panic!("asked to panic while keying");
+        }
+        Vec::new()
     }
     fn run(&self, p: &Self::Params, ctx: &RunContext<'_>) -> Result<(), OpError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
@@ -316,6 +326,26 @@ fn a_panic_in_a_node_fails_that_node_and_the_run_ends() {
     });
 }
 
+/// The same for a panic in the code that keys a node, which runs in the
+/// scheduler's own thread for a node it can decide at once (a plain cache
+/// hit): before, that panic ended the whole run (exit 101 in the CLI, the run
+/// left "running"), the nodes beside it with it; now it fails that node alone.
+#[test]
+fn a_panic_while_keying_a_node_fails_that_node_alone() {
+    let w = World::new();
+    let spec = "name: t\nnodes:\n  a:\n    op: test.echo\n    params: {text: 'A', panic_keying: true}\n  b:\n    op: test.echo\n    inputs: {x: 'a:out'}\n    params: {text: 'B'}\n  c:\n    op: test.echo\n    params: {text: 'C'}\n";
+    let outcomes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(spec, &[]).1))
+        .unwrap_or_else(|_| panic!("the run itself panicked, taking every node with it"));
+    assert!(
+        matches!(&outcomes["a"], Outcome::Failed { error, .. } if error.contains("panicked") && error.contains("asked to panic while keying")),
+        "{:?}",
+        outcomes["a"]
+    );
+    assert!(matches!(&outcomes["b"], Outcome::Skipped { because } if because == "'a' failed"), "{:?}", outcomes["b"]);
+    assert!(matches!(&outcomes["c"], Outcome::Ran { .. }), "{:?}", outcomes["c"]);
+    assert_eq!(w.ws.index().unwrap().recent_runs(1).unwrap()[0].status, "failed");
+}
+
 /// An op that reads a file dep itself gets the bytes its key holds, or an
 /// error: a file edited after the key was computed and before the op read
 /// it would otherwise give a result stored under a key naming other bytes.
@@ -462,7 +492,7 @@ fn a_plain_hit_is_decided_early_and_a_node_with_much_to_hash_is_left_to_a_job_th
             remote: None,
         })
     };
-    assert!(matches!(early_for("a", false), Early::Hit(Outcome::Cached { .. })));
+    assert!(matches!(early_for("a", false), Early::Done(Outcome::Cached { .. })));
     assert!(matches!(early_for("a", true), Early::Unknown));
     assert!(matches!(early_for("small", false), Early::Decided(d) if d.record.files.contains_key("small.txt")));
     assert!(matches!(early_for("big", false), Early::Unknown), "17 MiB to hash is left to a job thread");
