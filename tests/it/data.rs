@@ -392,6 +392,46 @@ fn the_raw_file_an_import_reads_as_test_data_is_test_data_for_every_other_reader
     }
 }
 
+/// Before, a file an import reads was data for every dep that reaches it, but
+/// not for a params file: `params_files: {raw/te.json: [0.answer]}` in a
+/// training node compiled, and `${param:0.answer}` put a test answer into its
+/// command (and its key). A params file that is such a file is now read as
+/// the data it holds, with the error naming the params file.
+#[test]
+fn a_raw_data_file_read_as_a_params_file_is_that_data_too() {
+    let rows = r#"[{"question": "what is 2+2", "answer": "4", "level": "a"}]"#;
+    let data = format!("name: leak\nnodes:\n{}", import_node("data", "{train: raw/tr.json, test: raw/te.json}", ""));
+    let user = |role: &str, file: &str| {
+        format!(
+            "{data}  use:\n    op: shell\n    params: {{cmd: 'echo ${{param:0.answer}} > o.txt', params_files: {{{file}: ['0.answer']}}, outs: [o.txt], role: {role}}}\n"
+        )
+    };
+    let validate = |yaml: &str| {
+        let p = Project::new();
+        p.write("raw/tr.json", rows);
+        p.write("raw/te.json", &rows.replace("2+2", "3+3"));
+        p.write("leak.yaml", yaml);
+        p.run(&["validate", "leak.yaml"])
+    };
+    for (role, file, why, split) in [
+        ("training", "raw/te.json", "a training node may not read test data", "test"),
+        ("training", "./raw/te.json", "a training node may not read test data", "test"),
+        ("inference", "raw/tr.json", "an inference node may not read labels", "train"),
+    ] {
+        let out = validate(&user(role, file));
+        assert_eq!(out.status.code(), Some(2), "{role} {file}: expected a compile error: {}", stdout(&out));
+        let err = stderr(&out);
+        let want =
+            format!("params file 'raw/{}', the file node 'data' imports as its {split} split", &file[file.len() - 7..]);
+        assert!(err.contains(why) && err.contains(&want) && err.contains("leak.yaml:"), "{role} {file}: {err}");
+    }
+    // Training on the train file's values, and scoring on the test file's, stay allowed.
+    for (role, file) in [("training", "raw/tr.json"), ("scoring", "raw/te.json")] {
+        let out = validate(&user(role, file));
+        assert_eq!(out.status.code(), Some(0), "{role} {file}: {}", stderr(&out));
+    }
+}
+
 /// Runs a one-node import spec expected to fail; returns stderr, after
 /// checking nothing was cached and the data file is unchanged.
 fn import_fails(p: &Project, file: &str, fields: &str) -> String {

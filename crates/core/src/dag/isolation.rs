@@ -60,27 +60,71 @@ impl Dep<'_> {
     }
 }
 
+/// How a node names a file it reads: a dep, or a params file (whose keys'
+/// values enter its command and its key: data as much as a dep's bytes).
+#[derive(Clone, Copy)]
+enum Named {
+    Dep,
+    ParamsFile,
+}
+
+impl Named {
+    /// The node's field that names it, where an error points.
+    fn field(self) -> &'static str {
+        match self {
+            Named::Dep => "deps",
+            Named::ParamsFile => "params_files",
+        }
+    }
+
+    fn said(self) -> &'static str {
+        match self {
+            Named::Dep => "dep",
+            Named::ParamsFile => "params file",
+        }
+    }
+}
+
+/// One data file a node reads from the user's folder: as what, named how,
+/// which file it reaches, and what that file holds.
+struct RawRead<'a> {
+    named: Named,
+    dep: &'a str,
+    path: &'a str,
+    source: &'a Source,
+}
+
 /// The data files among what `node` reads from the user's folder (a file,
-/// a folder holding one, a glob matching one, or a dep another node writes),
-/// with the dep that reads each; the files it imports itself are left out.
-fn raw_reads<'a>(node: &'a DagNode, sources: &'a BTreeMap<String, Vec<Source>>) -> Vec<(&'a str, &'a str, &'a Source)> {
+/// a folder holding one, a glob matching one, a dep another node writes, or a
+/// params file that is one), with the dep that reads each; the files it
+/// imports itself are left out.
+fn raw_reads<'a>(node: &'a DagNode, sources: &'a BTreeMap<String, Vec<Source>>) -> Vec<RawRead<'a>> {
     if sources.is_empty() {
         return Vec::new();
     }
-    let mut deps: Vec<(&str, Dep<'_>)> = node.files.iter().map(|f| (f.as_str(), Dep::File(f))).collect();
+    let mut deps: Vec<(Named, &str, Dep<'_>)> =
+        node.files.iter().map(|f| (Named::Dep, f.as_str(), Dep::File(f))).collect();
     for t in &node.trees {
         deps.push(match &t.kind {
-            super::deps::TreeKind::Dir { skip } => (t.name.as_str(), Dep::Dir(&t.name, skip)),
-            super::deps::TreeKind::Glob { matches } => (t.name.as_str(), Dep::Glob(matches)),
+            super::deps::TreeKind::Dir { skip } => (Named::Dep, t.name.as_str(), Dep::Dir(&t.name, skip)),
+            super::deps::TreeKind::Glob { matches } => (Named::Dep, t.name.as_str(), Dep::Glob(matches)),
         });
     }
     for dep in node.inputs.keys().filter_map(|i| i.strip_prefix(FILE_DEP_PREFIX)) {
-        deps.push((dep, Dep::Written(dep)));
+        deps.push((Named::Dep, dep, Dep::Written(dep)));
+    }
+    for (file, _) in &node.params_files {
+        deps.push((Named::ParamsFile, file.as_str(), Dep::File(file)));
     }
     let mut out = Vec::new();
-    for (dep, reach) in &deps {
+    for (named, dep, reach) in &deps {
         for (path, list) in sources.iter().filter(|(path, _)| reach.reads(path)) {
-            out.extend(list.iter().filter(|s| s.reader != node.def.id).map(|s| (*dep, path.as_str(), s)));
+            out.extend(list.iter().filter(|s| s.reader != node.def.id).map(|source| RawRead {
+                named: *named,
+                dep,
+                path: path.as_str(),
+                source,
+            }));
         }
     }
     out
@@ -106,16 +150,16 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), Spec
         let node = &nodes[pos];
         let role = node.op.role(&node.params);
         let mut read: Taints = BTreeMap::new();
-        for (dep, path, source) in raw_reads(node, &sources) {
+        for RawRead { named, dep, path, source } in raw_reads(node, &sources) {
             for (taint, origin) in &source.taints {
                 if let Some(why) = role.forbids(*taint) {
-                    let said = &source.said;
+                    let (said, named_as) = (&source.said, named.said());
                     let shown = if dep == path {
-                        format!("dep '{dep}', {said}")
+                        format!("{named_as} '{dep}', {said}")
                     } else {
-                        format!("dep '{dep}' ('{path}', {said})")
+                        format!("{named_as} '{dep}' ('{path}', {said})")
                     };
-                    return Err(leak(spec, node, &["params", "deps"], why, format!("{taint} through {shown}")));
+                    return Err(leak(spec, node, &["params", named.field()], why, format!("{taint} through {shown}")));
                 }
                 read.entry(*taint).or_insert_with(|| origin.clone());
             }
