@@ -92,16 +92,30 @@ impl ProgramSpec {
     /// argument that names a file in the folder (`rewards/format.py`).
     pub fn files(&self, spec_dir: &Path) -> Vec<String> {
         let mut out: Vec<String> = self.files.iter().filter_map(|f| normalize_rel(f)).collect();
+        // A link is listed too: hashing it is then refused, naming it,
+        // rather than the program's script silently leaving the key.
+        let there = |rel: &str| {
+            std::fs::symlink_metadata(spec_dir.join(rel)).is_ok_and(|m| m.is_file() || m.file_type().is_symlink())
+        };
+        let python = self.interpreter().is_some_and(|i| i.starts_with("python") || i.starts_with("pypy"));
         let skip = usize::from(self.interpreter().is_some());
-        for arg in self.command.iter().skip(skip) {
+        let mut args = self.command.iter().skip(skip);
+        while let Some(arg) = args.next() {
+            // `python3 -m rewards.judge` (or `-mrewards.judge`): the module's files.
+            let module = match arg.strip_prefix("-m") {
+                Some("") if python => args.next().map(String::as_str),
+                Some(m) if python && !m.starts_with('-') => Some(m),
+                _ => None,
+            };
+            if let Some(module) = module {
+                out.extend(python_module_files(module).into_iter().filter(|f| there(f)));
+                continue;
+            }
             if arg.starts_with('-') {
                 continue;
             }
             if let Some(rel) = normalize_rel(arg) {
-                // A link is listed too: hashing it is then refused, naming it,
-                // rather than the program's script silently leaving the key.
-                let meta = std::fs::symlink_metadata(spec_dir.join(&rel));
-                if meta.is_ok_and(|m| m.is_file() || m.file_type().is_symlink()) {
+                if there(&rel) {
                     out.push(rel);
                 }
             }
@@ -498,4 +512,31 @@ pub fn parse_reply(text: &str) -> Result<RewardReply, ReplyError> {
             }
         }
     }
+}
+
+/// The files Python may run for `-m MODULE` from the spec's folder (the
+/// first entry of its `sys.path`): the `__init__.py` of each package on the
+/// way, and `MODULE.py` or, for a package, its `__init__.py` and
+/// `__main__.py`. Those of them that exist are the program's files; a module
+/// installed elsewhere has none here. A name that is not dotted identifiers
+/// names none.
+fn python_module_files(module: &str) -> Vec<String> {
+    let parts: Vec<&str> = module.split('.').collect();
+    let identifier = |p: &&str| {
+        !p.is_empty()
+            && !p.starts_with(|c: char| c.is_ascii_digit())
+            && p.chars().all(|c| c.is_alphanumeric() || c == '_')
+    };
+    if !parts.iter().all(identifier) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for n in 1..parts.len() {
+        out.push(format!("{}/__init__.py", parts[..n].join("/")));
+    }
+    let path = parts.join("/");
+    out.push(format!("{path}.py"));
+    out.push(format!("{path}/__init__.py"));
+    out.push(format!("{path}/__main__.py"));
+    out
 }

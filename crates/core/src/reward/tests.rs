@@ -187,6 +187,38 @@ fn the_programs_files_are_its_script_and_what_it_declares() {
     assert!(interpreter_version("no-such-interpreter-here").unwrap_err().to_string().contains("cannot run"));
 }
 
+/// Before, `python3 -m rewards.judge` (Python's way to run a module of a
+/// package) keyed none of the program's code: `rewards.judge` names no file,
+/// so an edit of `rewards/judge.py` re-ran nothing and the cached rewards
+/// stood for code that no longer existed. The module's file, and the
+/// `__init__.py` of each package on its way, are its files now.
+#[test]
+fn a_python_module_run_with_dash_m_is_keyed_by_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["rewards/__init__.py", "rewards/judge.py", "rewards/util.py", "tools/cli/__main__.py", "table.csv"] {
+        let path = dir.path().join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "x = 1\n").unwrap();
+    }
+    let files = |command: &[&str]| {
+        let term = RewardTerm {
+            command: Some(command.iter().map(|s| s.to_string()).collect()),
+            ..RewardTerm::of_verifier("unused")
+        };
+        let term = RewardTerm { verifier: None, ..term };
+        program_files(&[term], dir.path())
+    };
+    assert_eq!(
+        files(&["python3", "-m", "rewards.judge", "table.csv"]),
+        ["rewards/__init__.py", "rewards/judge.py", "table.csv"]
+    );
+    assert_eq!(files(&["python3", "-mrewards.judge"]), ["rewards/__init__.py", "rewards/judge.py"]);
+    assert_eq!(files(&["python", "-u", "-m", "tools.cli"]), ["tools/cli/__main__.py"], "a package's __main__.py");
+    // A module not in the spec's folder (installed) adds nothing; nor does `-m` for another program.
+    assert!(files(&["python3", "-m", "json.tool"]).is_empty());
+    assert!(files(&["sort", "-m", "rewards.judge"]).is_empty());
+}
+
 #[test]
 fn a_script_behind_a_link_is_refused_not_left_out_of_the_key() {
     // `python3 r.py` where r.py is a link to a file outside the spec's folder:
