@@ -524,6 +524,12 @@ pub struct GcArgs {
     /// Also keep every node and output a frozen pack folder lists (repeatable).
     #[arg(long, value_name = "DIR")]
     pub keep_pack: Vec<PathBuf>,
+    /// Also empty the workspace's trash: the outs that runs and checkouts
+    /// moved aside because they held bytes the store lacked (your files at an
+    /// out's path, hand edits). They are yours, not the cache's, so gc keeps
+    /// them unless asked.
+    #[arg(long)]
+    pub empty_trash: bool,
     /// List what would be removed (counts and bytes); remove nothing.
     #[arg(long, short = 'n')]
     pub dry_run: bool,

@@ -122,26 +122,22 @@ pub fn verify(root: &std::path::Path) -> Result<Status> {
 
 /// `orchestrate gc`: what no kept run needs, removed from the store.
 pub fn gc_cmd(ctx: &Ctx, args: GcArgs) -> Result<Status> {
-    let GcArgs { specs, all_specs, keep_runs, drop_states, keep_pack, dry_run, json } = args;
-    gc(&ctx.workspace, &specs, all_specs, keep_runs, drop_states, &keep_pack, dry_run, json)
+    gc(&ctx.workspace, &args)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gc(
-    root: &std::path::Path,
-    specs: &[std::path::PathBuf],
-    all_specs: bool,
-    keep_runs: u64,
-    drop_states: bool,
-    packs: &[std::path::PathBuf],
-    dry_run: bool,
-    json: bool,
-) -> Result<Status> {
+fn gc(root: &std::path::Path, args: &GcArgs) -> Result<Status> {
     use orchestrate_core::store::gc;
+    let GcArgs { specs, all_specs, keep_runs, drop_states, keep_pack: packs, empty_trash, dry_run, json } = args;
+    let (dry_run, json) = (*dry_run, *json);
     if !root.join("workspace.json").is_file() {
         bail!("no workspace at {}: nothing to collect", root.display());
     }
-    let mut policy = gc::KeepPolicy { keep_runs: keep_runs as usize, drop_states, ..Default::default() };
+    let mut policy = gc::KeepPolicy {
+        keep_runs: *keep_runs as usize,
+        drop_states: *drop_states,
+        empty_trash: *empty_trash,
+        ..Default::default()
+    };
     if !all_specs {
         let mut names = BTreeSet::new();
         for path in specs {
@@ -186,11 +182,20 @@ fn gc(
             human(plan.dropped_states.iter().map(|d| d.3).sum())
         );
     }
-    if plan.trash_entries > 0 {
+    if plan.trash_emptied {
         outln!(
             "{verb} the trash: {} sets of outs that runs and checkouts moved aside, whose bytes the store lacked ({})",
             plan.trash_entries,
             human(plan.trash_bytes)
+        );
+    } else if plan.trash_entries > 0 {
+        outln!(
+            "{} the trash: {} sets of outs that runs and checkouts moved aside, whose bytes the store lacked ({}; \
+             they are yours, not the cache's: look in {}, and `--empty-trash` removes them)",
+            if dry_run { "would keep" } else { "kept" },
+            plan.trash_entries,
+            human(plan.trash_bytes),
+            root.join(orchestrate_core::store::TRASH).display()
         );
     }
     outln!(
@@ -237,7 +242,7 @@ pub fn du(root: &std::path::Path, limit: usize, json: bool) -> Result<Status> {
     );
     if usage.trash_entries > 0 {
         outln!(
-            "trash: {} sets of outs moved aside, whose bytes the store lacked, {} (`orchestrate gc` removes them)",
+            "trash: {} sets of outs moved aside, whose bytes the store lacked, {} (`orchestrate gc --empty-trash` removes them)",
             usage.trash_entries,
             human(usage.trash_bytes)
         );

@@ -1448,7 +1448,21 @@ fn an_out_holding_bytes_the_store_lacks_is_moved_to_the_trash_never_removed() {
 
     let du = stdout(&p.run(&["du"]));
     assert!(du.contains("trash: 3 sets of outs moved aside"), "{du}");
+    // The trash holds the researcher's bytes, not the store's: a routine `gc`
+    // (which frees the cache) keeps it, saying how to empty it. Before, it
+    // emptied it, and with it a folder the run had moved aside.
     let o = p.run(&["gc", "p.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("kept the trash: 3 sets of outs") && stdout(&o).contains("--empty-trash"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(trash_files(&p).len(), 4, "gc without --empty-trash removed from the trash");
+    let o = p.run(&["gc", "p.yaml", "--empty-trash", "--dry-run"]);
+    assert!(stdout(&o).contains("would remove the trash: 3 sets of outs"), "{}", stdout(&o));
+    assert_eq!(trash_files(&p).len(), 4);
+    let o = p.run(&["gc", "p.yaml", "--empty-trash"]);
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("removed the trash: 3 sets of outs"), "{}", stdout(&o));
     assert!(!p.path().join(".orchestrate/trash").exists());

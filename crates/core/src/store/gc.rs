@@ -38,6 +38,10 @@ pub struct KeepPolicy {
     /// results: their rows stay, marked, so what read them stays cached, and a
     /// run that needs a state again runs its node first (`--drop-states`).
     pub drop_states: bool,
+    /// Also empty the trash (`--empty-trash`): the outs runs and checkouts
+    /// moved aside hold the user's bytes, not the store's, so a plain gc,
+    /// which frees the cache, keeps them.
+    pub empty_trash: bool,
 }
 
 /// The output name of a training state (what `--drop-states` drops).
@@ -69,10 +73,12 @@ pub struct GcPlan {
     pub removed_files: usize,
     pub removed_other_bytes: u64,
     /// The trash ([`Workspace::trash_dir`]): outs that runs and checkouts
-    /// moved aside rather than remove (the bytes the store lacked). gc
-    /// empties it whole.
+    /// moved aside rather than remove (the bytes the store lacked).
     pub trash_entries: usize,
     pub trash_bytes: u64,
+    /// Whether gc empties the trash (whole), or keeps it
+    /// ([`KeepPolicy::empty_trash`]).
+    pub trash_emptied: bool,
 }
 
 impl GcPlan {
@@ -223,6 +229,7 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
     }
     result.removed_objects.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.hash.cmp(&b.hash)));
     (result.trash_entries, result.trash_bytes) = trash_usage(ws)?;
+    result.trash_emptied = policy.empty_trash && result.trash_entries > 0;
     Ok(result)
 }
 
@@ -266,7 +273,7 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
         })
         .chain(plan.removed_objects.iter().map(|o| ws.object_path(&o.hash)))
         .chain((!keys.is_empty()).then(|| ws.records_dir()))
-        .chain((plan.trash_entries > 0).then(|| ws.trash_dir()));
+        .chain(plan.trash_emptied.then(|| ws.trash_dir()));
     for path in doomed {
         refuse_link(ws, &path)?;
     }
@@ -293,7 +300,7 @@ pub fn collect(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError
     for o in &plan.removed_objects {
         objects::remove_any(&ws.object_path(&o.hash))?;
     }
-    if plan.trash_entries > 0 {
+    if plan.trash_emptied {
         objects::remove_any(&ws.trash_dir())?;
     }
     remove_legacy_locks(ws)?;
