@@ -378,6 +378,59 @@ fn a_run_whose_gate_report_cannot_be_read_fails_naming_the_file() {
     assert!(err.contains("gates.json") && err.contains("node 'gates'"), "{err}");
 }
 
+/// Before, a pack sealed the events of the spec's latest run, whatever that
+/// run computed: after `run s.yaml` and a try with `--set …LR=0.2`, freezing
+/// the spec as it stands (LR=0.1) packed the LR=0.1 results with the LR=0.2
+/// run's events (its node finished under another key), said "recorded in the
+/// events of run" of that run, and `verify` called it intact. A pack now seals
+/// the latest run whose events name its results' keys, and `verify` refuses a
+/// pack whose events name another key for one of its nodes.
+#[test]
+fn a_pack_seals_the_events_of_the_run_that_made_its_results_and_verify_refuses_others() {
+    let p = Project::new();
+    p.write("p.yaml", "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'echo \"$LR\"', env: {LR: 0.1}}\n");
+    let first = p.run_json(&["p.yaml"], 0);
+    let run_of = |events: &[serde_json::Value]| events[0]["run_id"].as_str().unwrap().to_string();
+    let finished = |events: &[serde_json::Value]| {
+        events.iter().find(|e| e["event"] == "node_finished").expect("the node ran")["key"].clone()
+    };
+    let (first_run, key) = (run_of(&first), finished(&first));
+    let other = p.run_json(&["p.yaml", "--set", "nodes.w.params.env.LR=0.2"], 0);
+    let other_key = finished(&other);
+    assert_ne!(key, other_key);
+
+    let out = p.run(&["pack", "freeze", "p.yaml", "--out", "pk"]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    assert!(stdout(&out).contains(&format!("recorded in the events of run {first_run}")), "{}", stdout(&out));
+    let sealed = std::fs::read_to_string(p.path().join("pk/events.jsonl")).unwrap();
+    let keys: Vec<serde_json::Value> = sealed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]["key"].clone())
+        .filter(|k| !k.is_null())
+        .collect();
+    assert!(!keys.is_empty() && keys.iter().all(|k| *k == key), "packed {key}, sealed events of {keys:?}");
+
+    // A pack given the other run's events (sealed, chained and listed as a
+    // careful forger would) is refused, naming the node and both keys.
+    let forged = p.run(&["pack", "freeze", "p.yaml", "--set", "nodes.w.params.env.LR=0.2", "--out", "pk2"]);
+    assert_eq!(forged.status.code(), Some(0), "{}", common::stderr(&forged));
+    let dir = p.path().join("pk");
+    std::fs::copy(p.path().join("pk2/events.jsonl"), dir.join("events.jsonl")).unwrap();
+    let last_seal = |d: &Path| -> serde_json::Value {
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(d.join("MANIFEST.json")).unwrap()).unwrap()
+            ["events"]["last_seal"]
+            .clone()
+    };
+    let seal = last_seal(&p.path().join("pk2"));
+    reseal(&dir, "events.jsonl");
+    set_manifest(&dir, |v| v["events"]["last_seal"] = seal);
+    let out = p.run(&["pack", "verify", "pk"]);
+    let said = stdout(&out) + &common::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let short = |k: &serde_json::Value| k.as_str().unwrap()[..12].to_string();
+    assert!(said.contains("node 'w'") && said.contains(&short(&other_key)) && said.contains(&short(&key)), "{said}");
+}
+
 /// Sets a manifest field with serde_json and reseals SHA256SUMS, so only the
 /// manifest's own consistency can tell.
 fn set_manifest(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {

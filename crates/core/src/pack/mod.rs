@@ -30,7 +30,7 @@ use crate::gate::{evaluate, read_gate_file, table, GateResult};
 use crate::ops::OutputKind;
 use crate::spec::Spec;
 use crate::store::NodeOutcome;
-use crate::store::Workspace;
+use crate::store::{Key, Workspace};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
@@ -178,6 +178,35 @@ pub enum PackPathError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("'{0}' is not a root digest: expected sha256: and 64 hex digits (what `pack freeze` prints)")]
 pub struct DigestError(pub String);
+
+/// The node and key an engine event names, read from any event of any
+/// version (the rest of it is not looked at): what ties a pack's events to
+/// its results.
+#[derive(serde::Deserialize)]
+struct KeyedEvent {
+    #[serde(default)]
+    node: Option<String>,
+    #[serde(default)]
+    key: Option<Key>,
+}
+
+/// Why event `seq` (its JSON `text`) is not of the results `keys` (by node
+/// id): it names a node with another key, or a node they lack. `None` when
+/// it names none, or one with its key.
+fn foreign_event(seq: usize, text: &str, keys: &BTreeMap<&str, &Key>) -> Option<String> {
+    let KeyedEvent { node: Some(node), key: Some(key) } = serde_json::from_str(text).ok()? else {
+        return None;
+    };
+    match keys.get(node.as_str()) {
+        Some(packed) if **packed == key => None,
+        Some(packed) => Some(format!(
+            "event {seq} names node '{node}' with key {}, but the pack holds its result {}",
+            key.short(),
+            packed.short()
+        )),
+        None => Some(format!("event {seq} names node '{node}' (key {}), which the pack lacks", key.short())),
+    }
+}
 
 /// The seal of an event: blake3 over the previous seal, its position and its canonical JSON.
 fn seal(prev: &str, seq: usize, event: &Value) -> String {
@@ -346,12 +375,36 @@ pub fn freeze(
                 costs: cached.costs.clone(),
             });
         }
-        // The event log of the latest run of this spec, sealed into a chain.
-        let run = index.recent_runs(usize::MAX >> 1)?.into_iter().find(|r| r.spec == spec.name);
+        // The event log of the latest run of this spec whose events name the
+        // packed results (a later try with other params names other keys),
+        // sealed into a chain.
+        let keys: BTreeMap<&str, &Key> = nodes.iter().map(|n: &PackedNode| (n.id.as_str(), &n.key)).collect();
+        let (mut run, mut other) = (None, None);
+        for r in index.recent_runs(usize::MAX >> 1)?.into_iter().filter(|r| r.spec == spec.name) {
+            let texts = index.run_events(&r.run_id)?;
+            match texts.iter().enumerate().find_map(|(seq, text)| foreign_event(seq, text, &keys)) {
+                None => {
+                    run = Some((r, texts));
+                    break;
+                }
+                Some(why) => {
+                    other.get_or_insert((r.run_id, why));
+                }
+            }
+        }
+        if let (None, Some((run_id, why))) = (&run, other) {
+            return Err(PackError::Refused(format!(
+                "no run of '{}' in this workspace names the results being packed (its latest, {run_id}: {why}), so \
+                 the pack would seal another computation's events. Run `orchestrate run {}` (every node is cached: \
+                 it records a run of them), then freeze",
+                spec.name,
+                spec.path.display()
+            )));
+        }
         let mut events = String::new();
         let mut prev = String::from("genesis");
-        if let Some(run) = &run {
-            for (seq, text) in index.run_events(&run.run_id)?.iter().enumerate() {
+        if let Some((run, texts)) = &run {
+            for (seq, text) in texts.iter().enumerate() {
                 let event: Value = serde_json::from_str(text).map_err(|e| {
                     PackError::Refused(format!("event {seq} of run {} in the index is not JSON: {e}", run.run_id))
                 })?;
@@ -384,7 +437,7 @@ pub fn freeze(
             nodes,
             gates: gate_nodes,
             events: EventsInfo {
-                run_id: run.as_ref().map(|r| r.run_id.clone()),
+                run_id: run.as_ref().map(|(r, _)| r.run_id.clone()),
                 file: "events.jsonl".into(),
                 last_seal: prev,
             },
@@ -582,6 +635,15 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
                 problems.push(
                     "the event chain's last seal differs from the manifest's: events were removed or appended".into(),
                 );
+            }
+            // The events are of the packed results, not of another computation.
+            let keys: BTreeMap<&str, &Key> = manifest.nodes.iter().map(|n| (n.id.as_str(), &n.key)).collect();
+            let foreign = text.lines().enumerate().find_map(|(i, line)| {
+                let sealed: SealedEvent = serde_json::from_str(line).ok()?;
+                foreign_event(i, &sealed.event.to_string(), &keys)
+            });
+            if let Some(why) = foreign {
+                problems.push(format!("events.jsonl is not the log of the packed results: {why}"));
             }
         }
     }
