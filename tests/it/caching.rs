@@ -453,3 +453,68 @@ fn a_run_of_hits_alone_is_in_the_history_at_once_and_after_it_is_folded_in() {
     assert_eq!(after[1..], listed[..]);
     assert_eq!(hits_of(&listed[0].0), ["a", "b", "c", "d"]);
 }
+
+/// Makes the stored object at `path` (a file, or every file of a folder)
+/// say `bytes`, as bit rot or an edit after a chmod would.
+fn damage_object(path: &std::path::Path, bytes: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let files: Vec<std::path::PathBuf> = if path.is_dir() {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::read_dir(path).unwrap().map(|e| e.unwrap().path()).collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    for f in files {
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&f, bytes).unwrap();
+    }
+}
+
+/// Before, `checkout` and the restore `run` makes of a missing out copied the
+/// stored object into the tree without checking it: an object damaged after
+/// it was stored (bit rot, an edit after a chmod) put its bad bytes at the
+/// out's path (`evil` where the node had written `good`), the command said
+/// `restored`, and the next `plan` called the node cached. A restored out is
+/// now checked against its object's name first: a damaged object is moved
+/// aside and never placed; `checkout` says so (exit 1), and `run` runs the
+/// node again instead, which stores its bytes anew.
+#[test]
+fn a_damaged_object_is_never_checked_out_into_the_tree() {
+    let p = Project::new();
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'echo good > o.txt && mkdir -p d && echo good > d/f.txt', outs: [o.txt, d]}\n",
+    );
+    p.run_json(&["p.yaml"], 0);
+    let object = |out: &str| {
+        let o = p.run(&["path", "p.yaml", &format!("w:{out}")]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        std::path::PathBuf::from(stdout(&o).trim())
+    };
+    for out in ["o.txt", "d"] {
+        let stored = object(out);
+        damage_object(&stored, "evil\n");
+        std::fs::remove_dir_all(p.path().join("d")).ok();
+        std::fs::remove_file(p.path().join("o.txt")).ok();
+        let o = p.run(&["checkout", "p.yaml"]);
+        let said = stdout(&o) + &stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{out}: {said}");
+        assert!(said.contains("damaged"), "{out}: {said}");
+        for placed in ["o.txt", "d/f.txt"] {
+            let text = std::fs::read_to_string(p.path().join(placed)).unwrap_or_default();
+            assert_ne!(text, "evil\n", "{out}: the damaged bytes were put at {placed}");
+        }
+        // `run` makes the out again (its object was moved aside), from the command.
+        let events = p.run_json(&["p.yaml"], 0);
+        assert_eq!(nodes_with(&events, "node_finished"), ["w"], "{out}: {events:?}");
+        assert_eq!(p.read("o.txt"), "good\n");
+        assert_eq!(p.read("d/f.txt"), "good\n");
+        // And a restore by `run` checks the same.
+        damage_object(&object(out), "evil\n");
+        std::fs::remove_dir_all(p.path().join("d")).ok();
+        std::fs::remove_file(p.path().join("o.txt")).ok();
+        let events = p.run_json(&["p.yaml"], 0);
+        assert_eq!(nodes_with(&events, "node_finished"), ["w"], "{out}: restored from a damaged object: {events:?}");
+        assert_eq!((p.read("o.txt"), p.read("d/f.txt")), ("good\n".to_string(), "good\n".to_string()), "{out}");
+    }
+}

@@ -457,7 +457,16 @@ pub fn checkout(
                 let _lock = ws.lock_node(&cached.key, || {})?;
                 let _outs = ws.lock_outs(&spec.base_dir, node.tree_outs(), |_| {}, &|| false)?;
                 let replace = if force { Replace::All } else { Replace::Stored };
-                let r = ws.restore_outputs(&index, &cached, &spec.base_dir, replace)?;
+                let r = match ws.restore_outputs(&index, &cached, &spec.base_dir, replace) {
+                    Ok(r) => r,
+                    // Its object was damaged: moved aside, never placed; the node is to run again.
+                    Err(e @ StoreError::DamagedObject { .. }) => {
+                        missing_root.insert(pos, id.clone());
+                        out.push(CheckedOut::Missing { node: id, reason: e.to_string() });
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 known.insert(id.clone(), r.outputs);
                 out.push(if r.kept.is_empty() {
                     CheckedOut::Restored { node: id, key, files: r.files, bytes: r.bytes, moved: r.moved }

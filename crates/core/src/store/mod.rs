@@ -101,6 +101,10 @@ pub enum StoreError {
     /// interrupt (Ctrl-C) before the lock was free.
     #[error("interrupted while waiting for another orchestrate process ({waiting})")]
     Interrupted { waiting: String },
+    /// A stored object to be checked out whose bytes no longer hash to its
+    /// name (bit rot, an edit after a chmod): never placed in the tree.
+    #[error("node '{node}': out '{out}' was not checked out: {problem}")]
+    DamagedObject { node: String, out: String, problem: ObjectProblem },
 }
 
 pub use crate::record::{Key, KeyError};
@@ -1501,6 +1505,22 @@ impl Workspace {
             if let Err(e) = copied {
                 let _ = objects::remove_any(&tmp);
                 return Err(e);
+            }
+            // What is placed is the object's bytes: one damaged after it was
+            // stored is moved aside (so the store never serves it) and never
+            // placed; the node's out is left as it was.
+            match objects::intact(&tmp, &o.object.hash, o.object.kind) {
+                Ok(Some(true)) => {}
+                checked => {
+                    let _ = objects::remove_any(&tmp);
+                    checked?;
+                    let problem = match self.check_object(&o.object)? {
+                        Err(problem) => problem,
+                        // Sound now (replaced meanwhile): said as the copy found it.
+                        Ok(()) => ObjectProblem::Damaged { short: o.object.hash[..12].to_string(), moved_to: None },
+                    };
+                    return Err(StoreError::DamagedObject { node: node.node_id.clone(), out: rel, problem });
+                }
             }
             // Bytes only the tree has are moved into the trash, never removed.
             let aside = match unstored {
