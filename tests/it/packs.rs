@@ -431,6 +431,41 @@ fn a_pack_seals_the_events_of_the_run_that_made_its_results_and_verify_refuses_o
     assert!(said.contains("node 'w'") && said.contains(&short(&other_key)) && said.contains(&short(&key)), "{said}");
 }
 
+/// Before, `report`, `compare` and `export tensorboard` read a pack's files as
+/// they found them: a metric edited after freezing (`score` 0.7 → 0.99, not
+/// even resealed) was drawn in the report, compared and exported, with exit 0
+/// and no word of it, though `pack verify` failed the same pack. What readers
+/// show a reviewer is what the pack can prove: each now verifies the pack
+/// first and refuses one that does not verify, naming the problem, writing
+/// nothing.
+#[test]
+fn a_pack_that_does_not_verify_is_never_reported_compared_or_exported() {
+    let (p, dir) = frozen();
+    for resealed in [false, true] {
+        let m = dir.join("outputs/measure/m.json");
+        std::fs::write(&m, "{\"matched\": 3, \"total\": 3, \"score\": 0.99}\n").unwrap();
+        if resealed {
+            reseal(&dir, "outputs/measure/m.json");
+        }
+        let pack = dir.to_str().unwrap();
+        for (what, args) in [
+            ("report", vec!["report", pack, "--out", "r.html"]),
+            ("compare", vec!["compare", pack, pack]),
+            ("export", vec!["export", "tensorboard", pack, "tb"]),
+        ] {
+            let out = p.run(&args);
+            let said = stdout(&out) + &common::stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{what} (resealed: {resealed}): {said}");
+            assert!(
+                said.contains("does not verify") && said.contains("m.json"),
+                "{what} (resealed: {resealed}): {said}"
+            );
+            assert!(!said.contains("0.99"), "{what} showed the edited value: {said}");
+        }
+        assert!(!p.path().join("r.html").exists() && !p.path().join("tb").exists(), "something was written");
+    }
+}
+
 /// Sets a manifest field with serde_json and reseals SHA256SUMS, so only the
 /// manifest's own consistency can tell.
 fn set_manifest(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {

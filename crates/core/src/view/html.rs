@@ -40,7 +40,7 @@ pub fn render(view: &RunView) -> String {
 /// A pack's own report, from the pack's files alone (what `pack freeze`
 /// seals into it as `report.html`).
 pub fn pack_report(dir: &Path, title: &str) -> Result<String> {
-    let mut view = RunView::from_pack(dir)?;
+    let mut view = RunView::from_pack_files(dir)?;
     view.title = title.to_string();
     Ok(render(&view))
 }

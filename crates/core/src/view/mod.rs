@@ -237,9 +237,32 @@ pub fn label(i: usize) -> String {
 }
 
 impl RunView {
-    /// A frozen pack, from its files alone: its manifest's nodes, their
-    /// outcomes from the sealed events, and their packed outputs.
+    /// A frozen pack, from its files alone, verified first
+    /// ([`crate::pack::verify`]): what a reader shows a reviewer is what the
+    /// pack can prove, so one whose files were changed after freezing is
+    /// refused, naming its problems. Before, a metric edited in a pack was
+    /// reported, compared and exported as if frozen so.
     pub fn from_pack(dir: &Path) -> Result<RunView> {
+        let problems = crate::pack::verify(dir)?;
+        if let Some(first) = problems.first() {
+            let more = match problems.len() {
+                1 => String::new(),
+                n => format!(" and {} more", n - 1),
+            };
+            return Err(ViewError::Invalid(format!(
+                "{} is a pack that does not verify ({first}{more}): nothing of it is shown. `orchestrate pack verify {}` \
+                 lists every problem",
+                dir.display(),
+                dir.display()
+            )));
+        }
+        Self::from_pack_files(dir)
+    }
+
+    /// A pack's manifest's nodes, their outcomes from the sealed events, and
+    /// their packed outputs, as the files are: for the pack `pack freeze` is
+    /// writing (it has no SHA256SUMS yet), whose report it seals into it.
+    pub fn from_pack_files(dir: &Path) -> Result<RunView> {
         let manifest = crate::pack::Manifest::read(dir).map_err(crate::pack::PackError::from)?;
         let outcome = crate::pack::node_outcomes(dir, &manifest)?;
         let mut nodes = Vec::new();
