@@ -59,13 +59,44 @@ pub struct ShellParams {
 }
 
 /// An environment value as written in YAML.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum EnvValue {
     String(String),
     Integer(i64),
     Float(f64),
     Bool(bool),
+}
+
+/// Read as the untagged enum would be, but a list or a map is refused
+/// saying what a value may be (serde's untagged error named only the type:
+/// "data did not match any variant of untagged enum EnvValue").
+impl<'de> Deserialize<'de> for EnvValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = EnvValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, a number or a boolean (an environment variable holds one value)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<EnvValue, E> {
+                Ok(EnvValue::String(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<EnvValue, E> {
+                Ok(EnvValue::Integer(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<EnvValue, E> {
+                i64::try_from(v).map(EnvValue::Integer).or(Ok(EnvValue::Float(v as f64)))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<EnvValue, E> {
+                Ok(EnvValue::Float(v))
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<EnvValue, E> {
+                Ok(EnvValue::Bool(v))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
 }
 
 impl std::fmt::Display for EnvValue {
@@ -424,6 +455,22 @@ fn env_name(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An env value reads as the untagged enum read it, and a list or a map
+    /// is refused saying what a value may be, not naming a Rust type.
+    #[test]
+    fn an_env_value_is_one_scalar_and_anything_else_says_so() {
+        let read = |v: serde_json::Value| serde_json::from_value::<EnvValue>(v);
+        assert!(matches!(read(serde_json::json!("a")).unwrap(), EnvValue::String(s) if s == "a"));
+        assert!(matches!(read(serde_json::json!(-3)).unwrap(), EnvValue::Integer(-3)));
+        assert!(matches!(read(serde_json::json!(u64::MAX)).unwrap(), EnvValue::Float(_)));
+        assert!(matches!(read(serde_json::json!(0.5)).unwrap(), EnvValue::Float(x) if x == 0.5));
+        assert!(matches!(read(serde_json::json!(true)).unwrap(), EnvValue::Bool(true)));
+        for bad in [serde_json::json!([1, 2]), serde_json::json!({"a": 1}), serde_json::Value::Null] {
+            let e = read(bad.clone()).unwrap_err().to_string();
+            assert!(e.contains("expected a string, a number or a boolean") && !e.contains("EnvValue"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn normalize_rel_folds_dots_and_refuses_escapes() {
