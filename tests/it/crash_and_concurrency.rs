@@ -610,3 +610,41 @@ fn ctrl_c_ends_a_wait_for_another_process_at_once() {
         assert!(nodes_with(&ev, "cache_hit").is_empty() && nodes_with(&ev, "node_finished").is_empty(), "{ev:?}");
     }
 }
+
+/// Before, `reindex` took a node record as it found it: one whose hash
+/// inputs had been edited (here d's command, `echo delta` → `echo DELTA`)
+/// was indexed under the key it claimed, so the next run served d's stored
+/// result for inputs it was never computed from. A record is re-keyed from
+/// its own hash inputs now, as `pull` re-keys a remote one, and one that
+/// does not give its key is left out, saying so; its node runs again.
+#[test]
+fn reindex_leaves_out_a_record_whose_hash_inputs_do_not_give_its_key() {
+    let p = Project::new();
+    p.write("spec.yaml", common::CHAIN);
+    assert_eq!(p.run(&["run", "spec.yaml"]).status.code(), Some(0));
+    let ws = p.path().join(".orchestrate");
+    std::fs::rename(ws.join("cache.sqlite"), ws.join("cache.sqlite.damaged")).unwrap();
+    for side in ["cache.sqlite-wal", "cache.sqlite-shm"] {
+        let _ = std::fs::remove_file(ws.join(side));
+    }
+    let mut edited = 0;
+    for journal in std::fs::read_dir(ws.join("records")).unwrap() {
+        let path = journal.unwrap().path();
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let now = text.replace("echo delta > d.txt", "echo DELTA > d.txt");
+        edited += usize::from(now != text);
+        std::fs::write(&path, now).unwrap();
+    }
+    assert_eq!(edited, 1, "d's record is in one journal");
+    let out = p.run(&["reindex"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", common::stderr(&out));
+    assert!(text.contains("3 nodes re-indexed") && text.contains("1 left out"), "{text}");
+    assert!(text.contains("'d'") && text.contains("hash inputs give key"), "{text}");
+    let ev = p.run_json(&["spec.yaml"], 0);
+    assert_eq!(nodes_with(&ev, "cache_hit"), ["a", "b", "c"]);
+    assert_eq!(nodes_with(&ev, "node_finished"), ["d"]);
+}

@@ -864,6 +864,17 @@ impl Workspace {
     /// Why a record cannot be indexed again: an output's object missing or
     /// not hashing to its name (`None`: it can).
     fn unindexable(&self, node: &CachedNode) -> Result<Option<String>, StoreError> {
+        // The key is recomputed from the record's own hash inputs (as `pull`
+        // does a remote record's): an edited record would otherwise be served
+        // for inputs it was never computed from.
+        let recomputed = node.record.key();
+        if recomputed != node.key {
+            return Ok(Some(format!(
+                "its hash inputs give key {}, not {}: the record was altered",
+                recomputed.short(),
+                node.key.short()
+            )));
+        }
         for out in node.outputs.iter().filter(|o| o.stored()) {
             match objects::intact(&self.object_path(&out.object.hash), &out.object.hash, out.object.kind)? {
                 Some(true) => {}
