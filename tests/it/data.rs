@@ -432,6 +432,62 @@ fn a_raw_data_file_read_as_a_params_file_is_that_data_too() {
     }
 }
 
+/// Before, isolation went by path alone: a copy of the test file the import
+/// reads (`cp raw/te.jsonl other/x.jsonl`), or of the test labels it stored
+/// (`cp $(orchestrate path s.yaml data:labels.test) mine.jsonl`), was any
+/// other file, and a training node reading it ran. A file a node reads with
+/// the same bytes as data its role may not read is that data now: the node
+/// fails when it is keyed, naming the file and what it copies, and nothing
+/// runs or is stored.
+#[test]
+fn a_copy_of_test_data_under_another_name_is_test_data() {
+    let p = Project::new();
+    let rows: Vec<serde_json::Value> = (0..12).map(gsm_row).collect();
+    write_jsonl(&p, "raw/tr.jsonl", &rows[..8]);
+    write_jsonl(&p, "raw/te.jsonl", &rows[8..]);
+    let data = format!("name: s\nnodes:\n{}", import_node("data", "{train: raw/tr.jsonl, test: raw/te.jsonl}", ""));
+    let user = |role: &str, deps: &str| {
+        format!("{data}  use:\n    op: shell\n    params: {{cmd: 'cat {deps} > o.txt', deps: [{deps}], outs: [o.txt], role: {role}}}\n")
+    };
+    // A copy of the raw test file, as a file dep and inside a folder dep.
+    p.write("other/x.jsonl", &p.read("raw/te.jsonl"));
+    for deps in ["other/x.jsonl", "other"] {
+        p.write("s.yaml", &user("training", deps));
+        assert_eq!(p.run(&["validate", "s.yaml"]).status.code(), Some(0), "{deps}: no path names test data");
+        let out = p.run(&["run", "s.yaml"]);
+        let said = stdout(&out) + &stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{deps}: {said}");
+        assert!(
+            said.contains("may not read test data")
+                && said.contains("other/x.jsonl")
+                && said.contains("'raw/te.jsonl', the file node 'data' imports as its test split"),
+            "{deps}: {said}"
+        );
+        assert!(!p.path().join("o.txt").exists(), "{deps}: the node ran");
+    }
+    std::fs::remove_dir_all(p.path().join("other")).unwrap();
+    // A copy of the stored test labels.
+    p.write("s.yaml", &user("training", "raw/tr.jsonl"));
+    let out = p.run(&["run", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "training on the train file runs: {}", stderr(&out));
+    let labels = p.run(&["path", "s.yaml", "data:labels.test"]);
+    std::fs::copy(stdout(&labels).trim(), p.path().join("mine.jsonl")).unwrap();
+    p.write("s.yaml", &user("training", "mine.jsonl"));
+    let out = p.run(&["run", "s.yaml"]);
+    let said = stdout(&out) + &stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("mine.jsonl") && said.contains("'data:labels.test'"), "{said}");
+    // Scoring may read it; inference may not read labels of any split.
+    p.write("s.yaml", &user("scoring", "mine.jsonl"));
+    assert_eq!(p.run(&["run", "s.yaml"]).status.code(), Some(0));
+    p.write("train-copy.jsonl", &p.read("raw/tr.jsonl"));
+    p.write("s.yaml", &user("inference", "train-copy.jsonl"));
+    let out = p.run(&["run", "s.yaml"]);
+    let said = stdout(&out) + &stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("may not read labels") && said.contains("'raw/tr.jsonl'"), "{said}");
+}
+
 /// Runs a one-node import spec expected to fail; returns stderr, after
 /// checking nothing was cached and the data file is unchanged.
 fn import_fails(p: &Project, file: &str, fields: &str) -> String {

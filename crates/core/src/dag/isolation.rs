@@ -143,9 +143,81 @@ fn leak(spec: &Spec, node: &DagNode, path: &[&str], why: &str, what: String) -> 
     )
 }
 
-pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), SpecError> {
+/// Data a node's role may not read (`taint`, and `why` not), which a file it
+/// reads could hold a copy of under another path: the path-based check
+/// below cannot see such a copy, so the node's keyed files are compared by
+/// content with it ([`crate::exec::node`]) whenever the node is keyed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guarded {
+    pub data: GuardedData,
+    pub taint: Taint,
+    pub why: &'static str,
+}
+
+/// Where guarded data is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuardedData {
+    /// A file of the spec's folder an import reads (`raw/te.jsonl`), and how
+    /// (`the file node 'data' imports as its test split`).
+    File { path: String, said: String },
+    /// A node's stored output (`data:labels.test`) in any of its results
+    /// cached under spec `spec`.
+    Output { spec: String, node: String, output: String },
+}
+
+impl std::fmt::Display for GuardedData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuardedData::File { path, said } => write!(f, "'{path}', {said}"),
+            GuardedData::Output { node, output, .. } => write!(f, "'{node}:{output}'"),
+        }
+    }
+}
+
+/// What each node (by position) may not read that a copy could carry.
+fn guarded(
+    spec: &str,
+    nodes: &[DagNode],
+    sources: &BTreeMap<String, Vec<Source>>,
+    outputs: &OutputTaints,
+) -> Vec<Vec<Guarded>> {
+    nodes
+        .iter()
+        .map(|node| {
+            let role = node.op.role(&node.params);
+            let forbidden = |taints: &Taints| taints.keys().find_map(|&t| role.forbids(t).map(|why| (t, why)));
+            let mut out = Vec::new();
+            for (path, list) in sources {
+                for s in list.iter().filter(|s| s.reader != node.def.id) {
+                    if let Some((taint, why)) = forbidden(&s.taints) {
+                        let data = GuardedData::File { path: path.clone(), said: s.said.clone() };
+                        out.push(Guarded { data, taint, why });
+                    }
+                }
+            }
+            for ((producer, output), taints) in outputs {
+                if producer == &node.def.id {
+                    continue;
+                }
+                if let Some((taint, why)) = forbidden(taints) {
+                    let data =
+                        GuardedData::Output { spec: spec.to_string(), node: producer.clone(), output: output.clone() };
+                    out.push(Guarded { data, taint, why });
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+type OutputTaints = BTreeMap<(String, String), Taints>;
+
+/// Checks every node's reads against its role (an error names the first
+/// edge that breaks one), and returns what each node (by position) may not
+/// read that a file it reads could copy ([`Guarded`]).
+pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Vec<Guarded>>, SpecError> {
     let sources = data_sources(nodes);
-    let mut outputs: BTreeMap<(String, String), Taints> = BTreeMap::new();
+    let mut outputs: OutputTaints = BTreeMap::new();
     for &pos in order {
         let node = &nodes[pos];
         let role = node.op.role(&node.params);
@@ -198,5 +270,5 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<(), Spec
             outputs.insert((node.def.id.clone(), out.name.clone()), taints);
         }
     }
-    Ok(())
+    Ok(guarded(&spec.name, nodes, &sources, &outputs))
 }

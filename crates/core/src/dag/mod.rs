@@ -4,6 +4,7 @@
 
 pub mod deps;
 mod isolation;
+pub use isolation::{Guarded, GuardedData};
 pub mod key;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -35,6 +36,9 @@ pub struct DagNode {
     pub trees: Vec<deps::TreeDep>,
     /// Params files and the keys of each in the key (`params_files:`).
     pub params_files: Vec<(String, Vec<String>)>,
+    /// Data this node's role may not read, which a file it reads could be a
+    /// copy of under another path: checked by content when it is keyed.
+    pub guarded: Vec<Guarded>,
 }
 
 impl DagNode {
@@ -249,6 +253,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
             files: Vec::new(),
             trees: Vec::new(),
             params_files: Vec::new(),
+            guarded: Vec::new(),
         });
     }
 
@@ -549,7 +554,10 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         Ok(order) => order.into_iter().map(|ix| graph[ix]).collect(),
         Err(_) => return Err(cycle_error(spec, &graph, &nodes)),
     };
-    isolation::check(spec, &nodes, &order)?;
+    let guarded = isolation::check(spec, &nodes, &order)?;
+    for (node, guarded) in nodes.iter_mut().zip(guarded) {
+        node.guarded = guarded;
+    }
     Ok(Dag { graph, nodes, index, order })
 }
 

@@ -253,6 +253,10 @@ pub enum RecordError {
     },
     #[error(transparent)]
     Interpreter(#[from] crate::reward::RewardError),
+    /// A file the node reads holds the same bytes as data its role may not
+    /// read (a copy of the test file, of stored test labels).
+    #[error("{why}: {dep} holds the same bytes as {data} ({taint}), so it is that data")]
+    CopiedData { why: &'static str, dep: String, data: String, taint: crate::ops::Taint },
 }
 
 /// Builds the hash-input record of a node from its upstream outputs and files.
@@ -336,6 +340,7 @@ pub fn hash_inputs(
         let version = crate::reward::interpreter_version(&i)?;
         interpreters.insert(i, version);
     }
+    copied_data(ws, index, node, spec_dir, &files, &trees)?;
     Ok(HashInputs {
         op: node.op.name().to_string(),
         op_version: node.op.version(),
@@ -347,6 +352,71 @@ pub fn hash_inputs(
         interpreters,
         env: if node.op.numerical() { env } else { None },
     })
+}
+
+/// Guarded data smaller than this is not compared: `{}` or `[]` says too
+/// little to be a copy of anything, and files like it are everywhere.
+const COPY_MIN_BYTES: u64 = 64;
+
+/// Refuses a node whose role forbids some data ([`crate::dag::Guarded`])
+/// when a file it reads (`files`, and each file of `trees`) has the same
+/// bytes as that data under another path: a copy of the raw test file an
+/// import reads, or of a stored output carrying test labels. The compile-time
+/// check goes by path, and cannot see a copy. Nothing is hashed for a node
+/// that reads no file of the user's or may read everything.
+fn copied_data(
+    ws: &Workspace,
+    index: &Index,
+    node: &DagNode,
+    spec_dir: &Path,
+    files: &BTreeMap<String, String>,
+    trees: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Result<(), RecordError> {
+    if node.guarded.is_empty() || (files.is_empty() && trees.values().all(BTreeMap::is_empty)) {
+        return Ok(());
+    }
+    let mut read: BTreeMap<&str, String> = BTreeMap::new();
+    for (rel, hash) in files {
+        read.entry(hash.as_str()).or_insert_with(|| format!("dep '{rel}'"));
+    }
+    for t in &node.trees {
+        let folder = matches!(t.kind, crate::dag::deps::TreeKind::Dir { .. });
+        for (rel, hash) in trees.get(&t.name).into_iter().flatten() {
+            // A folder's files are keyed by their path inside it; a glob's by their own.
+            let file = if folder { format!("{}/{rel}", t.name) } else { rel.clone() };
+            read.entry(hash.as_str()).or_insert_with(|| format!("dep '{}' ('{file}')", t.name));
+        }
+    }
+    for g in &node.guarded {
+        let hashes: Vec<String> = match &g.data {
+            crate::dag::GuardedData::File { path, .. } => {
+                let full = spec_dir.join(path);
+                match std::fs::symlink_metadata(&full) {
+                    Ok(m) if m.is_file() && m.len() >= COPY_MIN_BYTES => vec![ws.hash_user_file(index, &full)?],
+                    _ => Vec::new(),
+                }
+            }
+            crate::dag::GuardedData::Output { spec, node: producer, output } => index
+                .outputs_of_node(spec, producer)?
+                .into_iter()
+                .filter(|o| {
+                    o.name == *output
+                        && o.object.kind == crate::store::OutputKind::File
+                        && o.object.size >= COPY_MIN_BYTES
+                })
+                .map(|o| o.object.hash)
+                .collect(),
+        };
+        if let Some(dep) = hashes.iter().find_map(|h| read.get(h.as_str())) {
+            return Err(RecordError::CopiedData {
+                why: g.why,
+                dep: dep.clone(),
+                data: g.data.to_string(),
+                taint: g.taint,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Why a node runs instead of being a cache hit, as Cargo's dirty reasons say

@@ -569,6 +569,25 @@ impl Index {
     const COLUMNS_BEFORE_COSTS: &'static str =
         "key, node_id, spec, record, outputs, seconds, finished_at, run_id, NULL AS costs";
 
+    /// The outputs of every cached result of node `node_id` of spec `spec`
+    /// (whatever its key): what a copy of that node's data could hold.
+    pub fn outputs_of_node(&self, spec: &str, node_id: &str) -> Result<Vec<OutputRecord>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT outputs FROM nodes WHERE spec = ?1 AND node_id = ?2")
+            .map_err(db("listing a node's results"))?;
+        let rows = stmt
+            .query_map(params![spec, node_id], |r| r.get::<_, String>(0))
+            .map_err(db("listing a node's results"))?
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(db("listing a node's results"))?;
+        let mut out = Vec::new();
+        for text in rows {
+            out.extend(parse::<Vec<OutputRecord>>(&text, "outputs manifest")?);
+        }
+        Ok(out)
+    }
+
     pub fn lookup(&self, key: &str) -> Result<Option<CachedNode>, StoreError> {
         let raw = self
             .conn
