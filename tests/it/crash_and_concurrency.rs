@@ -513,17 +513,28 @@ fn two_runs_writing_the_same_out_with_other_keys_take_turns_and_each_key_keeps_i
     let first = spawn_with_lr(&p, "0.1");
     wait_for_first_file(&p);
     let second = spawn_with_lr(&p, "0.2");
+    took_turns(&p, first, second, [&[], &[]]);
+}
+
+/// Checks that two runs of [`slow_out_writer`]'s spec (LR=0.1 first, then
+/// 0.2, each with its extra arguments `args`) both passed, that each key's
+/// stored out holds its own bytes only, and that the second waited for the
+/// first's out, saying so once.
+fn took_turns(p: &Project, first: std::process::Child, second: std::process::Child, args: [&[&str]; 2]) {
     let (a, b) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
     for out in [&a, &b] {
         assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(out), common::stderr(out));
     }
-    for lr in ["0.1", "0.2"] {
-        let path = p.run(&["path", "p.yaml", "train:out", "--set", &format!("nodes.train.params.env.LR={lr}")]);
+    for (lr, extra) in ["0.1", "0.2"].into_iter().zip(args) {
+        let set = format!("nodes.train.params.env.LR={lr}");
+        let mut cmd = vec!["path", "p.yaml", "train:out", "--set", &set];
+        cmd.extend_from_slice(extra);
+        let path = p.run(&cmd);
         assert_eq!(path.status.code(), Some(0), "{}", common::stderr(&path));
         let stored = std::path::PathBuf::from(stdout(&path).trim());
         for file in ["a.txt", "b.txt"] {
             let text = std::fs::read_to_string(stored.join(file)).unwrap();
-            assert_eq!(text.trim(), lr, "LR={lr}: the stored {file} says {text:?}");
+            assert_eq!(text.trim(), lr, "LR={lr} {extra:?}: the stored {file} says {text:?}");
         }
     }
     let waited: Vec<serde_json::Value> = common::events(&b).into_iter().filter(|e| e["event"] == "waiting").collect();
@@ -553,30 +564,7 @@ fn two_runs_with_two_workspaces_writing_the_same_out_take_turns() {
     let first = spawn("ws-a", "0.1");
     wait_for_first_file(&p);
     let second = spawn("ws-b", "0.2");
-    let (a, b) = (first.wait_with_output().unwrap(), second.wait_with_output().unwrap());
-    for out in [&a, &b] {
-        assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", stdout(out), common::stderr(out));
-    }
-    for (ws, lr) in [("ws-a", "0.1"), ("ws-b", "0.2")] {
-        let path = p.run(&[
-            "path",
-            "--workspace",
-            ws,
-            "p.yaml",
-            "train:out",
-            "--set",
-            &format!("nodes.train.params.env.LR={lr}"),
-        ]);
-        assert_eq!(path.status.code(), Some(0), "{}", common::stderr(&path));
-        let stored = std::path::PathBuf::from(stdout(&path).trim());
-        for file in ["a.txt", "b.txt"] {
-            let text = std::fs::read_to_string(stored.join(file)).unwrap();
-            assert_eq!(text.trim(), lr, "{ws} (LR={lr}): the stored {file} says {text:?}");
-        }
-    }
-    let waited: Vec<serde_json::Value> = common::events(&b).into_iter().filter(|e| e["event"] == "waiting").collect();
-    assert_eq!(waited.len(), 1, "{}", stdout(&b));
-    assert!(waited[0]["reason"].as_str().unwrap().contains("writing the out 'out'"), "{}", waited[0]);
+    took_turns(&p, first, second, [&["--workspace", "ws-a"], &["--workspace", "ws-b"]]);
 }
 
 /// Before, Ctrl-C on a run that waited for another process (its node lock,
