@@ -466,6 +466,30 @@ fn a_pack_that_does_not_verify_is_never_reported_compared_or_exported() {
     }
 }
 
+/// A later run that failed the very key a pack holds (`run --force w`, which
+/// failed this time) does not vouch for that result either: freeze seals the
+/// run that made it, not the one that failed it, and `verify` refuses events
+/// that say a packed result failed.
+#[test]
+fn a_pack_never_seals_a_run_in_which_its_result_failed() {
+    let p = Project::new();
+    p.write(
+        "p.yaml",
+        "name: p\nnodes:\n  w:\n    op: shell\n    params: {cmd: 'test ! -e ran && touch ran && echo made'}\n",
+    );
+    let first = p.run_json(&["p.yaml"], 0);
+    let first_run = first[0]["run_id"].as_str().unwrap().to_string();
+    let failed = p.run_json(&["p.yaml", "--force", "w"], 1);
+    assert_eq!(nodes_with(&failed, "node_failed"), ["w"]);
+    let out = p.run(&["pack", "freeze", "p.yaml", "--out", "pk"]);
+    assert_eq!(out.status.code(), Some(0), "{}", common::stderr(&out));
+    assert!(stdout(&out).contains(&format!("recorded in the events of run {first_run}")), "{}", stdout(&out));
+    let sealed = std::fs::read_to_string(p.path().join("pk/events.jsonl")).unwrap();
+    assert!(!sealed.contains("node_failed"), "{sealed}");
+    let verified = p.run(&["pack", "verify", "pk"]);
+    assert_eq!(verified.status.code(), Some(0), "{}", stdout(&verified));
+}
+
 /// Sets a manifest field with serde_json and reseals SHA256SUMS, so only the
 /// manifest's own consistency can tell.
 fn set_manifest(d: &Path, f: impl FnOnce(&mut serde_json::Value)) {

@@ -185,19 +185,35 @@ pub struct DigestError(pub String);
 #[derive(serde::Deserialize)]
 struct KeyedEvent {
     #[serde(default)]
+    event: Option<EventKind>,
+    #[serde(default)]
     node: Option<String>,
     #[serde(default)]
     key: Option<Key>,
 }
 
+/// The one kind of engine event ([`Event`]'s tag) a pack's check tells apart.
+#[derive(serde::Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+enum EventKind {
+    NodeFailed,
+    #[serde(other)]
+    Other,
+}
+
 /// Why event `seq` (its JSON `text`) is not of the results `keys` (by node
-/// id): it names a node with another key, or a node they lack. `None` when
-/// it names none, or one with its key.
+/// id): it names a node with another key, or a node they lack, or says a
+/// packed result failed (a later `--force` that failed). `None` when it names
+/// none, or one with its key.
 fn foreign_event(seq: usize, text: &str, keys: &BTreeMap<&str, &Key>) -> Option<String> {
-    let KeyedEvent { node: Some(node), key: Some(key) } = serde_json::from_str(text).ok()? else {
+    let KeyedEvent { event, node: Some(node), key: Some(key) } = serde_json::from_str(text).ok()? else {
         return None;
     };
+    let failed = event == Some(EventKind::NodeFailed);
     match keys.get(node.as_str()) {
+        Some(packed) if **packed == key && failed => {
+            Some(format!("event {seq} says node '{node}' failed with key {}, the result the pack holds", key.short()))
+        }
         Some(packed) if **packed == key => None,
         Some(packed) => Some(format!(
             "event {seq} names node '{node}' with key {}, but the pack holds its result {}",
