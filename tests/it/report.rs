@@ -274,3 +274,34 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// Before, `report RUN`, `compare` and `export tensorboard` read a run's
+/// outputs from the store as they found them: a metrics object damaged after
+/// it was stored (`score` 0.7 → 0.99, bit rot or an edit after a chmod) was
+/// drawn, compared and exported as the run's result. An output a reader
+/// shows is now checked against its object's name first (up to 16 MiB; a
+/// model folder is not read by them); a damaged one is not shown, and the
+/// reader says why.
+#[test]
+fn a_damaged_object_of_a_run_is_never_shown_as_its_result() {
+    use std::os::unix::fs::PermissionsExt;
+    let p = Project::new();
+    p.write(
+        "s.yaml",
+        "name: s\nnodes:\n  measure:\n    op: shell\n    params: {cmd: \"echo '{\\\"score\\\": 0.7}' > m.json\", outs: [m.json], metrics: [m.json]}\n",
+    );
+    let events = p.run_json(&["s.yaml"], 0);
+    let run = events[0]["run_id"].as_str().unwrap().to_string();
+    let object = std::path::PathBuf::from(stdout(&p.run(&["path", "s.yaml", "measure:m.json"])).trim());
+    std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&object, "{\"score\": 0.99}\n").unwrap();
+    let html = p.path().join("r.html");
+    let out = p.run(&["report", &run, "--out", html.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(!text.contains("0.99"), "the damaged value was reported");
+    assert!(text.contains("damaged"), "the report does not say why m.json is not shown");
+    let out = p.run(&["compare", &run, &run, "--all"]);
+    let said = stdout(&out) + &stderr(&out);
+    assert!(!said.contains("0.99") && said.contains("damaged"), "{said}");
+}

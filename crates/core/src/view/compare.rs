@@ -116,7 +116,7 @@ fn producers(src: &RunView) -> BTreeMap<String, Vec<String>> {
 
 fn gate_verdicts(node: &NodeView) -> Result<BTreeMap<String, bool>, String> {
     let Some(p) = node.artifact(ArtifactKind::GateReport) else { return Ok(BTreeMap::new()) };
-    let r = GateReport::read(p).map_err(|e| e.to_string())?;
+    let r = GateReport::read(p?).map_err(|e| e.to_string())?;
     Ok(r.results.into_iter().map(|g| (g.name, g.passed)).collect())
 }
 

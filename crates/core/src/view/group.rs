@@ -215,7 +215,10 @@ type Outcomes = BTreeMap<String, (String, Vec<f64>)>;
 fn per_problem(members: &[(String, &NodeView)]) -> Result<Outcomes, String> {
     let mut out: BTreeMap<String, (String, Vec<f64>)> = BTreeMap::new();
     for (i, (_, node)) in members.iter().enumerate() {
-        let path = node.artifact(ArtifactKind::EvalResults).ok_or_else(|| format!("{}: no results file", node.id))?;
+        let path = node
+            .artifact(ArtifactKind::EvalResults)
+            .ok_or_else(|| format!("{}: no results file", node.id))?
+            .map_err(|why| format!("{}: {why}", node.id))?;
         let r = EvalResults::read(path).map_err(|e| e.to_string())?;
         if i > 0 && (r.greedy_problems.len() != out.len() || r.greedy_problems.keys().any(|k| !out.contains_key(k))) {
             return Err(format!("{} did not answer the same problems as the group's other members", node.id));

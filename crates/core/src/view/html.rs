@@ -73,11 +73,13 @@ impl<'a> Training<'a> {
     fn read(nodes: &'a [NodeView]) -> Self {
         let mut t = Training { metrics: Vec::new(), unreadable: Vec::new() };
         for n in nodes {
-            if let Some(p) = n.artifact(ArtifactKind::TrainingMetrics) {
-                match TrainingMetrics::read(p) {
+            match n.artifact(ArtifactKind::TrainingMetrics) {
+                Some(Ok(p)) => match TrainingMetrics::read(p) {
                     Ok(m) => t.metrics.push((n, m)),
                     Err(e) => t.unreadable.push((n, e.to_string())),
-                }
+                },
+                Some(Err(why)) => t.unreadable.push((n, why)),
+                None => {}
             }
         }
         t
@@ -190,12 +192,19 @@ fn commands_section(html: &mut String, nodes: &[NodeView]) {
 
 fn evaluation_section(html: &mut String, nodes: &[NodeView]) {
     html.push_str("<section id=\"evaluation\"><h2>Evaluation</h2>\n");
-    let tables: Vec<(&NodeView, &PathBuf)> =
+    let tables: Vec<(&NodeView, std::result::Result<&PathBuf, String>)> =
         nodes.iter().filter_map(|n| Some((n, n.artifact(ArtifactKind::ResultsTable)?))).collect();
     if tables.is_empty() {
         html.push_str("<p>No results table in this run.</p>");
     }
     for (n, path) in &tables {
+        let path = match path {
+            Ok(path) => path,
+            Err(why) => {
+                cannot_read(html, "results table", n, why);
+                continue;
+            }
+        };
         let t: ResultsTableFile = match crate::canonical::read_typed(path) {
             Ok(t) => t,
             Err(e) => {
@@ -272,6 +281,13 @@ fn gates_section(html: &mut String, nodes: &[NodeView]) -> Vec<GateResult> {
     for n in nodes.iter().filter(|n| n.kind() == NodeKind::Gate) {
         let Some(p) = n.artifact(ArtifactKind::GateReport) else { continue };
         any_gate = true;
+        let p = match p {
+            Ok(p) => p,
+            Err(why) => {
+                cannot_read(html, "gate report", n, &why);
+                continue;
+            }
+        };
         match GateReport::read(p) {
             Ok(r) => gate_results.extend(r.results),
             // An unreadable gate report is a failure to show, never "no gates".
@@ -445,6 +461,24 @@ mod tests {
         assert!(!html.contains("cannot be read"), "{html}");
     }
 
+    /// A node's typed artifact that is not shown (its object damaged) is said
+    /// where it would be drawn, with why, by the report and by `compare`'s
+    /// metrics, never left out as if the node had none.
+    #[test]
+    fn an_artifact_not_shown_is_said_with_why() {
+        let why = "its object 0123456789ab is damaged: its bytes no longer hash to its name";
+        for (op, output) in [("train.grpo", "metrics"), ("results.table", "table.json"), ("gate", "gates.json")] {
+            let mut n = crate::view::test_node("n", op, &[]);
+            n.unavailable.insert(output.to_string(), why.to_string());
+            let html = render(&RunView { title: "t".into(), nodes: vec![n.clone()] });
+            assert!(html.contains(why), "{op}: the report does not say why its {output} is not shown");
+            if op != "gate" {
+                let e = crate::view::metrics::node_metrics(&n).unwrap_err().to_string();
+                assert!(e.contains(why), "{op}: {e}");
+            }
+        }
+    }
+
     #[test]
     fn node_names_are_escaped() {
         let n = NodeView {
@@ -455,6 +489,7 @@ mod tests {
             seconds: None,
             deps: vec![],
             outputs: BTreeMap::new(),
+            unavailable: BTreeMap::new(),
             hashes: BTreeMap::new(),
             record: None,
             costs: None,

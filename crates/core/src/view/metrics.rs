@@ -38,7 +38,10 @@ fn declared_file(
     holder: &str,
     inside: &str,
 ) -> std::result::Result<(PathBuf, String), String> {
-    let object = node.outputs.get(holder).ok_or_else(|| format!("'{rel}': its out '{holder}' is not available"))?;
+    let object = node.outputs.get(holder).ok_or_else(|| match node.unavailable.get(holder) {
+        Some(why) => format!("'{rel}': its out '{holder}' is not shown: {why}"),
+        None => format!("'{rel}': its out '{holder}' is not available"),
+    })?;
     let path = if inside.is_empty() { object.clone() } else { object.join(inside) };
     match (path.parent(), path.file_name()) {
         (Some(dir), Some(name)) => Ok((dir.to_path_buf(), name.to_string_lossy().into_owned())),
@@ -339,7 +342,8 @@ pub fn node_metrics(node: &NodeView) -> Result<Vec<Metric>> {
     match node.kind() {
         NodeKind::Training => {
             let Some(p) = node.artifact(ArtifactKind::TrainingMetrics) else { return Ok(cost_metrics(node, None)) };
-            let m = TrainingMetrics::read(p).map_err(|e| read_err("metrics", &e))?;
+            let m = TrainingMetrics::read(p.map_err(|why| read_err("metrics", &why))?)
+                .map_err(|e| read_err("metrics", &e))?;
             let mut out = match &m {
                 TrainingMetrics::Grpo(m) => grpo_metrics(m),
                 TrainingMetrics::Sft(m) => sft_metrics(m),
@@ -349,17 +353,20 @@ pub fn node_metrics(node: &NodeView) -> Result<Vec<Metric>> {
         }
         NodeKind::Scoring => {
             let Some(p) = node.artifact(ArtifactKind::EvalResults) else { return Ok(Vec::new()) };
+            let p = p.map_err(|why| read_err("results", &why))?;
             Ok(eval_metrics(&EvalResults::read(p).map_err(|e| read_err("results", &e))?))
         }
         NodeKind::Generation => {
             // A summary that does not read is said, never taken for "no costs".
             if let Some(p) = node.artifact(ArtifactKind::EvalSummary) {
+                let p = p.map_err(|why| read_err("summary", &why))?;
                 let _: EvalSummary = crate::canonical::read_typed(p).map_err(|e| read_err("summary", &e))?;
             }
             Ok(cost_metrics(node, None))
         }
         NodeKind::ResultsTable => {
             let Some(p) = node.artifact(ArtifactKind::ResultsTable) else { return Ok(Vec::new()) };
+            let p = p.map_err(|why| read_err("table.json", &why))?;
             let t: ResultsTableFile = crate::canonical::read_typed(p).map_err(|e| read_err("table.json", &e))?;
             Ok(table_metrics(&t))
         }

@@ -72,6 +72,9 @@ pub struct NodeView {
     pub deps: Vec<String>,
     /// Output name → readable file (absent when not available).
     pub outputs: BTreeMap<String, PathBuf>,
+    /// Output name → why it is not in `outputs` though the node has it (its
+    /// object was damaged after it was stored), for readers to say.
+    pub unavailable: BTreeMap<String, String>,
     /// Output name → blake3 of its content (also for outputs a pack lists
     /// without their bytes).
     pub hashes: BTreeMap<String, String>,
@@ -89,9 +92,16 @@ impl NodeView {
     }
 
     /// The readable file of one of its typed artifacts: `None` when its op
-    /// writes no such artifact, or the file is not here.
-    pub fn artifact(&self, kind: ArtifactKind) -> Option<&PathBuf> {
-        kind.output_of(&self.op).and_then(|name| self.outputs.get(name))
+    /// writes no such artifact, or the file is not here; `Some(Err(why))`
+    /// when the node has it but it is not shown ([`NodeView::unavailable`]),
+    /// which a reader says rather than showing nothing.
+    pub fn artifact(&self, kind: ArtifactKind) -> Option<std::result::Result<&PathBuf, String>> {
+        let name = kind.output_of(&self.op)?;
+        match (self.outputs.get(name), self.unavailable.get(name)) {
+            (Some(path), _) => Some(Ok(path)),
+            (None, Some(why)) => Some(Err(format!("{name}: {why}"))),
+            (None, None) => None,
+        }
     }
 
     /// What the node's process cost: its record's, or for outputs written
@@ -105,7 +115,7 @@ impl NodeView {
             return m.legacy_costs();
         }
         let summary: crate::ops::eval::EvalSummary =
-            crate::canonical::read_typed(self.artifact(ArtifactKind::EvalSummary)?).ok()?;
+            crate::canonical::read_typed(self.artifact(ArtifactKind::EvalSummary)?.ok()?).ok()?;
         summary.legacy_costs()
     }
 }
@@ -116,6 +126,11 @@ pub struct RunView {
     pub title: String,
     pub nodes: Vec<NodeView>,
 }
+
+/// The largest output a run's view checks against its object's name before
+/// readers see it: metrics, results tables, summaries and logs, not a model
+/// folder or a training state, which no reader reads.
+const VERIFIED_BYTES: u64 = 16 << 20;
 
 /// A run of the workspace (default: the latest). Edges come from the recorded
 /// input hashes: a node depends on the run's nodes that produced them.
@@ -136,13 +151,28 @@ impl RunView {
                 Some(k) => index.lookup(k)?,
                 None => None,
             };
-            let mut outputs = BTreeMap::new();
-            let mut hashes = BTreeMap::new();
+            let (mut outputs, mut hashes, mut unavailable) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
             if let Some(c) = &cached {
                 for o in &c.outputs {
                     producers.entry(o.object.hash.clone()).or_default().push(n.node_id.clone());
-                    outputs.insert(o.name.clone(), ws.object_path(&o.object.hash));
                     hashes.insert(o.name.clone(), o.object.hash.clone());
+                    // What a reader shows is the run's result: an object a reader
+                    // may read (up to VERIFIED_BYTES) is checked against its name.
+                    let path = ws.object_path(&o.object.hash);
+                    if o.object.size <= VERIFIED_BYTES
+                        && crate::store::objects::intact(&path, &o.object.hash, o.object.kind)? == Some(false)
+                    {
+                        let short = &o.object.hash[..12.min(o.object.hash.len())];
+                        unavailable.insert(
+                            o.name.clone(),
+                            format!(
+                                "its object {short} is damaged: its bytes no longer hash to its name \
+                                 (`orchestrate verify` lists it; run the node again)"
+                            ),
+                        );
+                        continue;
+                    }
+                    outputs.insert(o.name.clone(), path);
                 }
             }
             let record = cached.as_ref().map(|c| c.record.clone());
@@ -156,6 +186,7 @@ impl RunView {
                 seconds: n.seconds,
                 deps: Vec::new(),
                 outputs,
+                unavailable,
                 hashes,
                 record,
                 costs: cached.and_then(|c| c.costs),
@@ -285,6 +316,12 @@ impl RunView {
                 seconds,
                 deps,
                 outputs,
+                // Listed by hash only: why, as the manifest says.
+                unavailable: n
+                    .outputs
+                    .iter()
+                    .filter_map(|o| Some((o.name.clone(), format!("not in the pack: {}", o.omitted.as_ref()?))))
+                    .collect(),
                 hashes: n.outputs.iter().map(|o| (o.name.clone(), o.blake3.clone())).collect(),
                 record: Some(record),
                 costs: n.costs.clone(),
@@ -308,6 +345,7 @@ pub(crate) fn test_node(id: &str, op: &str, outputs: &[(&str, &Path)]) -> NodeVi
         seconds: Some(1.0),
         deps: vec![],
         outputs: outputs.iter().map(|(k, p)| (k.to_string(), p.to_path_buf())).collect(),
+        unavailable: BTreeMap::new(),
         hashes: BTreeMap::new(),
         record: None,
         costs: None,

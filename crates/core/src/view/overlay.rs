@@ -100,6 +100,13 @@ pub fn charts(sides: &[Side], group_by: Option<&str>) -> Charts {
                 }
             } else {
                 let Some(path) = node.artifact(ArtifactKind::TrainingMetrics) else { continue };
+                let path = match path {
+                    Ok(path) => path,
+                    Err(why) => {
+                        out.unreadable.push((s, node.id.clone(), why));
+                        continue;
+                    }
+                };
                 match TrainingMetrics::read(path) {
                     Ok(TrainingMetrics::Grpo(m)) => ("grpo", named(grpo_curves(&m))),
                     Ok(TrainingMetrics::Sft(m)) => ("sft", named(sft_curves(&m))),

@@ -210,7 +210,7 @@ pub struct Exported {
     pub unreadable: Vec<(String, String)>,
 }
 
-fn training_nodes(src: &RunView) -> Vec<(&NodeView, &PathBuf)> {
+fn training_nodes(src: &RunView) -> Vec<(&NodeView, std::result::Result<&PathBuf, String>)> {
     src.nodes.iter().filter_map(|n| Some((n, n.artifact(ArtifactKind::TrainingMetrics)?))).collect()
 }
 
@@ -253,6 +253,13 @@ pub fn export(src: &RunView, dir: &Path, base_time: f64) -> Result<Exported> {
     // Each node with curves: its scalars, or why they cannot be read.
     let mut found: Vec<(&NodeView, std::result::Result<Vec<Scalar>, String>)> = Vec::new();
     for (n, metrics) in training_nodes(src) {
+        let metrics = match metrics {
+            Ok(metrics) => metrics,
+            Err(why) => {
+                found.push((n, Err(why)));
+                continue;
+            }
+        };
         let scalars = match TrainingMetrics::read(metrics) {
             Ok(m) => {
                 // Wall time from what the record keeps (older metrics: their own costs).
