@@ -143,15 +143,28 @@ fn leak(spec: &Spec, node: &DagNode, path: &[&str], why: &str, what: String) -> 
     )
 }
 
-/// Data a node's role may not read (`taint`, and `why` not), which a file it
-/// reads could hold a copy of under another path: the path-based check
-/// below cannot see such a copy, so the node's keyed files are compared by
-/// content with it ([`crate::exec::node`]) whenever the node is keyed.
+/// Data some roles may not read, which a file a node reads could hold a
+/// copy of under another path: the path-based check below cannot see such a
+/// copy, so the keyed files of a node whose role forbids one of `taints` are
+/// compared by content with it ([`crate::exec::node`]) whenever it is keyed.
+/// One list per DAG, shared by its nodes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Guarded {
     pub data: GuardedData,
-    pub taint: Taint,
-    pub why: &'static str,
+    pub taints: Vec<Taint>,
+    /// The node that may read it whatever its role: the import that reads
+    /// the file, the node that wrote the output.
+    pub owner: String,
+}
+
+impl Guarded {
+    /// The first of its taints `role` forbids, and why (`None`: it may read it).
+    pub fn forbidden_to(&self, node: &str, role: crate::ops::Role) -> Option<(Taint, &'static str)> {
+        if self.owner == node {
+            return None;
+        }
+        self.taints.iter().find_map(|&t| role.forbids(t).map(|why| (t, why)))
+    }
 }
 
 /// Where guarded data is.
@@ -174,48 +187,29 @@ impl std::fmt::Display for GuardedData {
     }
 }
 
-/// What each node (by position) may not read that a copy could carry.
-fn guarded(
-    spec: &str,
-    nodes: &[DagNode],
-    sources: &BTreeMap<String, Vec<Source>>,
-    outputs: &OutputTaints,
-) -> Vec<Vec<Guarded>> {
-    nodes
-        .iter()
-        .map(|node| {
-            let role = node.op.role(&node.params);
-            let forbidden = |taints: &Taints| taints.keys().find_map(|&t| role.forbids(t).map(|why| (t, why)));
-            let mut out = Vec::new();
-            for (path, list) in sources {
-                for s in list.iter().filter(|s| s.reader != node.def.id) {
-                    if let Some((taint, why)) = forbidden(&s.taints) {
-                        let data = GuardedData::File { path: path.clone(), said: s.said.clone() };
-                        out.push(Guarded { data, taint, why });
-                    }
-                }
-            }
-            for ((producer, output), taints) in outputs {
-                if producer == &node.def.id {
-                    continue;
-                }
-                if let Some((taint, why)) = forbidden(taints) {
-                    let data =
-                        GuardedData::Output { spec: spec.to_string(), node: producer.clone(), output: output.clone() };
-                    out.push(Guarded { data, taint, why });
-                }
-            }
-            out
-        })
-        .collect()
+/// Every raw data file and every output that carries a split's data: one
+/// list, as long as the DAG's data, whatever the number of nodes.
+fn guarded(spec: &str, sources: &BTreeMap<String, Vec<Source>>, outputs: &OutputTaints) -> Vec<Guarded> {
+    let mut out = Vec::new();
+    for (path, list) in sources {
+        for s in list {
+            let data = GuardedData::File { path: path.clone(), said: s.said.clone() };
+            out.push(Guarded { data, taints: s.taints.keys().copied().collect(), owner: s.reader.clone() });
+        }
+    }
+    for ((producer, output), taints) in outputs.iter().filter(|(_, t)| !t.is_empty()) {
+        let data = GuardedData::Output { spec: spec.to_string(), node: producer.clone(), output: output.clone() };
+        out.push(Guarded { data, taints: taints.keys().copied().collect(), owner: producer.clone() });
+    }
+    out
 }
 
 type OutputTaints = BTreeMap<(String, String), Taints>;
 
 /// Checks every node's reads against its role (an error names the first
-/// edge that breaks one), and returns what each node (by position) may not
-/// read that a file it reads could copy ([`Guarded`]).
-pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Vec<Guarded>>, SpecError> {
+/// edge that breaks one), and returns the data a file a node reads could
+/// copy ([`Guarded`]).
+pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guarded>, SpecError> {
     let sources = data_sources(nodes);
     let mut outputs: OutputTaints = BTreeMap::new();
     for &pos in order {
@@ -270,5 +264,5 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Vec<
             outputs.insert((node.def.id.clone(), out.name.clone()), taints);
         }
     }
-    Ok(guarded(&spec.name, nodes, &sources, &outputs))
+    Ok(guarded(&spec.name, &sources, &outputs))
 }

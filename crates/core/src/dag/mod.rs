@@ -36,9 +36,10 @@ pub struct DagNode {
     pub trees: Vec<deps::TreeDep>,
     /// Params files and the keys of each in the key (`params_files:`).
     pub params_files: Vec<(String, Vec<String>)>,
-    /// Data this node's role may not read, which a file it reads could be a
-    /// copy of under another path: checked by content when it is keyed.
-    pub guarded: Vec<Guarded>,
+    /// The DAG's data, which a file a node reads could be a copy of under
+    /// another path: checked by content when a node whose role forbids some
+    /// of it is keyed. One list, shared by every node.
+    pub guarded: Arc<[Guarded]>,
 }
 
 impl DagNode {
@@ -153,6 +154,8 @@ pub fn compile(spec: &Spec, registry: &Registry) -> Result<Dag, SpecError> {
 /// are not checked again, and params that pass are noted there, kept once the
 /// cache is saved.
 pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache>) -> Result<Dag, SpecError> {
+    // Every node shares the DAG's guarded data, set once it is known.
+    let unguarded: Arc<[Guarded]> = Arc::from([]);
     let mut nodes: Vec<DagNode> = Vec::with_capacity(spec.nodes.len());
     for def in &spec.nodes {
         let Some(op) = registry.get(&def.op) else {
@@ -253,7 +256,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
             files: Vec::new(),
             trees: Vec::new(),
             params_files: Vec::new(),
-            guarded: Vec::new(),
+            guarded: Arc::clone(&unguarded),
         });
     }
 
@@ -554,9 +557,9 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         Ok(order) => order.into_iter().map(|ix| graph[ix]).collect(),
         Err(_) => return Err(cycle_error(spec, &graph, &nodes)),
     };
-    let guarded = isolation::check(spec, &nodes, &order)?;
-    for (node, guarded) in nodes.iter_mut().zip(guarded) {
-        node.guarded = guarded;
+    let guarded: Arc<[Guarded]> = isolation::check(spec, &nodes, &order)?.into();
+    for node in &mut nodes {
+        node.guarded = Arc::clone(&guarded);
     }
     Ok(Dag { graph, nodes, index, order })
 }

@@ -375,6 +375,15 @@ fn copied_data(
     if node.guarded.is_empty() || (files.is_empty() && trees.values().all(BTreeMap::is_empty)) {
         return Ok(());
     }
+    let role = node.op.role(&node.params);
+    let forbidden: Vec<(&crate::dag::Guarded, crate::ops::Taint, &'static str)> = node
+        .guarded
+        .iter()
+        .filter_map(|g| g.forbidden_to(node.id(), role).map(|(taint, why)| (g, taint, why)))
+        .collect();
+    if forbidden.is_empty() {
+        return Ok(());
+    }
     let mut read: BTreeMap<&str, String> = BTreeMap::new();
     for (rel, hash) in files {
         read.entry(hash.as_str()).or_insert_with(|| format!("dep '{rel}'"));
@@ -387,7 +396,7 @@ fn copied_data(
             read.entry(hash.as_str()).or_insert_with(|| format!("dep '{}' ('{file}')", t.name));
         }
     }
-    for g in &node.guarded {
+    for (g, taint, why) in forbidden {
         let hashes: Vec<String> = match &g.data {
             crate::dag::GuardedData::File { path, .. } => {
                 let full = spec_dir.join(path);
@@ -408,12 +417,7 @@ fn copied_data(
                 .collect(),
         };
         if let Some(dep) = hashes.iter().find_map(|h| read.get(h.as_str())) {
-            return Err(RecordError::CopiedData {
-                why: g.why,
-                dep: dep.clone(),
-                data: g.data.to_string(),
-                taint: g.taint,
-            });
+            return Err(RecordError::CopiedData { why, dep: dep.clone(), data: g.data.to_string(), taint });
         }
     }
     Ok(())
