@@ -117,6 +117,9 @@ impl ProgramSpec {
             if let Some(rel) = normalize_rel(arg) {
                 if there(&rel) {
                     out.push(rel);
+                } else if python && spec_dir.join(&rel).is_dir() && there(&format!("{rel}/__main__.py")) {
+                    // Python runs a folder as its `__main__.py`.
+                    out.push(format!("{rel}/__main__.py"));
                 }
             }
         }

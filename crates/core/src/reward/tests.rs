@@ -214,6 +214,8 @@ fn a_python_module_run_with_dash_m_is_keyed_by_its_files() {
     );
     assert_eq!(files(&["python3", "-mrewards.judge"]), ["rewards/__init__.py", "rewards/judge.py"]);
     assert_eq!(files(&["python", "-u", "-m", "tools.cli"]), ["tools/cli/__main__.py"], "a package's __main__.py");
+    // A folder run by Python (`python3 tools/cli`) is its `__main__.py`.
+    assert_eq!(files(&["python3", "tools/cli", "table.csv"]), ["table.csv", "tools/cli/__main__.py"]);
     // A module not in the spec's folder (installed) adds nothing; nor does `-m` for another program.
     assert!(files(&["python3", "-m", "json.tool"]).is_empty());
     assert!(files(&["sort", "-m", "rewards.judge"]).is_empty());
