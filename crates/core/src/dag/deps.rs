@@ -21,6 +21,18 @@ pub struct TreeDep {
     pub kind: TreeKind,
 }
 
+impl TreeDep {
+    /// The path (relative to the spec's folder) of the file a node record
+    /// keys under `rel` for this dep: a folder's files are keyed by their
+    /// path inside it, a glob's by their own.
+    pub fn file(&self, rel: &str) -> String {
+        match self.kind {
+            TreeKind::Dir { .. } => format!("{}/{rel}", self.name),
+            TreeKind::Glob { .. } => rel.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TreeKind {
     /// A folder no node writes; `skip` are paths under it (relative to the

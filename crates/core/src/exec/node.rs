@@ -389,11 +389,8 @@ fn copied_data(
         read.entry(hash.as_str()).or_insert_with(|| format!("dep '{rel}'"));
     }
     for t in &node.trees {
-        let folder = matches!(t.kind, crate::dag::deps::TreeKind::Dir { .. });
         for (rel, hash) in trees.get(&t.name).into_iter().flatten() {
-            // A folder's files are keyed by their path inside it; a glob's by their own.
-            let file = if folder { format!("{}/{rel}", t.name) } else { rel.clone() };
-            read.entry(hash.as_str()).or_insert_with(|| format!("dep '{}' ('{file}')", t.name));
+            read.entry(hash.as_str()).or_insert_with(|| format!("dep '{}' ('{}')", t.name, t.file(rel)));
         }
     }
     for (g, taint, why) in forbidden {
@@ -915,11 +912,7 @@ fn deps_unchanged(job: &NodeJob<'_>, record: &HashInputs) -> Result<(), String> 
     now.files.retain(|rel, h| refresh(&job.spec_dir.join(rel), h));
     for tree in &node.trees {
         let Some(files) = now.trees.get_mut(&tree.name) else { continue };
-        let base = match tree.kind {
-            crate::dag::deps::TreeKind::Dir { .. } => job.spec_dir.join(&tree.name),
-            crate::dag::deps::TreeKind::Glob { .. } => job.spec_dir.to_path_buf(),
-        };
-        files.retain(|rel, h| refresh(&base.join(rel), h));
+        files.retain(|rel, h| refresh(&job.spec_dir.join(tree.file(rel)), h));
     }
     for (file, values) in now.params_files.iter_mut() {
         let doc = crate::docfile::read(job.spec_dir, file).ok();

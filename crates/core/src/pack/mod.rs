@@ -201,12 +201,12 @@ enum EventKind {
     Other,
 }
 
-/// Why event `seq` (its JSON `text`) is not of the results `keys` (by node
+/// Why event `seq` (read as a [`KeyedEvent`]) is not of the results `keys` (by node
 /// id): it names a node with another key, or a node they lack, or says a
 /// packed result failed (a later `--force` that failed). `None` when it names
 /// none, or one with its key.
-fn foreign_event(seq: usize, text: &str, keys: &BTreeMap<&str, &Key>) -> Option<String> {
-    let KeyedEvent { event, node: Some(node), key: Some(key) } = serde_json::from_str(text).ok()? else {
+fn foreign_event(seq: usize, event: KeyedEvent, keys: &BTreeMap<&str, &Key>) -> Option<String> {
+    let KeyedEvent { event, node: Some(node), key: Some(key) } = event else {
         return None;
     };
     let failed = event == Some(EventKind::NodeFailed);
@@ -398,7 +398,11 @@ pub fn freeze(
         let (mut run, mut other) = (None, None);
         for r in index.recent_runs(usize::MAX >> 1)?.into_iter().filter(|r| r.spec == spec.name) {
             let texts = index.run_events(&r.run_id)?;
-            match texts.iter().enumerate().find_map(|(seq, text)| foreign_event(seq, text, &keys)) {
+            let foreign = texts
+                .iter()
+                .enumerate()
+                .find_map(|(seq, text)| foreign_event(seq, serde_json::from_str(text).ok()?, &keys));
+            match foreign {
                 None => {
                     run = Some((r, texts));
                     break;
@@ -656,7 +660,7 @@ pub fn verify(dir: &Path) -> Result<Vec<String>, PackError> {
             let keys: BTreeMap<&str, &Key> = manifest.nodes.iter().map(|n| (n.id.as_str(), &n.key)).collect();
             let foreign = text.lines().enumerate().find_map(|(i, line)| {
                 let sealed: SealedEvent = serde_json::from_str(line).ok()?;
-                foreign_event(i, &sealed.event.to_string(), &keys)
+                foreign_event(i, serde::Deserialize::deserialize(&sealed.event).ok()?, &keys)
             });
             if let Some(why) = foreign {
                 problems.push(format!("events.jsonl is not the log of the packed results: {why}"));
