@@ -454,22 +454,6 @@ fn a_run_of_hits_alone_is_in_the_history_at_once_and_after_it_is_folded_in() {
     assert_eq!(hits_of(&listed[0].0), ["a", "b", "c", "d"]);
 }
 
-/// Makes the stored object at `path` (a file, or every file of a folder)
-/// say `bytes`, as bit rot or an edit after a chmod would.
-fn damage_object(path: &std::path::Path, bytes: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    let files: Vec<std::path::PathBuf> = if path.is_dir() {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::read_dir(path).unwrap().map(|e| e.unwrap().path()).collect()
-    } else {
-        vec![path.to_path_buf()]
-    };
-    for f in files {
-        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
-        std::fs::write(&f, bytes).unwrap();
-    }
-}
-
 /// Before, `checkout` and the restore `run` makes of a missing out copied the
 /// stored object into the tree without checking it: an object damaged after
 /// it was stored (bit rot, an edit after a chmod) put its bad bytes at the
@@ -493,7 +477,7 @@ fn a_damaged_object_is_never_checked_out_into_the_tree() {
     };
     for out in ["o.txt", "d"] {
         let stored = object(out);
-        damage_object(&stored, "evil\n");
+        common::damage_object(&stored, "evil\n");
         std::fs::remove_dir_all(p.path().join("d")).ok();
         std::fs::remove_file(p.path().join("o.txt")).ok();
         let o = p.run(&["checkout", "p.yaml"]);
@@ -510,7 +494,7 @@ fn a_damaged_object_is_never_checked_out_into_the_tree() {
         assert_eq!(p.read("o.txt"), "good\n");
         assert_eq!(p.read("d/f.txt"), "good\n");
         // And a restore by `run` checks the same.
-        damage_object(&object(out), "evil\n");
+        common::damage_object(&object(out), "evil\n");
         std::fs::remove_dir_all(p.path().join("d")).ok();
         std::fs::remove_file(p.path().join("o.txt")).ok();
         let events = p.run_json(&["p.yaml"], 0);

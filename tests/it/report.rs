@@ -284,7 +284,6 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
 /// reader says why.
 #[test]
 fn a_damaged_object_of_a_run_is_never_shown_as_its_result() {
-    use std::os::unix::fs::PermissionsExt;
     let p = Project::new();
     p.write(
         "s.yaml",
@@ -293,8 +292,7 @@ fn a_damaged_object_of_a_run_is_never_shown_as_its_result() {
     let events = p.run_json(&["s.yaml"], 0);
     let run = events[0]["run_id"].as_str().unwrap().to_string();
     let object = std::path::PathBuf::from(stdout(&p.run(&["path", "s.yaml", "measure:m.json"])).trim());
-    std::fs::set_permissions(&object, std::fs::Permissions::from_mode(0o644)).unwrap();
-    std::fs::write(&object, "{\"score\": 0.99}\n").unwrap();
+    common::damage_object(&object, "{\"score\": 0.99}\n");
     let html = p.path().join("r.html");
     let out = p.run(&["report", &run, "--out", html.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -222,6 +222,22 @@ pub fn mkfifo(path: &std::path::Path) {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo {}", path.display());
 }
 
+/// Makes the stored object at `path` (a file, or every file of a folder)
+/// say `bytes`, as bit rot or an edit after a chmod would.
+pub fn damage_object(path: &std::path::Path, bytes: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let files: Vec<std::path::PathBuf> = if path.is_dir() {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::read_dir(path).unwrap().map(|e| e.unwrap().path()).collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    for f in files {
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&f, bytes).unwrap();
+    }
+}
+
 /// Every path under `root` (a folder as `NAME/`, a file with its bytes), links followed.
 pub fn tree_of(root: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     let mut out = std::collections::BTreeMap::new();
