@@ -217,7 +217,7 @@ pub enum Command {
     /// Check the store: every cached output present with its recorded hash.
     Verify,
     /// Remove what no kept run needs from the store, as `dvc gc`: cache rows,
-    /// their records and logs, and the objects no kept row names. Kept: every
+    /// their records and logs, and the objects no kept row or run names. Kept: every
     /// result of each kept spec's latest `--keep-runs` runs, each of its nodes'
     /// most recent result where the latest run did not finish that node, and
     /// what a `--keep-pack` pack lists. Refused while another process has the

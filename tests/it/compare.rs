@@ -226,3 +226,57 @@ nodes:
     let norm = grpo.split("<figure>").find(|f| f.contains("gradient norm")).unwrap();
     assert!(norm.contains("class=\"band\""), "{norm}");
 }
+
+/// A run is read with the results it had. `run --force` of a node whose
+/// command does not give the same bytes twice replaces the stored result of
+/// its key; the earlier run still made, and was judged on, its own bytes, so
+/// its report and a comparison of the two runs show each run's own value
+/// (before, both showed the later one, and compare called them equal).
+#[test]
+fn a_run_is_read_with_its_own_results_after_a_later_run_replaced_them() {
+    let p = Project::new();
+    let counter = p.path().join("counter");
+    std::fs::write(&counter, "0\n").unwrap();
+    let c = counter.to_str().unwrap();
+    p.write(
+        "s.yaml",
+        &format!(
+            "name: s\nnodes:\n  measure:\n    op: shell\n    params:\n      cmd: \"n=$(( $(cat {c}) + 1 )); echo $n > {c}; echo '{{\\\"score\\\": 0.6'$n'}}' > m.json\"\n      outs: [m.json]\n      metrics: [m.json]\n"
+        ),
+    );
+    p.run_json(&["s.yaml"], 0);
+    p.run_json(&["s.yaml", "--force", "measure"], 0);
+    let [first, second] = run_ids(&p).try_into().unwrap();
+    let object = std::path::PathBuf::from(stdout(&p.run(&["path", "s.yaml", "measure:m.json"])).trim());
+    assert_eq!(std::fs::read_to_string(object).unwrap(), "{\"score\": 0.62}\n", "the second run's result is stored");
+
+    let html = p.path().join("r.html");
+    let out = p.run(&["report", &first, "--out", html.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(text.contains("0.61") && !text.contains("0.62"), "the first run's report shows another run's result");
+
+    let c = compare_json(&p, &[&first, &second]);
+    let score = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m.to_string().contains("score"))
+        .unwrap_or_else(|| panic!("compare shows no change in the score: {c:#}"));
+    let said = score.to_string();
+    assert!(said.contains("0.61") && said.contains("0.62"), "{said}");
+
+    // `gc --keep-runs 2` keeps both runs whole: the first run's own bytes too.
+    let out = p.run(&["gc", "s.yaml", "--keep-runs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = p.run(&["compare", &first, &second, "--json"]);
+    let said = stdout(&out);
+    assert!(said.contains("0.61") && said.contains("0.62"), "gc --keep-runs 2 removed the first run's result: {said}");
+    // A plain gc keeps the latest run: the first run's result is gone, and its report says so.
+    let out = p.run(&["gc", "s.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = p.run(&["report", &first, "--out", html.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(!text.contains("0.62") && text.contains("no longer in the store"), "{text}");
+}

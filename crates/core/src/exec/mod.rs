@@ -27,7 +27,7 @@ pub use report::Reporter;
 use crate::dag::key::EnvPart;
 use crate::dag::Dag;
 use crate::spec::Spec;
-use crate::store::{now_rfc3339, Key, NodeOutcome, OutputRecord, RunNodeRow, RunRow, StoreError, Workspace};
+use crate::store::{now_rfc3339, Key, NodeOutcome, OutputRecord, RunNodeRow, RunOutput, RunRow, StoreError, Workspace};
 
 pub use crate::runtime::EnvProvider;
 
@@ -564,19 +564,21 @@ pub fn run_with(
         let Some(outcome) = outcome else { continue };
         let node_id = dag.nodes[pos].id().to_string();
         let row = match &outcome {
-            Outcome::Cached { key, .. } => RunNodeRow {
+            Outcome::Cached { key, outputs, .. } => RunNodeRow {
                 node_id: node_id.clone(),
                 key: Some(key.clone()),
                 outcome: NodeOutcome::Cached,
                 seconds: None,
                 detail: None,
+                outputs: Some(outputs.iter().map(RunOutput::from).collect()),
             },
-            Outcome::Ran { key, seconds, job, .. } => RunNodeRow {
+            Outcome::Ran { key, seconds, job, outputs, .. } => RunNodeRow {
                 node_id: node_id.clone(),
                 key: Some(key.clone()),
                 outcome: NodeOutcome::Ran,
                 seconds: Some(*seconds),
                 detail: job.clone(),
+                outputs: Some(outputs.iter().map(RunOutput::from).collect()),
             },
             Outcome::Failed { key, error, seconds } => RunNodeRow {
                 node_id: node_id.clone(),
@@ -584,6 +586,7 @@ pub fn run_with(
                 outcome: NodeOutcome::Failed,
                 seconds: Some(*seconds),
                 detail: Some(error.clone()),
+                outputs: None,
             },
             Outcome::Skipped { because } => RunNodeRow {
                 node_id: node_id.clone(),
@@ -591,6 +594,7 @@ pub fn run_with(
                 outcome: NodeOutcome::Skipped,
                 seconds: None,
                 detail: Some(because.clone()),
+                outputs: None,
             },
         };
         rows.push(row);

@@ -2,12 +2,13 @@
 //! what no kept run needs, as `dvc gc` does.
 //!
 //! What is kept, for each kept spec: every node result of its `keep_runs`
-//! latest runs, and, for each node that the latest run did not finish (a run
+//! latest runs (with the objects each run recorded having, where a later
+//! `run --force` of a key stored other bytes in its row), and, for each node that the latest run did not finish (a run
 //! of some targets only, a failure, an interrupt), that node's most recent
 //! result, so gc never takes a node's last result away unless a newer one
 //! replaced it; plus the keys and objects a pack given with `--keep-pack`
 //! lists. Everything else (cache rows, their records and logs, the objects no
-//! kept row names) is removed. Runs, their events and the stat cache stay.
+//! kept row or kept run names) is removed. Runs, their events and the stat cache stay.
 //!
 //! Cache rows go first (one transaction), then records, logs and objects: a
 //! crash between leaves objects nobody names, which the next gc removes, and
@@ -135,6 +136,10 @@ fn size_of(path: &Path) -> Result<(u64, u64), StoreError> {
 struct Kept {
     runs: Vec<String>,
     keys: BTreeSet<Key>,
+    /// The objects the kept runs had, as they recorded them: a run kept whole
+    /// keeps its own bytes even where a later `run --force` of the same key
+    /// stored others in the cache row.
+    objects: BTreeSet<String>,
 }
 
 fn kept(ws: &Workspace, index: &super::Index, all: &[CachedNode], policy: &KeepPolicy) -> Result<Kept, StoreError> {
@@ -155,7 +160,7 @@ fn kept(ws: &Workspace, index: &super::Index, all: &[CachedNode], policy: &KeepP
             )));
         }
     }
-    let mut keep = Kept { runs: Vec::new(), keys: policy.keys.clone() };
+    let mut keep = Kept { runs: Vec::new(), keys: policy.keys.clone(), objects: BTreeSet::new() };
     for (spec, spec_runs) in per_spec {
         // recent_runs is newest first.
         for (i, run) in spec_runs.iter().take(policy.keep_runs.max(1)).enumerate() {
@@ -167,6 +172,9 @@ fn kept(ws: &Workspace, index: &super::Index, all: &[CachedNode], policy: &KeepP
                     keep.keys.insert(k.clone());
                     finished.insert(row.node_id.as_str());
                 }
+                let had = row.outputs.iter().flatten();
+                let had = had.filter(|o| !(policy.drop_states && o.name == STATE_OUTPUT));
+                keep.objects.extend(had.map(|o| o.object.hash.clone()));
             }
             if i == 0 {
                 // The spec's nodes the latest run did not finish keep their most recent result.
@@ -190,7 +198,7 @@ pub fn plan(ws: &Workspace, policy: &KeepPolicy) -> Result<GcPlan, StoreError> {
     let all = index.all_nodes()?;
     let keep = kept(ws, &index, &all, policy)?;
     let stored = stored_objects(ws)?;
-    let mut named: BTreeSet<String> = policy.objects.clone();
+    let mut named: BTreeSet<String> = policy.objects.iter().chain(&keep.objects).cloned().collect();
     let mut result = GcPlan { kept_runs: keep.runs.clone(), ..GcPlan::default() };
     for n in &all {
         if keep.keys.contains(&n.key) {

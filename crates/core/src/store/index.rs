@@ -178,6 +178,27 @@ pub struct RunNodeRow {
     pub outcome: NodeOutcome,
     pub seconds: Option<f64>,
     pub detail: Option<String>,
+    /// The outputs the node had in this run (ran or cached): the objects that
+    /// held its bytes then. A later `run --force` of the same key may store
+    /// other bytes in its cache row; what this run made and was judged on is
+    /// read from here. `None`: failed or skipped, or a run recorded before
+    /// runs kept their outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Vec<RunOutput>>,
+}
+
+/// An output as a run had it: its name and its object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunOutput {
+    pub name: String,
+    #[serde(flatten)]
+    pub object: ObjectInfo,
+}
+
+impl From<&OutputRecord> for RunOutput {
+    fn from(o: &OutputRecord) -> RunOutput {
+        RunOutput { name: o.name.clone(), object: o.object.clone() }
+    }
 }
 
 /// 6: `nodes.costs` (added to an older index's table by [`Index::open`]).
@@ -214,6 +235,7 @@ CREATE TABLE IF NOT EXISTS run_nodes (
     outcome TEXT NOT NULL,
     seconds REAL,
     detail TEXT,
+    outputs TEXT,
     PRIMARY KEY (run_id, node_id)
 );
 CREATE TABLE IF NOT EXISTS events (
@@ -256,6 +278,9 @@ pub struct Index {
     /// The columns a cache row is read from: an index of version 5 or older
     /// opened read-only has no `costs` column, and reads none.
     columns: &'static str,
+    /// Whether `run_nodes` has its `outputs` column (an older index opened
+    /// read-only may not: its runs read as having recorded none).
+    run_outputs: bool,
     /// Whether reads share one transaction ([`Index::batch_reads`]) and it is open.
     batch: std::cell::Cell<bool>,
     /// The runs of hits alone not folded in yet ([`super::history`]): read
@@ -284,11 +309,15 @@ fn insert_outcomes(
 ) -> Result<(), StoreError> {
     let mut ins = conn
         .prepare_cached(
-            "INSERT OR REPLACE INTO run_nodes (run_id, node_id, key, outcome, seconds, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT OR REPLACE INTO run_nodes (run_id, node_id, key, outcome, seconds, detail, outputs)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
         .map_err(db("recording run nodes"))?;
     for n in nodes {
-        ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail])
+        let outputs = n.outputs.as_ref().map(serde_json::to_string).transpose().map_err(|e| {
+            StoreError::Invalid(format!("recording the outputs of node '{}' in run {run_id}: {e}", n.node_id))
+        })?;
+        ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail, outputs])
             .map_err(db("recording run nodes"))?;
     }
     let mut ev = conn
@@ -309,9 +338,19 @@ fn has_dropped_index(conn: &Connection) -> Result<bool, StoreError> {
 
 /// Whether the nodes table has the `costs` column (index version 6).
 fn has_costs_column(conn: &Connection) -> Result<bool, StoreError> {
-    conn.prepare("SELECT 1 FROM pragma_table_info('nodes') WHERE name = 'costs'")
-        .and_then(|mut s| s.exists([]))
-        .map_err(db("reading the nodes table's columns"))
+    has_column(conn, "nodes", "costs")
+}
+
+/// Whether the run_nodes table has the `outputs` column (added in version 6
+/// when runs began to keep the outputs they had).
+fn has_run_outputs_column(conn: &Connection) -> Result<bool, StoreError> {
+    has_column(conn, "run_nodes", "outputs")
+}
+
+fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool, StoreError> {
+    conn.prepare_cached("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")
+        .and_then(|mut s| s.exists(params![table, column]))
+        .map_err(db("reading a table's columns"))
 }
 
 fn file_identity(path: &Path) -> Option<(std::path::PathBuf, u64, u64)> {
@@ -458,6 +497,11 @@ impl Index {
         if !has_costs_column(&conn)? {
             conn.execute_batch("ALTER TABLE nodes ADD COLUMN costs TEXT").map_err(db("adding the costs column"))?;
         }
+        // Nor, before runs kept their outputs, the run_nodes `outputs` column.
+        if !has_run_outputs_column(&conn)? {
+            conn.execute_batch("ALTER TABLE run_nodes ADD COLUMN outputs TEXT")
+                .map_err(db("adding the run outputs column"))?;
+        }
         // An index of version 6 made before the partial index of
         // [`ANY_DROPPED`] was part of the schema gains it (building it reads
         // every row once).
@@ -469,6 +513,7 @@ impl Index {
             conn,
             file: file_identity(path),
             columns: Self::COLUMNS,
+            run_outputs: true,
             batch: Default::default(),
             history: history::path_for(path),
             defer_history,
@@ -496,10 +541,12 @@ impl Index {
     pub fn open_read_only(path: &Path) -> Result<Index, StoreError> {
         let conn = open_database_read_only(path, "the index")?;
         let columns = if has_costs_column(&conn)? { Self::COLUMNS } else { Self::COLUMNS_BEFORE_COSTS };
+        let run_outputs = has_run_outputs_column(&conn)?;
         Ok(Index {
             conn,
             file: file_identity(path),
             columns,
+            run_outputs,
             batch: Default::default(),
             history: history::path_for(path),
             defer_history: false,
@@ -842,22 +889,40 @@ impl Index {
             p.nodes.sort_by(|a, b| a.node_id.cmp(&b.node_id));
             return Ok(p.nodes);
         }
+        let outputs = if self.run_outputs { "outputs" } else { "NULL" };
         let mut stmt = self
             .conn
-            .prepare("SELECT node_id, key, outcome, seconds, detail FROM run_nodes WHERE run_id = ?1 ORDER BY node_id")
+            .prepare(&format!(
+                "SELECT node_id, key, outcome, seconds, detail, {outputs} FROM run_nodes WHERE run_id = ?1 ORDER BY node_id"
+            ))
             .map_err(db("listing run nodes"))?;
         let rows = stmt
             .query_map(params![run_id], |r| {
-                Ok(RunNodeRow {
-                    node_id: r.get(0)?,
-                    key: r.get(1)?,
-                    outcome: r.get(2)?,
-                    seconds: r.get(3)?,
-                    detail: r.get(4)?,
-                })
+                Ok((
+                    RunNodeRow {
+                        node_id: r.get(0)?,
+                        key: r.get(1)?,
+                        outcome: r.get(2)?,
+                        seconds: r.get(3)?,
+                        detail: r.get(4)?,
+                        outputs: None,
+                    },
+                    r.get::<_, Option<String>>(5)?,
+                ))
             })
             .map_err(db("listing run nodes"))?;
-        rows.collect::<Result<_, _>>().map_err(db("listing run nodes"))
+        let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(db("listing run nodes"))?;
+        rows.into_iter()
+            .map(|(mut row, outputs)| {
+                row.outputs = outputs.map(|text| serde_json::from_str(&text)).transpose().map_err(|e| {
+                    StoreError::Invalid(format!(
+                        "the index's outputs of node '{}' in run {run_id} do not read: {e}",
+                        row.node_id
+                    ))
+                })?;
+                Ok(row)
+            })
+            .collect()
     }
 
     /// Appends an event to a finished run's log (after its last one).
@@ -968,6 +1033,48 @@ mod migration_tests {
         drop(index);
         // Opening it again adds nothing twice.
         assert!(Index::open(&path).unwrap().lookup(&key).unwrap().unwrap().costs.is_some());
+    }
+
+    /// An index whose run_nodes predate the `outputs` column: read-only (by
+    /// `report`), its runs read as having recorded no outputs; opened, it
+    /// gains the column, keeps its rows, and records the outputs of new runs.
+    #[test]
+    fn an_index_from_before_runs_kept_their_outputs_gains_the_column_and_keeps_its_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        drop(Index::open(&path).unwrap());
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "DROP TABLE run_nodes;
+                 CREATE TABLE run_nodes (run_id TEXT NOT NULL, node_id TEXT NOT NULL, key TEXT, outcome TEXT NOT NULL,
+                   seconds REAL, detail TEXT, PRIMARY KEY (run_id, node_id));
+                 INSERT INTO run_nodes VALUES ('r1', 'a', NULL, 'ran', 1.5, NULL);",
+            )
+            .unwrap();
+        }
+        let read_only = Index::open_read_only(&path).unwrap();
+        let rows = read_only.run_nodes("r1").unwrap();
+        assert_eq!((rows.len(), rows[0].seconds, rows[0].outputs.is_none()), (1, Some(1.5), true));
+        drop(read_only);
+        let mut index = Index::open(&path).unwrap();
+        assert!(index.run_nodes("r1").unwrap()[0].outputs.is_none(), "the old row is kept, with no outputs");
+        let had = RunOutput {
+            name: "m.json".into(),
+            object: ObjectInfo { hash: "ef".repeat(32), kind: crate::store::OutputKind::File, size: 3, files: 1 },
+        };
+        let row = RunNodeRow {
+            node_id: "b".into(),
+            key: None,
+            outcome: NodeOutcome::Ran,
+            seconds: None,
+            detail: None,
+            outputs: Some(vec![had.clone()]),
+        };
+        index.finish_run("r2", "ok", "", &[row], &[], None).unwrap();
+        assert_eq!(index.run_nodes("r2").unwrap()[0].outputs, Some(vec![had]));
+        drop(index);
+        assert!(Index::open(&path).is_ok(), "opening it again adds nothing twice");
     }
 
     /// The record is typed where the row is read: one that does not read as
@@ -1171,7 +1278,7 @@ mod history_tests {
     }
 
     fn outcome(node: &str, outcome: NodeOutcome) -> RunNodeRow {
-        RunNodeRow { node_id: node.into(), key: None, outcome, seconds: None, detail: None }
+        RunNodeRow { node_id: node.into(), key: None, outcome, seconds: None, detail: None, outputs: None }
     }
 
     fn runs_here(index: &Index) -> Vec<String> {

@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 use crate::ids as spec_ids;
 
 pub use index::{
-    open_database, open_database_read_only, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow, RunRow,
-    SpecRef,
+    open_database, open_database_read_only, CachedNode, FileStat, Index, NodeOutcome, OutputRecord, RunNodeRow,
+    RunOutput, RunRow, SpecRef,
 };
 pub use objects::{hash_file, ObjectInfo};
 

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::ops::artifacts::{ArtifactKind, NodeKind};
-use crate::store::{NodeOutcome, StoreError, Workspace};
+use crate::store::{NodeOutcome, RunOutput, StoreError, Workspace};
 use crate::train::metrics::TrainingMetrics;
 
 mod cells;
@@ -152,28 +152,14 @@ impl RunView {
                 None => None,
             };
             let (mut outputs, mut hashes, mut unavailable) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-            if let Some(c) = &cached {
-                for o in &c.outputs {
-                    producers.entry(o.object.hash.clone()).or_default().push(n.node_id.clone());
-                    hashes.insert(o.name.clone(), o.object.hash.clone());
-                    // What a reader shows is the run's result: an object a reader
-                    // may read (up to VERIFIED_BYTES) is checked against its name.
-                    let path = ws.object_path(&o.object.hash);
-                    if o.object.size <= VERIFIED_BYTES
-                        && crate::store::objects::intact(&path, &o.object.hash, o.object.kind)? == Some(false)
-                    {
-                        let short = &o.object.hash[..12.min(o.object.hash.len())];
-                        unavailable.insert(
-                            o.name.clone(),
-                            format!(
-                                "its object {short} is damaged: its bytes no longer hash to its name \
-                                 (`orchestrate verify` lists it; run the node again)"
-                            ),
-                        );
-                        continue;
-                    }
-                    outputs.insert(o.name.clone(), path);
+            for o in &outputs_had(&n, cached.as_ref()) {
+                producers.entry(o.object.hash.clone()).or_default().push(n.node_id.clone());
+                hashes.insert(o.name.clone(), o.object.hash.clone());
+                if let Some(why) = not_shown(ws, o)? {
+                    unavailable.insert(o.name.clone(), why);
+                    continue;
                 }
+                outputs.insert(o.name.clone(), ws.object_path(&o.object.hash));
             }
             let record = cached.as_ref().map(|c| c.record.clone());
             records.push(record.as_ref().map(|r| r.inputs.clone()).unwrap_or_default());
@@ -208,6 +194,44 @@ impl RunView {
         let profile = row.profile.map(|p| format!(" --profile {p}")).unwrap_or_default();
         Ok(RunView { title: format!("{}{profile} — run {run} ({})", row.spec, row.status), nodes })
     }
+}
+
+/// The outputs a node had in a run: those the run recorded (a later `run
+/// --force` of the same key may have stored other bytes in its cache row),
+/// or, for a run recorded before runs kept them, its key's cache row. A node
+/// that failed or was skipped had none.
+fn outputs_had(n: &crate::store::RunNodeRow, cached: Option<&crate::store::CachedNode>) -> Vec<RunOutput> {
+    match (&n.outputs, n.outcome) {
+        (Some(outputs), _) => outputs.clone(),
+        (None, NodeOutcome::Ran | NodeOutcome::Cached) => {
+            cached.map(|c| c.outputs.iter().filter(|o| o.stored()).map(RunOutput::from).collect()).unwrap_or_default()
+        }
+        (None, _) => Vec::new(),
+    }
+}
+
+/// Why a run's output is not shown, if it is not: its object is gone, or (for
+/// one a reader may read, up to [`VERIFIED_BYTES`]) no longer hashes to its
+/// name. What a reader shows is the run's result.
+fn not_shown(ws: &Workspace, o: &RunOutput) -> std::result::Result<Option<String>, StoreError> {
+    let path = ws.object_path(&o.object.hash);
+    let short = &o.object.hash[..12.min(o.object.hash.len())];
+    let intact = if o.object.size <= VERIFIED_BYTES {
+        crate::store::objects::intact(&path, &o.object.hash, o.object.kind)?
+    } else {
+        std::fs::symlink_metadata(&path).ok().map(|_| true)
+    };
+    Ok(match intact {
+        Some(true) => None,
+        Some(false) => Some(format!(
+            "its object {short} is damaged: its bytes no longer hash to its name \
+             (`orchestrate verify` lists it; run the node again)"
+        )),
+        None => Some(format!(
+            "its object {short} is no longer in the store (gc removes the results no kept run needs, \
+             and `gc --drop-states` training states)"
+        )),
+    })
 }
 
 /// What happened to a node in the run a view shows.
