@@ -120,9 +120,11 @@ pub fn collect(ws: &Workspace, run: &str) -> Result<Vec<RunEvent>, RunEventsErro
         if op != WorkerOp::TrainGrpo.name() {
             continue;
         }
+        // The outputs it had in this run, not what a later run stored under its key.
+        let had = n.outputs_had(Some(&cached));
         let output = |kind: ArtifactKind| {
             let name = kind.output_of(&op)?;
-            cached.outputs.iter().find(|o| o.name == name).map(|o| ws.object_path(&o.object.hash))
+            had.iter().find(|o| o.name == name).map(|o| ws.object_path(&o.object.hash))
         };
         let metrics = output(ArtifactKind::TrainingMetrics)
             .ok_or_else(|| node_error("a GRPO node without its metrics output".to_string()))?;

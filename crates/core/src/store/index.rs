@@ -187,6 +187,22 @@ pub struct RunNodeRow {
     pub outputs: Option<Vec<RunOutput>>,
 }
 
+impl RunNodeRow {
+    /// The outputs the node had in this run: those the run recorded (a later
+    /// `run --force` of the same key may have stored other bytes in its cache
+    /// row), or, for a run recorded before runs kept them, `cached`, its key's
+    /// cache row. A node that failed or was skipped had none.
+    pub fn outputs_had(&self, cached: Option<&CachedNode>) -> Vec<RunOutput> {
+        match (&self.outputs, self.outcome) {
+            (Some(outputs), _) => outputs.clone(),
+            (None, NodeOutcome::Ran | NodeOutcome::Cached) => cached
+                .map(|c| c.outputs.iter().filter(|o| o.stored()).map(RunOutput::from).collect())
+                .unwrap_or_default(),
+            (None, _) => Vec::new(),
+        }
+    }
+}
+
 /// An output as a run had it: its name and its object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunOutput {

@@ -152,7 +152,7 @@ impl RunView {
                 None => None,
             };
             let (mut outputs, mut hashes, mut unavailable) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-            for o in &outputs_had(&n, cached.as_ref()) {
+            for o in &n.outputs_had(cached.as_ref()) {
                 producers.entry(o.object.hash.clone()).or_default().push(n.node_id.clone());
                 hashes.insert(o.name.clone(), o.object.hash.clone());
                 if let Some(why) = not_shown(ws, o)? {
@@ -193,20 +193,6 @@ impl RunView {
         }
         let profile = row.profile.map(|p| format!(" --profile {p}")).unwrap_or_default();
         Ok(RunView { title: format!("{}{profile} — run {run} ({})", row.spec, row.status), nodes })
-    }
-}
-
-/// The outputs a node had in a run: those the run recorded (a later `run
-/// --force` of the same key may have stored other bytes in its cache row),
-/// or, for a run recorded before runs kept them, its key's cache row. A node
-/// that failed or was skipped had none.
-fn outputs_had(n: &crate::store::RunNodeRow, cached: Option<&crate::store::CachedNode>) -> Vec<RunOutput> {
-    match (&n.outputs, n.outcome) {
-        (Some(outputs), _) => outputs.clone(),
-        (None, NodeOutcome::Ran | NodeOutcome::Cached) => {
-            cached.map(|c| c.outputs.iter().filter(|o| o.stored()).map(RunOutput::from).collect()).unwrap_or_default()
-        }
-        (None, _) => Vec::new(),
     }
 }
 
