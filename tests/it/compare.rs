@@ -265,6 +265,20 @@ fn a_run_is_read_with_its_own_results_after_a_later_run_replaced_them() {
         .unwrap_or_else(|| panic!("compare shows no change in the score: {c:#}"));
     let said = score.to_string();
     assert!(said.contains("0.61") && said.contains("0.62"), "{said}");
+    // Under one key: the output that differs is named, with each side's object.
+    let hashes = |run: &str| {
+        let out = p.run(&["status", "--run", run, "--json"]);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        v["nodes"][0]["outputs"][0]["hash"].as_str().unwrap().to_string()
+    };
+    let (a, b) = (hashes(&first), hashes(&second));
+    assert_ne!(a, b);
+    let rows = c["outputs"].as_array().unwrap_or_else(|| panic!("no outputs section: {c:#}"));
+    assert_eq!(rows.len(), 1, "{c:#}");
+    assert_eq!((rows[0]["node"].as_str(), rows[0]["output"].as_str()), (Some("measure"), Some("m.json")));
+    assert_eq!(rows[0]["values"], serde_json::json!([&a[..12], &b[..12]]));
+    let text = stdout(&p.run(&["compare", &first, &second]));
+    assert!(text.contains(&format!("measure  m.json  {} → {}", &a[..12], &b[..12])), "{text}");
 
     // `gc --keep-runs 2` keeps both runs whole: the first run's own bytes too.
     let out = p.run(&["gc", "s.yaml", "--keep-runs", "2"]);

@@ -1,7 +1,7 @@
 //! The cells of a comparison's and a grouping's rows, as both the text and
 //! the Markdown renderers write them.
 
-use super::compare::{Comparison, KeyRow, MetricRow};
+use super::compare::{Comparison, KeyRow, MetricRow, OutputRow};
 use super::group::{GroupRow, PairedRow};
 use super::label;
 
@@ -23,7 +23,11 @@ impl Comparison {
     }
 
     pub(crate) fn key_cells(r: &KeyRow) -> Vec<String> {
-        r.values.iter().map(|v| v.clone().unwrap_or_else(|| "(absent)".into())).collect()
+        absent_as_said(&r.values)
+    }
+
+    pub(crate) fn hash_cells(r: &OutputRow) -> Vec<String> {
+        absent_as_said(&r.values)
     }
 
     pub(crate) fn metric_cells(&self, r: &MetricRow) -> Vec<String> {
@@ -68,4 +72,8 @@ pub(crate) fn paired_cells(p: &PairedRow) -> Vec<String> {
         (None, why) => format!("undefined ({})", why.as_deref().unwrap_or("-")),
     };
     vec![format!("{} − {}", p.group, p.baseline), p.population.clone(), p.problems.to_string(), diff]
+}
+
+fn absent_as_said(values: &[Option<String>]) -> Vec<String> {
+    values.iter().map(|v| v.clone().unwrap_or_else(|| "(absent)".into())).collect()
 }

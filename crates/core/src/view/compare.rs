@@ -2,10 +2,12 @@
 //! and why. Each side is a [`RunView`] (a run of the workspace or a frozen
 //! pack); the first side is the baseline.
 //!
-//! Three sections, in a long layout (one row per node and field):
+//! Its sections, in a long layout (one row per node and field):
 //! - **keys**: nodes whose keys differ, with the hash-input fields that differ
 //!   (the vocabulary of `plan` and `explain`), an input's content named by the
 //!   node that produced it on each side;
+//! - **outputs** that differ under one key: a node that did not give the same
+//!   bytes twice for the same inputs (shown only when there is one);
 //! - **metrics** of nodes present on several sides, read through their
 //!   writers' types (an unreadable file is listed, never read as zeros);
 //! - **gates** whose verdict differs.
@@ -33,6 +35,17 @@ pub struct KeyRow {
     /// a node present on some sides only.
     pub field: String,
     /// One per side; `None`: absent there.
+    pub values: Vec<Option<String>>,
+}
+
+/// An output of a node whose key is the same on every side, whose bytes are
+/// not: the node did not give the same bytes twice for the same inputs (a
+/// later `run --force`, two workspaces, a pack and a run).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OutputRow {
+    pub node: String,
+    pub output: String,
+    /// One per side: the short hash of its object; `None`: absent there.
     pub values: Vec<Option<String>>,
 }
 
@@ -71,6 +84,8 @@ pub struct Comparison {
     /// Whether unchanged rows are included.
     pub all: bool,
     pub keys: Vec<KeyRow>,
+    /// Outputs that differ under one key (only those, `all` or not).
+    pub outputs: Vec<OutputRow>,
     pub metrics: Vec<MetricRow>,
     pub gates: Vec<GateRow>,
     pub unreadable: Vec<Unreadable>,
@@ -161,6 +176,26 @@ fn key_rows(
     rows
 }
 
+/// The outputs of one node present on every side under one key whose
+/// objects differ between sides.
+fn output_rows(id: &str, nodes: &[Option<&NodeView>]) -> Vec<OutputRow> {
+    let Some(present) = nodes.iter().copied().collect::<Option<Vec<&NodeView>>>() else { return Vec::new() };
+    let keys: Vec<_> = present.iter().map(|x| x.key.as_ref()).collect();
+    if keys.iter().any(Option::is_none) || !same(&keys) {
+        return Vec::new();
+    }
+    let names: BTreeSet<&String> = present.iter().flat_map(|x| x.hashes.keys()).collect();
+    names
+        .into_iter()
+        .map(|name| OutputRow {
+            node: id.to_string(),
+            output: name.clone(),
+            values: present.iter().map(|x| x.hashes.get(name).map(|h| h[..h.len().min(12)].to_string())).collect(),
+        })
+        .filter(|r| !same(&r.values))
+        .collect()
+}
+
 /// Compares the sides (at least one); rows that agree everywhere are left
 /// out unless `all`.
 pub fn compare(sides: &[Side], all: bool) -> Comparison {
@@ -181,6 +216,7 @@ pub fn compare(sides: &[Side], all: bool) -> Comparison {
         sides: sides.iter().enumerate().map(|(i, s)| (label(i), s.name.clone())).collect(),
         all,
         keys: Vec::new(),
+        outputs: Vec::new(),
         metrics: Vec::new(),
         gates: Vec::new(),
         unreadable: Vec::new(),
@@ -189,6 +225,7 @@ pub fn compare(sides: &[Side], all: bool) -> Comparison {
     for id in &ids {
         let nodes: Vec<Option<&NodeView>> = lookup.iter().map(|l| l.get(id.as_str()).copied()).collect();
         out.keys.extend(key_rows(id, &nodes, &producers, all));
+        out.outputs.extend(output_rows(id, &nodes));
         // Metrics.
         let table = MetricTable::of(&nodes);
         for (i, error) in &table.unreadable {

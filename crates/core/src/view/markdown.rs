@@ -35,6 +35,17 @@ pub fn comparison(c: &Comparison) -> String {
         [vec!["node".into(), "field".into()], c.labels()].concat(),
         c.keys.iter().map(|r| [vec![r.node.clone(), r.field.clone()], Comparison::key_cells(r)].concat()).collect(),
     );
+    if !c.outputs.is_empty() {
+        out.push_str("\n### Outputs that differ under the same key\n");
+        table(
+            &mut out,
+            [vec!["node".into(), "output".into()], c.labels()].concat(),
+            c.outputs
+                .iter()
+                .map(|r| [vec![r.node.clone(), r.output.clone()], Comparison::hash_cells(r)].concat())
+                .collect(),
+        );
+    }
     out.push_str("\n### Metrics\n");
     table(
         &mut out,

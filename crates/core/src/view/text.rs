@@ -47,6 +47,18 @@ pub fn comparison(c: &Comparison) -> String {
         rows.extend(c.keys.iter().map(|r| vec![r.node.clone(), r.field.clone(), Comparison::key_cells(r).join(" → ")]));
         out.push_str(&indent(&columns(&rows)));
     }
+    if !c.outputs.is_empty() {
+        // Shown only when there is one: the same inputs gave other bytes.
+        out.push_str(
+            "\noutputs that differ under the same key (the node did not give the same bytes twice: \
+                      `orchestrate run SPEC --check NODE` re-executes it)\n",
+        );
+        let mut rows = vec![vec!["node".to_string(), "output".into(), c.labels().join(" → ")]];
+        rows.extend(
+            c.outputs.iter().map(|r| vec![r.node.clone(), r.output.clone(), Comparison::hash_cells(r).join(" → ")]),
+        );
+        out.push_str(&indent(&columns(&rows)));
+    }
     let _ = writeln!(out, "\nmetrics{hidden}");
     if c.metrics.is_empty() {
         out.push_str("  no metric differs\n");
