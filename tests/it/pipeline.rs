@@ -1569,3 +1569,54 @@ fn a_checkout_left_half_done_by_a_killed_process_is_cleared_by_the_next_one() {
     assert_eq!(p.read("data/.prepared.orchestrate-1-2"), "mine\n");
     assert!(p.path().join("out/checkpoint-1/model.bin").is_file());
 }
+
+/// The program a shell command runs is in its key, declared or not: the
+/// script an interpreter runs (`python3 train.py`, `bash tools/prep.sh`), a
+/// module (`python3 -m tools.gen`), a program given by path (`./score.sh`).
+/// Before, `python3 train.py > out.txt` without `deps: [train.py]` (the form
+/// of DVC's and our own docs' examples) stayed cached after train.py was
+/// edited, and served the old code's result. Nothing else a command names is
+/// keyed: a folder it writes logs into (`--logdir runs`) does not re-run it.
+#[test]
+fn the_program_a_shell_command_runs_is_in_its_key_declared_or_not() {
+    let p = Project::new();
+    p.write("train.py", "print(1)\n");
+    p.write("tools/__init__.py", "");
+    p.write("tools/gen.py", "print(1)\n");
+    p.write("tools/prep.sh", "echo 1\n");
+    p.write("score.sh", "#!/bin/sh\necho 1\n");
+    std::fs::set_permissions(p.path().join("score.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p.write(
+        "p.yaml",
+        r#"name: prog
+nodes:
+  script:
+    op: shell
+    params: {cmd: "mkdir -p runs && OMP_NUM_THREADS=1 python3 -u train.py --logdir runs > a.txt 2>&1 && date > runs/log", outs: [a.txt]}
+  module:
+    op: shell
+    params: {cmd: "cd . && python3 -m tools.gen > b.txt", outs: [b.txt]}
+  sh:
+    op: shell
+    params: {cmd: "bash tools/prep.sh | cat > c.txt", outs: [c.txt]}
+  path:
+    op: shell
+    params: {cmd: "./score.sh > d.txt", outs: [d.txt]}
+"#,
+    );
+    let out = p.run(&["run", "--json", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let out = p.run(&["run", "--json", "p.yaml"]);
+    assert_eq!(nodes_with(&events(&out), "node_started"), Vec::<String>::new(), "a second run ran again");
+    for (file, node) in
+        [("train.py", "script"), ("tools/gen.py", "module"), ("tools/prep.sh", "sh"), ("score.sh", "path")]
+    {
+        let before = std::fs::read_to_string(p.path().join(file)).unwrap();
+        p.write(file, &before.replace('1', "2"));
+        let plan = stdout(&p.run(&["plan", "p.yaml"]));
+        assert!(plan.lines().any(|l| l.starts_with(node) && l.contains(file)), "plan does not name {file}: {plan}");
+        let out = p.run(&["run", "--json", "p.yaml"]);
+        assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+        assert_eq!(nodes_with(&events(&out), "node_started"), [node], "after an edit of {file}");
+    }
+}

@@ -31,6 +31,20 @@ impl TreeDep {
             TreeKind::Glob { .. } => rel.to_string(),
         }
     }
+
+    /// Whether the file at `path` (relative to the spec's folder) is keyed
+    /// through this dep.
+    pub fn covers(&self, path: &str) -> bool {
+        match &self.kind {
+            TreeKind::Dir { skip } => {
+                path.strip_prefix(&self.name).is_some_and(|r| r.starts_with('/'))
+                    && !skip
+                        .iter()
+                        .any(|s| path == s || path.strip_prefix(s.as_str()).is_some_and(|r| r.starts_with('/')))
+            }
+            TreeKind::Glob { matches } => matches.iter().any(|m| m == path),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

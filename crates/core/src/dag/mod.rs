@@ -500,6 +500,25 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
                 }
             }
         }
+        // The programs its command runs (`python3 train.py`, `./score.sh`):
+        // keyed as a file dep is, where no dep covers one already; an edge
+        // where another node writes one; passed over where there is none, or
+        // it is a link or the node's own out (what it was before: nothing).
+        for program in nodes[i].op.program_files(&nodes[i].params, &spec.base_dir) {
+            let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
+            if files.contains(&program) || trees.iter().any(|t| t.covers(&program)) || edged(&program) {
+                continue;
+            }
+            if let Some((w, out, at)) = writer_of(&program) {
+                if w != i && !edged(&at) {
+                    edge(&mut inputs, &program, w, out);
+                }
+                continue;
+            }
+            if std::fs::symlink_metadata(spec.base_dir.join(&program)).is_ok_and(|m| m.is_file()) {
+                files.push(program);
+            }
+        }
         // Params files: each named key must be there now, unless a node writes
         // the file (an edge; its keys are read when that node has run).
         let mut params_files = Vec::new();
@@ -774,6 +793,49 @@ mod tests {
             interpreters: BTreeMap::new(),
             env: None,
         }
+    }
+
+    /// The program a command runs is keyed as a file dep where nothing
+    /// keys it already: not again where a folder dep covers it, an edge
+    /// where another node writes it, never the node's own out, nor a link.
+    #[test]
+    fn the_program_a_command_runs_is_a_file_dep_an_edge_or_nothing() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for f in ["train.py", "src/train.py", "other.py"] {
+            std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
+            std::fs::write(dir.path().join(f), "print(1)\n").unwrap();
+        }
+        std::os::unix::fs::symlink(dir.path().join("other.py"), dir.path().join("link.py")).unwrap();
+        let node = |id: &str, cmd: &str, deps: &str, outs: &str| {
+            format!("  {id}:\n    op: shell\n    params: {{cmd: '{cmd}', deps: [{deps}], outs: [{outs}]}}\n")
+        };
+        let text = [
+            "name: t\nnodes:\n".to_string(),
+            node("plain", "python3 train.py > a", "", "a"),
+            node("covered", "python3 src/train.py > b", "src", "b"),
+            node("gen", "echo print > gen.py", "", "gen.py"),
+            node("generated", "python3 gen.py > c", "", "c"),
+            node("own", "cp train.py own.py && python3 own.py > d", "", "own.py, d"),
+            node("linked", "python3 link.py > e", "", "e"),
+        ]
+        .concat();
+        let path = dir.path().join("spec.yaml");
+        std::fs::write(&path, text).unwrap();
+        std::fs::write(dir.path().join("own.py"), "print(2)\n").unwrap();
+        let spec = crate::spec::load(&path, &LoadOptions::default()).expect("the spec loads");
+        let dag = compile(&spec, &Registry::builtin()).expect("the spec compiles");
+        let at = |id: &str| &dag.nodes[dag.position(id).unwrap()];
+        assert_eq!(at("plain").files, ["train.py"]);
+        assert!(at("covered").files.is_empty(), "keyed twice: {:?}", at("covered").files);
+        assert!(at("generated").files.is_empty());
+        assert_eq!(dag.parents(dag.position("generated").unwrap()), [dag.position("gen").unwrap()]);
+        assert!(
+            at("generated").inputs.contains_key(&format!("{FILE_DEP_PREFIX}gen.py")),
+            "{:?}",
+            at("generated").inputs
+        );
+        assert!(at("own").files.is_empty() && at("own").inputs.is_empty());
+        assert!(at("linked").files.is_empty());
     }
 
     /// `Dag::restrict` keeps the targets and what they read, as compiling

@@ -12,6 +12,7 @@ pub mod gate;
 pub mod import;
 mod model;
 pub mod process;
+mod programs;
 pub mod results;
 mod shell;
 mod train;
@@ -361,6 +362,13 @@ pub trait Op: Send + Sync + 'static {
     fn file_deps(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
         Vec::new()
     }
+    /// The programs (relative to the spec's folder) its command runs, found
+    /// in the command: keyed as file deps where they are files no node
+    /// writes, an edge where another node writes one, and passed over where
+    /// there is none (a module installed elsewhere).
+    fn program_files(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
+        Vec::new()
+    }
     /// Params files (relative to the spec's folder) and the dotted keys of
     /// each that the result depends on: only those keys' values are in the key.
     fn params_files(&self, _params: &Self::Params) -> Vec<(String, Vec<String>)> {
@@ -447,6 +455,7 @@ pub trait AnyOp: Send + Sync {
     fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, ParamError>;
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
+    fn program_files(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
     fn data_sources(&self, params: &Params) -> Vec<DataSource>;
     fn interpreters(&self, params: &Params) -> Vec<String>;
@@ -491,6 +500,9 @@ impl<T: Op> AnyOp for T {
     }
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
         Op::file_deps(self, params.typed(), spec_dir)
+    }
+    fn program_files(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
+        Op::program_files(self, params.typed(), spec_dir)
     }
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)> {
         Op::params_files(self, params.typed())

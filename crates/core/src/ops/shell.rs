@@ -13,7 +13,9 @@ use super::{Op, OpError, OutputDecl, ParamError, Role, RunContext};
 #[serde(deny_unknown_fields)]
 pub struct ShellParams {
     /// Run with `sh -c` in the spec's folder. Inputs are in the environment as
-    /// `ORCHESTRATE_INPUT_<NAME>` (paths, space-separated for lists).
+    /// `ORCHESTRATE_INPUT_<NAME>` (paths, space-separated for lists). The
+    /// program it runs (`python3 train.py`, `python3 -m tools.gen`,
+    /// `./score.sh`) is in the node key, as a dep would be.
     pub cmd: String,
     /// Files the command reads, relative to the spec's folder: a file, a folder
     /// (every file in it is in the key) or a glob (`data/*.jsonl`; `**` crosses
@@ -244,6 +246,9 @@ impl Op for ShellOp {
     }
     fn file_deps(&self, params: &Self::Params, _spec_dir: &std::path::Path) -> Vec<String> {
         params.deps.iter().filter_map(|d| normalize_rel(d)).collect()
+    }
+    fn program_files(&self, params: &Self::Params, spec_dir: &std::path::Path) -> Vec<String> {
+        super::programs::shell_programs(&params.cmd, spec_dir)
     }
     fn params_files(&self, params: &Self::Params) -> Vec<(String, Vec<String>)> {
         params.params_files.iter().filter_map(|(f, keys)| Some((normalize_rel(f)?, keys.clone()))).collect()

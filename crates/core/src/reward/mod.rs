@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::rows::LabelRow;
 use crate::data::verifier::{FinishReason, Response, Verifier, VerifierRegistry};
+pub(crate) use program::python_module_files;
 pub use program::{interpreter_version, ProgramSpec, RewardProgram};
 
 /// One term of a reward, as a spec writes it: exactly one of `verifier`

@@ -523,7 +523,7 @@ pub fn parse_reply(text: &str) -> Result<RewardReply, ReplyError> {
 /// `__main__.py`. Those of them that exist are the program's files; a module
 /// installed elsewhere has none here. A name that is not dotted identifiers
 /// names none.
-fn python_module_files(module: &str) -> Vec<String> {
+pub(crate) fn python_module_files(module: &str) -> Vec<String> {
     let parts: Vec<&str> = module.split('.').collect();
     let identifier = |p: &&str| {
         !p.is_empty()
