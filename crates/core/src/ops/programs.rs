@@ -133,6 +133,15 @@ fn program_of(words: &[String], spec_dir: &Path, out: &mut Vec<String>) {
                 return;
             }
         }
+        if kind == Interpreter::Shell && arg == "-c" {
+            // `bash -c 'python3 train.py'`: the programs of that command.
+            if let Some(inner) = rest.next() {
+                for words in simple_commands(inner) {
+                    program_of(&words, spec_dir, out);
+                }
+            }
+            return;
+        }
         if inline.contains(&arg) || arg == "-" {
             return;
         }
@@ -327,6 +336,7 @@ mod tests {
         assert_eq!(programs("accelerate launch --num_processes 2 src/sft.py"), ["src/sft.py"]);
         assert_eq!(programs("./score.sh > d.txt; bin/tool --x"), ["score.sh", "bin/tool"]);
         assert_eq!(programs("Rscript fit.R && julia -t 4 run.jl"), ["fit.R", "run.jl"]);
+        assert_eq!(programs("bash -c 'cd . && ./run.sh x'"), ["run.sh"]);
         assert_eq!(
             programs("python3 -m tools.gen"),
             ["tools/__init__.py", "tools/gen.py", "tools/gen/__init__.py", "tools/gen/__main__.py"]
@@ -339,7 +349,6 @@ mod tests {
         for cmd in [
             "cat d/a.txt > d/b.txt",
             "python3 -c 'import x' train.py",
-            "bash -c './run.sh'",
             "python3 $SCRIPT",
             "python3 ${param:script}",
             "$(which python3) train.py",
