@@ -432,6 +432,52 @@ fn a_raw_data_file_read_as_a_params_file_is_that_data_too() {
     }
 }
 
+/// Isolation went by what a node declares (deps, params files, inputs), so
+/// a training node whose command names the test file itself
+/// (`python3 train.py --data raw/te.json`), undeclared, compiled and ran. A
+/// path the command names (a word, an option's value after `=`, a
+/// redirection's file) that is a split's data, or a folder holding one, is
+/// now read as that data, and the error points at `cmd`.
+#[test]
+fn a_data_file_named_in_a_command_is_that_data_too() {
+    let rows = r#"[{"question": "what is 2+2", "answer": "4", "level": "a"}]"#;
+    let data = format!("name: leak\nnodes:\n{}", import_node("data", "{train: raw/tr.json, test: raw/te.json}", ""));
+    let user = |role: &str, cmd: &str| {
+        format!("{data}  use:\n    op: shell\n    params: {{cmd: \"{cmd}\", outs: [o.txt], role: {role}}}\n")
+    };
+    let validate = |yaml: &str| {
+        let p = Project::new();
+        p.write("raw/tr.json", rows);
+        p.write("raw/te.json", &rows.replace("2+2", "3+3"));
+        p.write("train.py", "print(1)\n");
+        p.write("leak.yaml", yaml);
+        p.run(&["validate", "leak.yaml"])
+    };
+    for (role, cmd, named, split) in [
+        ("training", "python3 train.py --data raw/te.json > o.txt", "raw/te.json", "test"),
+        ("training", "python3 train.py --data=./raw/te.json > o.txt", "raw/te.json", "test"),
+        ("training", "python3 train.py < 'raw/te.json' > o.txt", "raw/te.json", "test"),
+        ("training", "cd . && python3 train.py raw > o.txt", "raw", "test"),
+        ("inference", "python3 train.py --prompts raw/tr.json > o.txt", "raw/tr.json", "train"),
+    ] {
+        let out = validate(&user(role, cmd));
+        assert_eq!(out.status.code(), Some(2), "{role} {cmd}: expected a compile error: {}", stdout(&out));
+        let err = stderr(&out);
+        let want = format!("'{named}' named in its cmd");
+        let split = format!("imports as its {split} split");
+        assert!(err.contains(&want) && err.contains(&split) && err.contains("leak.yaml:"), "{role} {cmd}: {err}");
+    }
+    for (role, cmd) in [
+        ("training", "python3 train.py --data raw/tr.json > o.txt"),
+        ("scoring", "python3 train.py raw/te.json > o.txt"),
+        ("any", "cat raw/te.json > o.txt"),
+        ("training", "echo $RAW/te.json > o.txt"),
+    ] {
+        let out = validate(&user(role, cmd));
+        assert_eq!(out.status.code(), Some(0), "{role} {cmd}: {}", stderr(&out));
+    }
+}
+
 /// Before, isolation went by path alone: a copy of the test file the import
 /// reads (`cp raw/te.jsonl other/x.jsonl`), or of the test labels it stored
 /// (`cp $(orchestrate path s.yaml data:labels.test) mine.jsonl`), was any

@@ -66,6 +66,8 @@ impl Dep<'_> {
 enum Named {
     Dep,
     ParamsFile,
+    /// A path its command names, declared or not (`--data raw/te.jsonl`).
+    Command,
 }
 
 impl Named {
@@ -74,13 +76,21 @@ impl Named {
         match self {
             Named::Dep => "deps",
             Named::ParamsFile => "params_files",
+            Named::Command => "cmd",
         }
     }
 
-    fn said(self) -> &'static str {
-        match self {
-            Named::Dep => "dep",
-            Named::ParamsFile => "params file",
+    /// `dep 'raw' ('raw/te.jsonl', the file node 'data' imports as its test split)`.
+    fn shown(self, dep: &str, path: &str, said: &str) -> String {
+        let named = match self {
+            Named::Dep => format!("dep '{dep}'"),
+            Named::ParamsFile => format!("params file '{dep}'"),
+            Named::Command => format!("'{dep}' named in its cmd"),
+        };
+        if dep == path {
+            format!("{named}, {said}")
+        } else {
+            format!("{named} ('{path}', {said})")
         }
     }
 }
@@ -95,10 +105,14 @@ struct RawRead<'a> {
 }
 
 /// The data files among what `node` reads from the user's folder (a file,
-/// a folder holding one, a glob matching one, a dep another node writes, or a
-/// params file that is one), with the dep that reads each; the files it
-/// imports itself are left out.
-fn raw_reads<'a>(node: &'a DagNode, sources: &'a BTreeMap<String, Vec<Source>>) -> Vec<RawRead<'a>> {
+/// a folder holding one, a glob matching one, a dep another node writes, a
+/// params file that is one, or a path its command names: `named`), with the
+/// dep that reads each; the files it imports itself are left out.
+fn raw_reads<'a>(
+    node: &'a DagNode,
+    named: &'a [String],
+    sources: &'a BTreeMap<String, Vec<Source>>,
+) -> Vec<RawRead<'a>> {
     if sources.is_empty() {
         return Vec::new();
     }
@@ -116,9 +130,23 @@ fn raw_reads<'a>(node: &'a DagNode, sources: &'a BTreeMap<String, Vec<Source>>) 
     for (file, _) in &node.params_files {
         deps.push((Named::ParamsFile, file.as_str(), Dep::File(file)));
     }
+    // A path the command names reaches a file as a dep another node writes
+    // does: that file, or the files inside that folder.
+    for path in named {
+        deps.push((Named::Command, path.as_str(), Dep::Written(path)));
+    }
+    // A path the command names may be what it writes: the node's own outs
+    // (`python3 make.py data` writing data/test.jsonl) are not what it reads.
+    let own = |path: &str| {
+        node.outputs
+            .iter()
+            .filter_map(|o| o.workspace_path.as_deref())
+            .any(|w| path == w || path.strip_prefix(w).is_some_and(|rest| rest.starts_with('/')))
+    };
     let mut out = Vec::new();
     for (named, dep, reach) in &deps {
-        for (path, list) in sources.iter().filter(|(path, _)| reach.reads(path)) {
+        let written_here = |path: &str| matches!(named, Named::Command) && own(path);
+        for (path, list) in sources.iter().filter(|(path, _)| reach.reads(path) && !written_here(path)) {
             out.extend(list.iter().filter(|s| s.reader != node.def.id).map(|source| RawRead {
                 named: *named,
                 dep,
@@ -216,15 +244,12 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guar
         let node = &nodes[pos];
         let role = node.op.role(&node.params);
         let mut read: Taints = BTreeMap::new();
-        for RawRead { named, dep, path, source } in raw_reads(node, &sources) {
+        // Only where there is data to name (a spec without imports lexes no command).
+        let in_command = if sources.is_empty() { Vec::new() } else { node.op.command_paths(&node.params) };
+        for RawRead { named, dep, path, source } in raw_reads(node, &in_command, &sources) {
             for (taint, origin) in &source.taints {
                 if let Some(why) = role.forbids(*taint) {
-                    let (said, named_as) = (&source.said, named.said());
-                    let shown = if dep == path {
-                        format!("{named_as} '{dep}', {said}")
-                    } else {
-                        format!("{named_as} '{dep}' ('{path}', {said})")
-                    };
+                    let shown = named.shown(dep, path, &source.said);
                     return Err(leak(spec, node, &["params", named.field()], why, format!("{taint} through {shown}")));
                 }
                 read.entry(*taint).or_insert_with(|| origin.clone());

@@ -181,9 +181,35 @@ fn is_name(s: &str) -> bool {
     !s.starts_with(|c: char| c.is_ascii_digit()) && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Every path of the spec's folder a shell command names, normalized: each
+/// word, an option's value after `=` (`--data=raw/te.jsonl`), and each
+/// redirection's file (`< raw/te.jsonl`). A word holding `$` names none.
+/// Isolation reads these as data the command reads.
+pub(crate) fn named_paths(cmd: &str) -> Vec<String> {
+    let (commands, targets) = lex(cmd);
+    let mut out: Vec<String> = commands
+        .iter()
+        .flatten()
+        .chain(&targets)
+        .filter(|w| !w.contains('$') && !w.contains('`'))
+        .flat_map(|w| [Some(w.as_str()), w.split_once('=').map(|(_, v)| v)])
+        .flatten()
+        .filter_map(crate::store::fsx::normalize_rel)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// The command split into simple commands, each a list of words as `sh`
 /// reads them (quotes removed), without redirections and their targets.
 fn simple_commands(cmd: &str) -> Vec<Vec<String>> {
+    lex(cmd).0
+}
+
+/// The simple commands of `cmd`, and the files its redirections name.
+fn lex(cmd: &str) -> (Vec<Vec<String>>, Vec<String>) {
+    let mut targets = Vec::new();
     let mut commands = Vec::new();
     let mut words: Vec<String> = Vec::new();
     let mut word = String::new();
@@ -192,12 +218,13 @@ fn simple_commands(cmd: &str) -> Vec<Vec<String>> {
     // Whether the word being read is a redirection's target (dropped).
     let mut target = false;
     let mut chars = cmd.chars().peekable();
-    let end_word = |words: &mut Vec<String>, word: &mut String, started: &mut bool, target: &mut bool| {
+    let mut end_word = |words: &mut Vec<String>, word: &mut String, started: &mut bool, target: &mut bool| {
         if *started {
-            if !*target {
+            if *target {
+                targets.push(std::mem::take(word));
+            } else {
                 words.push(std::mem::take(word));
             }
-            word.clear();
             *target = false;
         }
         *started = false;
@@ -300,7 +327,7 @@ fn simple_commands(cmd: &str) -> Vec<Vec<String>> {
     end_word(&mut words, &mut word, &mut started, &mut target);
     commands.push(words);
     commands.retain(|c| !c.is_empty());
-    commands
+    (commands, targets)
 }
 
 #[cfg(test)]
@@ -323,6 +350,15 @@ mod tests {
         assert_eq!(simple_commands("echo a{b,c}d"), [vec!["echo", "a{b,c}d"]]);
         assert_eq!(simple_commands("'unclosed"), [vec!["unclosed"]]);
         assert_eq!(simple_commands("a $(b (c) d)/e f"), [vec!["a", "$(b (c) d)/e", "f"]]);
+    }
+
+    #[test]
+    fn the_paths_a_command_names_are_its_words_values_and_redirections() {
+        assert_eq!(
+            named_paths("python3 ./train.py --data=raw/te.jsonl -o 'out dir' < in.txt 2>&1 > /abs/x $HOME/y ../z"),
+            // (`1` is `2>&1`'s descriptor: a path nothing is at, which is no data.)
+            ["--data=raw/te.jsonl", "-o", "1", "in.txt", "out dir", "python3", "raw/te.jsonl", "train.py"]
+        );
     }
 
     #[test]
