@@ -51,10 +51,18 @@ pub fn diff(old: &HashInputs, new: &HashInputs) -> Vec<Change> {
     let mut fields: Vec<&String> = a.keys().chain(b.keys()).collect();
     fields.sort();
     fields.dedup();
-    fields
-        .into_iter()
-        .filter(|f| a.get(*f) != b.get(*f))
-        .map(|f| Change { field: f.clone(), old: a.get(f).cloned(), new: b.get(f).cloned() })
+    let changed: Vec<&String> = fields.into_iter().filter(|f| a.get(*f) != b.get(*f)).collect();
+    // An empty map or list on one side whose entries are on the other (a
+    // record keying its first file: `files: {} → (absent)`): the entries say it.
+    let said_by_entries = |f: &str| {
+        let empty = |v: Option<&String>| v.is_some_and(|v| v == "{}" || v == "[]");
+        (empty(a.get(f)) && !b.contains_key(f) || empty(b.get(f)) && !a.contains_key(f))
+            && changed.iter().any(|g| g.len() > f.len() && g.starts_with(f) && g.as_bytes()[f.len()] == b'.')
+    };
+    changed
+        .iter()
+        .filter(|f| !said_by_entries(f))
+        .map(|f| Change { field: f.to_string(), old: a.get(*f).cloned(), new: b.get(*f).cloned() })
         .collect()
 }
 
@@ -206,6 +214,21 @@ mod tests {
         let changes = diff(&record(json!({"lr": 0.001, "g": 4})), &record(json!({"lr": 0.002, "g": 4})));
         assert_eq!(changes.len(), 1);
         assert_eq!(changes[0].to_string(), "params.lr: 0.001 → 0.002");
+    }
+
+    /// An empty map gaining its first entry (or losing its last) is said by
+    /// the entry alone: `plan` said `files: {} → (absent); dep 'train.py'
+    /// changed` when a record first keyed a file. An empty map that simply
+    /// appears or goes, with no entry beside it, is still said.
+    #[test]
+    fn an_empty_map_gaining_entries_is_said_by_the_entries() {
+        let mut keyed = record(json!({"env": {}}));
+        keyed.files.insert("train.py".into(), "aa".into());
+        assert_eq!(describe(&diff(&record(json!({"env": {}})), &keyed)), "dep 'train.py' changed");
+        assert_eq!(describe(&diff(&keyed, &record(json!({"env": {}})))), "dep 'train.py' changed");
+        let with_lr = record(json!({"env": {"LR": 1}}));
+        assert_eq!(describe(&diff(&record(json!({"env": {}})), &with_lr)), "params.env.LR: (absent) → 1");
+        assert_eq!(describe(&diff(&record(json!({})), &record(json!({"env": {}})))), "params.env: (absent) → {}");
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {
