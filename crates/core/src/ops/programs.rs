@@ -196,6 +196,16 @@ pub(crate) fn named_paths(cmd: &str) -> Vec<String> {
         .flatten()
         .filter_map(crate::store::fsx::normalize_rel)
         .collect();
+    // `bash -c '… raw/te.jsonl'`: the paths of that command too.
+    for words in &commands {
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        let rest = &words[skip_prefix(&words)..];
+        if rest.first().and_then(|w| interpreter(w)) == Some(Interpreter::Shell) {
+            if let Some(at) = rest.iter().position(|w| *w == "-c") {
+                out.extend(rest.get(at + 1).map(|inner| named_paths(inner)).unwrap_or_default());
+            }
+        }
+    }
     out.sort();
     out.dedup();
     out
@@ -359,6 +369,7 @@ mod tests {
             // (`1` is `2>&1`'s descriptor: a path nothing is at, which is no data.)
             ["--data=raw/te.jsonl", "-o", "1", "in.txt", "out dir", "python3", "raw/te.jsonl", "train.py"]
         );
+        assert!(named_paths("bash -c 'python3 t.py --data raw/te.jsonl'").contains(&"raw/te.jsonl".to_string()));
     }
 
     #[test]
