@@ -406,13 +406,7 @@ fn a_raw_data_file_read_as_a_params_file_is_that_data_too() {
             "{data}  use:\n    op: shell\n    params: {{cmd: 'echo ${{param:0.answer}} > o.txt', params_files: {{{file}: ['0.answer']}}, outs: [o.txt], role: {role}}}\n"
         )
     };
-    let validate = |yaml: &str| {
-        let p = Project::new();
-        p.write("raw/tr.json", rows);
-        p.write("raw/te.json", &rows.replace("2+2", "3+3"));
-        p.write("leak.yaml", yaml);
-        p.run(&["validate", "leak.yaml"])
-    };
+    let validate = |yaml: &str| validate_beside_a_json_import(yaml, rows);
     for (role, file, why, split) in [
         ("training", "raw/te.json", "a training node may not read test data", "test"),
         ("training", "./raw/te.json", "a training node may not read test data", "test"),
@@ -432,6 +426,17 @@ fn a_raw_data_file_read_as_a_params_file_is_that_data_too() {
     }
 }
 
+/// `validate leak.yaml` (`yaml`) in a new project holding `raw/tr.json`
+/// (`rows`), `raw/te.json` (the same rows asking 3+3) and a `train.py`.
+fn validate_beside_a_json_import(yaml: &str, rows: &str) -> std::process::Output {
+    let p = Project::new();
+    p.write("raw/tr.json", rows);
+    p.write("raw/te.json", &rows.replace("2+2", "3+3"));
+    p.write("train.py", "print(1)\n");
+    p.write("leak.yaml", yaml);
+    p.run(&["validate", "leak.yaml"])
+}
+
 /// Isolation went by what a node declares (deps, params files, inputs), so
 /// a training node whose command names the test file itself
 /// (`python3 train.py --data raw/te.json`), undeclared, compiled and ran. A
@@ -445,14 +450,7 @@ fn a_data_file_named_in_a_command_is_that_data_too() {
     let user = |role: &str, cmd: &str| {
         format!("{data}  use:\n    op: shell\n    params: {{cmd: \"{cmd}\", outs: [o.txt], role: {role}}}\n")
     };
-    let validate = |yaml: &str| {
-        let p = Project::new();
-        p.write("raw/tr.json", rows);
-        p.write("raw/te.json", &rows.replace("2+2", "3+3"));
-        p.write("train.py", "print(1)\n");
-        p.write("leak.yaml", yaml);
-        p.run(&["validate", "leak.yaml"])
-    };
+    let validate = |yaml: &str| validate_beside_a_json_import(yaml, rows);
     for (role, cmd, named, split) in [
         ("training", "python3 train.py --data raw/te.json > o.txt", "raw/te.json", "test"),
         ("training", "python3 train.py --data=./raw/te.json > o.txt", "raw/te.json", "test"),
