@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use crate::store::fsx;
+
 /// The most files one folder or glob dep may hold (each is in the key).
 pub const MAX_DEP_FILES: usize = 100_000;
 
@@ -36,13 +38,17 @@ impl TreeDep {
     /// through this dep.
     pub fn covers(&self, path: &str) -> bool {
         match &self.kind {
-            TreeKind::Dir { skip } => {
-                path.strip_prefix(&self.name).is_some_and(|r| r.starts_with('/'))
-                    && !skip
-                        .iter()
-                        .any(|s| path == s || path.strip_prefix(s.as_str()).is_some_and(|r| r.starts_with('/')))
-            }
+            TreeKind::Dir { .. } => fsx::inside(path, &self.name) && !self.skips(path),
             TreeKind::Glob { matches } => matches.iter().any(|m| m == path),
+        }
+    }
+
+    /// Whether `path` (relative to the spec's folder) is one a node writes
+    /// inside this folder dep, an input of its own rather than hashed here.
+    pub fn skips(&self, path: &str) -> bool {
+        match &self.kind {
+            TreeKind::Dir { skip } => skip.iter().any(|s| fsx::at_or_inside(path, s)),
+            TreeKind::Glob { .. } => false,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use super::{DagNode, FILE_DEP_PREFIX};
 use crate::ops::Taint;
 use crate::spec::{Spec, SpecError, SpecErrorKind};
+use crate::store::fsx;
 
 /// Taints of one output, each with the `NODE:OUTPUT` it originally came from.
 type Taints = BTreeMap<Taint, String>;
@@ -50,12 +51,11 @@ enum Dep<'a> {
 
 impl Dep<'_> {
     fn reads(&self, path: &str) -> bool {
-        let inside = |dir: &str| path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'));
         match self {
             Dep::File(f) => path == *f,
-            Dep::Dir(dir, skip) => inside(dir) && !skip.iter().any(|s| s == path),
+            Dep::Dir(dir, skip) => fsx::inside(path, dir) && !skip.iter().any(|s| s == path),
             Dep::Glob(matches) => matches.iter().any(|m| m == path),
-            Dep::Written(dep) => path == *dep || inside(dep),
+            Dep::Written(dep) => fsx::at_or_inside(path, dep),
         }
     }
 }
@@ -138,10 +138,7 @@ fn raw_reads<'a>(
     // A path the command names may be what it writes: the node's own outs
     // (`python3 make.py data` writing data/test.jsonl) are not what it reads.
     let own = |path: &str| {
-        node.outputs
-            .iter()
-            .filter_map(|o| o.workspace_path.as_deref())
-            .any(|w| path == w || path.strip_prefix(w).is_some_and(|rest| rest.starts_with('/')))
+        node.outputs.iter().filter_map(|o| o.workspace_path.as_deref()).any(|w| fsx::at_or_inside(path, w))
     };
     let mut out = Vec::new();
     for (named, dep, reach) in &deps {

@@ -291,7 +291,7 @@ pub fn hash_inputs(
     for t in &node.trees {
         let mut hashes = BTreeMap::new();
         match &t.kind {
-            crate::dag::deps::TreeKind::Dir { skip } => {
+            crate::dag::deps::TreeKind::Dir { .. } => {
                 let dir = spec_dir.join(&t.name);
                 if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
                     return Err(RecordError::DepNotAFolder { dep: t.name.clone(), path: dir });
@@ -299,7 +299,7 @@ pub fn hash_inputs(
                 let listed = crate::dag::deps::walk(spec_dir, &t.name, None)
                     .map_err(|source| RecordError::Dep { dep: t.name.clone(), source })?;
                 for rel in listed {
-                    if skip.iter().any(|s| rel == *s || rel.starts_with(&format!("{s}/"))) {
+                    if t.skips(&rel) {
                         continue;
                     }
                     let h = ws.hash_user_file(index, &spec_dir.join(&rel))?;

@@ -369,7 +369,7 @@ impl ShellParams {
 
 /// The out that is `rel` or holds it as a folder, if any.
 fn holding_out<'a>(outs: &'a [String], rel: &str) -> Option<&'a str> {
-    outs.iter().map(String::as_str).find(|o| rel == *o || rel.starts_with(&format!("{o}/")))
+    outs.iter().map(String::as_str).find(|o| crate::store::fsx::at_or_inside(rel, o))
 }
 
 /// A command cut at its `${param:…}` references: (the text before each,

@@ -507,6 +507,17 @@ impl OutsBeside {
     }
 }
 
+/// Whether the relative path `path` lies inside the folder `dir` (both
+/// normalized, [`normalize_rel`]): `data/a.txt` inside `data`, not `data2/a.txt`.
+pub fn inside(path: &str, dir: &str) -> bool {
+    path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Whether `path` is `dir` itself or lies inside it ([`inside`]).
+pub fn at_or_inside(path: &str, dir: &str) -> bool {
+    path == dir || inside(path, dir)
+}
+
 /// Lexically normalizes a relative path (`./a/../b` → `b`) so deps and outs
 /// written differently still match; `None` if it escapes upward or is absolute.
 pub fn normalize_rel(path: &str) -> Option<String> {
