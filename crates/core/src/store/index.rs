@@ -330,10 +330,7 @@ fn insert_outcomes(
         )
         .map_err(db("recording run nodes"))?;
     for n in nodes {
-        let outputs = n.outputs.as_ref().map(serde_json::to_string).transpose().map_err(|e| {
-            StoreError::Invalid(format!("recording the outputs of node '{}' in run {run_id}: {e}", n.node_id))
-        })?;
-        ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail, outputs])
+        ins.execute(params![run_id, n.node_id, n.key, n.outcome, n.seconds, n.detail, n.outputs.as_ref().map(json)])
             .map_err(db("recording run nodes"))?;
     }
     let mut ev = conn
@@ -930,12 +927,8 @@ impl Index {
         let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(db("listing run nodes"))?;
         rows.into_iter()
             .map(|(mut row, outputs)| {
-                row.outputs = outputs.map(|text| serde_json::from_str(&text)).transpose().map_err(|e| {
-                    StoreError::Invalid(format!(
-                        "the index's outputs of node '{}' in run {run_id} do not read: {e}",
-                        row.node_id
-                    ))
-                })?;
+                let what = || format!("outputs of node '{}' in run {run_id}", row.node_id);
+                row.outputs = outputs.map(|text| parse(&text, &what())).transpose()?;
                 Ok(row)
             })
             .collect()

@@ -190,7 +190,7 @@ fn output_rows(id: &str, nodes: &[Option<&NodeView>]) -> Vec<OutputRow> {
         .map(|name| OutputRow {
             node: id.to_string(),
             output: name.clone(),
-            values: present.iter().map(|x| x.hashes.get(name).map(|h| h[..h.len().min(12)].to_string())).collect(),
+            values: present.iter().map(|x| x.hashes.get(name).map(|h| crate::ids::short(h).to_string())).collect(),
         })
         .filter(|r| !same(&r.values))
         .collect()

@@ -73,7 +73,8 @@ pub struct NodeView {
     /// Output name → readable file (absent when not available).
     pub outputs: BTreeMap<String, PathBuf>,
     /// Output name → why it is not in `outputs` though the node has it (its
-    /// object was damaged after it was stored), for readers to say.
+    /// object damaged or no longer stored, an output a pack lists by hash
+    /// only), for readers to say.
     pub unavailable: BTreeMap<String, String>,
     /// Output name → blake3 of its content (also for outputs a pack lists
     /// without their bytes).
@@ -201,7 +202,7 @@ impl RunView {
 /// name. What a reader shows is the run's result.
 fn not_shown(ws: &Workspace, o: &RunOutput) -> std::result::Result<Option<String>, StoreError> {
     let path = ws.object_path(&o.object.hash);
-    let short = &o.object.hash[..12.min(o.object.hash.len())];
+    let short = crate::ids::short(&o.object.hash);
     let intact = if o.object.size <= VERIFIED_BYTES {
         crate::store::objects::intact(&path, &o.object.hash, o.object.kind)?
     } else {
