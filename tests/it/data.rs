@@ -457,6 +457,8 @@ fn a_data_file_named_in_a_command_is_that_data_too() {
         ("training", "python3 train.py < 'raw/te.json' > o.txt", "raw/te.json", "test"),
         ("training", "cd . && python3 train.py raw > o.txt", "raw", "test"),
         ("training", "bash -c 'python3 train.py raw/te.json' > o.txt", "raw/te.json", "test"),
+        // Seen from the folder the command runs in (before: `../raw/te.json` named nothing).
+        ("training", "cd sub && python3 ../train.py --data ../raw/te.json > ../o.txt", "raw/te.json", "test"),
         ("inference", "python3 train.py --prompts raw/tr.json > o.txt", "raw/tr.json", "train"),
     ] {
         let out = validate(&user(role, cmd));

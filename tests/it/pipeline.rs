@@ -1620,3 +1620,65 @@ nodes:
         assert_eq!(nodes_with(&events(&out), "node_started"), [node], "after an edit of {file}");
     }
 }
+
+/// Before, what the program imports was in no key: `train.py` stayed
+/// cached after an edit of the `model.py` it imports (the code that ran was
+/// not the code the key named), and `cd sub && python3 run.py` keyed no
+/// program at all (nor `./run.sh` of `sub`: a `run.sh` of the spec's folder,
+/// which does not run, stood in for it where there was one).
+#[test]
+fn what_a_python_program_imports_and_a_program_run_from_another_folder_are_in_its_key() {
+    let p = Project::new();
+    p.write("train.py", "import json, os\nfrom model import Net\nimport utils.io as uio\ns = 'import decoy'\nprint(Net, uio.X)\n");
+    p.write("model.py", "from layers import dense\nNet = 1\n");
+    p.write("layers.py", "dense = 1\n");
+    p.write("utils/__init__.py", "");
+    p.write("utils/io.py", "from .fmt import F\nX = 1\n");
+    p.write("utils/fmt.py", "F = 1\n");
+    p.write("decoy.py", "print(1)\n");
+    p.write("sub/run.py", "import helper\nprint(1)\n");
+    p.write("sub/helper.py", "H = 1\n");
+    p.write("sub/run.sh", "echo 1\n");
+    p.write("run.sh", "echo 1\n");
+    for f in ["sub/run.sh", "run.sh"] {
+        std::fs::set_permissions(p.path().join(f), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    p.write(
+        "p.yaml",
+        r#"name: imports
+nodes:
+  train:
+    op: shell
+    params: {cmd: "python3 train.py > a.txt", outs: [a.txt]}
+  sub:
+    op: shell
+    params: {cmd: "cd sub && python3 run.py > ../b.txt && ./run.sh >> ../b.txt", outs: [b.txt]}
+"#,
+    );
+    let out = p.run(&["run", "--json", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    let out = p.run(&["run", "--json", "p.yaml"]);
+    assert_eq!(nodes_with(&events(&out), "node_started"), Vec::<String>::new(), "a second run ran again");
+    for (file, node) in [
+        ("model.py", Some("train")),
+        ("layers.py", Some("train")),
+        ("utils/io.py", Some("train")),
+        ("utils/fmt.py", Some("train")),
+        ("utils/__init__.py", Some("train")),
+        ("sub/run.py", Some("sub")),
+        ("sub/helper.py", Some("sub")),
+        ("sub/run.sh", Some("sub")),
+        ("decoy.py", None),
+        ("run.sh", None),
+    ] {
+        let before = std::fs::read_to_string(p.path().join(file)).unwrap();
+        p.write(file, &format!("{before}# edited\n"));
+        let plan = stdout(&p.run(&["plan", "p.yaml"]));
+        if let Some(node) = node {
+            assert!(plan.lines().any(|l| l.starts_with(node) && l.contains(file)), "plan does not name {file}: {plan}");
+        }
+        let out = p.run(&["run", "--json", "p.yaml"]);
+        assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+        assert_eq!(nodes_with(&events(&out), "node_started"), Vec::from_iter(node), "after an edit of {file}");
+    }
+}

@@ -242,7 +242,7 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guar
         let role = node.op.role(&node.params);
         let mut read: Taints = BTreeMap::new();
         // Only where there is data to name (a spec without imports lexes no command).
-        let in_command = if sources.is_empty() { Vec::new() } else { node.op.command_paths(&node.params) };
+        let in_command = if sources.is_empty() { Vec::new() } else { node.op.command_paths(&node.params, &spec.base_dir) };
         for RawRead { named, dep, path, source } in raw_reads(node, &in_command, &sources) {
             for (taint, origin) in &source.taints {
                 if let Some(why) = role.forbids(*taint) {

@@ -372,7 +372,7 @@ pub trait Op: Send + Sync + 'static {
     /// Every path of the spec's folder its command names (a word, an
     /// option's value, a redirection's file), which isolation reads as data
     /// the command may read whether or not a dep declares it.
-    fn command_paths(&self, _params: &Self::Params) -> Vec<String> {
+    fn command_paths(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
         Vec::new()
     }
     /// Params files (relative to the spec's folder) and the dotted keys of
@@ -462,7 +462,7 @@ pub trait AnyOp: Send + Sync {
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
     fn program_files(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
-    fn command_paths(&self, params: &Params) -> Vec<String>;
+    fn command_paths(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
     fn data_sources(&self, params: &Params) -> Vec<DataSource>;
     fn interpreters(&self, params: &Params) -> Vec<String>;
@@ -511,8 +511,8 @@ impl<T: Op> AnyOp for T {
     fn program_files(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
         Op::program_files(self, params.typed(), spec_dir)
     }
-    fn command_paths(&self, params: &Params) -> Vec<String> {
-        Op::command_paths(self, params.typed())
+    fn command_paths(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
+        Op::command_paths(self, params.typed(), spec_dir)
     }
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)> {
         Op::params_files(self, params.typed())

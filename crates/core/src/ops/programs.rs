@@ -16,15 +16,36 @@
 use std::path::Path;
 
 /// The candidates, relative to the spec's folder, each normalized, in the
-/// order the command names them. A candidate that is no file is for the
-/// caller to drop (a module's `__init__.py` that is not there).
+/// order the command names them, then the modules of the folder that its
+/// Python programs import ([`crate::reward::imported_files`]). A candidate
+/// that is no file is for the caller to drop (a module's `__init__.py` that
+/// is not there).
 pub(crate) fn shell_programs(cmd: &str, spec_dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for words in simple_commands(cmd) {
-        program_of(&words, spec_dir, &mut out);
+    let mut found = Found::default();
+    for (folder, simple) in in_folders(cmd, Some(""), spec_dir) {
+        if let Some(folder) = folder {
+            program_of(&simple.words, &folder, spec_dir, &mut found);
+        }
+    }
+    let mut out = found.programs;
+    for (runs, path0) in &found.python {
+        for f in crate::reward::imported_files(spec_dir, runs, path0) {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
     }
     out.dedup();
     out
+}
+
+/// What a command's programs are: their files, and for each Python program
+/// the files it runs first with its `sys.path[0]` (the script's folder, or
+/// the working folder for `-m`), whose imports are files of the program too.
+#[derive(Default)]
+struct Found {
+    programs: Vec<String>,
+    python: Vec<(Vec<String>, String)>,
 }
 
 /// The interpreters whose first operand is the script they run.
@@ -84,7 +105,9 @@ fn skip_prefix(words: &[&str]) -> usize {
     }
 }
 
-fn program_of(words: &[String], spec_dir: &Path, out: &mut Vec<String>) {
+/// The program of one simple command run in `folder` (relative to the
+/// spec's).
+fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found) {
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     let mut rest = words.iter().copied().skip(skip_prefix(&words));
     let Some(first) = rest.next() else { return };
@@ -95,14 +118,14 @@ fn program_of(words: &[String], spec_dir: &Path, out: &mut Vec<String>) {
         // A launcher's options take values as often as not: its script is
         // the first word naming a Python file.
         if let Some(script) = rest.find(|w| w.ends_with(".py") && !w.starts_with('-')) {
-            script_at(script, Interpreter::Python, spec_dir, out);
+            script_at(script, Interpreter::Python, folder, spec_dir, found);
         }
         return;
     }
     let Some(kind) = interpreter(first) else {
         // A program given by path: one of the folder's files, or none.
         if first.contains('/') {
-            out.extend(crate::store::fsx::normalize_rel(first));
+            found.programs.extend(path_at(folder, first));
         }
         return;
     };
@@ -129,15 +152,21 @@ fn program_of(words: &[String], spec_dir: &Path, out: &mut Vec<String>) {
                 _ => None,
             };
             if let Some(module) = module {
-                out.extend(crate::reward::python_module_files(module));
+                // Found from the working folder, the first on its `sys.path`.
+                let files: Vec<String> =
+                    crate::reward::python_module_files(module).iter().filter_map(|f| path_at(folder, f)).collect();
+                found.python.push((files.clone(), folder.to_string()));
+                found.programs.extend(files);
                 return;
             }
         }
         if kind == Interpreter::Shell && arg == "-c" {
             // `bash -c 'python3 train.py'`: the programs of that command.
             if let Some(inner) = rest.next() {
-                for words in simple_commands(inner) {
-                    program_of(&words, spec_dir, out);
+                for (at, simple) in in_folders(inner, Some(folder), spec_dir) {
+                    if let Some(at) = at {
+                        program_of(&simple.words, &at, spec_dir, found);
+                    }
                 }
             }
             return;
@@ -152,92 +181,119 @@ fn program_of(words: &[String], spec_dir: &Path, out: &mut Vec<String>) {
         if arg == "--" {
             // The next word is the script, whatever it looks like.
             if let Some(script) = rest.next() {
-                script_at(script, kind, spec_dir, out);
+                script_at(script, kind, folder, spec_dir, found);
             }
             return;
         }
         if arg.starts_with('-') || (kind == Interpreter::Shell && arg.starts_with('+')) {
             continue;
         }
-        script_at(arg, kind, spec_dir, out);
+        script_at(arg, kind, folder, spec_dir, found);
         return;
     }
 }
 
-fn script_at(word: &str, kind: Interpreter, spec_dir: &Path, out: &mut Vec<String>) {
+fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found: &mut Found) {
     if word.contains('$') || word.contains('`') {
         return;
     }
-    let Some(rel) = crate::store::fsx::normalize_rel(word) else { return };
-    // Python runs a folder as its `__main__.py`.
-    if kind == Interpreter::Python && std::fs::symlink_metadata(spec_dir.join(&rel)).is_ok_and(|m| m.is_dir()) {
-        out.push(format!("{rel}/__main__.py"));
+    let Some(rel) = path_at(folder, word) else { return };
+    if kind != Interpreter::Python {
+        found.programs.push(rel);
         return;
     }
-    out.push(rel);
+    // Python runs a folder as its `__main__.py`, with the folder first on
+    // its `sys.path`; a script, with the script's folder.
+    let (script, path0) = if std::fs::symlink_metadata(spec_dir.join(&rel)).is_ok_and(|m| m.is_dir()) {
+        (format!("{rel}/__main__.py"), rel)
+    } else {
+        let path0 = rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
+        (rel, path0)
+    };
+    found.python.push((vec![script.clone()], path0));
+    found.programs.push(script);
 }
 
 fn is_name(s: &str) -> bool {
     !s.starts_with(|c: char| c.is_ascii_digit()) && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Every path of the spec's folder a shell command names, normalized: each
-/// word, an option's value after `=` (`--data=raw/te.jsonl`), and each
-/// redirection's file (`< raw/te.jsonl`). A word holding `$` names none.
-/// Isolation reads these as data the command reads.
-pub(crate) fn named_paths(cmd: &str) -> Vec<String> {
-    let (commands, targets) = lex(cmd);
-    let mut out: Vec<String> = commands
-        .iter()
-        .flatten()
-        .chain(&targets)
-        .filter(|w| !w.contains('$') && !w.contains('`'))
-        .flat_map(|w| [Some(w.as_str()), w.split_once('=').map(|(_, v)| v)])
-        .flatten()
-        .filter_map(crate::store::fsx::normalize_rel)
-        .collect();
-    // `bash -c '… raw/te.jsonl'`: the paths of that command too.
-    for words in &commands {
-        let words: Vec<&str> = words.iter().map(String::as_str).collect();
-        let rest = &words[skip_prefix(&words)..];
-        if rest.first().and_then(|w| interpreter(w)) == Some(Interpreter::Shell) {
-            if let Some(at) = rest.iter().position(|w| *w == "-c") {
-                out.extend(rest.get(at + 1).map(|inner| named_paths(inner)).unwrap_or_default());
-            }
-        }
-    }
+/// Every path of the spec's folder a shell command names, normalized and
+/// seen from the folder it runs in (`cd raw && cat te.jsonl` names
+/// `raw/te.jsonl`): each word, an option's value after `=`
+/// (`--data=raw/te.jsonl`), and each redirection's file (`< raw/te.jsonl`).
+/// A word holding `$` names none. Isolation reads these as data the command
+/// reads.
+pub(crate) fn named_paths(cmd: &str, spec_dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    paths_in(cmd, Some(""), spec_dir, &mut out);
     out.sort();
     out.dedup();
     out
 }
 
-/// The command split into simple commands, each a list of words as `sh`
-/// reads them (quotes removed), without redirections and their targets.
-fn simple_commands(cmd: &str) -> Vec<Vec<String>> {
-    lex(cmd).0
+fn paths_in(cmd: &str, cwd: Option<&str>, spec_dir: &Path, out: &mut Vec<String>) {
+    for (folder, simple) in in_folders(cmd, cwd, spec_dir) {
+        // From a folder not known here, a word is read as from the spec's.
+        let at = folder.as_deref().unwrap_or("");
+        let words = simple.words.iter().chain(&simple.targets).filter(|w| !w.contains('$') && !w.contains('`'));
+        out.extend(
+            words
+                .flat_map(|w| [Some(w.as_str()), w.split_once('=').map(|(_, v)| v)])
+                .flatten()
+                .filter_map(|w| path_at(at, w)),
+        );
+        // `bash -c '… raw/te.jsonl'`: the paths of that command too.
+        let words: Vec<&str> = simple.words.iter().map(String::as_str).collect();
+        let rest = &words[skip_prefix(&words)..];
+        if rest.first().and_then(|w| interpreter(w)) == Some(Interpreter::Shell) {
+            if let Some(inner) = rest.iter().position(|w| *w == "-c").and_then(|at| rest.get(at + 1)) {
+                paths_in(inner, folder.as_deref(), spec_dir, out);
+            }
+        }
+    }
 }
 
-/// The simple commands of `cmd`, and the files its redirections name.
-fn lex(cmd: &str) -> (Vec<Vec<String>>, Vec<String>) {
-    let mut targets = Vec::new();
+/// The command split into simple commands, each a list of words as `sh`
+/// reads them (quotes removed), without redirections and their targets.
+#[cfg(test)]
+fn simple_commands(cmd: &str) -> Vec<Vec<String>> {
+    lex(cmd).into_iter().map(|c| c.words).collect()
+}
+
+/// One simple command: its words, the files its redirections name, and how
+/// many subshells (`(…)`) deep it is.
+struct Simple {
+    words: Vec<String>,
+    targets: Vec<String>,
+    depth: usize,
+}
+
+/// The simple commands of `cmd`.
+fn lex(cmd: &str) -> Vec<Simple> {
     let mut commands = Vec::new();
-    let mut words: Vec<String> = Vec::new();
+    let mut current = Simple { words: Vec::new(), targets: Vec::new(), depth: 0 };
+    let mut depth = 0usize;
     let mut word = String::new();
     // Whether `word` has started (an empty quoted word is a word).
     let mut started = false;
-    // Whether the word being read is a redirection's target (dropped).
+    // Whether the word being read is a redirection's target.
     let mut target = false;
     let mut chars = cmd.chars().peekable();
-    let mut end_word = |words: &mut Vec<String>, word: &mut String, started: &mut bool, target: &mut bool| {
+    let end_word = |current: &mut Simple, word: &mut String, started: &mut bool, target: &mut bool| {
         if *started {
             if *target {
-                targets.push(std::mem::take(word));
+                current.targets.push(std::mem::take(word));
             } else {
-                words.push(std::mem::take(word));
+                current.words.push(std::mem::take(word));
             }
             *target = false;
         }
         *started = false;
+    };
+    let end_command = |commands: &mut Vec<Simple>, current: &mut Simple, depth: usize| {
+        let next = Simple { words: Vec::new(), targets: Vec::new(), depth };
+        commands.push(std::mem::replace(current, next));
     };
     while let Some(c) = chars.next() {
         match c {
@@ -279,13 +335,18 @@ fn lex(cmd: &str) -> (Vec<Vec<String>>, Vec<String>) {
                         break;
                     }
                 }
-                end_word(&mut words, &mut word, &mut started, &mut target);
-                commands.push(std::mem::take(&mut words));
+                end_word(&mut current, &mut word, &mut started, &mut target);
+                end_command(&mut commands, &mut current, depth);
             }
-            ' ' | '\t' => end_word(&mut words, &mut word, &mut started, &mut target),
+            ' ' | '\t' => end_word(&mut current, &mut word, &mut started, &mut target),
             ';' | '&' | '|' | '(' | ')' | '\n' | '{' | '}' if c != '{' && c != '}' || !started => {
-                end_word(&mut words, &mut word, &mut started, &mut target);
-                commands.push(std::mem::take(&mut words));
+                end_word(&mut current, &mut word, &mut started, &mut target);
+                depth = match c {
+                    '(' => depth + 1,
+                    ')' => depth.saturating_sub(1),
+                    _ => depth,
+                };
+                end_command(&mut commands, &mut current, depth);
             }
             '<' | '>' => {
                 // `2>` and `2>&1`: the digits were the descriptor, not a word.
@@ -293,7 +354,7 @@ fn lex(cmd: &str) -> (Vec<Vec<String>>, Vec<String>) {
                     word.clear();
                     started = false;
                 } else {
-                    end_word(&mut words, &mut word, &mut started, &mut target);
+                    end_word(&mut current, &mut word, &mut started, &mut target);
                 }
                 while matches!(chars.peek(), Some('>' | '<' | '&' | '|')) {
                     chars.next();
@@ -334,10 +395,67 @@ fn lex(cmd: &str) -> (Vec<Vec<String>>, Vec<String>) {
             }
         }
     }
-    end_word(&mut words, &mut word, &mut started, &mut target);
-    commands.push(words);
-    commands.retain(|c| !c.is_empty());
-    (commands, targets)
+    end_word(&mut current, &mut word, &mut started, &mut target);
+    commands.push(current);
+    commands.retain(|c| !c.words.is_empty() || !c.targets.is_empty());
+    commands
+}
+
+/// Each simple command of `cmd` with the folder it runs in, relative to
+/// `cwd` (the folder `cmd` starts in, relative to the spec's): `cd sub &&
+/// ./run.sh` runs `./run.sh` in `sub`, until the subshell the `cd` was made
+/// in ends. `None`: a folder not known here (`cd $DIR`, `cd /abs`, `cd ~`,
+/// `cd -`, `popd`, a folder outside the spec's or reached through a link).
+fn in_folders(cmd: &str, cwd: Option<&str>, spec_dir: &Path) -> Vec<(Option<String>, Simple)> {
+    // The folder at each subshell depth, the outermost first.
+    let mut folders: Vec<Option<String>> = vec![cwd.map(str::to_string)];
+    let mut out = Vec::new();
+    for simple in lex(cmd) {
+        let inherited = folders.last().cloned().flatten();
+        folders.resize(simple.depth + 1, inherited);
+        let words: Vec<&str> = simple.words.iter().map(String::as_str).collect();
+        let folder = folders[simple.depth].clone();
+        match words.as_slice() {
+            ["cd" | "pushd", rest @ ..] => {
+                let to = rest.iter().find(|w| !w.starts_with('-') || **w == "-");
+                folders[simple.depth] = match (folder.as_deref(), to) {
+                    (Some(at), Some(to)) if !to.contains(['$', '`', '~']) && *to != "-" => {
+                        join(at, to).filter(|rel| crate::store::fsx::link_on_path(spec_dir, rel).is_none())
+                    }
+                    _ => None,
+                };
+            }
+            ["popd", ..] => folders[simple.depth] = None,
+            _ => {}
+        }
+        out.push((folder, simple));
+    }
+    out
+}
+
+/// `word` seen from folder `at` (both relative to the spec's folder),
+/// normalized, if it is the spec's folder (`""`) or a path inside it.
+fn join(at: &str, word: &str) -> Option<String> {
+    if word.starts_with('/') {
+        return None;
+    }
+    let mut parts: Vec<&str> = at.split('/').filter(|p| !p.is_empty()).collect();
+    for seg in word.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            s => parts.push(s),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// [`join`], for a path that must be a file or folder of the spec's folder
+/// (not the folder itself).
+fn path_at(at: &str, word: &str) -> Option<String> {
+    join(at, word).filter(|rel| !rel.is_empty())
 }
 
 #[cfg(test)]
@@ -365,11 +483,19 @@ mod tests {
     #[test]
     fn the_paths_a_command_names_are_its_words_values_and_redirections() {
         assert_eq!(
-            named_paths("python3 ./train.py --data=raw/te.jsonl -o 'out dir' < in.txt 2>&1 > /abs/x $HOME/y ../z"),
+            named_paths(
+                "python3 ./train.py --data=raw/te.jsonl -o 'out dir' < in.txt 2>&1 > /abs/x $HOME/y ../z",
+                Path::new("/nonexistent")
+            ),
             // (`1` is `2>&1`'s descriptor: a path nothing is at, which is no data.)
             ["--data=raw/te.jsonl", "-o", "1", "in.txt", "out dir", "python3", "raw/te.jsonl", "train.py"]
         );
-        assert!(named_paths("bash -c 'python3 t.py --data raw/te.jsonl'").contains(&"raw/te.jsonl".to_string()));
+        let named = |cmd: &str| named_paths(cmd, Path::new("/nonexistent"));
+        assert!(named("bash -c 'python3 t.py --data raw/te.jsonl'").contains(&"raw/te.jsonl".to_string()));
+        // Seen from the folder the command runs in.
+        assert_eq!(named("cd raw && cat te.jsonl"), ["cd", "raw", "raw/cat", "raw/te.jsonl"]);
+        assert!(named("(cd raw && cat a); cat ../b c").contains(&"c".to_string()));
+        assert!(named("cd raw && bash -c 'cat te.jsonl'").contains(&"raw/te.jsonl".to_string()));
     }
 
     #[test]
@@ -389,6 +515,37 @@ mod tests {
             ["tools/__init__.py", "tools/gen.py", "tools/gen/__init__.py", "tools/gen/__main__.py"]
         );
         assert_eq!(programs("python3 -mgen"), ["gen.py", "gen/__init__.py", "gen/__main__.py"]);
+    }
+
+    /// Before, `cd sub && ./run.sh` keyed `./run.sh` of the spec's folder
+    /// (where there was one) and never `sub/run.sh`, the program that runs.
+    #[test]
+    fn a_program_is_found_in_the_folder_the_command_runs_in() {
+        assert_eq!(programs("cd sub && ./run.sh"), ["sub/run.sh"]);
+        assert_eq!(programs("cd sub; python3 train.py && cd ../b && bash x.sh"), ["sub/train.py", "b/x.sh"]);
+        assert_eq!(programs("(cd sub && ./a.sh); ./b.sh"), ["sub/a.sh", "b.sh"], "a subshell's cd ends with it");
+        assert_eq!(programs("cd sub && python3 ../train.py"), ["train.py"]);
+        assert_eq!(programs("cd a/b && cd .. && ./x"), ["a/x"]);
+        assert_eq!(programs("pushd sub && ./x && popd && ./y"), ["sub/x"]);
+        assert_eq!(programs("cd sub && bash -c 'cd deeper && ./x'"), ["sub/deeper/x"]);
+        assert_eq!(
+            programs("cd sub && python3 -m tools.gen"),
+            ["sub/tools/__init__.py", "sub/tools/gen.py", "sub/tools/gen/__init__.py", "sub/tools/gen/__main__.py"]
+        );
+        // A folder not known here: nothing it runs is a file of the spec's folder.
+        for cmd in ["cd $DIR && ./x", "cd /abs && ./x", "cd && ./x", "cd ~/x && ./x", "cd .. && ./x", "cd - && ./x"] {
+            assert_eq!(programs(cmd), Vec::<String>::new(), "{cmd}");
+        }
+    }
+
+    #[test]
+    fn a_cd_through_a_link_is_a_folder_not_known_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("away")).unwrap();
+        std::fs::create_dir(dir.path().join("here")).unwrap();
+        assert_eq!(shell_programs("cd away && ./x; cd ../here && ./y", dir.path()), Vec::<String>::new());
+        assert_eq!(shell_programs("cd here && ./y", dir.path()), ["here/y"]);
     }
 
     #[test]

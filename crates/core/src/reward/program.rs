@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::python::python_module_files;
 use super::{RewardError, RewardReply, RewardRequest};
 use crate::store::fsx::normalize_rel;
 
@@ -89,7 +90,9 @@ impl ProgramSpec {
 
     /// The files whose content the rewards depend on, relative to the spec's
     /// folder: the declared `files`, a program given by path, and every
-    /// argument that names a file in the folder (`rewards/format.py`).
+    /// argument that names a file in the folder (`rewards/format.py`), and
+    /// for a Python program, the modules of the folder its script imports
+    /// ([`super::python`]).
     pub fn files(&self, spec_dir: &Path) -> Vec<String> {
         let mut out: Vec<String> = self.files.iter().filter_map(|f| normalize_rel(f)).collect();
         // A link is listed too: hashing it is then refused, naming it,
@@ -100,6 +103,10 @@ impl ProgramSpec {
         let python = self.interpreter().is_some_and(|i| i.starts_with("python") || i.starts_with("pypy"));
         let skip = usize::from(self.interpreter().is_some());
         let mut args = self.command.iter().skip(skip);
+        // What Python runs first, and its `sys.path[0]`: the script's folder,
+        // or the working folder (the spec's) for `-m`.
+        let mut runs: Option<(Vec<String>, String)> = None;
+        let folder_of = |rel: &str| rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
         while let Some(arg) = args.next() {
             // `python3 -m rewards.judge` (or `-mrewards.judge`): the module's files.
             let module = match arg.strip_prefix("-m") {
@@ -108,7 +115,9 @@ impl ProgramSpec {
                 _ => None,
             };
             if let Some(module) = module {
-                out.extend(python_module_files(module).into_iter().filter(|f| there(f)));
+                let files: Vec<String> = python_module_files(module).into_iter().filter(|f| there(f)).collect();
+                runs.get_or_insert_with(|| (files.clone(), String::new()));
+                out.extend(files);
                 continue;
             }
             if arg.starts_with('-') {
@@ -116,12 +125,18 @@ impl ProgramSpec {
             }
             if let Some(rel) = normalize_rel(arg) {
                 if there(&rel) {
+                    runs.get_or_insert_with(|| (vec![rel.clone()], folder_of(&rel)));
                     out.push(rel);
                 } else if python && spec_dir.join(&rel).is_dir() && there(&format!("{rel}/__main__.py")) {
                     // Python runs a folder as its `__main__.py`.
-                    out.push(format!("{rel}/__main__.py"));
+                    let main = format!("{rel}/__main__.py");
+                    runs.get_or_insert_with(|| (vec![main.clone()], rel.clone()));
+                    out.push(main);
                 }
             }
+        }
+        if let Some((run, path0)) = runs.filter(|_| python) {
+            out.extend(super::python::imported_files(spec_dir, &run, &path0));
         }
         out.sort();
         out.dedup();
@@ -515,31 +530,4 @@ pub fn parse_reply(text: &str) -> Result<RewardReply, ReplyError> {
             }
         }
     }
-}
-
-/// The files Python may run for `-m MODULE` from the spec's folder (the
-/// first entry of its `sys.path`): the `__init__.py` of each package on the
-/// way, and `MODULE.py` or, for a package, its `__init__.py` and
-/// `__main__.py`. Those of them that exist are the program's files; a module
-/// installed elsewhere has none here. A name that is not dotted identifiers
-/// names none.
-pub(crate) fn python_module_files(module: &str) -> Vec<String> {
-    let parts: Vec<&str> = module.split('.').collect();
-    let identifier = |p: &&str| {
-        !p.is_empty()
-            && !p.starts_with(|c: char| c.is_ascii_digit())
-            && p.chars().all(|c| c.is_alphanumeric() || c == '_')
-    };
-    if !parts.iter().all(identifier) {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    for n in 1..parts.len() {
-        out.push(format!("{}/__init__.py", parts[..n].join("/")));
-    }
-    let path = parts.join("/");
-    out.push(format!("{path}.py"));
-    out.push(format!("{path}/__init__.py"));
-    out.push(format!("{path}/__main__.py"));
-    out
 }

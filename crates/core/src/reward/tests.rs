@@ -221,6 +221,37 @@ fn a_python_module_run_with_dash_m_is_keyed_by_its_files() {
     assert!(files(&["sort", "-m", "rewards.judge"]).is_empty());
 }
 
+/// Before, a reward program's own modules were in its key and identity only
+/// when `files` listed them: an edit of the `rewards/util.py` that
+/// `rewards/judge.py` imports left the rewards cached and the identity the
+/// same. What the script imports from the spec's folder is found now.
+#[test]
+fn what_a_python_reward_program_imports_is_in_its_files_and_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("rewards/lib")).unwrap();
+    for (f, text) in [
+        ("rewards/judge.py", "import json, sys\nfrom util import score\nimport lib.parse\n"),
+        ("rewards/util.py", "def score(x): return 1.0\n"),
+        ("rewards/lib/__init__.py", ""),
+        ("rewards/lib/parse.py", "from . import grammar\n"),
+        ("rewards/lib/grammar.py", "G = 1\n"),
+    ] {
+        std::fs::write(dir.path().join(f), text).unwrap();
+    }
+    let term = RewardTerm {
+        command: Some(vec!["python3".into(), "rewards/judge.py".into()]),
+        ..RewardTerm { verifier: None, ..RewardTerm::of_verifier("unused") }
+    };
+    assert_eq!(
+        program_files(std::slice::from_ref(&term), dir.path()),
+        ["rewards/judge.py", "rewards/lib/__init__.py", "rewards/lib/grammar.py", "rewards/lib/parse.py", "rewards/util.py"]
+    );
+    let program = term.program().unwrap();
+    let before = program.digest(dir.path()).unwrap();
+    std::fs::write(dir.path().join("rewards/lib/grammar.py"), "G = 2\n").unwrap();
+    assert_ne!(program.digest(dir.path()).unwrap(), before, "an imported module's edit changes the identity");
+}
+
 #[test]
 fn a_script_behind_a_link_is_refused_not_left_out_of_the_key() {
     // `python3 r.py` where r.py is a link to a file outside the spec's folder:
