@@ -479,6 +479,31 @@ fn a_data_file_named_in_a_command_is_that_data_too() {
     }
 }
 
+/// Before, a path a command named was checked against the imports' raw files
+/// only: a training node running `python3 train.py derived/te.txt`, where
+/// another node wrote `derived/te.txt` from the test split, compiled (and
+/// had no edge to that node). Such a path is now an edge, so what the
+/// output carries reaches the node, and the error points at `cmd`.
+#[test]
+fn another_nodes_output_named_in_a_command_is_read_through_an_edge() {
+    let rows = r#"[{"question": "what is 2+2", "answer": "4", "level": "a"}]"#;
+    let data = format!("name: leak\nnodes:\n{}", import_node("data", "{train: raw/tr.json, test: raw/te.json}", ""));
+    let copy = "  copy:\n    op: shell\n    params: {cmd: \"mkdir -p derived && cat raw/te.json > derived/te.txt\", outs: [derived/te.txt]}\n";
+    let user = |cmd: &str| {
+        format!("{data}{copy}  use:\n    op: shell\n    params: {{cmd: \"{cmd}\", outs: [o.txt], role: training}}\n")
+    };
+    let out = validate_beside_a_json_import(&user("python3 train.py derived/te.txt > o.txt"), rows);
+    assert_eq!(out.status.code(), Some(2), "expected a compile error: {}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("test pages through 'derived/te.txt' named in its cmd ← 'copy:") && err.contains("leak.yaml:"),
+        "{err}"
+    );
+    // Naming its folder, which another node's out lies in, is no read of it.
+    let out = validate_beside_a_json_import(&user("ls derived > o.txt; python3 train.py raw/tr.json"), rows);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 /// Before, isolation went by path alone: a copy of the test file the import
 /// reads (`cp raw/te.jsonl other/x.jsonl`), or of the test labels it stored
 /// (`cp $(orchestrate path s.yaml data:labels.test) mine.jsonl`), was any

@@ -1621,6 +1621,30 @@ nodes:
     }
 }
 
+/// Before, a path a command named that another node writes made no edge
+/// unless deps listed it: `cat d/x.txt` ran beside the node writing
+/// `d/x.txt` (before it, or on the old file), and stayed cached when that
+/// node wrote other bytes. It is an edge now, as a dep is.
+#[test]
+fn another_nodes_output_named_in_a_command_is_an_edge() {
+    let p = Project::new();
+    let spec = |n: u32| {
+        format!(
+            "name: named\nnodes:\n  gen:\n    op: shell\n    params: {{cmd: 'sleep 0.3; mkdir -p d && echo {n} > d/x.txt', outs: [d]}}\n  use:\n    op: shell\n    params: {{cmd: 'cat d/x.txt > y.txt', outs: [y.txt]}}\n"
+        )
+    };
+    p.write("p.yaml", &spec(1));
+    // Run side by side, `use` would read `d/x.txt` before `gen` wrote it.
+    let out = p.run(&["run", "--json", "-j", "2", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(std::fs::read_to_string(p.path().join("y.txt")).unwrap(), "1\n");
+    p.write("p.yaml", &spec(2));
+    let out = p.run(&["run", "--json", "-j", "2", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(nodes_with(&events(&out), "node_started"), ["gen", "use"]);
+    assert_eq!(std::fs::read_to_string(p.path().join("y.txt")).unwrap(), "2\n");
+}
+
 /// Before, what the program imports was in no key: `train.py` stayed
 /// cached after an edit of the `model.py` it imports (the code that ran was
 /// not the code the key named), and `cd sub && python3 run.py` keyed no

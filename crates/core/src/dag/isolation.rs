@@ -262,7 +262,16 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guar
                         } else {
                             format!(" (which derives from '{origin}')")
                         };
+                        // An edge no dep declares, to a path the command names.
+                        let in_cmd = |dep: &str| {
+                            let declared = node.op.file_deps(&node.params, &spec.base_dir);
+                            !declared.iter().any(|d| crate::store::fsx::at_or_inside(dep, d) || d.contains('*'))
+                                && node.op.command_paths(&node.params, &spec.base_dir).iter().any(|p| p == dep)
+                        };
                         let (path, shown) = match input.strip_prefix(FILE_DEP_PREFIX) {
+                            Some(dep) if in_cmd(dep) => {
+                                (vec!["params", "cmd"], format!("'{dep}' named in its cmd"))
+                            }
                             Some(dep) => (vec!["params", "deps"], format!("dep '{dep}'")),
                             None => (vec!["inputs", input.as_str()], format!("input '{input}'")),
                         };

@@ -519,6 +519,20 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
                 files.push(program);
             }
         }
+        // A path its command names that another node writes (`python3
+        // eval.py ckpt/model.pt`, node `train` writing `ckpt`): an edge, as
+        // a dep would be, so it runs after the writer, its key holds what the
+        // writer made, and isolation sees what that output carries. Only the
+        // path itself or a path inside a folder out: `mkdir -p data` names
+        // no other node's `data/a.txt`.
+        for path in nodes[i].op.command_paths(&nodes[i].params, &spec.base_dir) {
+            if let Some((w, out, at)) = writer_of(&path) {
+                let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
+                if w != i && !edged(&at) && !edged(&path) {
+                    edge(&mut inputs, &path, w, out);
+                }
+            }
+        }
         // Params files: each named key must be there now, unless a node writes
         // the file (an edge; its keys are read when that node has run).
         let mut params_files = Vec::new();
