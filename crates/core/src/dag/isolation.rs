@@ -241,9 +241,7 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guar
         let node = &nodes[pos];
         let role = node.op.role(&node.params);
         let mut read: Taints = BTreeMap::new();
-        // Only where there is data to name (a spec without imports lexes no command).
-        let in_command = if sources.is_empty() { Vec::new() } else { node.op.command_paths(&node.params, &spec.base_dir) };
-        for RawRead { named, dep, path, source } in raw_reads(node, &in_command, &sources) {
+        for RawRead { named, dep, path, source } in raw_reads(node, &node.named, &sources) {
             for (taint, origin) in &source.taints {
                 if let Some(why) = role.forbids(*taint) {
                     let shown = named.shown(dep, path, &source.said);
@@ -266,7 +264,7 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guar
                         let in_cmd = |dep: &str| {
                             let declared = node.op.file_deps(&node.params, &spec.base_dir);
                             !declared.iter().any(|d| crate::store::fsx::at_or_inside(dep, d) || d.contains('*'))
-                                && node.op.command_paths(&node.params, &spec.base_dir).iter().any(|p| p == dep)
+                                && node.named.iter().any(|p| p == dep)
                         };
                         let (path, shown) = match input.strip_prefix(FILE_DEP_PREFIX) {
                             Some(dep) if in_cmd(dep) => {

@@ -36,6 +36,9 @@ pub struct DagNode {
     pub trees: Vec<deps::TreeDep>,
     /// Params files and the keys of each in the key (`params_files:`).
     pub params_files: Vec<(String, Vec<String>)>,
+    /// The paths of the spec's folder its command names
+    /// ([`crate::ops::CommandReads::named`]), which isolation reads.
+    pub named: Vec<String>,
     /// The DAG's data, which a file a node reads could be a copy of under
     /// another path: checked by content when a node whose role forbids some
     /// of it is keyed. One list, shared by every node.
@@ -256,6 +259,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
             files: Vec::new(),
             trees: Vec::new(),
             params_files: Vec::new(),
+            named: Vec::new(),
             guarded: Arc::clone(&unguarded),
         });
     }
@@ -299,6 +303,8 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
     refuse_overlapping_outs(spec, &writers, &nodes)?;
     refuse_outs_over_spec_files(spec, &writers, &nodes)?;
 
+    // What each Python program imports, found once for all nodes that run it.
+    let mut imports = crate::reward::python::Imports::default();
     for i in 0..nodes.len() {
         let def = &nodes[i].def;
         let mut inputs = BTreeMap::new();
@@ -504,7 +510,9 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         // keyed as a file dep is, where no dep covers one already; an edge
         // where another node writes one; passed over where there is none, or
         // it is a link or the node's own out (what it was before: nothing).
-        for program in nodes[i].op.program_files(&nodes[i].params, &spec.base_dir) {
+        let command = nodes[i].op.command_reads(&nodes[i].params, &spec.base_dir);
+        let imported = command.python.iter().flat_map(|run| imports.of(&spec.base_dir, run).to_vec()).collect::<Vec<_>>();
+        for program in command.programs.into_iter().chain(imported) {
             let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
             if files.contains(&program) || trees.iter().any(|t| t.covers(&program)) || edged(&program) {
                 continue;
@@ -525,11 +533,11 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         // writer made, and isolation sees what that output carries. Only the
         // path itself or a path inside a folder out: `mkdir -p data` names
         // no other node's `data/a.txt`.
-        for path in nodes[i].op.command_paths(&nodes[i].params, &spec.base_dir) {
-            if let Some((w, out, at)) = writer_of(&path) {
+        for path in &command.named {
+            if let Some((w, out, at)) = writer_of(path) {
                 let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
-                if w != i && !edged(&at) && !edged(&path) {
-                    edge(&mut inputs, &path, w, out);
+                if w != i && !edged(&at) && !edged(path) {
+                    edge(&mut inputs, path, w, out);
                 }
             }
         }
@@ -570,6 +578,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         nodes[i].files = files;
         nodes[i].trees = trees;
         nodes[i].params_files = params_files;
+        nodes[i].named = command.named;
     }
 
     let mut graph: DiGraph<usize, ()> = DiGraph::with_capacity(nodes.len(), nodes.len());

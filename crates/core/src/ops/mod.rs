@@ -131,6 +131,24 @@ impl OutputDecl {
 }
 
 /// An input an op reads.
+/// What a node's command runs and names, read from the command itself (a
+/// `shell` node's `cmd`: [`programs`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandReads {
+    /// The programs it runs (relative to the spec's folder): keyed as file deps where they are
+    /// files no dep covers, an edge where another node writes one, and
+    /// passed over where there is none (a module installed elsewhere).
+    pub programs: Vec<String>,
+    /// Its Python programs, whose imports of the spec's folder are programs
+    /// too ([`crate::reward::python::Imports`], found once per compile).
+    pub python: Vec<crate::reward::python::PythonRun>,
+    /// Every path of the spec's folder it names (a word, an option's value,
+    /// a redirection's file), seen from the folder it runs in: an edge where
+    /// another node writes one, and what isolation reads as data the command
+    /// may read whether or not a dep declares it.
+    pub named: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputDecl {
     pub name: &'static str,
@@ -362,18 +380,10 @@ pub trait Op: Send + Sync + 'static {
     fn file_deps(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
         Vec::new()
     }
-    /// The programs (relative to the spec's folder) its command runs, found
-    /// in the command: keyed as file deps where they are files no node
-    /// writes, an edge where another node writes one, and passed over where
-    /// there is none (a module installed elsewhere).
-    fn program_files(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
-        Vec::new()
-    }
-    /// Every path of the spec's folder its command names (a word, an
-    /// option's value, a redirection's file), which isolation reads as data
-    /// the command may read whether or not a dep declares it.
-    fn command_paths(&self, _params: &Self::Params, _spec_dir: &Path) -> Vec<String> {
-        Vec::new()
+    /// What its command runs and names, read from the command itself
+    /// ([`CommandReads`]).
+    fn command_reads(&self, _params: &Self::Params, _spec_dir: &Path) -> CommandReads {
+        CommandReads::default()
     }
     /// Params files (relative to the spec's folder) and the dotted keys of
     /// each that the result depends on: only those keys' values are in the key.
@@ -461,8 +471,7 @@ pub trait AnyOp: Send + Sync {
     fn implied_inputs(&self, params: &Params, spec_dir: &Path) -> Result<Vec<(String, String)>, ParamError>;
     fn outputs(&self, params: &Params) -> Vec<OutputDecl>;
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
-    fn program_files(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
-    fn command_paths(&self, params: &Params, spec_dir: &Path) -> Vec<String>;
+    fn command_reads(&self, params: &Params, spec_dir: &Path) -> CommandReads;
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)>;
     fn data_sources(&self, params: &Params) -> Vec<DataSource>;
     fn interpreters(&self, params: &Params) -> Vec<String>;
@@ -508,11 +517,8 @@ impl<T: Op> AnyOp for T {
     fn file_deps(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
         Op::file_deps(self, params.typed(), spec_dir)
     }
-    fn program_files(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
-        Op::program_files(self, params.typed(), spec_dir)
-    }
-    fn command_paths(&self, params: &Params, spec_dir: &Path) -> Vec<String> {
-        Op::command_paths(self, params.typed(), spec_dir)
+    fn command_reads(&self, params: &Params, spec_dir: &Path) -> CommandReads {
+        Op::command_reads(self, params.typed(), spec_dir)
     }
     fn params_files(&self, params: &Params) -> Vec<(String, Vec<String>)> {
         Op::params_files(self, params.typed())

@@ -15,28 +15,42 @@
 
 use std::path::Path;
 
-/// The candidates, relative to the spec's folder, each normalized, in the
-/// order the command names them, then the modules of the folder that its
-/// Python programs import ([`crate::reward::imported_files`]). A candidate
-/// that is no file is for the caller to drop (a module's `__init__.py` that
-/// is not there).
-pub(crate) fn shell_programs(cmd: &str, spec_dir: &Path) -> Vec<String> {
+/// What `cmd` runs and names ([`super::CommandReads`]), from one reading
+/// of it. The programs: the candidates, relative to the spec's folder, each
+/// normalized, in the order the command names them, and the Python ones
+/// whose imports the DAG adds ([`crate::reward::python::Imports`]); a candidate that is no file is for the caller to drop (a module's
+/// `__init__.py` that is not there). The paths: see [`named_in`].
+pub(crate) fn command_reads(cmd: &str, spec_dir: &Path) -> super::CommandReads {
     let mut found = Found::default();
+    let mut named = Vec::new();
     for (folder, simple) in in_folders(cmd, Some(""), spec_dir) {
-        if let Some(folder) = folder {
-            program_of(&simple.words, &folder, spec_dir, &mut found);
+        if let Some(folder) = &folder {
+            program_of(&simple.words, folder, spec_dir, &mut found);
         }
+        named_in(folder.as_deref(), simple, spec_dir, &mut named);
     }
-    let mut out = found.programs;
-    for (runs, path0) in &found.python {
-        for f in crate::reward::imported_files(spec_dir, runs, path0) {
-            if !out.contains(&f) {
-                out.push(f);
-            }
-        }
+    let mut programs = found.programs;
+    programs.dedup();
+    named.sort_unstable();
+    named.dedup();
+    super::CommandReads { programs, python: found.python, named }
+}
+
+/// The programs with what they import, as the DAG keys them.
+#[cfg(test)]
+fn shell_programs(cmd: &str, spec_dir: &Path) -> Vec<String> {
+    let reads = command_reads(cmd, spec_dir);
+    let mut imports = crate::reward::python::Imports::default();
+    let mut out = reads.programs;
+    for run in &reads.python {
+        out.extend(imports.of(spec_dir, run).iter().filter(|f| !out.contains(f)).cloned().collect::<Vec<_>>());
     }
-    out.dedup();
     out
+}
+
+#[cfg(test)]
+fn named_paths(cmd: &str, spec_dir: &Path) -> Vec<String> {
+    command_reads(cmd, spec_dir).named
 }
 
 /// What a command's programs are: their files, and for each Python program
@@ -45,7 +59,7 @@ pub(crate) fn shell_programs(cmd: &str, spec_dir: &Path) -> Vec<String> {
 #[derive(Default)]
 struct Found {
     programs: Vec<String>,
-    python: Vec<(Vec<String>, String)>,
+    python: Vec<crate::reward::python::PythonRun>,
 }
 
 /// The interpreters whose first operand is the script they run.
@@ -75,13 +89,14 @@ enum Interpreter {
 /// and the commands that run the command after them (`env`, `exec`, `time`,
 /// `nohup`, `command`, `nice`, `timeout`, `uv run`, `poetry run`, `pipenv
 /// run`), with their options.
-fn skip_prefix(words: &[&str]) -> usize {
+fn skip_prefix(words: &[impl AsRef<str>]) -> usize {
+    let word = |i: usize| words.get(i).map(AsRef::as_ref);
     let assignment = |w: &str| w.split_once('=').is_some_and(|(n, _)| !n.is_empty() && is_name(n));
     let mut i = 0;
     // Skips the options (of the command just skipped) from `i`; those in
     // `with_value` take the next word as their value.
     let skip_options = |mut i: usize, with_value: &[&str], assignments: bool| {
-        while let Some(w) = words.get(i).copied() {
+        while let Some(w) = word(i) {
             if !(w.starts_with('-') || assignments && assignment(w)) {
                 break;
             }
@@ -90,16 +105,16 @@ fn skip_prefix(words: &[&str]) -> usize {
         i
     };
     loop {
-        while words.get(i).is_some_and(|w| assignment(w)) {
+        while word(i).is_some_and(assignment) {
             i += 1;
         }
-        i = match words.get(i).copied() {
+        i = match word(i) {
             Some("env") => skip_options(i + 1, &["-u", "-C", "-S", "--unset", "--chdir", "--split-string"], true),
             Some("exec" | "time" | "nohup" | "command") => skip_options(i + 1, &["-a"], false),
             Some("nice") => skip_options(i + 1, &["-n", "--adjustment"], false),
             // Its options, then the duration.
             Some("timeout") => skip_options(i + 1, &["-s", "-k", "--signal", "--kill-after"], false) + 1,
-            Some("uv" | "poetry" | "pipenv") if words.get(i + 1) == Some(&"run") => skip_options(i + 2, &[], false),
+            Some("uv" | "poetry" | "pipenv") if word(i + 1) == Some("run") => skip_options(i + 2, &[], false),
             _ => return i,
         };
     }
@@ -108,8 +123,7 @@ fn skip_prefix(words: &[&str]) -> usize {
 /// The program of one simple command run in `folder` (relative to the
 /// spec's).
 fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found) {
-    let words: Vec<&str> = words.iter().map(String::as_str).collect();
-    let mut rest = words.iter().copied().skip(skip_prefix(&words));
+    let mut rest = words.iter().map(String::as_str).skip(skip_prefix(words));
     let Some(first) = rest.next() else { return };
     if first.contains('$') || first.contains('`') {
         return;
@@ -155,7 +169,7 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
                 // Found from the working folder, the first on its `sys.path`.
                 let files: Vec<String> =
                     crate::reward::python_module_files(module).iter().filter_map(|f| path_at(folder, f)).collect();
-                found.python.push((files.clone(), folder.to_string()));
+                found.python.push(crate::reward::python::PythonRun { files: files.clone(), path0: folder.to_string() });
                 found.programs.extend(files);
                 return;
             }
@@ -210,7 +224,7 @@ fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found
         let path0 = rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
         (rel, path0)
     };
-    found.python.push((vec![script.clone()], path0));
+    found.python.push(crate::reward::python::PythonRun { files: vec![script.clone()], path0 });
     found.programs.push(script);
 }
 
@@ -218,38 +232,39 @@ fn is_name(s: &str) -> bool {
     !s.starts_with(|c: char| c.is_ascii_digit()) && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Every path of the spec's folder a shell command names, normalized and
-/// seen from the folder it runs in (`cd raw && cat te.jsonl` names
-/// `raw/te.jsonl`): each word, an option's value after `=`
-/// (`--data=raw/te.jsonl`), and each redirection's file (`< raw/te.jsonl`).
-/// A word holding `$` names none. Isolation reads these as data the command
-/// reads.
-pub(crate) fn named_paths(cmd: &str, spec_dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    paths_in(cmd, Some(""), spec_dir, &mut out);
-    out.sort();
-    out.dedup();
-    out
-}
-
-fn paths_in(cmd: &str, cwd: Option<&str>, spec_dir: &Path, out: &mut Vec<String>) {
-    for (folder, simple) in in_folders(cmd, cwd, spec_dir) {
-        // From a folder not known here, a word is read as from the spec's.
-        let at = folder.as_deref().unwrap_or("");
-        let words = simple.words.iter().chain(&simple.targets).filter(|w| !w.contains('$') && !w.contains('`'));
-        out.extend(
-            words
-                .flat_map(|w| [Some(w.as_str()), w.split_once('=').map(|(_, v)| v)])
-                .flatten()
-                .filter_map(|w| path_at(at, w)),
-        );
-        // `bash -c '… raw/te.jsonl'`: the paths of that command too.
-        let words: Vec<&str> = simple.words.iter().map(String::as_str).collect();
-        let rest = &words[skip_prefix(&words)..];
-        if rest.first().and_then(|w| interpreter(w)) == Some(Interpreter::Shell) {
-            if let Some(inner) = rest.iter().position(|w| *w == "-c").and_then(|at| rest.get(at + 1)) {
-                paths_in(inner, folder.as_deref(), spec_dir, out);
-            }
+/// Every path of the spec's folder a simple command run in `folder` names,
+/// normalized and seen from that folder (`cd raw && cat te.jsonl` names
+/// `raw/te.jsonl`; from a folder not known here, as from the spec's): each
+/// word, an option's value after `=` (`--data=raw/te.jsonl`), each
+/// redirection's file (`< raw/te.jsonl`), and the paths of an `sh -c '…'`
+/// command. A word holding `$` names none.
+fn named_in(folder: Option<&str>, simple: Simple, spec_dir: &Path, out: &mut Vec<String>) {
+    let at = folder.unwrap_or("");
+    let shell_c = simple.words.iter().any(|w| w == "-c")
+        && simple.words.get(skip_prefix(&simple.words)).is_some_and(|w| interpreter(w) == Some(Interpreter::Shell));
+    let inner = if shell_c {
+        let rest = &simple.words[skip_prefix(&simple.words)..];
+        rest.iter().position(|w| w == "-c").and_then(|at| rest.get(at + 1)).cloned()
+    } else {
+        None
+    };
+    for w in simple.words.into_iter().chain(simple.targets) {
+        if w.bytes().any(|b| b == b'$' || b == b'`') {
+            continue;
+        }
+        if let Some((_, value)) = w.split_once('=') {
+            out.extend(path_at(at, value));
+        }
+        // Most words are already normal, and are kept as they are.
+        if at.is_empty() && crate::store::fsx::is_normal_rel(&w) {
+            out.push(w);
+        } else {
+            out.extend(path_at(at, &w));
+        }
+    }
+    if let Some(inner) = inner {
+        for (folder, simple) in in_folders(&inner, folder, spec_dir) {
+            named_in(folder.as_deref(), simple, spec_dir, out);
         }
     }
 }
@@ -258,7 +273,7 @@ fn paths_in(cmd: &str, cwd: Option<&str>, spec_dir: &Path, out: &mut Vec<String>
 /// reads them (quotes removed), without redirections and their targets.
 #[cfg(test)]
 fn simple_commands(cmd: &str) -> Vec<Vec<String>> {
-    lex(cmd).into_iter().map(|c| c.words).collect()
+    lex(cmd).into_iter().map(|c| c.words).filter(|w| !w.is_empty()).collect()
 }
 
 /// One simple command: its words, the files its redirections name, and how
@@ -397,7 +412,7 @@ fn lex(cmd: &str) -> Vec<Simple> {
     }
     end_word(&mut current, &mut word, &mut started, &mut target);
     commands.push(current);
-    commands.retain(|c| !c.words.is_empty() || !c.targets.is_empty());
+    // Empty ones stay: where one is, a subshell may have ended.
     commands
 }
 
@@ -411,22 +426,24 @@ fn in_folders(cmd: &str, cwd: Option<&str>, spec_dir: &Path) -> Vec<(Option<Stri
     let mut folders: Vec<Option<String>> = vec![cwd.map(str::to_string)];
     let mut out = Vec::new();
     for simple in lex(cmd) {
+        // Leaving a subshell drops its folder; entering one starts from its parent's.
         let inherited = folders.last().cloned().flatten();
         folders.resize(simple.depth + 1, inherited);
-        let words: Vec<&str> = simple.words.iter().map(String::as_str).collect();
+        if simple.words.is_empty() && simple.targets.is_empty() {
+            continue;
+        }
         let folder = folders[simple.depth].clone();
-        match words.as_slice() {
-            ["cd" | "pushd", rest @ ..] => {
-                let to = rest.iter().find(|w| !w.starts_with('-') || **w == "-");
-                folders[simple.depth] = match (folder.as_deref(), to) {
-                    (Some(at), Some(to)) if !to.contains(['$', '`', '~']) && *to != "-" => {
-                        join(at, to).filter(|rel| crate::store::fsx::link_on_path(spec_dir, rel).is_none())
-                    }
-                    _ => None,
-                };
-            }
-            ["popd", ..] => folders[simple.depth] = None,
-            _ => {}
+        let first = simple.words.first().map(String::as_str);
+        if matches!(first, Some("cd" | "pushd")) {
+            let to = simple.words[1..].iter().find(|w| !w.starts_with('-') || *w == "-");
+            folders[simple.depth] = match (folder.as_deref(), to) {
+                (Some(at), Some(to)) if !to.contains(['$', '`', '~']) && to != "-" => {
+                    join(at, to).filter(|rel| crate::store::fsx::link_on_path(spec_dir, rel).is_none())
+                }
+                _ => None,
+            };
+        } else if first == Some("popd") {
+            folders[simple.depth] = None;
         }
         out.push((folder, simple));
     }
@@ -438,6 +455,9 @@ fn in_folders(cmd: &str, cwd: Option<&str>, spec_dir: &Path) -> Vec<(Option<Stri
 fn join(at: &str, word: &str) -> Option<String> {
     if word.starts_with('/') {
         return None;
+    }
+    if at.is_empty() && crate::store::fsx::is_normal_rel(word) {
+        return Some(word.to_string());
     }
     let mut parts: Vec<&str> = at.split('/').filter(|p| !p.is_empty()).collect();
     for seg in word.split('/') {
@@ -524,6 +544,8 @@ mod tests {
         assert_eq!(programs("cd sub && ./run.sh"), ["sub/run.sh"]);
         assert_eq!(programs("cd sub; python3 train.py && cd ../b && bash x.sh"), ["sub/train.py", "b/x.sh"]);
         assert_eq!(programs("(cd sub && ./a.sh); ./b.sh"), ["sub/a.sh", "b.sh"], "a subshell's cd ends with it");
+        assert_eq!(programs("(cd sub && ./a.sh); (./b.sh)"), ["sub/a.sh", "b.sh"], "the next subshell starts afresh");
+        assert_eq!(programs("(cd sub; (./a.sh); ./b.sh)"), ["sub/a.sh", "sub/b.sh"]);
         assert_eq!(programs("cd sub && python3 ../train.py"), ["train.py"]);
         assert_eq!(programs("cd a/b && cd .. && ./x"), ["a/x"]);
         assert_eq!(programs("pushd sub && ./x && popd && ./y"), ["sub/x"]);

@@ -247,11 +247,8 @@ impl Op for ShellOp {
     fn file_deps(&self, params: &Self::Params, _spec_dir: &std::path::Path) -> Vec<String> {
         params.deps.iter().filter_map(|d| normalize_rel(d)).collect()
     }
-    fn program_files(&self, params: &Self::Params, spec_dir: &std::path::Path) -> Vec<String> {
-        super::programs::shell_programs(&params.cmd, spec_dir)
-    }
-    fn command_paths(&self, params: &Self::Params, spec_dir: &std::path::Path) -> Vec<String> {
-        super::programs::named_paths(&params.cmd, spec_dir)
+    fn command_reads(&self, params: &Self::Params, spec_dir: &std::path::Path) -> super::CommandReads {
+        super::programs::command_reads(&params.cmd, spec_dir)
     }
     fn params_files(&self, params: &Self::Params) -> Vec<(String, Vec<String>)> {
         params.params_files.iter().filter_map(|(f, keys)| Some((normalize_rel(f)?, keys.clone()))).collect()

@@ -13,7 +13,7 @@
 //! rollout's envelope names and the guard checks against the registry.
 
 pub mod program;
-pub(crate) mod python;
+pub mod python;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::rows::LabelRow;
 use crate::data::verifier::{FinishReason, Response, Verifier, VerifierRegistry};
-pub(crate) use python::{imported_files, python_module_files};
+pub(crate) use python::python_module_files;
 pub use program::{interpreter_version, ProgramSpec, RewardProgram};
 
 /// One term of a reward, as a spec writes it: exactly one of `verifier`

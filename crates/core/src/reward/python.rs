@@ -53,6 +53,29 @@ fn is_identifier(p: &str) -> bool {
 const MAX_MODULES: usize = 4096;
 const MAX_SOURCE_BYTES: u64 = 8 << 20;
 
+/// What Python runs first of a program (the script, or a module's files,
+/// relative to the spec's folder) and the folder first on its `sys.path`
+/// (the script's folder, or the working folder for `-m`; `""` for the
+/// spec's own): what [`imported_files`] starts from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PythonRun {
+    pub files: Vec<String>,
+    pub path0: String,
+}
+
+/// The files each program imports ([`imported_files`]), found once: a
+/// spec's nodes run the same script with other arguments (a matrix of 200
+/// `python3 train.py --seed N`), and reading its modules again for each made
+/// validating them take four times as long.
+#[derive(Debug, Default)]
+pub struct Imports(std::collections::HashMap<PythonRun, Vec<String>>);
+
+impl Imports {
+    pub fn of(&mut self, spec_dir: &Path, run: &PythonRun) -> &[String] {
+        self.0.entry(run.clone()).or_insert_with(|| imported_files(spec_dir, &run.files, &run.path0))
+    }
+}
+
 /// The files of `spec_dir` that Python imports, directly or through one
 /// another, when it runs the files `run` (relative to `spec_dir`) with
 /// `path0` (relative to `spec_dir`, `""` for the folder itself) first on its
