@@ -15,6 +15,8 @@
 
 use std::path::Path;
 
+use crate::reward::python::PythonRun;
+
 /// What `cmd` runs and names ([`super::CommandReads`]), from one reading
 /// of it. The programs: the candidates, relative to the spec's folder, each
 /// normalized, in the order the command names them, and the Python ones
@@ -137,9 +139,11 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
         return;
     }
     let Some(kind) = interpreter(first) else {
-        // A program given by path: one of the folder's files, or none.
-        if first.contains('/') {
-            found.programs.extend(path_at(folder, first));
+        // A program given by path: one of the folder's files, or none; a
+        // Python script if its first line says so (`#!/usr/bin/env python3`).
+        if let Some(rel) = path_at(folder, first).filter(|_| first.contains('/')) {
+            found.python.extend(PythonRun::by_shebang(spec_dir, &rel));
+            found.programs.push(rel);
         }
         return;
     };
@@ -169,7 +173,7 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
                 // Found from the working folder, the first on its `sys.path`.
                 let files: Vec<String> =
                     crate::reward::python_module_files(module).iter().filter_map(|f| path_at(folder, f)).collect();
-                found.python.push(crate::reward::python::PythonRun { files: files.clone(), path0: folder.to_string() });
+                found.python.push(PythonRun { files: files.clone(), path0: folder.to_string(), code: None });
                 found.programs.extend(files);
                 return;
             }
@@ -183,6 +187,12 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
                     }
                 }
             }
+            return;
+        }
+        if kind == Interpreter::Python && arg == "-c" {
+            // `python3 -c 'from tools import gen; gen.main()'`: the code's imports.
+            let code = rest.next().map(str::to_string);
+            found.python.push(PythonRun { files: Vec::new(), path0: folder.to_string(), code });
             return;
         }
         if inline.contains(&arg) || arg == "-" {
@@ -224,7 +234,7 @@ fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found
         let path0 = rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
         (rel, path0)
     };
-    found.python.push(crate::reward::python::PythonRun { files: vec![script.clone()], path0 });
+    found.python.push(PythonRun::script(script.clone(), path0));
     found.programs.push(script);
 }
 
@@ -558,6 +568,30 @@ mod tests {
         for cmd in ["cd $DIR && ./x", "cd /abs && ./x", "cd && ./x", "cd ~/x && ./x", "cd .. && ./x", "cd - && ./x"] {
             assert_eq!(programs(cmd), Vec::<String>::new(), "{cmd}");
         }
+    }
+
+    /// A Python program is found by its imports however Python is started:
+    /// a script given by path with a Python `#!` line, and `-c` code.
+    #[test]
+    fn a_python_program_by_path_or_inline_has_its_imports_found() {
+        let dir = tempfile::tempdir().unwrap();
+        for (f, text) in [
+            ("bin/run", "#!/usr/bin/env python3\nimport helper\n"),
+            ("bin/helper.py", ""),
+            ("bin/tool", "#!/bin/sh\nimport helper\n"),
+            ("tools/__init__.py", ""),
+            ("tools/gen.py", "from . import common\n"),
+            ("tools/common.py", ""),
+        ] {
+            std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
+            std::fs::write(dir.path().join(f), text).unwrap();
+        }
+        assert_eq!(shell_programs("./bin/run x", dir.path()), ["bin/run", "bin/helper.py"]);
+        assert_eq!(shell_programs("bin/tool", dir.path()), ["bin/tool"], "a shell script's words are no imports");
+        assert_eq!(
+            shell_programs("python3 -c 'from tools import gen; gen.main()' > o", dir.path()),
+            ["tools/__init__.py", "tools/common.py", "tools/gen.py"]
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::python::python_module_files;
+use super::python::{python_module_files, PythonRun};
 use super::{RewardError, RewardReply, RewardRequest};
 use crate::store::fsx::normalize_rel;
 
@@ -104,8 +104,8 @@ impl ProgramSpec {
         let skip = usize::from(self.interpreter().is_some());
         let mut args = self.command.iter().skip(skip);
         // What Python runs first, and its `sys.path[0]`: the script's folder,
-        // or the working folder (the spec's) for `-m`.
-        let mut runs: Option<(Vec<String>, String)> = None;
+        // or the working folder (the spec's) for `-m` and `-c`.
+        let mut runs: Option<PythonRun> = None;
         let folder_of = |rel: &str| rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
         while let Some(arg) = args.next() {
             // `python3 -m rewards.judge` (or `-mrewards.judge`): the module's files.
@@ -116,8 +116,14 @@ impl ProgramSpec {
             };
             if let Some(module) = module {
                 let files: Vec<String> = python_module_files(module).into_iter().filter(|f| there(f)).collect();
-                runs.get_or_insert_with(|| (files.clone(), String::new()));
+                runs.get_or_insert_with(|| PythonRun { files: files.clone(), path0: String::new(), code: None });
                 out.extend(files);
+                continue;
+            }
+            if python && arg == "-c" {
+                // `python3 -c 'from rewards import judge; judge.main()'`: the code's imports.
+                let code = args.next().cloned();
+                runs.get_or_insert_with(|| PythonRun { files: Vec::new(), path0: String::new(), code });
                 continue;
             }
             if arg.starts_with('-') {
@@ -125,18 +131,24 @@ impl ProgramSpec {
             }
             if let Some(rel) = normalize_rel(arg) {
                 if there(&rel) {
-                    runs.get_or_insert_with(|| (vec![rel.clone()], folder_of(&rel)));
+                    if !python && runs.is_none() && self.interpreter().is_none() {
+                        // The program itself, given by path: Python's if its first line says so.
+                        runs = PythonRun::by_shebang(spec_dir, &rel);
+                    }
+                    if python {
+                        runs.get_or_insert_with(|| PythonRun::script(rel.clone(), folder_of(&rel)));
+                    }
                     out.push(rel);
                 } else if python && spec_dir.join(&rel).is_dir() && there(&format!("{rel}/__main__.py")) {
                     // Python runs a folder as its `__main__.py`.
                     let main = format!("{rel}/__main__.py");
-                    runs.get_or_insert_with(|| (vec![main.clone()], rel.clone()));
+                    runs.get_or_insert_with(|| PythonRun::script(main.clone(), rel.clone()));
                     out.push(main);
                 }
             }
         }
-        if let Some((run, path0)) = runs.filter(|_| python) {
-            out.extend(super::python::imported_files(spec_dir, &run, &path0));
+        if let Some(run) = runs {
+            out.extend(super::python::imported_files(spec_dir, &run));
         }
         out.sort();
         out.dedup();

@@ -61,6 +61,32 @@ const MAX_SOURCE_BYTES: u64 = 8 << 20;
 pub struct PythonRun {
     pub files: Vec<String>,
     pub path0: String,
+    /// The code of `python3 -c CODE`, whose imports are found as a file's.
+    pub code: Option<String>,
+}
+
+impl PythonRun {
+    /// A script, or a folder's `__main__.py`, run from `path0`.
+    pub fn script(file: String, path0: String) -> PythonRun {
+        PythonRun { files: vec![file], path0, code: None }
+    }
+
+    /// A script given by path whose first line names Python (`#!/usr/bin/env
+    /// python3`), run with its folder first on `sys.path`.
+    pub fn by_shebang(spec_dir: &Path, file: &str) -> Option<PythonRun> {
+        use std::io::Read;
+        let mut head = [0u8; 128];
+        let mut opened = crate::store::fsx::open_user_file(spec_dir, file).ok()?;
+        let n = opened.read(&mut head).ok()?;
+        let line = head[..n].split(|b| *b == b'\n').next()?;
+        let line = std::str::from_utf8(line).ok()?.strip_prefix("#!")?;
+        let python = line.split_whitespace().any(|w| {
+            let name = w.rsplit('/').next().unwrap_or(w);
+            name.starts_with("python") || name.starts_with("pypy")
+        });
+        let path0 = file.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
+        python.then(|| PythonRun::script(file.to_string(), path0))
+    }
 }
 
 /// The files each program imports ([`imported_files`]), found once: a
@@ -72,27 +98,34 @@ pub struct Imports(std::collections::HashMap<PythonRun, Vec<String>>);
 
 impl Imports {
     pub fn of(&mut self, spec_dir: &Path, run: &PythonRun) -> &[String] {
-        self.0.entry(run.clone()).or_insert_with(|| imported_files(spec_dir, &run.files, &run.path0))
+        self.0.entry(run.clone()).or_insert_with(|| imported_files(spec_dir, run))
     }
 }
 
 /// The files of `spec_dir` that Python imports, directly or through one
-/// another, when it runs the files `run` (relative to `spec_dir`) with
-/// `path0` (relative to `spec_dir`, `""` for the folder itself) first on its
-/// `sys.path`, leaving out `run` itself. A file found is a regular file or
-/// a link (for the caller to refuse or pass over, as it does for a script);
-/// a link is never read, and neither is a file outside `spec_dir`.
-pub(crate) fn imported_files(spec_dir: &Path, run: &[String], path0: &str) -> Vec<String> {
-    let mut seen: BTreeSet<String> = run.iter().cloned().collect();
-    let mut todo: Vec<String> = run.to_vec();
+/// another, when it runs `run` (its files, or its `-c` code, with
+/// `run.path0` first on its `sys.path`), leaving out `run`'s own files. A
+/// file found is a regular file or a link (for the caller to refuse or pass
+/// over, as it does for a script); a link is never read, and neither is a
+/// file outside `spec_dir`.
+pub(crate) fn imported_files(spec_dir: &Path, run: &PythonRun) -> Vec<String> {
+    let mut seen: BTreeSet<String> = run.files.iter().cloned().collect();
+    let mut todo: Vec<String> = run.files.clone();
+    let mut code = run.code.clone();
     let mut found = Vec::new();
-    while let Some(file) = todo.pop() {
-        let Some(source) = read_source(spec_dir, &file) else { continue };
-        let here = file.rsplit_once('/').map_or("", |(dir, _)| dir);
+    'files: loop {
+        let (source, here) = if let Some(code) = code.take() {
+            (code, run.path0.clone())
+        } else if let Some(file) = todo.pop() {
+            let Some(source) = read_source(spec_dir, &file) else { continue };
+            (source, file.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string()))
+        } else {
+            break;
+        };
         for import in imports(&source) {
-            for f in import.files(spec_dir, path0, here) {
+            for f in import.files(spec_dir, &run.path0, &here) {
                 if seen.len() >= MAX_MODULES {
-                    return found;
+                    break 'files;
                 }
                 if seen.insert(f.clone()) {
                     found.push(f.clone());
@@ -416,7 +449,7 @@ print(obj.import_, from_)
             "model.py:the spec's folder is not on sys.path for src/train.py",
         ]);
         assert_eq!(
-            imported_files(dir.path(), &["src/train.py".into()], "src"),
+            imported_files(dir.path(), &PythonRun::script("src/train.py".into(), "src".into())),
             [
                 "src/layers.py",
                 "src/model.py",
@@ -430,7 +463,10 @@ print(obj.import_, from_)
         // `-m`: from the working folder; the module's package is its folder.
         let dir = tree(&["tools/__init__.py:", "tools/gen.py:from tools.common import C|from .rel import R", "tools/common.py:", "tools/rel.py:"]);
         assert_eq!(
-            imported_files(dir.path(), &["tools/__init__.py".into(), "tools/gen.py".into()], ""),
+            imported_files(
+                dir.path(),
+                &PythonRun { files: vec!["tools/__init__.py".into(), "tools/gen.py".into()], path0: String::new(), code: None }
+            ),
             ["tools/common.py", "tools/rel.py"]
         );
     }
@@ -439,14 +475,14 @@ print(obj.import_, from_)
     fn a_module_python_finds_elsewhere_or_behind_a_link_is_not_read() {
         // A package with `__init__.py` comes before `NAME.py`, which comes before a namespace folder.
         let dir = tree(&["t.py:import a, b, c.d, e.f", "a/__init__.py:", "a.py:", "b.py:", "b/x:", "c/d.py:", "e.py:"]);
-        assert_eq!(imported_files(dir.path(), &["t.py".into()], ""), ["a/__init__.py", "b.py", "c/d.py", "e.py"]);
+        assert_eq!(imported_files(dir.path(), &PythonRun::script("t.py".into(), String::new())), ["a/__init__.py", "b.py", "c/d.py", "e.py"]);
         // A link is found (for the caller to refuse or pass over) and never read.
         let outside = tree(&["real.py:import secret"]);
         let dir = tree(&["t.py:import linked, os, ..up", "secret.py:"]);
         std::os::unix::fs::symlink(outside.path().join("real.py"), dir.path().join("linked.py")).unwrap();
-        assert_eq!(imported_files(dir.path(), &["t.py".into()], ""), ["linked.py"]);
+        assert_eq!(imported_files(dir.path(), &PythonRun::script("t.py".into(), String::new())), ["linked.py"]);
         // A relative import above the spec's folder finds nothing.
         let dir = tree(&["t.py:from ... import x", "x.py:"]);
-        assert_eq!(imported_files(dir.path(), &["t.py".into()], ""), Vec::<String>::new());
+        assert_eq!(imported_files(dir.path(), &PythonRun::script("t.py".into(), String::new())), Vec::<String>::new());
     }
 }

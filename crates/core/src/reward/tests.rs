@@ -246,6 +246,18 @@ fn what_a_python_reward_program_imports_is_in_its_files_and_identity() {
         program_files(std::slice::from_ref(&term), dir.path()),
         ["rewards/judge.py", "rewards/lib/__init__.py", "rewards/lib/grammar.py", "rewards/lib/parse.py", "rewards/util.py"]
     );
+    // Started by path with a Python `#!` line, or as `-c` code, alike.
+    std::fs::write(dir.path().join("rewards/run"), "#!/usr/bin/python3 -u\nfrom util import score\n").unwrap();
+    let by = |command: &[&str]| {
+        let term = RewardTerm { command: Some(command.iter().map(|c| c.to_string()).collect()), ..term.clone() };
+        program_files(&[term], dir.path())
+    };
+    assert_eq!(by(&["rewards/run"]), ["rewards/run", "rewards/util.py"]);
+    assert_eq!(
+        by(&["python3", "-c", "import rewards.util"]),
+        ["rewards/util.py"],
+        "from the working folder, the spec's (rewards/ has no __init__.py: a namespace package)"
+    );
     let program = term.program().unwrap();
     let before = program.digest(dir.path()).unwrap();
     std::fs::write(dir.path().join("rewards/lib/grammar.py"), "G = 2\n").unwrap();
