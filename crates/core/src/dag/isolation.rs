@@ -267,9 +267,7 @@ pub fn check(spec: &Spec, nodes: &[DagNode], order: &[usize]) -> Result<Vec<Guar
                                 && node.named.iter().any(|p| p == dep)
                         };
                         let (path, shown) = match input.strip_prefix(FILE_DEP_PREFIX) {
-                            Some(dep) if in_cmd(dep) => {
-                                (vec!["params", "cmd"], format!("'{dep}' named in its cmd"))
-                            }
+                            Some(dep) if in_cmd(dep) => (vec!["params", "cmd"], format!("'{dep}' named in its cmd")),
                             Some(dep) => (vec!["params", "deps"], format!("dep '{dep}'")),
                             None => (vec!["inputs", input.as_str()], format!("input '{input}'")),
                         };

@@ -511,7 +511,8 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         // where another node writes one; passed over where there is none, or
         // it is a link or the node's own out (what it was before: nothing).
         let command = nodes[i].op.command_reads(&nodes[i].params, &spec.base_dir);
-        let imported = command.python.iter().flat_map(|run| imports.of(&spec.base_dir, run).to_vec()).collect::<Vec<_>>();
+        let imported =
+            command.python.iter().flat_map(|run| imports.of(&spec.base_dir, run).to_vec()).collect::<Vec<_>>();
         for program in command.programs.into_iter().chain(imported) {
             let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
             if files.contains(&program) || trees.iter().any(|t| t.covers(&program)) || edged(&program) {

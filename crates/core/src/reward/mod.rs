@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::rows::LabelRow;
 use crate::data::verifier::{FinishReason, Response, Verifier, VerifierRegistry};
-pub(crate) use python::python_module_files;
 pub use program::{interpreter_version, ProgramSpec, RewardProgram};
+pub(crate) use python::python_module_files;
 
 /// One term of a reward, as a spec writes it: exactly one of `verifier`
 /// (a registered verifier, `orchestrate verifier list`) or `command` (a

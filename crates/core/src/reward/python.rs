@@ -185,7 +185,9 @@ impl Import {
             }
             at.to_string()
         };
-        let join = |dir: &str, name: &str| normalize_rel(&if dir.is_empty() { name.to_string() } else { format!("{dir}/{name}") });
+        let join = |dir: &str, name: &str| {
+            normalize_rel(&if dir.is_empty() { name.to_string() } else { format!("{dir}/{name}") })
+        };
         for name in &self.module {
             let Some(path) = join(&at, name) else { return out };
             let init = format!("{path}/__init__.py");
@@ -461,11 +463,20 @@ print(obj.import_, from_)
             ]
         );
         // `-m`: from the working folder; the module's package is its folder.
-        let dir = tree(&["tools/__init__.py:", "tools/gen.py:from tools.common import C|from .rel import R", "tools/common.py:", "tools/rel.py:"]);
+        let dir = tree(&[
+            "tools/__init__.py:",
+            "tools/gen.py:from tools.common import C|from .rel import R",
+            "tools/common.py:",
+            "tools/rel.py:",
+        ]);
         assert_eq!(
             imported_files(
                 dir.path(),
-                &PythonRun { files: vec!["tools/__init__.py".into(), "tools/gen.py".into()], path0: String::new(), code: None }
+                &PythonRun {
+                    files: vec!["tools/__init__.py".into(), "tools/gen.py".into()],
+                    path0: String::new(),
+                    code: None
+                }
             ),
             ["tools/common.py", "tools/rel.py"]
         );
@@ -475,7 +486,10 @@ print(obj.import_, from_)
     fn a_module_python_finds_elsewhere_or_behind_a_link_is_not_read() {
         // A package with `__init__.py` comes before `NAME.py`, which comes before a namespace folder.
         let dir = tree(&["t.py:import a, b, c.d, e.f", "a/__init__.py:", "a.py:", "b.py:", "b/x:", "c/d.py:", "e.py:"]);
-        assert_eq!(imported_files(dir.path(), &PythonRun::script("t.py".into(), String::new())), ["a/__init__.py", "b.py", "c/d.py", "e.py"]);
+        assert_eq!(
+            imported_files(dir.path(), &PythonRun::script("t.py".into(), String::new())),
+            ["a/__init__.py", "b.py", "c/d.py", "e.py"]
+        );
         // A link is found (for the caller to refuse or pass over) and never read.
         let outside = tree(&["real.py:import secret"]);
         let dir = tree(&["t.py:import linked, os, ..up", "secret.py:"]);

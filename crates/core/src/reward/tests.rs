@@ -244,7 +244,13 @@ fn what_a_python_reward_program_imports_is_in_its_files_and_identity() {
     };
     assert_eq!(
         program_files(std::slice::from_ref(&term), dir.path()),
-        ["rewards/judge.py", "rewards/lib/__init__.py", "rewards/lib/grammar.py", "rewards/lib/parse.py", "rewards/util.py"]
+        [
+            "rewards/judge.py",
+            "rewards/lib/__init__.py",
+            "rewards/lib/grammar.py",
+            "rewards/lib/parse.py",
+            "rewards/util.py"
+        ]
     );
     // Started by path with a Python `#!` line, or as `-c` code, alike.
     std::fs::write(dir.path().join("rewards/run"), "#!/usr/bin/python3 -u\nfrom util import score\n").unwrap();
