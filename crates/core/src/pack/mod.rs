@@ -78,20 +78,36 @@ pub type ReportRenderer = fn(&Path, &str) -> Result<String, Box<dyn std::error::
 
 /// SHA-256 of a file, read in 1 MiB pieces (a pack may hold model weights).
 fn sha256_file(path: &Path) -> Result<String, PackError> {
+    Ok(hash_file_with(path, false)?.1)
+}
+
+/// The BLAKE3 (the store's name for an object) and the SHA-256 (its
+/// SHA256SUMS line) of a packed file, from one read of it: a pack of a
+/// 0.5B model's states read each of them twice after copying them.
+fn blake3_and_sha256(path: &Path) -> Result<(String, String), PackError> {
+    let (blake3, sha256) = hash_file_with(path, true)?;
+    Ok((blake3.unwrap_or_default(), sha256))
+}
+
+fn hash_file_with(path: &Path, with_blake3: bool) -> Result<(Option<String>, String), PackError> {
     use std::io::Read;
     // What is hashed is the file opened: never a link's target, never a FIFO
     // waited on, even if the entry changed since the pack was listed.
     let mut file = fsread::open_regular(path, libc::O_NOFOLLOW).map_err(io(format!("reading {}", path.display())))?;
-    let mut hasher = Sha256::new();
+    let mut sha256 = Sha256::new();
+    let mut blake3 = with_blake3.then(blake3::Hasher::new);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = file.read(&mut buf).map_err(io(format!("reading {}", path.display())))?;
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
+        sha256.update(&buf[..n]);
+        if let Some(b) = blake3.as_mut() {
+            b.update(&buf[..n]);
+        }
     }
-    Ok(format!("{:x}", hasher.finalize()))
+    Ok((blake3.map(|b| b.finalize().to_hex().to_string()), format!("{:x}", sha256.finalize())))
 }
 
 fn copy_object(src: &Path, dst: &Path) -> Result<(), PackError> {
@@ -270,6 +286,8 @@ pub fn freeze(
         let mut packed: BTreeMap<(String, String), String> = BTreeMap::new();
         // Every path written into the pack, so none is ever written twice.
         let mut written: BTreeSet<String> = BTreeSet::new();
+        // The SHA-256 of each packed output file, taken as it was checked.
+        let mut sha256_of: BTreeMap<String, String> = BTreeMap::new();
         for &pos in &dag.order {
             let node = &dag.nodes[pos];
             let key = match &entries.iter().find(|e| e.node == node.id()).map(|e| &e.state) {
@@ -311,8 +329,20 @@ pub fn freeze(
                 if omitted.is_none() {
                     copy_object(&ws.object_path(&o.object.hash), &tmp.join(&path))?;
                     // What is packed is what the record names: a damaged
-                    // object (edited in place, rotted) is never sealed.
-                    if crate::store::objects::intact(&tmp.join(&path), &o.object.hash, o.object.kind)? != Some(true) {
+                    // object (edited in place, rotted) is never sealed. A
+                    // file's SHA-256 comes from the same read.
+                    let intact = match o.object.kind {
+                        OutputKind::File => {
+                            let (blake3, sha256) = blake3_and_sha256(&tmp.join(&path))?;
+                            sha256_of.insert(path.clone(), sha256);
+                            blake3 == o.object.hash
+                        }
+                        OutputKind::Dir => {
+                            crate::store::objects::intact(&tmp.join(&path), &o.object.hash, o.object.kind)?
+                                == Some(true)
+                        }
+                    };
+                    if !intact {
                         return Err(PackError::Refused(format!(
                             "output '{}' of node '{}' in the store no longer hashes to its name {}: it was damaged \
                              after it was stored (`orchestrate verify` lists every such object). Run \
@@ -493,7 +523,11 @@ pub fn freeze(
         }
         let mut sums = String::new();
         for f in list_files(&tmp)? {
-            sums.push_str(&format!("{}  {f}\n", sha256_file(&tmp.join(&f))?));
+            let sha256 = match sha256_of.remove(&f) {
+                Some(known) => known,
+                None => sha256_file(&tmp.join(&f))?,
+            };
+            sums.push_str(&format!("{sha256}  {f}\n"));
         }
         fs::write(tmp.join("SHA256SUMS"), sums).map_err(io("writing SHA256SUMS"))?;
         Ok(manifest)
