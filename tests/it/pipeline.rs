@@ -1653,6 +1653,27 @@ fn another_nodes_output_named_in_a_command_is_an_edge() {
     assert_eq!(std::fs::read_to_string(p.path().join("y.txt")).unwrap(), "2\n");
 }
 
+/// Before, `bash scripts/train.sh` keyed the script and not what it runs:
+/// an edit of the `train.py` it starts (or of a module that imports) left
+/// the node cached on the old code's result.
+#[test]
+fn what_a_shell_script_runs_is_in_the_key_of_the_command_that_runs_it() {
+    let p = Project::new();
+    p.write("scripts/train.sh", "set -e\n. scripts/env.sh\npython3 train.py \"$@\"\n");
+    p.write("scripts/env.sh", "export SEED=1\n");
+    p.write("train.py", "from model import Net\nprint(Net)\n");
+    p.write("model.py", "Net = 1\n");
+    p.write(
+        "p.yaml",
+        "name: script\nnodes:\n  train:\n    op: shell\n    params: {cmd: 'bash scripts/train.sh --seed 1 > a.txt', outs: [a.txt]}\n",
+    );
+    let out = p.run(&["run", "--json", "p.yaml"]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    for file in ["train.py", "model.py", "scripts/env.sh", "scripts/train.sh"] {
+        edit_and_run(&p, file, Some("train"));
+    }
+}
+
 /// Before, what the program imports was in no key: `train.py` stayed
 /// cached after an edit of the `model.py` it imports (the code that ran was
 /// not the code the key named), and `cd sub && python3 run.py` keyed no

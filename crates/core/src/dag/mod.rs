@@ -305,6 +305,8 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
 
     // What each Python program imports, found once for all nodes that run it.
     let mut imports = crate::reward::python::Imports::default();
+    // What each shell script a command runs runs and names, read once.
+    let mut scripts = crate::ops::Scripts::default();
     for i in 0..nodes.len() {
         let def = &nodes[i].def;
         let mut inputs = BTreeMap::new();
@@ -510,7 +512,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         // keyed as a file dep is, where no dep covers one already; an edge
         // where another node writes one; passed over where there is none, or
         // it is a link or the node's own out (what it was before: nothing).
-        let command = nodes[i].op.command_reads(&nodes[i].params, &spec.base_dir);
+        let command = scripts.expand(&spec.base_dir, nodes[i].op.command_reads(&nodes[i].params, &spec.base_dir));
         let imported =
             command.python.iter().flat_map(|run| imports.of(&spec.base_dir, run).to_vec()).collect::<Vec<_>>();
         for program in command.programs.into_iter().chain(imported) {

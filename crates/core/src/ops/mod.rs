@@ -30,6 +30,7 @@ use serde_json::Value;
 
 pub use dataset::{DatasetParams, StockArithmeticDataset};
 pub use model::{ModelImport, ModelInit, ModelInitParams, TokenizerBuild, TokenizerParams};
+pub use programs::Scripts;
 pub use shell::{ShellOp, ShellParams};
 pub use train::{
     CheckResume, FaultFamily, FaultSpec, GradientComparison, GrpoParams, GuardProtocol, GuardSwitch, LossStats, Mode,
@@ -147,6 +148,19 @@ pub struct CommandReads {
     /// another node writes one, and what isolation reads as data the command
     /// may read whether or not a dep declares it.
     pub named: Vec<String>,
+    /// The shell scripts it runs (`bash tools/train.sh`, `./run.sh` with a
+    /// shell's `#!` line) or sources (`. env.sh`), and the folder each runs
+    /// in: the programs their commands run are the node's too ([`Scripts`]).
+    pub scripts: Vec<ShellScript>,
+}
+
+/// A shell script a command runs, relative to the spec's folder, and the
+/// folder (relative to the spec's) its commands run in: the command's, not
+/// the script's (`bash tools/train.sh` runs `python3 train.py` of the spec's folder).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShellScript {
+    pub file: String,
+    pub folder: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,12 +20,19 @@ use crate::reward::python::PythonRun;
 /// What `cmd` runs and names ([`super::CommandReads`]), from one reading
 /// of it. The programs: the candidates, relative to the spec's folder, each
 /// normalized, in the order the command names them, and the Python ones
-/// whose imports the DAG adds ([`crate::reward::python::Imports`]); a candidate that is no file is for the caller to drop (a module's
-/// `__init__.py` that is not there). The paths: see [`named_in`].
+/// whose imports the DAG adds ([`crate::reward::python::Imports`]); a
+/// candidate that is no file is for the caller to drop (a module's
+/// `__init__.py` that is not there). The paths: see [`named_in`]. The shell
+/// scripts it runs, whose commands [`Scripts`] reads.
 pub(crate) fn command_reads(cmd: &str, spec_dir: &Path) -> super::CommandReads {
+    command_reads_in(cmd, "", spec_dir)
+}
+
+/// [`command_reads`] of a command run in `folder`.
+fn command_reads_in(cmd: &str, folder: &str, spec_dir: &Path) -> super::CommandReads {
     let mut found = Found::default();
     let mut named = Vec::new();
-    for (folder, simple) in in_folders(cmd, Some(""), spec_dir) {
+    for (folder, simple) in in_folders(cmd, Some(folder), spec_dir) {
         if let Some(folder) = &folder {
             program_of(&simple.words, folder, spec_dir, &mut found);
         }
@@ -35,13 +42,66 @@ pub(crate) fn command_reads(cmd: &str, spec_dir: &Path) -> super::CommandReads {
     programs.dedup();
     named.sort_unstable();
     named.dedup();
-    super::CommandReads { programs, python: found.python, named }
+    super::CommandReads { programs, python: found.python, named, scripts: found.scripts }
 }
 
-/// The programs with what they import, as the DAG keys them.
+/// The most shell scripts one command's are followed through, and the
+/// largest script read: a folder of generated scripts is not walked
+/// without end.
+const MAX_SCRIPTS: usize = 256;
+const MAX_SCRIPT_BYTES: u64 = 1 << 20;
+
+/// What the shell scripts a command runs run, read once per compile for all
+/// the nodes that run one (a matrix of `bash train.sh --seed N`), and added
+/// to the command's own programs ([`Scripts::expand`]). A script is read as
+/// a command is: its programs (`python3 train.py` in `tools/train.sh`) are
+/// keyed, and the scripts it runs or sources (`. ./env.sh`) are read in
+/// turn. A `cd` to a folder this cannot follow (`cd "$(dirname "$0")"`)
+/// makes what follows it name nothing, as in a command.
+///
+/// The paths a script names are not the node's named paths (no edges, no
+/// isolation reads): a script's branches (`case "$1" in prep) …;; train)
+/// …;; esac`) are read all at once, and one run by two nodes would name each
+/// node's outs for both, a cycle where there is none. A program more in a
+/// key re-runs a node once more; a false edge refuses the spec.
+#[derive(Debug, Default)]
+pub struct Scripts(std::collections::HashMap<super::ShellScript, super::CommandReads>);
+
+impl Scripts {
+    pub fn expand(&mut self, spec_dir: &Path, mut reads: super::CommandReads) -> super::CommandReads {
+        let mut queue: Vec<super::ShellScript> = std::mem::take(&mut reads.scripts);
+        let mut seen: std::collections::HashSet<super::ShellScript> = queue.iter().cloned().collect();
+        let mut at = 0;
+        while at < queue.len() && at < MAX_SCRIPTS {
+            let script = queue[at].clone();
+            at += 1;
+            let inner = self.0.entry(script.clone()).or_insert_with(|| {
+                let file = crate::store::fsx::open_user_file(spec_dir, &script.file).ok();
+                let text = file.and_then(|f| crate::fsread::read_opened(f, MAX_SCRIPT_BYTES).ok());
+                let text = text.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+                command_reads_in(&text, &script.folder, spec_dir)
+            });
+            for p in &inner.programs {
+                if !reads.programs.contains(p) {
+                    reads.programs.push(p.clone());
+                }
+            }
+            reads.python.extend(inner.python.iter().cloned());
+            for s in &inner.scripts {
+                if seen.insert(s.clone()) {
+                    queue.push(s.clone());
+                }
+            }
+        }
+        reads
+    }
+}
+
+/// The programs with what they import and what their scripts run, as the
+/// DAG keys them.
 #[cfg(test)]
 fn shell_programs(cmd: &str, spec_dir: &Path) -> Vec<String> {
-    let reads = command_reads(cmd, spec_dir);
+    let reads = Scripts::default().expand(spec_dir, command_reads(cmd, spec_dir));
     let mut imports = crate::reward::python::Imports::default();
     let mut out = reads.programs;
     for run in &reads.python {
@@ -62,6 +122,7 @@ fn named_paths(cmd: &str, spec_dir: &Path) -> Vec<String> {
 struct Found {
     programs: Vec<String>,
     python: Vec<crate::reward::python::PythonRun>,
+    scripts: Vec<super::ShellScript>,
 }
 
 /// The interpreters whose first operand is the script they run.
@@ -138,11 +199,22 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
         }
         return;
     }
+    if first == "source" || first == "." {
+        // A script the shell reads itself, in the folder it is in.
+        if let Some(script) = rest.next() {
+            script_at(script, Interpreter::Shell, folder, spec_dir, found);
+        }
+        return;
+    }
     let Some(kind) = interpreter(first) else {
         // A program given by path: one of the folder's files, or none; a
-        // Python script if its first line says so (`#!/usr/bin/env python3`).
+        // Python or shell script if its first line says so
+        // (`#!/usr/bin/env python3`, `#!/bin/bash`).
         if let Some(rel) = path_at(folder, first).filter(|_| first.contains('/')) {
             found.python.extend(PythonRun::by_shebang(spec_dir, &rel));
+            if shell_shebang(spec_dir, &rel) {
+                found.scripts.push(super::ShellScript { file: rel.clone(), folder: folder.to_string() });
+            }
             found.programs.push(rel);
         }
         return;
@@ -222,6 +294,9 @@ fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found
         return;
     }
     let Some(rel) = path_at(folder, word) else { return };
+    if kind == Interpreter::Shell {
+        found.scripts.push(super::ShellScript { file: rel.clone(), folder: folder.to_string() });
+    }
     if kind != Interpreter::Python {
         found.programs.push(rel);
         return;
@@ -236,6 +311,19 @@ fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found
     };
     found.python.push(PythonRun::script(script.clone(), path0));
     found.programs.push(script);
+}
+
+/// Whether the file's first line names a shell (`#!/bin/sh`, `#!/usr/bin/env bash`).
+fn shell_shebang(spec_dir: &Path, rel: &str) -> bool {
+    use std::io::Read;
+    let Ok(mut file) = crate::store::fsx::open_user_file(spec_dir, rel) else { return false };
+    let mut head = [0u8; 128];
+    let Ok(n) = file.read(&mut head) else { return false };
+    let line = head[..n].split(|b| *b == b'\n').next().unwrap_or_default();
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|l| l.strip_prefix("#!"))
+        .is_some_and(|l| l.split_whitespace().any(|w| interpreter(w) == Some(Interpreter::Shell)))
 }
 
 fn is_name(s: &str) -> bool {
@@ -592,6 +680,33 @@ mod tests {
             shell_programs("python3 -c 'from tools import gen; gen.main()' > o", dir.path()),
             ["tools/__init__.py", "tools/common.py", "tools/gen.py"]
         );
+    }
+
+    /// Before, `bash tools/train.sh` keyed `tools/train.sh` alone, not the
+    /// `python3 train.py` it runs: an edit of `train.py` re-ran nothing.
+    #[test]
+    fn what_a_shell_script_runs_or_sources_is_the_commands_program_too() {
+        let dir = tempfile::tempdir().unwrap();
+        for (f, text) in [
+            ("tools/train.sh", "#!/bin/bash\nset -e\n. ./env.sh\ncd sub && python3 run.py --data ../raw/te.json\n"),
+            ("env.sh", "export A=1\nbash tools/inner.sh\nsource env.sh\n"),
+            ("tools/inner.sh", "./bin/x\n"),
+            ("sub/run.py", "import helper\n"),
+            ("sub/helper.py", ""),
+            ("bin/x", ""),
+            ("launch", "#!/usr/bin/env sh\npython3 train.py\n"),
+            ("train.py", ""),
+        ] {
+            std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
+            std::fs::write(dir.path().join(f), text).unwrap();
+        }
+        assert_eq!(
+            shell_programs("bash tools/train.sh --seed 1 > o.txt", dir.path()),
+            ["tools/train.sh", "env.sh", "sub/run.py", "tools/inner.sh", "bin/x", "sub/helper.py"]
+        );
+        assert_eq!(shell_programs("./launch", dir.path()), ["launch", "train.py"]);
+        // What a script names is not the node's (a script's branches are read all at once).
+        assert!(!named_paths("bash tools/train.sh", dir.path()).iter().any(|p| p.contains("te.json")));
     }
 
     #[test]
