@@ -315,14 +315,7 @@ fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found
 
 /// Whether the file's first line names a shell (`#!/bin/sh`, `#!/usr/bin/env bash`).
 fn shell_shebang(spec_dir: &Path, rel: &str) -> bool {
-    use std::io::Read;
-    let Ok(mut file) = crate::store::fsx::open_user_file(spec_dir, rel) else { return false };
-    let mut head = [0u8; 128];
-    let Ok(n) = file.read(&mut head) else { return false };
-    let line = head[..n].split(|b| *b == b'\n').next().unwrap_or_default();
-    std::str::from_utf8(line)
-        .ok()
-        .and_then(|l| l.strip_prefix("#!"))
+    crate::reward::python::shebang(spec_dir, rel)
         .is_some_and(|l| l.split_whitespace().any(|w| interpreter(w) == Some(Interpreter::Shell)))
 }
 
@@ -658,22 +651,28 @@ mod tests {
         }
     }
 
+    /// A temporary folder holding `files` (path, text).
+    fn folder_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (f, text) in files {
+            std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
+            std::fs::write(dir.path().join(f), text).unwrap();
+        }
+        dir
+    }
+
     /// A Python program is found by its imports however Python is started:
     /// a script given by path with a Python `#!` line, and `-c` code.
     #[test]
     fn a_python_program_by_path_or_inline_has_its_imports_found() {
-        let dir = tempfile::tempdir().unwrap();
-        for (f, text) in [
+        let dir = folder_with(&[
             ("bin/run", "#!/usr/bin/env python3\nimport helper\n"),
             ("bin/helper.py", ""),
             ("bin/tool", "#!/bin/sh\nimport helper\n"),
             ("tools/__init__.py", ""),
             ("tools/gen.py", "from . import common\n"),
             ("tools/common.py", ""),
-        ] {
-            std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
-            std::fs::write(dir.path().join(f), text).unwrap();
-        }
+        ]);
         assert_eq!(shell_programs("./bin/run x", dir.path()), ["bin/run", "bin/helper.py"]);
         assert_eq!(shell_programs("bin/tool", dir.path()), ["bin/tool"], "a shell script's words are no imports");
         assert_eq!(
@@ -686,8 +685,7 @@ mod tests {
     /// `python3 train.py` it runs: an edit of `train.py` re-ran nothing.
     #[test]
     fn what_a_shell_script_runs_or_sources_is_the_commands_program_too() {
-        let dir = tempfile::tempdir().unwrap();
-        for (f, text) in [
+        let dir = folder_with(&[
             ("tools/train.sh", "#!/bin/bash\nset -e\n. ./env.sh\ncd sub && python3 run.py --data ../raw/te.json\n"),
             ("env.sh", "export A=1\nbash tools/inner.sh\nsource env.sh\n"),
             ("tools/inner.sh", "./bin/x\n"),
@@ -696,10 +694,7 @@ mod tests {
             ("bin/x", ""),
             ("launch", "#!/usr/bin/env sh\npython3 train.py\n"),
             ("train.py", ""),
-        ] {
-            std::fs::create_dir_all(dir.path().join(f).parent().unwrap()).unwrap();
-            std::fs::write(dir.path().join(f), text).unwrap();
-        }
+        ]);
         assert_eq!(
             shell_programs("bash tools/train.sh --seed 1 > o.txt", dir.path()),
             ["tools/train.sh", "env.sh", "sub/run.py", "tools/inner.sh", "bin/x", "sub/helper.py"]

@@ -74,12 +74,7 @@ impl PythonRun {
     /// A script given by path whose first line names Python (`#!/usr/bin/env
     /// python3`), run with its folder first on `sys.path`.
     pub fn by_shebang(spec_dir: &Path, file: &str) -> Option<PythonRun> {
-        use std::io::Read;
-        let mut head = [0u8; 128];
-        let mut opened = crate::store::fsx::open_user_file(spec_dir, file).ok()?;
-        let n = opened.read(&mut head).ok()?;
-        let line = head[..n].split(|b| *b == b'\n').next()?;
-        let line = std::str::from_utf8(line).ok()?.strip_prefix("#!")?;
+        let line = shebang(spec_dir, file)?;
         let python = line.split_whitespace().any(|w| {
             let name = w.rsplit('/').next().unwrap_or(w);
             name.starts_with("python") || name.starts_with("pypy")
@@ -87,6 +82,18 @@ impl PythonRun {
         let path0 = file.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
         python.then(|| PythonRun::script(file.to_string(), path0))
     }
+}
+
+/// What follows `#!` on a file's first line (`/usr/bin/env python3 -u`),
+/// read from its first 128 bytes, never through a link; none for a file
+/// without one.
+pub(crate) fn shebang(spec_dir: &Path, file: &str) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 128];
+    let mut opened = crate::store::fsx::open_user_file(spec_dir, file).ok()?;
+    let n = opened.read(&mut head).ok()?;
+    let line = head[..n].split(|b| *b == b'\n').next()?;
+    Some(std::str::from_utf8(line).ok()?.strip_prefix("#!")?.to_string())
 }
 
 /// The files each program imports ([`imported_files`]), found once: a
