@@ -687,7 +687,7 @@ impl<'a> Snapshot<'a> {
     /// records ([`Snapshot::cached_recorded`]), and `.no_exists` is a hint.
     pub fn fetch(&self, file: &str) -> Result<Option<Fetched>> {
         check_file_name(file).map_err(HubError::Invalid)?;
-        self.check_layout(file.rsplit_once('/').map_or("", |(parent, _)| parent), file)?;
+        self.check_layout(crate::store::fsx::parent_rel(file), file)?;
         let meta = if self.config.offline || self.unreachable.get() {
             None
         } else {

@@ -515,15 +515,22 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         let command = scripts.expand(&spec.base_dir, nodes[i].op.command_reads(&nodes[i].params, &spec.base_dir));
         let imported =
             command.python.iter().flat_map(|run| imports.of(&spec.base_dir, run).to_vec()).collect::<Vec<_>>();
-        for program in command.programs.into_iter().chain(imported) {
+        // Whether a node writes `path`; where another one does, an edge to it
+        // (unless `path`, or the out holding it, has one already).
+        let edge_to_writer = |inputs: &mut BTreeMap<String, Vec<OutputRef>>, path: &str| {
+            let Some((w, out, at)) = writer_of(path) else { return false };
             let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
-            if files.contains(&program) || trees.iter().any(|t| t.covers(&program)) || edged(&program) {
+            if w != i && !edged(&at) && !edged(path) {
+                edge(inputs, path, w, out);
+            }
+            true
+        };
+        for program in command.programs.into_iter().chain(imported) {
+            let edged = inputs.contains_key(&format!("{FILE_DEP_PREFIX}{program}"));
+            if files.contains(&program) || trees.iter().any(|t| t.covers(&program)) || edged {
                 continue;
             }
-            if let Some((w, out, at)) = writer_of(&program) {
-                if w != i && !edged(&at) {
-                    edge(&mut inputs, &program, w, out);
-                }
+            if edge_to_writer(&mut inputs, &program) {
                 continue;
             }
             if std::fs::symlink_metadata(spec.base_dir.join(&program)).is_ok_and(|m| m.is_file()) {
@@ -537,12 +544,7 @@ pub fn compile_with(spec: &Spec, registry: &Registry, parsed: Option<&ParseCache
         // path itself or a path inside a folder out: `mkdir -p data` names
         // no other node's `data/a.txt`.
         for path in &command.named {
-            if let Some((w, out, at)) = writer_of(path) {
-                let edged = |at: &str| inputs.contains_key(&format!("{FILE_DEP_PREFIX}{at}"));
-                if w != i && !edged(&at) && !edged(path) {
-                    edge(&mut inputs, path, w, out);
-                }
-            }
+            edge_to_writer(&mut inputs, path);
         }
         // Params files: each named key must be there now, unless a node writes
         // the file (an edge; its keys are read when that node has run).

@@ -188,7 +188,7 @@ fn skip_prefix(words: &[impl AsRef<str>]) -> usize {
 fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found) {
     let mut rest = words.iter().map(String::as_str).skip(skip_prefix(words));
     let Some(first) = rest.next() else { return };
-    if first.contains('$') || first.contains('`') {
+    if expands(first) {
         return;
     }
     if first == "torchrun" || first == "deepspeed" || first == "accelerate" && rest.next() == Some("launch") {
@@ -211,9 +211,11 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
         // Python or shell script if its first line says so
         // (`#!/usr/bin/env python3`, `#!/bin/bash`).
         if let Some(rel) = path_at(folder, first).filter(|_| first.contains('/')) {
-            found.python.extend(PythonRun::by_shebang(spec_dir, &rel));
-            if shell_shebang(spec_dir, &rel) {
-                found.scripts.push(super::ShellScript { file: rel.clone(), folder: folder.to_string() });
+            if let Some(line) = crate::reward::python::shebang(spec_dir, &rel) {
+                found.python.extend(PythonRun::of_shebang(&line, &rel));
+                if line.split_whitespace().any(|w| interpreter(w) == Some(Interpreter::Shell)) {
+                    found.scripts.push(super::ShellScript { file: rel.clone(), folder: folder.to_string() });
+                }
             }
             found.programs.push(rel);
         }
@@ -232,7 +234,7 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
         Interpreter::Other => &["-e", "-E", "--eval", "-p", "--print"],
     };
     while let Some(arg) = rest.next() {
-        if arg.contains('$') || arg.contains('`') {
+        if expands(arg) {
             return;
         }
         if kind == Interpreter::Python {
@@ -290,7 +292,7 @@ fn program_of(words: &[String], folder: &str, spec_dir: &Path, found: &mut Found
 }
 
 fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found: &mut Found) {
-    if word.contains('$') || word.contains('`') {
+    if expands(word) {
         return;
     }
     let Some(rel) = path_at(folder, word) else { return };
@@ -306,17 +308,17 @@ fn script_at(word: &str, kind: Interpreter, folder: &str, spec_dir: &Path, found
     let (script, path0) = if std::fs::symlink_metadata(spec_dir.join(&rel)).is_ok_and(|m| m.is_dir()) {
         (format!("{rel}/__main__.py"), rel)
     } else {
-        let path0 = rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
+        let path0 = crate::store::fsx::parent_rel(&rel).to_string();
         (rel, path0)
     };
     found.python.push(PythonRun::script(script.clone(), path0));
     found.programs.push(script);
 }
 
-/// Whether the file's first line names a shell (`#!/bin/sh`, `#!/usr/bin/env bash`).
-fn shell_shebang(spec_dir: &Path, rel: &str) -> bool {
-    crate::reward::python::shebang(spec_dir, rel)
-        .is_some_and(|l| l.split_whitespace().any(|w| interpreter(w) == Some(Interpreter::Shell)))
+/// Whether a word is expanded by the shell (a variable, `${param:…}`, a
+/// command substitution): it names no file here.
+fn expands(word: &str) -> bool {
+    word.bytes().any(|b| b == b'$' || b == b'`')
 }
 
 fn is_name(s: &str) -> bool {
@@ -340,7 +342,7 @@ fn named_in(folder: Option<&str>, simple: Simple, spec_dir: &Path, out: &mut Vec
         None
     };
     for w in simple.words.into_iter().chain(simple.targets) {
-        if w.bytes().any(|b| b == b'$' || b == b'`') {
+        if expands(&w) {
             continue;
         }
         if let Some((_, value)) = w.split_once('=') {

@@ -97,16 +97,13 @@ impl ProgramSpec {
         let mut out: Vec<String> = self.files.iter().filter_map(|f| normalize_rel(f)).collect();
         // A link is listed too: hashing it is then refused, naming it,
         // rather than the program's script silently leaving the key.
-        let there = |rel: &str| {
-            std::fs::symlink_metadata(spec_dir.join(rel)).is_ok_and(|m| m.is_file() || m.file_type().is_symlink())
-        };
-        let python = self.interpreter().is_some_and(|i| i.starts_with("python") || i.starts_with("pypy"));
+        let there = |rel: &str| super::python::there(spec_dir, rel);
+        let python = self.interpreter().is_some_and(super::python::names_python);
         let skip = usize::from(self.interpreter().is_some());
         let mut args = self.command.iter().skip(skip);
         // What Python runs first, and its `sys.path[0]`: the script's folder,
         // or the working folder (the spec's) for `-m` and `-c`.
         let mut runs: Option<PythonRun> = None;
-        let folder_of = |rel: &str| rel.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
         while let Some(arg) = args.next() {
             // `python3 -m rewards.judge` (or `-mrewards.judge`): the module's files.
             let module = match arg.strip_prefix("-m") {
@@ -136,7 +133,9 @@ impl ProgramSpec {
                         runs = PythonRun::by_shebang(spec_dir, &rel);
                     }
                     if python {
-                        runs.get_or_insert_with(|| PythonRun::script(rel.clone(), folder_of(&rel)));
+                        runs.get_or_insert_with(|| {
+                            PythonRun::script(rel.clone(), crate::store::fsx::parent_rel(&rel).to_string())
+                        });
                     }
                     out.push(rel);
                 } else if python && spec_dir.join(&rel).is_dir() && there(&format!("{rel}/__main__.py")) {

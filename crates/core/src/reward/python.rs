@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::store::fsx::normalize_rel;
+use crate::store::fsx::{normalize_rel, parent_rel};
 
 /// The files Python may run for `-m MODULE` from the spec's folder (the
 /// first entry of its `sys.path`): the `__init__.py` of each package on the
@@ -74,14 +74,21 @@ impl PythonRun {
     /// A script given by path whose first line names Python (`#!/usr/bin/env
     /// python3`), run with its folder first on `sys.path`.
     pub fn by_shebang(spec_dir: &Path, file: &str) -> Option<PythonRun> {
-        let line = shebang(spec_dir, file)?;
-        let python = line.split_whitespace().any(|w| {
-            let name = w.rsplit('/').next().unwrap_or(w);
-            name.starts_with("python") || name.starts_with("pypy")
-        });
-        let path0 = file.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string());
-        python.then(|| PythonRun::script(file.to_string(), path0))
+        PythonRun::of_shebang(&shebang(spec_dir, file)?, file)
     }
+
+    /// [`PythonRun::by_shebang`], from the file's `#!` line ([`shebang`]).
+    pub fn of_shebang(line: &str, file: &str) -> Option<PythonRun> {
+        line.split_whitespace()
+            .any(names_python)
+            .then(|| PythonRun::script(file.to_string(), parent_rel(file).to_string()))
+    }
+}
+
+/// Whether `word` (a command's first word, `/usr/bin/python3`) is Python.
+pub(crate) fn names_python(word: &str) -> bool {
+    let name = word.rsplit('/').next().unwrap_or(word);
+    name.starts_with("python") || name.starts_with("pypy")
 }
 
 /// What follows `#!` on a file's first line (`/usr/bin/env python3 -u`),
@@ -125,7 +132,8 @@ pub(crate) fn imported_files(spec_dir: &Path, run: &PythonRun) -> Vec<String> {
             (code, run.path0.clone())
         } else if let Some(file) = todo.pop() {
             let Some(source) = read_source(spec_dir, &file) else { continue };
-            (source, file.rsplit_once('/').map_or(String::new(), |(dir, _)| dir.to_string()))
+            let here = parent_rel(&file).to_string();
+            (source, here)
         } else {
             break;
         };
@@ -153,7 +161,7 @@ fn read_source(spec_dir: &Path, rel: &str) -> Option<String> {
 }
 
 /// `rel` is there: a file, or a link (never followed).
-fn there(spec_dir: &Path, rel: &str) -> bool {
+pub(crate) fn there(spec_dir: &Path, rel: &str) -> bool {
     std::fs::symlink_metadata(spec_dir.join(rel)).is_ok_and(|m| m.is_file() || m.file_type().is_symlink())
 }
 

@@ -525,6 +525,12 @@ pub fn at_or_inside(path: &str, dir: &str) -> bool {
     path == dir || inside(path, dir)
 }
 
+/// The folder holding the relative path `rel` (`""` for one at the top):
+/// `src` for `src/train.py`.
+pub fn parent_rel(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or("", |(dir, _)| dir)
+}
+
 /// Whether `path` is a relative path [`normalize_rel`] leaves as it is:
 /// `d/x.txt`, `train.py`, not `./x`, `a//b`, `a/`, `../x` or `/x`.
 pub fn is_normal_rel(path: &str) -> bool {
